@@ -1,0 +1,34 @@
+# One entry point for people and CI. `make up` and `make test` are the README's quick start.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+EMULATOR_PORT ?= 8790
+STACK ?= local
+
+.PHONY: setup test lint emulator up down bench-proxy bench-providers gateway-config clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+# The test command CI runs (.ci/run). pytest exits 5 when no test ran: that fails too.
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy emulator components serving bench tests
+
+# Modal's control plane on loopback, in the foreground (Ctrl-C stops it).
+emulator: setup
+	$(PY) -m emulator serve --port $(EMULATOR_PORT)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

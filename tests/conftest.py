@@ -1,0 +1,3 @@
+"""Root conftest: shared fixtures live in tests/harness/ (test infrastructure, not product)."""
+
+pytest_plugins = ["tests.harness.fixtures"]
