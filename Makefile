@@ -32,3 +32,21 @@ emulator: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# ---- The Pulumi program (issue: program, stacks, CI) ----
+# Main job on a fresh machine: venv, emulator, local file backend, `pulumi up` of the local stack.
+up: setup
+	./scripts/up.sh $(STACK)
+
+down: setup
+	./scripts/down.sh $(STACK)
+
+gateway-config: setup
+	$(PY) scripts/gateway_config.py --stack $(STACK)
+
+# ---- Benchmarks (print a table; compare against a baseline in the same run) ----
+bench-proxy: setup
+	$(PY) -m bench.proxy
+
+bench-providers: setup
+	$(PY) -m bench.providers
