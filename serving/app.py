@@ -1,0 +1,152 @@
+"""The Modal app that serves one model: the auth proxy in front, vLLM or SGLang behind it.
+
+Deploy (the App resource does the same):
+
+    SERVING_SPEC=service.json [SERVING_APP_NAME=my-llm] modal deploy serving/app.py
+
+Everything the app does comes from the serving spec (serving/spec.py); the lifecycle in the
+container lives in serving/engine.py. Read top to bottom: spec, image, volumes and secrets,
+then the server class with its lifecycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from pathlib import Path, PurePosixPath
+
+import modal
+
+import serving
+from serving.engine import Container, proxy_command
+from serving.spec import (
+    ENGINE_PORT,
+    PROXY_PORT,
+    SERVER_NAME,
+    SPEC_ENV,
+    SPEC_IN_IMAGE,
+    ServingSpec,
+    SpecError,
+    check_app_name,
+)
+
+# ---- The spec --------------------------------------------------------------------------------
+# At deploy time the spec is the JSON file that SERVING_SPEC names. The same file is copied into
+# the image (copy=True below), so the container reads the identical spec from SPEC_IN_IMAGE.
+if modal.is_local():
+    if not os.environ.get(SPEC_ENV):
+        raise SpecError(
+            f"env {SPEC_ENV} is not set: point it at the serving spec JSON, e.g. "
+            f"{SPEC_ENV}=service.json modal deploy serving/app.py"
+        )
+    SPEC_PATH = Path(os.environ[SPEC_ENV]).resolve()
+else:
+    SPEC_PATH = Path(os.environ.get(SPEC_ENV) or SPEC_IN_IMAGE)
+SPEC = ServingSpec.load(SPEC_PATH)
+APP_NAME = check_app_name(os.environ.get("SERVING_APP_NAME") or SPEC.default_app_name())
+
+EXIT_GRACE_S = 30  # in-flight requests may finish when Modal scales a container down
+# The proxy's own dependencies go into a separate directory so they never change the packages
+# the engine was released with (same versions as the project's venv, tested there).
+PROXY_DEPS = "/opt/serving/proxy-deps"
+PROXY_REQUIREMENTS = ["uvicorn==0.54.0", "uvloop==0.23.0", "httptools==0.9.0"]
+UV_VERSION = "0.13.8"  # the uv binary Modal copies in to install them
+
+# ---- The image -------------------------------------------------------------------------------
+image = (
+    modal.Image.from_registry(SPEC.engine_image)  # pinned engine release (serving/spec.py)
+    .entrypoint([])  # the engine images start a server by default; Modal runs our class instead
+    .uv_pip_install(
+        *PROXY_REQUIREMENTS, extra_options=f"--target {PROXY_DEPS}", uv_version=UV_VERSION
+    )
+    .env({**SPEC.engine_env(), SPEC_ENV: SPEC_IN_IMAGE, "SERVING_APP_NAME": APP_NAME})
+    .add_local_file(SPEC_PATH, SPEC_IN_IMAGE, copy=True)  # the identical spec, baked in
+    .add_local_python_source("serving")  # proxy + lifecycle code (mounted, so it comes last)
+)
+
+# ---- Volumes and secrets ---------------------------------------------------------------------
+# Weights on the HF volume, compiled kernels on the engine volume: a new container neither
+# downloads nor recompiles. Secrets: SERVING_API_KEYS (key digests) and optionally HF_TOKEN.
+volumes: dict[str | PurePosixPath, modal.Volume | modal.CloudBucketMount] = {
+    path: modal.Volume.from_name(name, create_if_missing=True)
+    for path, name in SPEC.volume_mounts().items()
+}
+secrets = [modal.Secret.from_name(name) for name in SPEC.secret_names()]
+
+app = modal.App(APP_NAME)
+
+
+def _container() -> Container:
+    logging.basicConfig(level=logging.INFO, format="[serving] %(message)s")
+    # The proxy runs with the image's python and its own dependency directory.
+    source_root = str(Path(serving.__file__).resolve().parent.parent)  # where `serving` lives
+    proxy_env = {"PYTHONPATH": os.pathsep.join([PROXY_DEPS, source_root])}
+    # Local runs only (tests, debugging): another engine command and other ports.
+    engine_cmd = os.environ.get("SERVING_ENGINE_CMD")
+    proxy_port = int(os.environ.get("SERVING_PROXY_PORT", PROXY_PORT))
+    engine_port = int(os.environ.get("SERVING_ENGINE_PORT", ENGINE_PORT))
+    return Container(
+        SPEC,
+        proxy_port=proxy_port,
+        engine_port=engine_port,
+        engine_argv=shlex.split(engine_cmd) if engine_cmd else None,
+        proxy_argv=proxy_command(SPEC, port=proxy_port, engine_port=engine_port),
+        proxy_env=proxy_env,
+    )
+
+
+@app.server(
+    name=SERVER_NAME,
+    image=image,
+    gpu=SPEC.modal_gpu(),
+    volumes=volumes,
+    secrets=secrets,
+    port=PROXY_PORT,  # Modal routes to the proxy; the engine listens on 127.0.0.1 only
+    unauthenticated=False,  # Modal proxy auth: Modal-Key/Modal-Secret checked at the edge
+    startup_timeout=SPEC.timeouts.startup_s,
+    min_containers=SPEC.scaling.min_containers,
+    max_containers=SPEC.scaling.max_containers,
+    buffer_containers=SPEC.scaling.buffer_containers,
+    scaledown_window=SPEC.scaling.scaledown_window_s,
+    target_concurrency=SPEC.scaling.target_concurrency,
+    max_concurrency=SPEC.scaling.max_concurrency,  # Modal answers 429 above this
+    routing_region=SPEC.routing_region,
+    compute_region=SPEC.region,
+    exit_grace_period=EXIT_GRACE_S,
+    enable_memory_snapshot=SPEC.snapshot,
+    experimental_options={"enable_gpu_snapshot": True} if SPEC.snapshot else None,
+)
+class Serving:
+    """One container: proxy on PROXY_PORT at once, engine beside it, snapshot-aware."""
+
+    container: Container
+
+    if SPEC.snapshot:
+
+        @modal.enter(snap=True)
+        def start(self) -> None:
+            """Before the snapshot: start, wait healthy, warm up, then free the GPU."""
+            self.container = _container()
+            self.container.start()
+            self.container.ready()
+            self.container.before_snapshot()
+
+        @modal.enter(snap=False)
+        def restore(self) -> None:
+            """After restore: take the GPU memory back and check health again."""
+            self.container.after_restore()
+
+    else:
+
+        @modal.enter()
+        def start(self) -> None:
+            """Start the proxy and the engine, wait until healthy, warm up."""
+            self.container = _container()
+            self.container.start()
+            self.container.ready()
+
+    @modal.exit()
+    def stop(self) -> None:
+        if hasattr(self, "container"):  # absent if start() failed before creating it
+            self.container.stop()

@@ -1,0 +1,686 @@
+"""The serving spec: one validated schema shared by the IaC side and the Modal container.
+
+The Pulumi components render a `ServingSpec`, the App provider deploys `serving/app.py` with it,
+and the container reads the identical JSON back. The spec also renders what only it should
+decide: the engine's command line (`engine_command`), its environment (`engine_env`) and the
+Modal GPU request (`modal_gpu`). Field names follow docs/architecture.md ("Serving spec").
+
+Validation errors name the field and say why (pydantic `ValidationError`; `load()` turns it into
+a `SpecError` whose message lists every problem, one per line, with the file name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+Engine = Literal["vllm", "sglang"]
+
+# ---- Pinned engines -------------------------------------------------------------------------
+# Flag names move between releases, so the rendered command line is checked against these exact
+# versions' own argument parsers (tests/serving/fixtures/<engine>-<version>-flags.txt).
+ENGINE_VERSIONS: dict[str, str] = {"vllm": "0.33.0", "sglang": "0.5.23"}
+# The images the container runs: vLLM's OpenAI server image per release; SGLang's plain release
+# tag (published for every release; the "-cuXXX[-runtime]" variants vary between releases).
+ENGINE_IMAGES: dict[str, str] = {
+    "vllm": "vllm/vllm-openai:v0.33.0",
+    "sglang": "lmsysorg/sglang:v0.5.23",
+}
+
+# ---- Ports and paths inside the container ---------------------------------------------------
+PROXY_PORT = 8000  # what Modal routes to: the auth proxy, never the engine
+ENGINE_PORT = 8001  # the engine listens on 127.0.0.1 only, reachable through the proxy alone
+HF_CACHE_PATH = "/root/.cache/huggingface"  # HF volume: HF_HOME, so weights survive containers
+HF_HUB_PATH = f"{HF_CACHE_PATH}/hub"  # where the hub client keeps repos (vLLM --download-dir)
+# Engine volume: compiled kernels (torch.compile, Triton, CUDA JIT, DeepGEMM JIT) so
+# a new container does not recompile for minutes. vLLM's default VLLM_CACHE_ROOT is kept.
+ENGINE_CACHE_PATHS: dict[str, str] = {"vllm": "/root/.cache/vllm", "sglang": "/root/.cache/sglang"}
+SPEC_IN_IMAGE = "/opt/serving/spec.json"  # the spec bundled into the image (copy=True)
+SPEC_ENV = "SERVING_SPEC"  # env var naming the spec file (deploy time; optional in container)
+SERVER_NAME = "Serving"  # the @app.server class: modal.Server.from_name(app_name, SERVER_NAME)
+
+# Engine defaults the seeds' learnings call for (docs/serving.md explains each one).
+DEFAULT_GPU_MEMORY_FRACTION: dict[str, float] = {"vllm": 0.92, "sglang": 0.88}
+
+
+class GpuType(NamedTuple):
+    """A Modal GPU type: memory per GPU and the most GPUs Modal attaches to one container."""
+
+    memory_gb: int
+    max_count: int
+
+
+# Modal's GPU names (modal.com/docs/guide/gpu). "H100!" pins an H100 (no upgrade to H200),
+# "B200+" allows B200 or B300 at B200 pricing, "A100" is the 40 GB A100.
+GPU_TYPES: dict[str, GpuType] = {
+    "T4": GpuType(16, 8),
+    "L4": GpuType(24, 8),
+    "A10": GpuType(24, 4),
+    "A10G": GpuType(24, 4),
+    "L40S": GpuType(48, 8),
+    "A100": GpuType(40, 8),
+    "A100-40GB": GpuType(40, 8),
+    "A100-80GB": GpuType(80, 8),
+    "RTX-PRO-6000": GpuType(96, 8),
+    "H100": GpuType(80, 8),
+    "H100!": GpuType(80, 8),
+    "H200": GpuType(141, 8),
+    "B200": GpuType(180, 8),
+    "B200+": GpuType(180, 8),
+}
+_GPU_BY_UPPER = {name.upper(): name for name in GPU_TYPES}
+
+# Revisions that move: a spec that names one is not pinned.
+MOVING_REVISIONS = frozenset({"main", "master", "head", "dev", "develop", "latest", "nightly"})
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+_HEX_RE = re.compile(r"^[0-9a-f]{7,39}$")
+_TAG_RE = re.compile(r"^(refs/tags/)?[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+# Hugging Face repo ids: optional "org/" then a name; no "--" or ".." (HF rejects those).
+_HF_ID_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+# What OpenAI clients send as "model": no spaces or control characters, starts alphanumeric.
+_SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+# Modal object names (volumes, secrets, apps): modal/_utils/name_utils.py.
+_MODAL_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_REGION_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,31}$")
+_NEG_NUMBER_RE = re.compile(r"^-\d")
+
+_FIXED_HOST = "nothing: the engine listens on 127.0.0.1 only, behind the proxy"
+_FIXED_PORT = "nothing: the engine port is fixed by the container lifecycle"
+_PROXY_KEYS = "secrets.api_keys: the proxy checks keys, an engine key would lock it out"
+# Flags the spec renders itself (with their aliases), and the field that controls each one.
+# extra_args may not repeat them: a second value would silently win or fail at engine start.
+RESERVED_FLAGS: dict[str, dict[str, str]] = {
+    "vllm": {
+        "--model": "model",
+        "--revision": "revision",
+        "--served-model-name": "served_model_name",
+        "--host": _FIXED_HOST,
+        "--port": _FIXED_PORT,
+        "--tensor-parallel-size": "gpu_count",
+        "-tp": "gpu_count",
+        "--gpu-memory-utilization": "gpu_memory_fraction",
+        "--device-memory-utilization": "gpu_memory_fraction",
+        "--max-model-len": "context_length",
+        "--enable-sleep-mode": "snapshot",
+        "--disable-sleep-mode": "snapshot",
+        "--download-dir": "volumes.hf_cache",
+        "--api-key": _PROXY_KEYS,
+    },
+    "sglang": {
+        "--model-path": "model",
+        "--model": "model",
+        "--revision": "revision",
+        "--served-model-name": "served_model_name",
+        "--host": _FIXED_HOST,
+        "--port": _FIXED_PORT,
+        "--tp": "gpu_count",  # argparse abbreviation of --tp-size
+        "--tp-size": "gpu_count",
+        "--tensor-parallel-size": "gpu_count",
+        "--context-length": "context_length",
+        "--mem-fraction-static": "gpu_memory_fraction",
+        "--enable-memory-saver": "snapshot",
+        "--enable-weights-cpu-backup": "snapshot",
+        "--download-dir": "volumes.hf_cache",
+        "--api-key": _PROXY_KEYS,
+    },
+}
+
+# Engine defaults the spec adds unless extra_args set them: any of these flags in extra_args
+# replaces the default (e.g. "--no-async-scheduling", "--generation-config", "auto").
+OVERRIDABLE_DEFAULTS: dict[str, dict[str, frozenset[str]]] = {
+    "vllm": {
+        "--enable-prefix-caching": frozenset(
+            {"--enable-prefix-caching", "--disable-prefix-caching"}
+        ),
+        "--async-scheduling": frozenset({"--async-scheduling", "--no-async-scheduling"}),
+        "--generation-config": frozenset({"--generation-config"}),
+    },
+    "sglang": {
+        "--enable-metrics": frozenset({"--enable-metrics"}),
+    },
+}
+
+
+class SpecError(ValueError):
+    """A spec file could not be read or is invalid; the message lists every problem."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Scaling(_Model):
+    """Container autoscaling, passed to `@app.server` as is."""
+
+    min_containers: Annotated[int, Field(ge=0, le=1000)] = 0
+    max_containers: Annotated[int, Field(ge=1, le=1000)] = 1
+    buffer_containers: Annotated[int, Field(ge=0, le=1000)] = 0
+    # Modal accepts 2..3600 s (modal/_functions.py).
+    scaledown_window_s: Annotated[int, Field(ge=2, le=3600)] = 300
+    target_concurrency: Annotated[int, Field(ge=1, le=100_000)] = 32
+    max_concurrency: Annotated[int, Field(ge=1, le=100_000)] = 64
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scaling:
+        problems: list[tuple[str, str]] = []
+        if self.min_containers > self.max_containers:
+            problems.append(
+                (
+                    "min_containers",
+                    f"min_containers ({self.min_containers}) is above max_containers "
+                    f"({self.max_containers}); raise max_containers or lower min_containers",
+                )
+            )
+        elif self.min_containers + self.buffer_containers > self.max_containers:
+            problems.append(
+                (
+                    "buffer_containers",
+                    f"min_containers + buffer_containers ({self.min_containers} + "
+                    f"{self.buffer_containers}) exceeds max_containers ({self.max_containers}): "
+                    "the buffer could never be kept",
+                )
+            )
+        if self.target_concurrency > self.max_concurrency:
+            problems.append(
+                (
+                    "target_concurrency",
+                    f"target_concurrency ({self.target_concurrency}) is above max_concurrency "
+                    f"({self.max_concurrency}); Modal rejects that",
+                )
+            )
+        _raise_problems("Scaling", problems, self)
+        return self
+
+
+class Volumes(_Model):
+    """Names of the Modal volumes mounted in the container (created if missing)."""
+
+    hf_cache: str = "huggingface-cache"
+    engine_cache: str = "vllm-cache"
+
+    @field_validator("hf_cache", "engine_cache")
+    @classmethod
+    def _modal_name(cls, value: str) -> str:
+        return _check_modal_name(value, "volume")
+
+
+class Secrets(_Model):
+    """Names of the Modal secrets mounted as environment variables."""
+
+    # Holds HF_TOKEN for gated models; None for public models.
+    hf_token: str | None = None
+    # Holds SERVING_API_KEYS = JSON {name: "sha256:<hex>"}, what the proxy checks keys against.
+    api_keys: str = "serving-api-keys"
+
+    @field_validator("hf_token", "api_keys")
+    @classmethod
+    def _modal_name(cls, value: str | None) -> str | None:
+        return None if value is None else _check_modal_name(value, "secret")
+
+
+class Timeouts(_Model):
+    """How long a container may take to become ready, and one request upstream."""
+
+    startup_s: Annotated[int, Field(ge=1, le=86_400)] = 1800
+    request_s: Annotated[int, Field(ge=1, le=86_400)] = 600
+
+
+class ProxySettings(_Model):
+    """Settings of the auth proxy in front of the engine (serving/proxy.py)."""
+
+    max_in_flight: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 4 * 1024 * 1024
+    keepalive_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+
+
+class ServingSpec(_Model):
+    """What to serve, on which GPUs, how it scales, and where its caches and secrets live."""
+
+    engine: Engine
+    model: str
+    revision: str | None = None
+    served_model_name: str
+    gpu: str | list[str] = "H100"
+    gpu_count: Annotated[int, Field(ge=1, le=8)] = 1
+    context_length: Annotated[int, Field(ge=16, le=10_000_000)] | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    scaling: Scaling = Field(default_factory=Scaling)
+    snapshot: bool = False
+    warmup_prompts: Annotated[list[str], Field(max_length=32)] = Field(
+        default_factory=lambda: ["Hello"]
+    )
+    volumes: Volumes = Field(default_factory=Volumes)
+    secrets: Secrets = Field(default_factory=Secrets)
+    region: str | None = None
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    proxy: ProxySettings = Field(default_factory=ProxySettings)
+    require_pinned_revision: bool = False
+    # Added beyond the contract table (all optional):
+    # Where Modal's edge proxies route requests from (`@app.server(routing_region=...)`).
+    routing_region: str = "us-east"
+    # Share of GPU memory the engine may take; None = the engine default above.
+    gpu_memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+
+    # ---- field checks ----------------------------------------------------------------------
+
+    @field_validator("model")
+    @classmethod
+    def _hf_repo_id(cls, value: str) -> str:
+        if not _HF_ID_RE.match(value) or "--" in value or ".." in value:
+            raise ValueError(
+                f"{value!r} is not a Hugging Face repo id; expected 'org/name' "
+                "(letters, digits, '.', '_', '-'), e.g. 'Qwen/Qwen3-8B'"
+            )
+        return value
+
+    @field_validator("revision")
+    @classmethod
+    def _pinnable_revision(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if value.lower() in MOVING_REVISIONS or value.startswith(("refs/heads/", "refs/pr/")):
+            raise ValueError(
+                f"{value!r} is a branch that moves, not a pinned revision; use the full "
+                "40-character commit sha (or a release tag)"
+            )
+        if _SHA_RE.match(value):
+            return value
+        if _HEX_RE.match(value):
+            raise ValueError(
+                f"{value!r} looks like a short commit sha; use the full 40-character sha"
+            )
+        if not _TAG_RE.match(value):
+            raise ValueError(
+                f"{value!r} is neither a 40-character commit sha nor a tag "
+                "(letters, digits, '.', '_', '+', '-')"
+            )
+        return value
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _served_name(cls, value: str) -> str:
+        if not _SERVED_NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a usable model name: 1-128 characters, start with a letter "
+                "or digit, then letters, digits or . _ : / @ + - (no spaces)"
+            )
+        return value
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _known_gpus(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return _canonical_gpu(value)
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("the GPU preference list is empty; name at least one GPU type")
+            names = [_canonical_gpu(v) if isinstance(v, str) else v for v in value]
+            dupes = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"GPU preference list names {', '.join(dupes)} more than once")
+            return names
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args_shape(cls, value: list[str]) -> list[str]:
+        for i, arg in enumerate(value):
+            if not arg or arg != arg.strip() or "\n" in arg or "\x00" in arg:
+                raise ValueError(
+                    f"extra_args[{i}] = {arg!r}: empty, padded or multi-line arguments are not "
+                    "allowed (one argv token per list item)"
+                )
+        if value and not value[0].startswith("-"):
+            raise ValueError(
+                f"extra_args must start with a flag (got {value[0]!r}); the model and the "
+                "rest of the command line come from the spec"
+            )
+        return value
+
+    @field_validator("warmup_prompts")
+    @classmethod
+    def _prompts(cls, value: list[str]) -> list[str]:
+        for i, prompt in enumerate(value):
+            if not prompt.strip():
+                raise ValueError(f"warmup_prompts[{i}] is blank; drop it or write a prompt")
+        return value
+
+    @field_validator("region", "routing_region")
+    @classmethod
+    def _region(cls, value: str | None) -> str | None:
+        if value is not None and not _REGION_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a Modal region name (lowercase, e.g. 'us-east', 'eu-west')"
+            )
+        return value
+
+    # ---- cross-field checks ----------------------------------------------------------------
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServingSpec:
+        problems: list[tuple[str, str]] = []
+        n = self.gpu_count
+        if n & (n - 1):
+            problems.append(
+                (
+                    "gpu_count",
+                    f"gpu_count={n} is not a power of two; tensor parallelism splits attention "
+                    "heads evenly, so use 1, 2, 4 or 8",
+                )
+            )
+        for name in self.gpu_types:
+            limit = GPU_TYPES[name].max_count
+            if n > limit:
+                problems.append(
+                    ("gpu_count", f"gpu_count={n} but Modal attaches at most {limit} x {name}")
+                )
+        if self.snapshot and n > 1:
+            problems.append(
+                (
+                    "snapshot",
+                    f"GPU memory snapshots support one GPU per container; gpu_count={n}. "
+                    "Set snapshot=false or gpu_count=1",
+                )
+            )
+        if self.snapshot and self.context_length is None:
+            problems.append(
+                (
+                    "context_length",
+                    "snapshot=true needs an explicit context_length so the engine's memory "
+                    "plan is identical at snapshot and restore",
+                )
+            )
+        if self.require_pinned_revision and self.revision is None:
+            problems.append(
+                (
+                    "revision",
+                    "require_pinned_revision=true but no revision is set; pin the model to a "
+                    "40-character commit sha from its Hugging Face page",
+                )
+            )
+        reserved = RESERVED_FLAGS[self.engine]
+        for i, flag in _flags_in(self.extra_args):
+            if flag in reserved:
+                problems.append(
+                    (
+                        f"extra_args[{i}]",
+                        f"{flag} is already rendered by the spec; set {reserved[flag]}",
+                    )
+                )
+        if self.proxy.max_in_flight < self.scaling.max_concurrency:
+            problems.append(
+                (
+                    "proxy.max_in_flight",
+                    f"proxy.max_in_flight ({self.proxy.max_in_flight}) is below "
+                    f"scaling.max_concurrency ({self.scaling.max_concurrency}): Modal would "
+                    "send requests the proxy must refuse",
+                )
+            )
+        _raise_problems("ServingSpec", problems, self)
+        return self
+
+    # ---- derived values --------------------------------------------------------------------
+
+    @property
+    def gpu_types(self) -> list[str]:
+        """The GPU types in preference order (one element for a single type)."""
+        return [self.gpu] if isinstance(self.gpu, str) else list(self.gpu)
+
+    @property
+    def engine_version(self) -> str:
+        return ENGINE_VERSIONS[self.engine]
+
+    @property
+    def engine_image(self) -> str:
+        return ENGINE_IMAGES[self.engine]
+
+    @property
+    def engine_cache_path(self) -> str:
+        return ENGINE_CACHE_PATHS[self.engine]
+
+    @property
+    def memory_fraction(self) -> float:
+        if self.gpu_memory_fraction is not None:
+            return self.gpu_memory_fraction
+        return DEFAULT_GPU_MEMORY_FRACTION[self.engine]
+
+    def modal_gpu(self) -> str | list[str]:
+        """The `gpu=` argument for Modal: "H100" / "H100:2", or a preference list of those."""
+        rendered = [t if self.gpu_count == 1 else f"{t}:{self.gpu_count}" for t in self.gpu_types]
+        return rendered[0] if isinstance(self.gpu, str) else rendered
+
+    def default_app_name(self) -> str:
+        """A valid Modal app name from served_model_name (used when SERVING_APP_NAME is unset)."""
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", self.served_model_name).strip("-.") or "serving"
+        return name[:64]
+
+    def volume_mounts(self) -> dict[str, str]:
+        """Mount path in the container -> Modal volume name."""
+        return {
+            HF_CACHE_PATH: self.volumes.hf_cache,
+            self.engine_cache_path: self.volumes.engine_cache,
+        }
+
+    def secret_names(self) -> list[str]:
+        """Modal secrets to mount, API keys first."""
+        names = [self.secrets.api_keys]
+        if self.secrets.hf_token is not None:
+            names.append(self.secrets.hf_token)
+        return names
+
+    # ---- rendering -------------------------------------------------------------------------
+
+    def engine_command(self, port: int = ENGINE_PORT) -> list[str]:
+        """The engine's command line, listening on 127.0.0.1:port (only the proxy talks to it)."""
+        if self.engine == "vllm":
+            cmd = ["vllm", "serve", self.model]
+            if self.revision is not None:
+                cmd += ["--revision", self.revision]
+            cmd += [
+                "--served-model-name", self.served_model_name,
+                "--host", "127.0.0.1",
+                "--port", str(port),
+                "--tensor-parallel-size", str(self.gpu_count),
+                "--gpu-memory-utilization", _fmt_float(self.memory_fraction),
+                "--download-dir", HF_HUB_PATH,
+            ]  # fmt: skip
+            if self._default_wanted("--enable-prefix-caching"):
+                cmd += ["--enable-prefix-caching"]  # shared system prompts skip prefill
+            if self._default_wanted("--async-scheduling"):
+                cmd += ["--async-scheduling"]  # overlap scheduling with the GPU step
+            if self._default_wanted("--generation-config"):
+                # vLLM's own sampling defaults, not the checkpoint's generation_config.json
+                cmd += ["--generation-config", "vllm"]
+            if self.context_length is not None:
+                cmd += ["--max-model-len", str(self.context_length)]
+            if self.snapshot:
+                cmd += ["--enable-sleep-mode"]
+        else:
+            cmd = ["python3", "-m", "sglang.launch_server", "--model-path", self.model]
+            if self.revision is not None:
+                cmd += ["--revision", self.revision]
+            cmd += [
+                "--served-model-name", self.served_model_name,
+                "--host", "127.0.0.1",
+                "--port", str(port),
+                "--tp-size", str(self.gpu_count),
+                "--mem-fraction-static", _fmt_float(self.memory_fraction),
+                "--download-dir", HF_HUB_PATH,
+            ]  # fmt: skip
+            if self._default_wanted("--enable-metrics"):
+                cmd += ["--enable-metrics"]  # Prometheus /metrics (the proxy guards it)
+            if self.context_length is not None:
+                cmd += ["--context-length", str(self.context_length)]
+            if self.snapshot:
+                cmd += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
+        return cmd + list(self.extra_args)
+
+    def _default_wanted(self, flag: str) -> bool:
+        overrides = OVERRIDABLE_DEFAULTS[self.engine][flag]
+        return not any(f in overrides for f in flags_in(self.extra_args))
+
+    def engine_env(self) -> dict[str, str]:
+        """Environment for the engine process (and the image), caches on the volumes."""
+        cache = self.engine_cache_path
+        env = {
+            "HF_HOME": HF_CACHE_PATH,  # weights and tokenizer files on the HF volume
+            "HF_XET_HIGH_PERFORMANCE": "1",  # saturate the network on first download
+            "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",  # torch.compile artifacts
+            "TRITON_CACHE_DIR": f"{cache}/triton",  # JIT-compiled Triton kernels
+            "CUDA_CACHE_PATH": f"{cache}/nv",  # PTX -> SASS JIT cache of the CUDA driver
+        }
+        if self.engine == "vllm":
+            env["VLLM_CACHE_ROOT"] = cache  # vLLM's torch.compile cache and other state
+        else:
+            # SGLang derives DeepGEMM, FlashInfer and TileLang JIT caches from this root.
+            env["SGLANG_CACHE_DIR"] = cache
+        if self.snapshot:
+            # torch inductor's compile worker pool does not survive a memory snapshot.
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+            if self.engine == "vllm":
+                # /sleep and /wake_up exist only in dev mode; the proxy never forwards them.
+                env["VLLM_SERVER_DEV_MODE"] = "1"
+        return env
+
+    # ---- serialization ---------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, compact separators, every field written out."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        """sha256 hex of `to_json()`: equal specs have equal digests."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "spec") -> ServingSpec:
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            raise SpecError(format_validation_error(exc, source)) from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ServingSpec:
+        """Read and validate a spec file; SpecError names the file and every bad field."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(
+                f"cannot read serving spec {p}: {exc.strerror or exc}; check the path "
+                f"(env {SPEC_ENV} names it at deploy time)"
+            ) from None
+        return cls.from_json(text, source=str(p))
+
+    @classmethod
+    def from_env(cls) -> ServingSpec:
+        """Read the spec file named by env SERVING_SPEC."""
+        path = os.environ.get(SPEC_ENV)
+        if not path:
+            raise SpecError(
+                f"env {SPEC_ENV} is not set; set it to the serving spec JSON file, e.g. "
+                f"{SPEC_ENV}=service.json modal deploy serving/app.py"
+            )
+        return cls.load(path)
+
+
+def load(path: str | os.PathLike[str]) -> ServingSpec:
+    """Module-level alias of `ServingSpec.load`."""
+    return ServingSpec.load(path)
+
+
+def from_env() -> ServingSpec:
+    """Module-level alias of `ServingSpec.from_env`."""
+    return ServingSpec.from_env()
+
+
+def check_app_name(name: str) -> str:
+    """A Modal app name (SERVING_APP_NAME or derived), or SpecError saying what is allowed."""
+    if not _MODAL_NAME_RE.match(name) or name.startswith("ap-"):
+        raise SpecError(
+            f"app name {name!r} is not a valid Modal app name: 1-64 letters, digits, '.', '_' "
+            "or '-', not starting with 'ap-'; set SERVING_APP_NAME to one"
+        )
+    return name
+
+
+def format_validation_error(exc: ValidationError, source: str = "spec") -> str:
+    """One line per problem: `field.path: why`."""
+    lines = [f"serving spec {source} is invalid ({exc.error_count()} problem(s)):"]
+    for err in exc.errors(include_url=False):
+        loc = "".join(
+            f"[{part}]" if isinstance(part, int) else f".{part}" for part in err["loc"]
+        ).lstrip(".")
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  - {loc or '(spec)'}: {msg}")
+    return "\n".join(lines)
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+def _canonical_gpu(value: str) -> str:
+    if ":" in value:
+        base, count = value.split(":", 1)
+        raise ValueError(
+            f"{value!r}: put the count in gpu_count, not in the GPU name "
+            f"(gpu={base!r}, gpu_count={count})"
+        )
+    name = _GPU_BY_UPPER.get(value.strip().upper())
+    if name is None:
+        raise ValueError(f"unknown GPU {value!r}; Modal's GPU types are: {', '.join(GPU_TYPES)}")
+    return name
+
+
+def _check_modal_name(value: str, kind: str) -> str:
+    if not _MODAL_NAME_RE.match(value) or value.startswith(("ap-", "sc-", "vo-", "st-")):
+        raise ValueError(
+            f"{value!r} is not a valid Modal {kind} name: 1-64 letters, digits, '.', '_' or '-'"
+        )
+    return value
+
+
+def _flags_in(args: list[str]) -> list[tuple[int, str]]:
+    """(index, flag name) in an argv fragment (`--x=1` -> `--x`; negative numbers are values)."""
+    return [
+        (i, a.split("=", 1)[0])
+        for i, a in enumerate(args)
+        if a.startswith("-") and not _NEG_NUMBER_RE.match(a)
+    ]
+
+
+def flags_in(args: list[str]) -> list[str]:
+    """The flag names an argv fragment uses, in order (shared with the flag-fixture tests)."""
+    return [flag for _, flag in _flags_in(args)]
+
+
+def _fmt_float(value: float) -> str:
+    return repr(float(value))
+
+
+def _raise_problems(title: str, problems: list[tuple[str, str]], model: BaseModel) -> None:
+    if not problems:
+        return
+    details: list[InitErrorDetails] = [
+        InitErrorDetails(
+            type=PydanticCustomError("spec_consistency", "{reason}", {"reason": message}),
+            loc=tuple(int(p) if p.isdigit() else p for p in re.split(r"[.\[\]]+", field) if p),
+            input=model.model_dump(mode="json"),
+        )
+        for field, message in problems
+    ]
+    raise ValidationError.from_exception_data(title, details)
