@@ -1,0 +1,74 @@
+"""Modal resources as Pulumi dynamic providers: one module per resource (Args, Provider, Resource).
+
+Type tokens are `pulumi-python:dynamic/modal:<Name>`. Credentials come from stack config
+`modal:tokenId`/`modal:tokenSecret`/`modal:serverUrl` or env MODAL_TOKEN_ID/MODAL_TOKEN_SECRET/
+MODAL_SERVER_URL, read when a provider runs (see `_base.py`). docs/providers.md explains each
+resource's diff, read/import and delete behaviour.
+
+The names below are imported lazily, so `python -m components.modal._deploy_runner` (one per
+App deploy) does not pay for importing pulumi.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_MODULES = {
+    "App": "app",
+    "AppArgs": "app",
+    "AppProvider": "app",
+    "Environment": "environment",
+    "EnvironmentArgs": "environment",
+    "EnvironmentProvider": "environment",
+    "ProxyAuthToken": "proxy_auth_token",
+    "ProxyAuthTokenArgs": "proxy_auth_token",
+    "ProxyAuthTokenProvider": "proxy_auth_token",
+    "Secret": "secret",
+    "SecretArgs": "secret",
+    "SecretProvider": "secret",
+    "SpendAlert": "spend_alert",
+    "SpendAlertArgs": "spend_alert",
+    "SpendAlertProvider": "spend_alert",
+    "Volume": "volume",
+    "VolumeArgs": "volume",
+    "VolumeProvider": "volume",
+}
+
+__all__ = [
+    "App",
+    "AppArgs",
+    "AppProvider",
+    "Environment",
+    "EnvironmentArgs",
+    "EnvironmentProvider",
+    "ProxyAuthToken",
+    "ProxyAuthTokenArgs",
+    "ProxyAuthTokenProvider",
+    "Secret",
+    "SecretArgs",
+    "SecretProvider",
+    "SpendAlert",
+    "SpendAlertArgs",
+    "SpendAlertProvider",
+    "Volume",
+    "VolumeArgs",
+    "VolumeProvider",
+]
+
+if TYPE_CHECKING:
+    from .app import App, AppArgs, AppProvider
+    from .environment import Environment, EnvironmentArgs, EnvironmentProvider
+    from .proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs, ProxyAuthTokenProvider
+    from .secret import Secret, SecretArgs, SecretProvider
+    from .spend_alert import SpendAlert, SpendAlertArgs, SpendAlertProvider
+    from .volume import Volume, VolumeArgs, VolumeProvider
+else:
+
+    def __getattr__(name: str) -> Any:
+        module = _MODULES.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value

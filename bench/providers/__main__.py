@@ -1,0 +1,171 @@
+"""Benchmark the Modal dynamic providers the way the Pulumi engine drives them.
+
+    python -m bench.providers [--diff-iterations 2000] [--deploys 5] [--json PATH]
+
+One emulator (`python -m emulator serve`, in memory) and one provider server
+(`python -m pulumi.dynamic`, through tests/harness/provider_server.py) for the whole run:
+
+1. Diff latency: gRPC Diff round trips on unchanged inputs (the call `pulumi preview` makes for
+   every resource), for a Secret (pure comparison) and for the App deploying serving/app.py
+   (hashes every shipped source file on each Diff). Baseline in the same run: the gRPC round
+   trip of GetPluginInfo on the same server, the floor any Diff pays. Target: p50 <= 5 ms.
+2. Deploy time: the App provider's Update (subprocess deploy runner + read-back of URL and
+   version) vs raw `modal deploy serving/app.py` of the same app, same spec, same emulator,
+   alternating, median of N each. Target: provider <= 1.1x raw.
+
+Prints a table and writes JSON to bench/results/providers.json (or --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import empty_pb2
+
+from components.modal import AppProvider, SecretProvider
+from serving.spec import ServingSpec
+from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
+from tests.harness.provider_server import Engine, ProviderServer, Secret
+
+APP_FILE = "serving/app.py"
+APP_NAME = "bench-llm"
+
+
+def _pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def _time_calls(fn: Callable[[], Any], n: int, warmup: int = 20) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def _spec() -> str:
+    return ServingSpec.model_validate(
+        {"engine": "vllm", "model": "Qwen/Qwen3-0.6B", "served_model_name": "qwen"}
+    ).to_json()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--diff-iterations", type=int, default=2000)
+    ap.add_argument("--deploys", type=int, default=5)
+    ap.add_argument("--json", default=str(PROJECT_ROOT / "bench/results/providers.json"))
+    args = ap.parse_args(argv)
+
+    results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
+    with EmulatorProcess() as emu, ProviderServer(env=emu.subprocess_env()) as srv:
+        eng = Engine(srv)
+        sp, app = SecretProvider(), AppProvider()
+        keys = {"SERVING_API_KEYS": json.dumps({"bench": "sha256:" + "0" * 64})}
+        secret_in = {"name": "serving-api-keys", "environment": "main", "values": Secret(keys)}
+        eng.up("keys", sp, secret_in)
+        app_in = {
+            "name": APP_NAME,
+            "environment": "main",
+            "app_file": APP_FILE,
+            "spec_json": _spec(),
+        }
+        eng.up("app", app, app_in)
+
+        # ---- 1. Diff latency -------------------------------------------------------------
+        n = args.diff_iterations
+        s_state, a_state = eng.states["keys"], eng.states["app"]
+        stub = srv._stub
+        assert stub is not None
+        floor = _time_calls(lambda: stub.GetPluginInfo(empty_pb2.Empty()), n)
+        sdiff = _time_calls(lambda: srv.diff(sp, s_state.id, s_state.outputs, secret_in), n)
+        adiff = _time_calls(
+            lambda: srv.diff(app, a_state.id, a_state.outputs, app_in), max(200, n // 4)
+        )
+        assert srv.diff(sp, s_state.id, s_state.outputs, secret_in).changes == "none"
+        assert srv.diff(app, a_state.id, a_state.outputs, app_in).changes == "none"
+        results["diff_ms"] = {
+            name: {
+                "n": len(v),
+                "p50": _pct(v, 0.5),
+                "p99": _pct(v, 0.99),
+                "mean": statistics.mean(v),
+            }
+            for name, v in (
+                ("grpc_floor(GetPluginInfo)", floor),
+                ("Secret Diff", sdiff),
+                ("App Diff (serving/app.py)", adiff),
+            )
+        }
+
+        # ---- 2. Deploy time ----------------------------------------------------------------
+        with tempfile.TemporaryDirectory() as tmp:
+            spec_path = Path(tmp) / "spec.json"
+            spec_path.write_text(_spec())
+            raw_env = emu.subprocess_env(
+                {"SERVING_SPEC": str(spec_path), "SERVING_APP_NAME": APP_NAME}
+            )
+            modal_bin = str(Path(sys.executable).parent / "modal")
+            raw_cmd = [modal_bin, "deploy", APP_FILE, "--name", APP_NAME]
+            provider_s: list[float] = []
+            raw_s: list[float] = []
+            for _ in range(args.deploys):
+                t0 = time.perf_counter()
+                outs = srv.update(app, a_state.id, a_state.outputs, app_in)
+                provider_s.append(time.perf_counter() - t0)
+                assert outs["app_id"] == a_state.id
+                t0 = time.perf_counter()
+                subprocess.run(
+                    raw_cmd, env=raw_env, cwd=PROJECT_ROOT, check=True, capture_output=True
+                )
+                raw_s.append(time.perf_counter() - t0)
+        p_med, r_med = statistics.median(provider_s), statistics.median(raw_s)
+        results["deploy_s"] = {
+            "provider_update": {"n": len(provider_s), "median": p_med, "min": min(provider_s)},
+            "raw_modal_deploy": {"n": len(raw_s), "median": r_med, "min": min(raw_s)},
+            "ratio_median": p_med / r_med,
+        }
+
+    d = results["diff_ms"]
+    print("\nDiff latency over the engine protocol (ms)")
+    print(f"{'call':<30}{'n':>7}{'p50':>9}{'p99':>9}{'mean':>9}")
+    for name, v in d.items():
+        print(f"{name:<30}{v['n']:>7}{v['p50']:>9.2f}{v['p99']:>9.2f}{v['mean']:>9.2f}")
+    worst_p50 = max(d["Secret Diff"]["p50"], d["App Diff (serving/app.py)"]["p50"])
+    print(
+        f"target p50 <= 5 ms: {'PASS' if worst_p50 <= 5 else 'FAIL'} (worst p50 {worst_p50:.2f} ms)"
+    )
+    dep = results["deploy_s"]
+    print(f"\nApp deploy of {APP_FILE} on the emulator (s)")
+    print(f"{'path':<34}{'n':>4}{'median':>9}{'min':>9}")
+    print(
+        f"{'provider Update (gRPC + runner)':<34}{dep['provider_update']['n']:>4}"
+        f"{p_med:>9.3f}{dep['provider_update']['min']:>9.3f}"
+    )
+    print(
+        f"{'raw `modal deploy`':<34}{dep['raw_modal_deploy']['n']:>4}"
+        f"{r_med:>9.3f}{dep['raw_modal_deploy']['min']:>9.3f}"
+    )
+    ratio = dep["ratio_median"]
+    print(f"ratio provider/raw: {ratio:.2f}x, target <= 1.1x: {'PASS' if ratio <= 1.1 else 'FAIL'}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

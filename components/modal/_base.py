@@ -1,0 +1,421 @@
+"""Shared machinery of the Modal dynamic providers: credentials, the client, retries, errors.
+
+Every provider in this package subclasses `ModalProvider`. What it gives them:
+
+- Credentials read at call time, never captured: stack config `modal:tokenId`,
+  `modal:tokenSecret`, `modal:serverUrl` (handed to `configure()` by the provider server)
+  win over env `MODAL_TOKEN_ID`, `MODAL_TOKEN_SECRET`, `MODAL_SERVER_URL`. Nothing of this
+  is pickled: `__getstate__` drops the runtime state, so the `__provider` blob holds only the
+  class reference (see tests/providers/test_serialization.py).
+- `run(...)`: runs an async function against a real `modal` client (`modal.client._Client`,
+  one per credential set, cached per process and built inside modal's own event loop through
+  `synchronizer.create_blocking`, which is how raw RPCs are safely called from sync code).
+  Transient failures (connection refused/reset, UNAVAILABLE, INTERNAL, timeouts) are retried
+  with exponential backoff on top of modal's own three quick retries; everything else is mapped
+  to a `ModalProviderError` whose message names the resource, what was asked, what Modal
+  answered and what to do next, with every secret value redacted.
+- Small helpers for `check` (name validation, unknown values) and for secret outputs.
+
+Tuning (env, read at call time): `MODAL_PROVIDER_RETRY_ATTEMPTS` (default 3),
+`MODAL_PROVIDER_RETRY_BASE_DELAY` seconds (default 1.0, doubled per attempt, capped at 4 s) and
+`MODAL_PROVIDER_ATTEMPT_TIMEOUT` seconds per attempt (default 90: modal's client itself keeps
+reconnecting for up to ~63 s inside one attempt).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from pulumi.dynamic import CheckFailure, ConfigureRequest, ResourceProvider
+from pulumi.output import Unknown
+from pulumi.runtime import rpc
+
+T = TypeVar("T")
+
+#: Stack config keys (namespace "modal") the providers read in `configure()`.
+CONFIG_TOKEN_ID = "modal:tokenId"  # noqa: S105 (a config key name)
+CONFIG_TOKEN_SECRET = "modal:tokenSecret"  # noqa: S105 (a config key name, not a secret)
+CONFIG_SERVER_URL = "modal:serverUrl"
+
+DEFAULT_SERVER_URL = "https://api.modal.com"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Where and as whom to talk to Modal. `repr` never shows the token secret."""
+
+    token_id: str
+    token_secret: str
+    server_url: str
+    source: str  # "stack config" or "environment", for error messages
+
+    def __repr__(self) -> str:
+        return (
+            f"Credentials(token_id={self.token_id!r}, token_secret=<redacted>,"
+            f" server_url={self.server_url!r}, source={self.source!r})"
+        )
+
+
+class ModalProviderError(Exception):
+    """A Modal call made by a provider failed; the message says what to do about it."""
+
+
+class CredentialsMissingError(ModalProviderError):
+    """Neither stack config nor environment holds Modal credentials."""
+
+
+# ---- helpers for check/diff ------------------------------------------------------------------
+
+
+def is_unknown(value: Any) -> bool:
+    """True for a value the engine does not know yet (preview), anywhere inside `value`."""
+    if isinstance(value, Unknown) or value == rpc.UNKNOWN:
+        return True
+    if isinstance(value, Mapping):
+        return any(is_unknown(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(is_unknown(v) for v in value)
+    return False
+
+
+def valid_object_name(name: Any) -> bool:
+    """Modal's own rule for secret/volume/app names (modal._utils.name_utils)."""
+    from modal._utils.name_utils import is_valid_object_name
+
+    return isinstance(name, str) and bool(name) and is_valid_object_name(name)
+
+
+def valid_environment_name(name: Any) -> bool:
+    """Modal's rule for new environment names (no periods, no `en-` prefix, <= 64 chars)."""
+    from modal._utils.name_utils import is_valid_environment_name
+
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and is_valid_environment_name(name, allow_periods=False)
+    )
+
+
+def check_name(props: Mapping[str, Any], key: str, kind: str) -> list[CheckFailure]:
+    """CheckFailure list for an object-name input (unknown values pass: checked at apply)."""
+    value = props.get(key)
+    if is_unknown(value):
+        return []
+    if not valid_object_name(value):
+        return [
+            CheckFailure(
+                key,
+                f"{kind} name {value!r} is invalid: use 1-64 characters from a-z A-Z 0-9 - _ ."
+                " (and not an app id like ap-...)",
+            )
+        ]
+    return []
+
+
+def check_environment(props: Mapping[str, Any], key: str = "environment") -> list[CheckFailure]:
+    """CheckFailure list for an environment-name input."""
+    value = props.get(key)
+    if is_unknown(value):
+        return []
+    if not valid_environment_name(value):
+        return [
+            CheckFailure(
+                key,
+                f"environment name {value!r} is invalid: start with a letter or digit, then"
+                " a-z A-Z 0-9 - _ only, at most 64 characters, not starting with 'en-'",
+            )
+        ]
+    return []
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted-keys, compact JSON: the form digests are computed over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_hex(data: str | bytes) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def secret_output(value: Any) -> Any:
+    """Mark an output secret on the wire, so the engine stores it encrypted."""
+    return rpc.wrap_rpc_secret(value)
+
+
+def plain(value: Any) -> Any:
+    """Strip a wire secret marker (inputs arrive stripped; this is for values we built)."""
+    return rpc.unwrap_rpc_secret(value)
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """Replace every secret value (of at least 4 characters) found in `text`."""
+    for s in sorted(
+        {s for s in secrets if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True
+    ):
+        text = text.replace(s, "[secret]")
+    return text
+
+
+# ---- the client --------------------------------------------------------------------------
+
+_CLIENTS: dict[tuple[str, str, str], Any] = {}  # touched only inside modal's event loop
+
+
+async def _call_with_client(
+    creds: Credentials, fn: Callable[[Any], Awaitable[T]], timeout: float
+) -> T:
+    import asyncio
+
+    from modal.client import _Client
+    from modal_proto import api_pb2
+
+    async def attempt() -> T:
+        key = (creds.server_url, creds.token_id, creds.token_secret)
+        client = _CLIENTS.get(key)
+        if client is None or client.is_closed():
+            client = _Client(
+                creds.server_url, api_pb2.CLIENT_TYPE_CLIENT, (creds.token_id, creds.token_secret)
+            )
+            _CLIENTS[key] = client
+            await client._open()
+        return await fn(client)
+
+    # modal itself keeps reconnecting for ~63 s; bound one attempt so our backoff takes over.
+    return await asyncio.wait_for(attempt(), timeout)
+
+
+async def _drop_client(creds: Credentials) -> None:
+    client = _CLIENTS.pop((creds.server_url, creds.token_id, creds.token_secret), None)
+    if client is not None:
+        with contextlib.suppress(Exception):  # a broken client is being thrown away anyway
+            await client.close()
+
+
+def _blocking(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
+    from modal._utils.async_utils import synchronizer
+
+    return synchronizer.create_blocking(fn)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    import asyncio
+
+    from grpclib import GRPCError, Status
+    from grpclib.exceptions import StreamTerminatedError
+    from modal import exception as mexc
+
+    if isinstance(exc, mexc.AuthError | mexc.NotFoundError | mexc.AlreadyExistsError):
+        return False
+    if isinstance(exc, mexc.InvalidError | mexc.PermissionDeniedError):
+        return False
+    if isinstance(
+        exc,
+        OSError
+        | asyncio.TimeoutError
+        | StreamTerminatedError
+        | mexc.ConnectionError
+        | mexc.InternalError
+        | mexc.ServiceError
+        | mexc.TimeoutError,
+    ):
+        return True
+    if isinstance(exc, GRPCError):
+        return exc.status in (
+            Status.UNAVAILABLE,
+            Status.INTERNAL,
+            Status.UNKNOWN,
+            Status.DEADLINE_EXCEEDED,
+            Status.CANCELLED,
+            Status.RESOURCE_EXHAUSTED,
+        )
+    return False
+
+
+def _answer(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+class ModalProvider(ResourceProvider):
+    """Base of every Modal dynamic provider: credentials at call time, retries, error mapping.
+
+    Subclasses set `kind` (e.g. "Secret") and implement the ResourceProvider methods, calling
+    Modal only through `self.run(...)`.
+    """
+
+    kind: ClassVar[str] = "Modal resource"
+    serialize_as_secret_always = True
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    # Providers are pickled into the `__provider` blob: never carry runtime state.
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({k: v for k, v in state.items() if not k.startswith("_")})
+
+    def configure(self, req: ConfigureRequest) -> None:
+        cfg: dict[str, str] = {}
+        for key in (CONFIG_TOKEN_ID, CONFIG_TOKEN_SECRET, CONFIG_SERVER_URL):
+            value = req.config.get(key)
+            if value:
+                cfg[key] = str(plain(value))
+        self._stack_config = cfg
+
+    # ---- credentials ---------------------------------------------------------------------
+    def credentials(self) -> Credentials:
+        """Credentials for this call: stack config first, then env; read now, never cached."""
+        cfg: dict[str, str] = getattr(self, "_stack_config", {})
+        if cfg.get(CONFIG_TOKEN_ID) and cfg.get(CONFIG_TOKEN_SECRET):
+            return Credentials(
+                cfg[CONFIG_TOKEN_ID],
+                cfg[CONFIG_TOKEN_SECRET],
+                cfg.get(CONFIG_SERVER_URL)
+                or os.environ.get("MODAL_SERVER_URL")
+                or DEFAULT_SERVER_URL,
+                "stack config",
+            )
+        token_id = os.environ.get("MODAL_TOKEN_ID", "")
+        token_secret = os.environ.get("MODAL_TOKEN_SECRET", "")
+        if token_id and token_secret:
+            return Credentials(
+                token_id,
+                token_secret,
+                cfg.get(CONFIG_SERVER_URL)
+                or os.environ.get("MODAL_SERVER_URL")
+                or DEFAULT_SERVER_URL,
+                "environment",
+            )
+        raise CredentialsMissingError(
+            f"{self.kind}: no Modal credentials. Set stack config `pulumi config set modal:tokenId"
+            " <id>` and `pulumi config set --secret modal:tokenSecret <secret>`, or export"
+            " MODAL_TOKEN_ID and MODAL_TOKEN_SECRET (and MODAL_SERVER_URL for a non-default"
+            " server) before running pulumi."
+        )
+
+    # ---- calling Modal ---------------------------------------------------------------------
+    def run(
+        self,
+        action: str,
+        target: str,
+        fn: Callable[[Any], Awaitable[T]],
+        *,
+        secrets: Iterable[str] = (),
+        hints: Mapping[type[BaseException], str] | None = None,
+    ) -> T:
+        """Run `fn(client)` against Modal, retrying transient failures.
+
+        `action` says what was asked ("create", "read", ...), `target` names the object
+        (e.g. "secret 'api-keys' in environment 'dev'"), `secrets` are values to redact from
+        any error, `hints` map modal exception types to what the user should do.
+        """
+        from modal import exception as mexc
+
+        creds = self.credentials()
+        attempts = max(1, int(os.environ.get("MODAL_PROVIDER_RETRY_ATTEMPTS", "3")))
+        delay = float(os.environ.get("MODAL_PROVIDER_RETRY_BASE_DELAY", "1.0"))
+        timeout = float(os.environ.get("MODAL_PROVIDER_ATTEMPT_TIMEOUT", "90"))
+        secret_values = [*secrets, creds.token_secret]
+        started = time.monotonic()
+        call = _blocking(_call_with_client)
+        for attempt in range(1, attempts + 1):
+            try:
+                return call(creds, fn, timeout)
+            except ModalProviderError:
+                raise
+            except Exception as exc:
+                if _is_transient(exc) and attempt < attempts:
+                    _blocking(_drop_client)(creds)
+                    time.sleep(min(delay * 2 ** (attempt - 1), 4.0))
+                    continue
+                hint = self._hint(exc, creds, hints or {}, attempt, time.monotonic() - started)
+                import asyncio
+
+                answer = (
+                    f"did not answer within {timeout:g}s"
+                    if isinstance(exc, asyncio.TimeoutError)
+                    else f"answered {_answer(exc)}"
+                )
+                message = (
+                    f"{self.kind} {target}: {action} failed. Modal at {creds.server_url}"
+                    f" {answer}. {hint}"
+                )
+                err_type: type[ModalProviderError] = ModalProviderError
+                if isinstance(exc, mexc.AuthError):
+                    err_type = ModalAuthError
+                elif isinstance(exc, mexc.AlreadyExistsError):
+                    err_type = ModalAlreadyExistsError
+                elif isinstance(exc, mexc.NotFoundError):
+                    err_type = ModalNotFoundError
+                elif _is_transient(exc):
+                    err_type = ModalUnavailableError
+                raise err_type(redact(message, secret_values)) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _hint(
+        self,
+        exc: BaseException,
+        creds: Credentials,
+        hints: Mapping[type[BaseException], str],
+        attempts: int,
+        elapsed: float,
+    ) -> str:
+        from modal import exception as mexc
+
+        for etype, text in hints.items():
+            if isinstance(exc, etype):
+                return text
+        if isinstance(exc, mexc.AuthError):
+            return (
+                f"The token {creds.token_id!r} (from {creds.source}) was rejected: check"
+                " modal:tokenId/modal:tokenSecret or MODAL_TOKEN_ID/MODAL_TOKEN_SECRET belong to"
+                " this workspace and server, then rerun."
+            )
+        if isinstance(exc, mexc.NotFoundError):
+            return (
+                "It does not exist (any more): run `pulumi refresh` to forget it, then `pulumi up`."
+            )
+        if isinstance(exc, mexc.AlreadyExistsError):
+            return (
+                "It already exists: import it (`pulumi import` with its id) or choose another name."
+            )
+        if isinstance(exc, mexc.InvalidError):
+            return "Modal rejected the request: fix the input named above and rerun."
+        if _is_transient(exc):
+            return (
+                f"Gave up after {attempts} attempts over {elapsed:.1f}s: Modal is unreachable or"
+                " failing. Check MODAL_SERVER_URL/network and Modal's status, then rerun"
+                " `pulumi up` (nothing was changed by the failed call)."
+            )
+        return "Check the inputs and Modal's status, then rerun."
+
+
+class ModalAuthError(ModalProviderError):
+    """Modal rejected the credentials."""
+
+
+class ModalAlreadyExistsError(ModalProviderError):
+    """The object to create already exists."""
+
+
+class ModalNotFoundError(ModalProviderError):
+    """The object is gone."""
+
+
+class ModalUnavailableError(ModalProviderError):
+    """Modal stayed unreachable/failing through every retry."""
+
+
+def environment_name(props: Mapping[str, Any], key: str = "environment") -> str:
+    """The environment input as the wire wants it ("" = the workspace default)."""
+    value = props.get(key)
+    return str(value) if value else ""

@@ -1,0 +1,97 @@
+"""Deploy one Modal app file in a fresh process and print one JSON line about the result.
+
+Run by the App provider as `python -m components.modal._deploy_runner --app-file F --name N
+[--environment E]`, with MODAL_* credentials and SERVING_SPEC (+ the App's extra env) in the
+environment. A fresh process per deploy keeps modal's module-level state (imported app
+modules, the cached client, the environment cache) from leaking between deploys.
+
+It does what `modal deploy F --name N -e E` does (same import path, `modal.runner.deploy_app`),
+then reads back what the provider needs and prints, as the LAST stdout line:
+
+    {"ok": true, "app_id": "ap-...", "web_url": "https://..." | "", "version": 3}
+    {"ok": false, "error": "<type>: <message>", "transient": false}
+
+`web_url`: the first flash URL of an `@app.server` (what `modal.Server.from_name(...).get_url()`
+returns), else the first web endpoint URL (`Function.get_web_url()`), by function tag order.
+`version`: the highest version in `AppDeploymentHistory` for the app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _transient(exc: BaseException) -> bool:
+    import asyncio
+
+    from modal import exception as mexc
+
+    return isinstance(
+        exc,
+        OSError
+        | asyncio.TimeoutError
+        | mexc.ConnectionError
+        | mexc.InternalError
+        | mexc.ServiceError
+        | mexc.TimeoutError,
+    )
+
+
+async def _read_back(app: Any, app_id: str) -> dict[str, Any]:
+    """Web URL and deployed version, from the hydrated app and the control plane."""
+    from modal.client import _Client
+    from modal_proto import api_pb2
+
+    flash: list[str] = []
+    web: list[str] = []
+    for _tag, fn in sorted(app._local_state.functions.items()):
+        urls = await fn._experimental_get_flash_urls()
+        if urls:
+            flash.extend(urls)
+        url = await fn.get_web_url()
+        if url:
+            web.append(url)
+    client = await _Client.from_env()
+    hist = await client._stub.AppDeploymentHistory(
+        api_pb2.AppDeploymentHistoryRequest(app_id=app_id)
+    )
+    versions = [h.version for h in hist.app_deployment_histories]
+    return {
+        "web_url": (flash or web or [""])[0],
+        "version": max(versions) if versions else 0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--app-file", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--environment", default="")
+    args = parser.parse_args(argv)
+    try:
+        from modal._utils.async_utils import synchronizer
+        from modal.cli.import_refs import import_app_from_ref, parse_import_ref
+        from modal.config import config
+        from modal.runner import deploy_app
+
+        env = args.environment or config.get("environment") or ""
+        ref = parse_import_ref(args.app_file, command="modal deploy")
+        app = import_app_from_ref(ref, base_cmd="modal deploy")
+        result = deploy_app(app, name=args.name, environment_name=env)
+        info = synchronizer.create_blocking(_read_back)(app, result.app_id)
+        out = {"ok": True, "app_id": result.app_id, **info}
+    except SystemExit as e:
+        out = {"ok": False, "error": f"app import exited with {e.code}", "transient": False}
+    except Exception as e:  # reported to the provider, which raises a clear error
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        out = {"ok": False, "error": f"{type(e).__name__}: {msg}", "transient": _transient(e)}
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
+    sys.stdout.flush()
+    return 0 if out["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,498 @@
+"""`App`: a deployed Modal app (`app_file` deployed as `name` in `environment`).
+
+- Create/update deploy through the real `modal` deploy path in a subprocess
+  (`python -m components.modal._deploy_runner`, see that module), with SERVING_SPEC naming a
+  temp file that holds `spec_json`, plus `extra_env` and the provider's Modal credentials.
+  A transient failure (Modal unreachable) is retried once; deploys are idempotent.
+- Outputs: `app_id` (also the resource id), `web_url`, `version` (deployment history),
+  `spec_digest` (sha256 of the canonical spec JSON, `ServingSpec.digest()`), `source_digest`
+  (sha256 over every file the app ships: the app file plus what it adds with
+  `add_local_python_source(...)`, `add_local_dir(...)`, `add_local_file(...)` given as string
+  literals; `.py` files only for python sources, like modal's default `ignore`).
+- Diff: spec, source, app file or extra env changed → update (redeploy); name or environment
+  changed → replace; nothing changed → no change, so no deploy at all. Diff reads the local
+  files (side-effect free), so an edit to serving/ shows up in `pulumi preview`.
+- Delete stops the app (`AppStop`). Read (refresh/import by `ap-...`) looks the name up
+  (`AppGetByDeploymentName`): stopped, missing or redeployed under another id → gone, so
+  refresh shows the drift and the next `up` deploys again. Modal does not keep our spec or
+  source digest, so an import trusts the declared ones.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import (
+    CheckFailure,
+    CheckResult,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    UpdateResult,
+)
+
+from ._base import (
+    ModalProvider,
+    ModalProviderError,
+    ModalUnavailableError,
+    check_environment,
+    check_name,
+    environment_name,
+    is_unknown,
+    redact,
+    sha256_hex,
+)
+
+TYPE_TOKEN = "pulumi-python:dynamic/modal:App"  # noqa: S105 (a Pulumi type token)
+DEPLOY_TIMEOUT_S = 1800.0
+_ENV_KEY_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+@dataclass
+class AppArgs:
+    """Inputs of an `App`."""
+
+    name: pulumi.Input[str]
+    environment: pulumi.Input[str]
+    app_file: pulumi.Input[str]
+    spec_json: pulumi.Input[str]
+    extra_env: pulumi.Input[Mapping[str, pulumi.Input[str]]] = field(default_factory=dict)
+
+
+# ---- digests -------------------------------------------------------------------------------
+
+
+def spec_digest(spec_json: str) -> str:
+    """`ServingSpec.digest()` of the spec (sha256 of its canonical JSON)."""
+    from serving.spec import ServingSpec
+
+    return str(ServingSpec.model_validate_json(spec_json).digest())
+
+
+def _literal_strings(node: ast.Call) -> list[str]:
+    return [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+
+
+# Per-process caches keyed by (path, mtime_ns, size): Diff runs on every preview, and parsing
+# the app file or re-hashing unchanged files would dominate its latency.
+_DIRECTIVES: dict[tuple[str, int, int], list[tuple[str, list[str], bool]]] = {}
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def _stat_key(p: Path) -> tuple[str, int, int]:
+    st = p.stat()
+    return (str(p), st.st_mtime_ns, st.st_size)
+
+
+def _directives(app_p: Path) -> list[tuple[str, list[str], bool]]:
+    """(method, literal string args, has `ignore=`) of every add_local_* call in the app file."""
+    key = _stat_key(app_p)
+    cached = _DIRECTIVES.get(key)
+    if cached is not None:
+        return cached
+    found: list[tuple[str, list[str], bool]] = []
+    for node in ast.walk(ast.parse(app_p.read_text(), filename=str(app_p))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method = node.func.attr
+            if method in ("add_local_python_source", "add_local_dir", "add_local_file"):
+                has_ignore = any(k.arg == "ignore" for k in node.keywords)
+                found.append((method, _literal_strings(node), has_ignore))
+    _DIRECTIVES[key] = found
+    return found
+
+
+def shipped_files(
+    app_file: str | os.PathLike[str], root: str | os.PathLike[str] = "."
+) -> list[Path]:
+    """Every local file the app ships to Modal, found statically in the app file."""
+    root_p = Path(root).resolve()
+    app_p = (root_p / app_file).resolve()
+    files: set[Path] = {app_p}
+    search = [root_p, app_p.parent]
+    for method, args, has_ignore in _directives(app_p):
+        if method == "add_local_python_source":
+            for module in args:
+                files.update(_module_files(module, search, py_only=not has_ignore))
+        elif method == "add_local_dir" and args:
+            files.update(_dir_files(_resolve(args[0], search), py_only=False))
+        elif method == "add_local_file" and args:
+            p = _resolve(args[0], search)
+            if p.is_file():
+                files.add(p)
+    return sorted(files)
+
+
+def _resolve(path: str, search: list[Path]) -> Path:
+    p = Path(path)
+    if p.is_absolute():
+        return p
+    for base in search:
+        if (base / p).exists():
+            return (base / p).resolve()
+    return (search[0] / p).resolve()
+
+
+def _module_files(module: str, search: list[Path], py_only: bool) -> Iterator[Path]:
+    rel = Path(*module.split("."))
+    for base in search:
+        if (base / rel).is_dir():
+            yield from _dir_files(base / rel, py_only)
+            return
+        if (base / rel).with_suffix(".py").is_file():
+            yield (base / rel).with_suffix(".py").resolve()
+            return
+
+
+def _dir_files(d: Path, py_only: bool) -> Iterator[Path]:
+    for p in sorted(d.rglob("*")):
+        if not p.is_file() or "__pycache__" in p.parts or p.suffix == ".pyc":
+            continue
+        if py_only and p.suffix != ".py":
+            continue
+        yield p.resolve()
+
+
+def source_digest(app_file: str | os.PathLike[str], root: str | os.PathLike[str] = ".") -> str:
+    """sha256 over (path relative to root, sha256 of content) of every shipped file."""
+    root_p = Path(root).resolve()
+    lines = []
+    for p in shipped_files(app_file, root_p):
+        key = _stat_key(p)
+        digest = _HASHES.get(key)
+        if digest is None:
+            digest = _HASHES[key] = sha256_hex(p.read_bytes())
+        lines.append(f"{os.path.relpath(p, root_p)}\0{digest}")
+    return sha256_hex("\n".join(lines))
+
+
+# ---- the provider ----------------------------------------------------------------------------
+
+
+def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (props.get("extra_env") or {}).items()}
+
+
+class AppProvider(ModalProvider):
+    kind = "App"
+    type_token = TYPE_TOKEN
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures = check_name(news, "name", "App") + check_environment(news)
+        app_file = news.get("app_file")
+        if not is_unknown(app_file):
+            if not isinstance(app_file, str) or not app_file.endswith(".py"):
+                failures.append(
+                    CheckFailure("app_file", f"app_file {app_file!r} must be a .py file")
+                )
+            elif not Path(app_file).is_file():
+                failures.append(
+                    CheckFailure(
+                        "app_file",
+                        f"app_file {app_file!r} not found (relative to {Path.cwd()}, the program"
+                        " directory)",
+                    )
+                )
+            else:
+                try:
+                    shipped_files(app_file)
+                except SyntaxError as e:
+                    failures.append(CheckFailure("app_file", f"app_file does not parse: {e}"))
+        spec = news.get("spec_json")
+        if not is_unknown(spec):
+            failures += self._check_spec(spec)
+        env = news.get("extra_env")
+        if env is not None and not is_unknown(env):
+            if not isinstance(env, Mapping):
+                failures.append(
+                    CheckFailure("extra_env", "extra_env must be a map of NAME → string")
+                )
+            else:
+                for k in env:
+                    if not k or not set(str(k)) <= _ENV_KEY_CHARS or str(k)[0].isdigit():
+                        failures.append(
+                            CheckFailure(
+                                "extra_env", f"{k!r} is not a valid environment variable name"
+                            )
+                        )
+        news = dict(news)
+        if news.get("extra_env") is None:
+            news["extra_env"] = {}
+        return CheckResult(news, failures)
+
+    @staticmethod
+    def _check_spec(spec: Any) -> list[CheckFailure]:
+        if not isinstance(spec, str):
+            return [
+                CheckFailure("spec_json", "spec_json must be a JSON string (ServingSpec.to_json())")
+            ]
+        from pydantic import ValidationError
+
+        from serving.spec import ServingSpec
+
+        try:
+            ServingSpec.model_validate_json(spec)
+        except ValidationError as e:
+            return [
+                CheckFailure(
+                    "spec_json",
+                    f"spec_json.{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}",
+                )
+                for err in e.errors()
+            ]
+        except ValueError as e:
+            return [CheckFailure("spec_json", f"spec_json is invalid: {e}")]
+        return []
+
+    @staticmethod
+    def _inputs_changed(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+        """True when a redeploy is due: spec, shipped source, app file or extra env changed."""
+        if any(is_unknown(news.get(k)) for k in ("spec_json", "app_file", "extra_env")):
+            return True
+        if _extra_env(news) != _extra_env(olds) or news.get("app_file") != olds.get("app_file"):
+            return True
+        try:
+            return bool(
+                spec_digest(str(news["spec_json"])) != olds.get("spec_digest")
+                or source_digest(str(news["app_file"])) != olds.get("source_digest")
+            )
+        except (OSError, ValueError, SyntaxError):
+            return True  # check() reports the problem; never hide a change
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        replaces = [
+            k
+            for k in ("name", "environment")
+            if is_unknown(news.get(k)) or news.get(k) != olds.get(k)
+        ]
+        changes = bool(replaces) or self._inputs_changed(olds, news)
+        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
+
+    @staticmethod
+    def _target(props: Mapping[str, Any]) -> str:
+        return f"'{props.get('name')}' in environment '{environment_name(props) or '<default>'}'"
+
+    def _deploy(self, props: Mapping[str, Any], action: str) -> dict[str, Any]:
+        creds = self.credentials()
+        name, env, app_file = str(props["name"]), environment_name(props), str(props["app_file"])
+        extra = _extra_env(props)
+        with tempfile.TemporaryDirectory(prefix="modal-app-spec-") as tmp:
+            spec_path = Path(tmp) / "spec.json"
+            spec_path.write_text(str(props["spec_json"]))
+            child_env = {
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith("MODAL_") or k in ("MODAL_CONFIG_PATH", "MODAL_PROFILE")
+            }
+            child_env["SERVING_APP_NAME"] = name  # serving/app.py names its App from this
+            child_env.update(extra)
+            child_env.update(
+                {
+                    "MODAL_TOKEN_ID": creds.token_id,
+                    "MODAL_TOKEN_SECRET": creds.token_secret,
+                    "MODAL_SERVER_URL": creds.server_url,
+                    "SERVING_SPEC": str(spec_path),
+                    "PYTHONUNBUFFERED": "1",
+                }
+            )
+            if env:
+                child_env["MODAL_ENVIRONMENT"] = env
+            cmd = [sys.executable, "-m", "components.modal._deploy_runner", "--app-file", app_file]
+            cmd += ["--name", name, "--environment", env]
+            last: dict[str, Any] = {}
+            for _attempt in range(2):
+                try:
+                    proc = subprocess.run(
+                        cmd,
+                        env=child_env,
+                        cwd=os.getcwd(),
+                        capture_output=True,
+                        text=True,
+                        timeout=DEPLOY_TIMEOUT_S,
+                        check=False,
+                    )
+                except subprocess.TimeoutExpired:
+                    raise ModalUnavailableError(
+                        f"App {self._target(props)}: {action} (deploy of {app_file}) did not"
+                        f" finish within {DEPLOY_TIMEOUT_S:.0f}s and was killed. Check Modal's"
+                        " status and the image build, then rerun `pulumi up`."
+                    ) from None
+                last = _last_json(proc.stdout) or {
+                    "ok": False,
+                    "error": f"deploy runner exited with {proc.returncode} and no result;"
+                    f" stderr tail: {proc.stderr[-1500:]}",
+                    "transient": False,
+                }
+                if last.get("ok") or not last.get("transient"):
+                    break
+        if last.get("ok"):
+            return last
+        secrets = [creds.token_secret, *extra.values()]
+        message = redact(
+            f"App {self._target(props)}: {action} (deploy of {app_file}) failed. Modal at"
+            f" {creds.server_url} answered {last.get('error')}. ",
+            secrets,
+        )
+        if last.get("transient"):
+            raise ModalUnavailableError(
+                message + "Modal is unreachable or failing: check MODAL_SERVER_URL/network and"
+                " rerun `pulumi up`; the previous deployment keeps serving."
+            )
+        if "AuthError" in str(last.get("error")):
+            raise ModalProviderError(
+                message + "Check modal:tokenId/modal:tokenSecret or MODAL_TOKEN_ID/SECRET."
+            )
+        raise ModalProviderError(
+            message + f"Run `modal deploy {app_file} --name {name}` with the same SERVING_SPEC to"
+            " see the full output, fix the app or spec, then rerun `pulumi up`."
+        )
+
+    def _outputs(self, props: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "name": props.get("name"),
+            "environment": props.get("environment"),
+            "app_file": props.get("app_file"),
+            "spec_json": props.get("spec_json"),
+            "extra_env": _extra_env(props),
+            "app_id": result.get("app_id"),
+            "web_url": result.get("web_url") or "",
+            "version": int(result.get("version") or 0),
+            "spec_digest": spec_digest(str(props["spec_json"])),
+            "source_digest": source_digest(str(props["app_file"])),
+        }
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        result = self._deploy(props, "create")
+        return CreateResult(str(result["app_id"]), self._outputs(props, result))
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        result = self._deploy(news, "update")
+        if result.get("app_id") != id_:
+            # The app was stopped behind Pulumi's back and the deploy made a new one.
+            print(
+                f"App {self._target(news)}: {id_} was gone; redeployed as {result.get('app_id')}",
+                file=sys.stderr,
+            )
+        return UpdateResult(self._outputs(news, result))
+
+    @staticmethod
+    async def _live_web_url(client: Any, app_id: str, name: str, env: str) -> str:
+        """The URL the runner reports, re-read from Modal: first `@app.server` flash URL by
+        function tag, else the first web endpoint URL (what Function/Server.from_name see)."""
+        from modal import exception as mexc
+        from modal_proto import api_pb2
+
+        layout = await client._stub.AppGetLayout(api_pb2.AppGetLayoutRequest(app_id=app_id))
+        flash: list[str] = []
+        web: list[str] = []
+        for tag in sorted(layout.app_layout.function_ids):
+            try:
+                fn = await client._stub.FunctionGet(
+                    api_pb2.FunctionGetRequest(app_name=name, object_tag=tag, environment_name=env)
+                )
+            except mexc.NotFoundError:
+                continue
+            flash.extend(fn.handle_metadata._experimental_flash_urls)
+            if fn.handle_metadata.web_url:
+                web.append(fn.handle_metadata.web_url)
+        return (flash or web or [""])[0]
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        from modal_proto import api_pb2
+
+        name, env = str(props.get("name") or ""), environment_name(props)
+
+        async def go(client: Any) -> tuple[str, int, str]:
+            resp = await client._stub.AppGetByDeploymentName(
+                api_pb2.AppGetByDeploymentNameRequest(name=name, environment_name=env)
+            )
+            if resp.app_id != id_:
+                return "", 0, ""
+            hist = await client._stub.AppDeploymentHistory(
+                api_pb2.AppDeploymentHistoryRequest(app_id=id_)
+            )
+            versions = [h.version for h in hist.app_deployment_histories]
+            url = await self._live_web_url(client, id_, name, env)
+            return str(resp.app_id), max(versions) if versions else 0, url
+
+        app_id, version, url = self.run("read", f"{id_} ({self._target(props)})", go)
+        if not app_id:
+            return ReadResult("", {})
+        outs: dict[str, Any] = {k: v for k, v in props.items() if k != "__provider"}
+        outs.update({"app_id": app_id, "version": version, "web_url": url})
+        outs.setdefault("extra_env", _extra_env(props))
+        if "spec_digest" not in outs and isinstance(props.get("spec_json"), str):
+            outs["spec_digest"] = spec_digest(props["spec_json"])
+        if "source_digest" not in outs and isinstance(props.get("app_file"), str):
+            outs["source_digest"] = source_digest(props["app_file"])
+        return ReadResult(id_, outs)
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        import contextlib
+
+        from modal import exception as mexc
+        from modal_proto import api_pb2
+
+        async def go(client: Any) -> None:
+            with contextlib.suppress(mexc.NotFoundError):
+                await client._stub.AppStop(api_pb2.AppStopRequest(app_id=id_))
+
+        self.run("stop", f"{id_} ({self._target(props)})", go)
+
+
+def _last_json(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict) and "ok" in value:
+                return value
+    return None
+
+
+class App(pulumi.dynamic.Resource, module="modal", name="App"):
+    """A deployed Modal app. Outputs: `app_id`, `web_url`, `version`, `spec_digest`,
+    `source_digest`."""
+
+    name: pulumi.Output[str]
+    environment: pulumi.Output[str]
+    app_file: pulumi.Output[str]
+    spec_json: pulumi.Output[str]
+    extra_env: pulumi.Output[dict[str, str]]
+    app_id: pulumi.Output[str]
+    web_url: pulumi.Output[str]
+    version: pulumi.Output[int]
+    spec_digest: pulumi.Output[str]
+    source_digest: pulumi.Output[str]
+
+    def __init__(
+        self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        props: dict[str, Any] = {
+            "name": args.name,
+            "environment": args.environment,
+            "app_file": args.app_file,
+            "spec_json": args.spec_json,
+            "extra_env": args.extra_env,
+            "app_id": None,
+            "web_url": None,
+            "version": None,
+            "spec_digest": None,
+            "source_digest": None,
+        }
+        super().__init__(AppProvider(), resource_name, props, opts)
+
+
+__all__ = ["App", "AppArgs", "AppProvider", "shipped_files", "source_digest", "spec_digest"]

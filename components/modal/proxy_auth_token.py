@@ -1,0 +1,270 @@
+"""`ProxyAuthToken`: a Modal proxy-auth token (`wk-...`) and the environments it may call.
+
+- Outputs `token_id` and `token_secret`; the secret is only ever returned by Modal at creation
+  and is a Pulumi secret output from that moment (wire secret + `additional_secret_outputs`).
+- `name` and the `environments` allowlist update in place (`WebhookTokenUpdate`,
+  `WebhookTokenEnvironmentAdd/Remove`).
+- Changing `rotation` (any string, e.g. a date) replaces the token create-before-delete: the
+  new token exists (and is allowed in every environment) before the old one is deleted, so a
+  gateway that is updated in the same `up` always holds a valid token.
+- Create is transactional: if allowing an environment fails, the new token is deleted again.
+- Read (refresh/import by `wk-...`): missing → gone; the allowlist is re-read per declared
+  environment. An imported token has no `token_secret` (Modal never returns it again): rotate
+  it to get one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import (
+    CheckFailure,
+    CheckResult,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    UpdateResult,
+)
+
+from ._base import ModalProvider, is_unknown, plain, secret_output, valid_environment_name
+
+TYPE_TOKEN = "pulumi-python:dynamic/modal:ProxyAuthToken"  # noqa: S105 (a Pulumi type token)
+
+
+@dataclass
+class ProxyAuthTokenArgs:
+    """Inputs of a `ProxyAuthToken`."""
+
+    name: pulumi.Input[str]
+    environments: pulumi.Input[Sequence[pulumi.Input[str]]] = field(default_factory=list)
+    rotation: pulumi.Input[str] = ""
+
+
+def _envs(props: Mapping[str, Any]) -> list[str]:
+    return sorted({str(e) for e in (props.get("environments") or [])})
+
+
+class ProxyAuthTokenProvider(ModalProvider):
+    kind = "ProxyAuthToken"
+    type_token = TYPE_TOKEN
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures: list[CheckFailure] = []
+        name = news.get("name")
+        if not is_unknown(name) and not (isinstance(name, str) and 0 < len(name) <= 64):
+            failures.append(CheckFailure("name", f"token name {name!r} must be 1-64 characters"))
+        envs = news.get("environments")
+        if envs is not None and not is_unknown(envs):
+            if not isinstance(envs, list):
+                failures.append(
+                    CheckFailure("environments", "environments must be a list of names")
+                )
+            else:
+                for e in envs:
+                    if not is_unknown(e) and not valid_environment_name(e):
+                        failures.append(
+                            CheckFailure("environments", f"environment name {e!r} is invalid")
+                        )
+        rotation = news.get("rotation")
+        if rotation is not None and not is_unknown(rotation) and not isinstance(rotation, str):
+            failures.append(CheckFailure("rotation", "rotation must be a string (e.g. a date)"))
+        news = dict(news)
+        if news.get("rotation") is None:
+            news["rotation"] = ""
+        if news.get("environments") is None:
+            news["environments"] = []
+        return CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        rotation = news.get("rotation")
+        replaces = (
+            ["rotation"]
+            if is_unknown(rotation) or (rotation or "") != (olds.get("rotation") or "")
+            else []
+        )
+        changes = bool(replaces)
+        if is_unknown(news.get("name")) or news.get("name") != olds.get("name"):
+            changes = True
+        envs = news.get("environments")
+        if is_unknown(envs) or _envs(news) != _envs(olds):
+            changes = True
+        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
+
+    @staticmethod
+    def _outputs(
+        props: Mapping[str, Any], token_id: str, token_secret: str | None, envs: list[str]
+    ) -> dict[str, Any]:
+        outs: dict[str, Any] = {
+            "name": props.get("name"),
+            "environments": list(props.get("environments") or envs),
+            "rotation": props.get("rotation") or "",
+            "token_id": token_id,
+            "allowed_environments": envs,
+        }
+        if token_secret:
+            outs["token_secret"] = secret_output(token_secret)
+        return outs
+
+    @staticmethod
+    async def _env_id(client: Any, name: str) -> str:
+        from modal_proto import api_pb2
+
+        resp = await client._stub.EnvironmentGetOrCreate(
+            api_pb2.EnvironmentGetOrCreateRequest(
+                deployment_name=name,
+                object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED,
+            )
+        )
+        return str(resp.environment_id)
+
+    async def _allow(self, client: Any, token_id: str, envs: list[str]) -> None:
+        from modal_proto import api_pb2
+
+        for env in envs:
+            await client._stub.WebhookTokenEnvironmentAdd(
+                api_pb2.WebhookTokenEnvironmentAddRequest(
+                    token_id=token_id, environment_id=await self._env_id(client, env)
+                )
+            )
+
+    async def _revoke(self, client: Any, token_id: str, envs: list[str]) -> None:
+        from modal_proto import api_pb2
+
+        for env in envs:
+            await client._stub.WebhookTokenEnvironmentRemove(
+                api_pb2.WebhookTokenEnvironmentRemoveRequest(
+                    token_id=token_id, environment_id=await self._env_id(client, env)
+                )
+            )
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        from modal_proto import api_pb2
+
+        name = str(props["name"])
+        envs = _envs(props)
+        created: dict[str, str] = {}
+
+        async def go(client: Any) -> tuple[str, str]:
+            if "token_id" not in created:  # a retry after a transient failure must not mint twice
+                resp = await client._stub.WebhookTokenCreate(
+                    api_pb2.WebhookTokenCreateRequest(name=name)
+                )
+                created["token_id"], created["token_secret"] = resp.token_id, resp.token_secret
+            try:
+                await self._allow(client, created["token_id"], envs)
+            except Exception:
+                await client._stub.WebhookTokenDelete(
+                    api_pb2.TokenDeleteRequest(token_id=created["token_id"])
+                )
+                created.clear()
+                raise
+            return created["token_id"], created["token_secret"]
+
+        token_id, token_secret = self.run(
+            "create", f"'{name}' (allowed in {envs})", go, secrets=created.values()
+        )
+        return CreateResult(token_id, self._outputs(props, token_id, token_secret, envs))
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        from modal_proto import api_pb2
+
+        name = str(news["name"])
+        old_envs, new_envs = set(_envs(olds)), set(_envs(news))
+
+        async def go(client: Any) -> None:
+            if name != olds.get("name"):
+                await client._stub.WebhookTokenUpdate(
+                    api_pb2.WebhookTokenUpdateRequest(token_id=id_, name=name)
+                )
+            await self._allow(client, id_, sorted(new_envs - old_envs))
+            await self._revoke(client, id_, sorted(old_envs - new_envs))
+
+        old_secret = plain(olds.get("token_secret"))
+        self.run("update", f"'{name}' ({id_})", go, secrets=[str(old_secret or "")])
+        return UpdateResult(self._outputs(news, id_, old_secret, sorted(new_envs)))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        from google.protobuf.empty_pb2 import Empty
+        from modal import exception as mexc
+        from modal_proto import api_pb2
+
+        declared = _envs(props)
+
+        async def go(client: Any) -> tuple[Any, list[str]]:
+            tokens = await client._stub.WebhookTokenList(Empty())
+            token = next((t for t in tokens.tokens if t.token_id == id_), None)
+            if token is None:
+                return None, []
+            allowed = []
+            for env in declared:
+                try:
+                    resp = await client._stub.WebhookTokenListForEnvironment(
+                        api_pb2.WebhookTokenListForEnvironmentRequest(environment_name=env)
+                    )
+                except mexc.NotFoundError:
+                    continue  # the environment itself is gone
+                if any(t.token_id == id_ for t in resp.tokens):
+                    allowed.append(env)
+            return token, allowed
+
+        secret = plain(props.get("token_secret"))
+        token, allowed = self.run(
+            "read", f"{id_} ('{props.get('name')}')", go, secrets=[str(secret or "")]
+        )
+        if token is None:
+            return ReadResult("", {})
+        live = {
+            "name": token.name,
+            "environments": allowed,
+            "rotation": props.get("rotation") or "",
+        }
+        outs = self._outputs(live, id_, secret, allowed)
+        outs["environments"] = allowed
+        return ReadResult(id_, outs, dict(live))
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        from modal import exception as mexc
+        from modal_proto import api_pb2
+
+        async def go(client: Any) -> None:
+            with contextlib.suppress(mexc.NotFoundError):
+                await client._stub.WebhookTokenDelete(api_pb2.TokenDeleteRequest(token_id=id_))
+
+        self.run("delete", f"{id_} ('{props.get('name')}')", go)
+
+
+class ProxyAuthToken(pulumi.dynamic.Resource, module="modal", name="ProxyAuthToken"):
+    """A Modal proxy-auth token. Outputs: `token_id`, `token_secret` (secret)."""
+
+    name: pulumi.Output[str]
+    environments: pulumi.Output[list[str]]
+    rotation: pulumi.Output[str]
+    token_id: pulumi.Output[str]
+    token_secret: pulumi.Output[str]
+    allowed_environments: pulumi.Output[list[str]]
+
+    def __init__(
+        self,
+        resource_name: str,
+        args: ProxyAuthTokenArgs,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        props: dict[str, Any] = {
+            "name": args.name,
+            "environments": args.environments,
+            "rotation": args.rotation,
+            "token_id": None,
+            "token_secret": None,
+            "allowed_environments": None,
+        }
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(additional_secret_outputs=["token_secret"])
+        )
+        super().__init__(ProxyAuthTokenProvider(), resource_name, props, opts)
+
+
+__all__ = ["ProxyAuthToken", "ProxyAuthTokenArgs", "ProxyAuthTokenProvider"]

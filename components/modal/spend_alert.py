@@ -1,0 +1,332 @@
+"""`SpendAlert`: an environment's monthly budget (Modal's hard cap) plus our alert thresholds.
+
+Modal side: `EnvironmentSetBudget` sets the environment's cycle budget in dollars; when usage
+reaches it Modal stops the environment's work (a hard cap). `EnvironmentGetBudget` reports
+usage, the effective limit and whether the limit is reached. Delete clears the budget.
+
+Our side (Modal has no thresholds or webhooks): every create, update and read (refresh)
+computes `thresholds_crossed` = the thresholds t with usage >= t * budget. If a `webhook_url`
+is set, each crossed threshold not yet in `thresholds_alerted` is POSTed to it once as JSON
+`{"environment", "threshold", "budget_usd", "usage_usd", "effective_limit_usd",
+"limit_reached"}`; a threshold counts as alerted only after a 2xx answer, so a failed delivery
+is retried at the next refresh/up. When usage falls back under a threshold (new month), it
+leaves both lists and can alert again. The webhook URL is a secret input and output and is
+never logged (delivery failures are reported without it).
+
+Id: the environment id (`en-...`); import with that id. Read reports a cleared budget or a
+deleted environment as gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import (
+    CheckFailure,
+    CheckResult,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    UpdateResult,
+)
+
+from ._base import (
+    ModalProvider,
+    check_environment,
+    environment_name,
+    is_unknown,
+    plain,
+    secret_output,
+)
+
+TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendAlert"  # noqa: S105 (a Pulumi type token)
+DEFAULT_THRESHOLDS = (0.5, 0.8, 1.0)
+WEBHOOK_TIMEOUT_S = 10.0
+
+
+@dataclass
+class SpendAlertArgs:
+    """Inputs of a `SpendAlert`."""
+
+    environment: pulumi.Input[str]
+    monthly_budget_usd: pulumi.Input[float]
+    thresholds: pulumi.Input[Sequence[pulumi.Input[float]]] = field(
+        default_factory=lambda: list(DEFAULT_THRESHOLDS)
+    )
+    webhook_url: pulumi.Input[str] | None = None
+
+
+def _thresholds(props: Mapping[str, Any]) -> list[float]:
+    raw = props.get("thresholds")
+    return sorted(float(t) for t in (raw if raw is not None else DEFAULT_THRESHOLDS))
+
+
+class SpendAlertProvider(ModalProvider):
+    kind = "SpendAlert"
+    type_token = TYPE_TOKEN
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures = check_environment(news)
+        budget = news.get("monthly_budget_usd")
+        if not is_unknown(budget):
+            if isinstance(budget, bool) or not isinstance(budget, int | float):
+                failures.append(
+                    CheckFailure(
+                        "monthly_budget_usd", "monthly_budget_usd must be a number of dollars"
+                    )
+                )
+            elif budget < 0 or budget != budget:
+                failures.append(
+                    CheckFailure(
+                        "monthly_budget_usd",
+                        f"monthly_budget_usd {budget} is negative: a budget is >= 0 dollars"
+                        " (0 blocks all spend)",
+                    )
+                )
+        thresholds = news.get("thresholds")
+        if thresholds is not None and not is_unknown(thresholds):
+            if not isinstance(thresholds, list) or not thresholds:
+                failures.append(
+                    CheckFailure("thresholds", "thresholds must be a non-empty list of fractions")
+                )
+            else:
+                for t in thresholds:
+                    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 1.5:
+                        failures.append(
+                            CheckFailure(
+                                "thresholds",
+                                f"threshold {t!r} is outside (0, 1.5]: thresholds are fractions of"
+                                " the budget, e.g. 0.5, 0.8, 1.0",
+                            )
+                        )
+                if len({float(t) for t in thresholds if isinstance(t, int | float)}) != len(
+                    thresholds
+                ):
+                    failures.append(CheckFailure("thresholds", "thresholds must not repeat"))
+        url = news.get("webhook_url")
+        if (
+            url not in (None, "")
+            and not is_unknown(url)
+            and not (isinstance(url, str) and url.startswith(("https://", "http://")))
+        ):
+            failures.append(CheckFailure("webhook_url", "webhook_url must be an http(s) URL"))
+        news = dict(news)
+        if news.get("thresholds") is None:
+            news["thresholds"] = list(DEFAULT_THRESHOLDS)
+        if news.get("webhook_url") == "":
+            del news["webhook_url"]  # "" means no webhook, like None
+        return CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        env = news.get("environment")
+        replaces = ["environment"] if is_unknown(env) or env != olds.get("environment") else []
+        changes = bool(replaces)
+        for key in ("monthly_budget_usd", "webhook_url"):
+            new, old = plain(news.get(key)), plain(olds.get(key))
+            if is_unknown(new) or (new if new != "" else None) != (old if old != "" else None):
+                changes = True
+        if is_unknown(news.get("thresholds")) or _thresholds(news) != _thresholds(olds):
+            changes = True
+        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
+
+    @staticmethod
+    def _target(props: Mapping[str, Any]) -> str:
+        return f"budget of environment '{environment_name(props) or '<default>'}'"
+
+    @staticmethod
+    async def _env_id(client: Any, env: str) -> str:
+        from modal_proto import api_pb2
+
+        resp = await client._stub.EnvironmentGetOrCreate(
+            api_pb2.EnvironmentGetOrCreateRequest(
+                deployment_name=env, object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED
+            )
+        )
+        return str(resp.environment_id)
+
+    def _apply(self, props: Mapping[str, Any], env_id: str | None, action: str) -> tuple[str, Any]:
+        """Set the budget (creating the env lookup if needed) and read it back."""
+        from modal_proto import api_pb2
+
+        env = environment_name(props)
+        budget = float(props["monthly_budget_usd"])
+
+        async def go(client: Any) -> tuple[str, Any]:
+            eid = env_id or await self._env_id(client, env)
+            await client._stub.EnvironmentSetBudget(
+                api_pb2.EnvironmentSetBudgetRequest(environment_id=eid, cycle_budget_dollars=budget)
+            )
+            status = await client._stub.EnvironmentGetBudget(
+                api_pb2.EnvironmentGetBudgetRequest(environment_id=eid)
+            )
+            return eid, status
+
+        return self.run(
+            action, self._target(props), go, secrets=[str(plain(props.get("webhook_url")) or "")]
+        )
+
+    def _outputs(
+        self, props: Mapping[str, Any], status: Any, already_alerted: list[float], env_name: str
+    ) -> dict[str, Any]:
+        budget = float(status.cycle_budget_dollars)
+        usage = float(status.current_cycle_usage)
+        thresholds = _thresholds(props)
+        crossed = [t for t in thresholds if usage >= t * budget]
+        alerted = [t for t in already_alerted if t in crossed]
+        url = plain(props.get("webhook_url"))
+        if url:
+            for t in crossed:
+                if t not in alerted and self._post(
+                    str(url),
+                    {
+                        "environment": env_name,
+                        "threshold": t,
+                        "budget_usd": budget,
+                        "usage_usd": usage,
+                        "effective_limit_usd": float(status.effective_cycle_spend_limit),
+                        "limit_reached": bool(status.spend_limit_reached),
+                    },
+                ):
+                    alerted.append(t)
+        outs: dict[str, Any] = {
+            "environment": props.get("environment"),
+            "monthly_budget_usd": budget,
+            "thresholds": thresholds,
+            "current_usage_usd": usage,
+            "effective_limit_usd": float(status.effective_cycle_spend_limit),
+            "limit_reached": bool(status.spend_limit_reached),
+            "thresholds_crossed": crossed,
+            "thresholds_alerted": sorted(alerted),
+        }
+        if url:
+            outs["webhook_url"] = secret_output(str(url))
+        return outs
+
+    def _post(self, url: str, payload: dict[str, Any]) -> bool:
+        body = json.dumps(payload).encode()
+        req = urllib.request.Request(  # noqa: S310 (scheme checked in check())
+            url, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=WEBHOOK_TIMEOUT_S) as resp:  # noqa: S310
+                ok = 200 <= resp.status < 300
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = type(e).__name__
+            if isinstance(e, urllib.error.HTTPError):
+                reason = f"HTTP {e.code}"
+            print(
+                f"SpendAlert environment '{payload['environment']}': alert for threshold"
+                f" {payload['threshold']} not delivered to the webhook ({reason}); it will be"
+                " retried at the next refresh/up.",
+                file=sys.stderr,
+            )
+            return False
+        return ok
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        env_id, status = self._apply(props, None, "set")
+        outs = self._outputs(props, status, [], environment_name(props) or "<default>")
+        outs["environment_id"] = env_id
+        return CreateResult(env_id, outs)
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        _, status = self._apply(news, id_, "update")
+        already = [float(t) for t in (olds.get("thresholds_alerted") or [])]
+        if plain(news.get("webhook_url")) != plain(olds.get("webhook_url")):
+            already = []  # a new destination has been told nothing yet
+        outs = self._outputs(news, status, already, environment_name(news) or "<default>")
+        outs["environment_id"] = id_
+        return UpdateResult(outs)
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        from modal import exception as mexc
+        from modal_proto import api_pb2
+
+        async def go(client: Any) -> Any:
+            try:
+                return await client._stub.EnvironmentGetBudget(
+                    api_pb2.EnvironmentGetBudgetRequest(environment_id=id_)
+                )
+            except mexc.NotFoundError:
+                return None
+
+        status = self.run(
+            "read",
+            f"{self._target(props)} ({id_})",
+            go,
+            secrets=[str(plain(props.get("webhook_url")) or "")],
+        )
+        if status is None or not status.HasField("cycle_budget_dollars"):
+            return ReadResult("", {})
+        already = [float(t) for t in (props.get("thresholds_alerted") or [])]
+        env = props.get("environment") or ""
+        outs = self._outputs(props, status, already, env or "<default>")
+        outs["environment_id"] = id_
+        inputs: dict[str, Any] = {
+            "environment": props.get("environment"),
+            "monthly_budget_usd": float(status.cycle_budget_dollars),
+            "thresholds": _thresholds(props),
+        }
+        if props.get("webhook_url"):
+            inputs["webhook_url"] = secret_output(str(plain(props["webhook_url"])))
+        return ReadResult(id_, outs, inputs)
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        from modal import exception as mexc
+        from modal_proto import api_pb2
+
+        async def go(client: Any) -> None:
+            with contextlib.suppress(mexc.NotFoundError):  # env gone: its budget went with it
+                await client._stub.EnvironmentSetBudget(
+                    api_pb2.EnvironmentSetBudgetRequest(environment_id=id_, clear_budget=True)
+                )
+
+        self.run("clear", f"{self._target(props)} ({id_})", go)
+
+
+class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
+    """Monthly budget (hard cap) + alert thresholds for one environment."""
+
+    environment: pulumi.Output[str]
+    monthly_budget_usd: pulumi.Output[float]
+    thresholds: pulumi.Output[list[float]]
+    webhook_url: pulumi.Output[str]
+    environment_id: pulumi.Output[str]
+    current_usage_usd: pulumi.Output[float]
+    effective_limit_usd: pulumi.Output[float]
+    limit_reached: pulumi.Output[bool]
+    thresholds_crossed: pulumi.Output[list[float]]
+    thresholds_alerted: pulumi.Output[list[float]]
+
+    def __init__(
+        self, resource_name: str, args: SpendAlertArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        props: dict[str, Any] = {
+            "environment": args.environment,
+            "monthly_budget_usd": args.monthly_budget_usd,
+            "thresholds": args.thresholds,
+            "webhook_url": pulumi.Output.secret(args.webhook_url)
+            if args.webhook_url is not None
+            else None,
+            "environment_id": None,
+            "current_usage_usd": None,
+            "effective_limit_usd": None,
+            "limit_reached": None,
+            "thresholds_crossed": None,
+            "thresholds_alerted": None,
+        }
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(additional_secret_outputs=["webhook_url"])
+        )
+        super().__init__(SpendAlertProvider(), resource_name, props, opts)
+
+
+__all__ = ["SpendAlert", "SpendAlertArgs", "SpendAlertProvider"]

@@ -1,0 +1,80 @@
+"""Helpers shared by the provider tests: a webhook receiver and RPC-count arithmetic."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tests.harness.emulator import EmulatorProcess
+
+#: Faster backoff for tests: failures must still go through every retry.
+RETRY_ENV = {
+    "MODAL_PROVIDER_RETRY_ATTEMPTS": "4",
+    "MODAL_PROVIDER_RETRY_BASE_DELAY": "0.25",
+    "MODAL_PROVIDER_ATTEMPT_TIMEOUT": "1.0",
+}
+
+
+def server_env(emu: EmulatorProcess, **extra: str) -> dict[str, str]:
+    """Env of a provider server pointed at `emu` (as if MODAL_* were exported for pulumi)."""
+    return emu.subprocess_env({**RETRY_ENV, **extra})
+
+
+class Webhook:
+    """Records JSON POST bodies; `status` is what it answers."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.status = 200
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = self.rfile.read(length)
+                if hook.status < 300:
+                    hook.bodies.append(json.loads(body))
+                self.send_response(hook.status)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/alerts?token=hook-secret-123"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+MUTATING_PREFIXES = (
+    "Create",
+    "Update",
+    "Delete",
+    "Set",
+    "Rename",
+    "Publish",
+    "Stop",
+    "Add",
+    "Remove",
+    "GetOrCreate",
+    "Precreate",
+    "PutFile",
+    "Rollback",
+)
+
+
+def mutating_calls(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """RPCs (by method) made between two rpc_counts() snapshots that can change state."""
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return {k: v for k, v in delta.items() if v and any(p in k for p in MUTATING_PREFIXES)}
+
+
+def rpc_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return {k: v for k, v in delta.items() if v}

@@ -1,0 +1,111 @@
+"""Environment provider, driven through the engine protocol against the emulator."""
+
+from __future__ import annotations
+
+import subprocess
+
+import modal
+import pytest
+
+from components.modal.environment import EnvironmentProvider
+from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
+from tests.harness.provider_server import Engine, ProviderCallError, ProviderServer, lifecycle
+from tests.providers.helpers import rpc_delta
+
+P = EnvironmentProvider()
+
+
+def inputs(name: str = "dev", **kw: object) -> dict[str, object]:
+    return {"name": name, **kw}
+
+
+def envs(emu: EmulatorProcess) -> dict[str, str]:
+    return {e["name"]: e["webhook_suffix"] for e in emu.state()["environments"]}
+
+
+def test_lifecycle_web_suffix_updates_in_place(engine: Engine, emulator: EmulatorProcess) -> None:
+    steps = lifecycle(
+        engine, "e", P, inputs(web_suffix="dev1"), inputs(web_suffix="dev2"), destroy=False
+    )
+    assert steps == ["create", "same", "same", "update"]
+    st = engine.states["e"]
+    assert st.id.startswith("en-") and st.outputs["environment_id"] == st.id
+    assert st.outputs["web_suffix"] == "dev2"
+    assert envs(emulator)["dev"] == "dev2"
+    engine.destroy("e")
+    assert "dev" not in envs(emulator)
+
+
+def test_unmanaged_suffix_reports_modals_value_and_rename_replaces(
+    engine: Engine, emulator: EmulatorProcess
+) -> None:
+    engine.up("e", P, inputs())
+    assert engine.states["e"].outputs["web_suffix"] == envs(emulator)["dev"]
+    assert engine.preview("e", P, inputs()) == "same"
+    assert engine.up("e", P, inputs("staging")) == "replace"
+    assert "dev" not in envs(emulator) and "staging" in envs(emulator)
+
+
+def test_adopt_flag(engine: Engine, modal_env: EmulatorProcess) -> None:
+    modal.Environment.objects.create("shared")
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("e", P, inputs("shared"))
+    assert "Environment 'shared': create failed" in ei.value.details
+    assert "adopt=True" in ei.value.details
+    assert engine.up("e", P, inputs("shared", adopt=True)) == "create"
+    assert engine.states["e"].outputs["adopted"] is True
+    engine.destroy("e")
+    assert "shared" in envs(modal_env)  # released, not deleted: Pulumi did not create it
+
+
+def test_import_and_drift(engine: Engine, modal_env: EmulatorProcess) -> None:
+    modal.Environment.objects.create("prod")
+    env_id = next(e["id"] for e in modal_env.state()["environments"] if e["name"] == "prod")
+    suffix = envs(modal_env)["prod"]
+    engine.import_("e", P, env_id, inputs("prod", web_suffix=suffix))
+    before = modal_env.rpc_counts()
+    assert engine.preview("e", P, inputs("prod", web_suffix=suffix)) == "same"
+    assert rpc_delta(before, modal_env.rpc_counts()) == {}
+    modal.environments.update_environment("prod", new_web_suffix="drifted")
+    assert engine.refresh("e") == "update"
+    assert engine.preview("e", P, inputs("prod", web_suffix=suffix)) == "update"
+    engine.up("e", P, inputs("prod", web_suffix=suffix))
+    assert envs(modal_env)["prod"] == suffix
+    modal.environments.delete_environment("prod")
+    assert engine.refresh("e") == "delete"
+
+
+def test_delete_refuses_while_apps_are_deployed(engine: Engine, emulator: EmulatorProcess) -> None:
+    engine.up("e", P, inputs())
+    subprocess.run(
+        [
+            str(PROJECT_ROOT / ".venv/bin/modal"),
+            "deploy",
+            "tests/providers/apps/echo_app.py",
+            "--name",
+            "echo",
+            "-e",
+            "dev",
+        ],
+        env=emulator.subprocess_env(),
+        cwd=PROJECT_ROOT,
+        check=True,
+        capture_output=True,
+    )
+    with pytest.raises(ProviderCallError) as ei:
+        engine.destroy("e")
+    msg = ei.value.details
+    assert "Environment 'dev'" in msg and "delete refused" in msg and "echo" in msg
+    assert "force_delete=True" in msg
+    assert "dev" in envs(emulator)
+    assert "e" in engine.states  # a failed delete keeps the resource
+    assert engine.up("e", P, inputs(force_delete=True)) == "update"
+    engine.destroy("e")
+    assert "dev" not in envs(emulator)
+
+
+def test_check_failures(srv: ProviderServer) -> None:
+    f = srv.check(P, {"name": "en-reserved", "web_suffix": "Bad_Suffix", "adopt": "yes"}).failures
+    assert sorted(p for p, _ in f) == ["adopt", "name", "web_suffix"]
+    assert srv.check(P, inputs("has.period")).failures
+    assert srv.check(P, inputs(web_suffix="ok-1")).failures == []

@@ -1,0 +1,180 @@
+"""Secret provider, driven through the engine protocol against the emulator."""
+
+from __future__ import annotations
+
+import modal
+import pytest
+from modal._utils.async_utils import synchronizer
+
+from components.modal.secret import SecretProvider, values_digest
+from tests.harness.emulator import EmulatorProcess
+from tests.harness.provider_server import (
+    UNKNOWN,
+    Engine,
+    ImportFailed,
+    ProviderCallError,
+    ProviderServer,
+    Secret,
+    lifecycle,
+    reveal,
+)
+from tests.providers.helpers import mutating_calls, rpc_delta
+
+P = SecretProvider()
+
+
+def inputs(name: str = "api-keys", env: str = "main", **values: str) -> dict[str, object]:
+    return {"name": name, "environment": env, "values": Secret(values or {"A": "a1", "B": "b1"})}
+
+
+def live_keys(name: str, env: str = "main") -> list[str]:
+    """Key names Modal holds for the secret, read with the real SDK."""
+    s = modal.Secret.from_name(name, environment_name=env)
+    s.hydrate()
+    return sorted(synchronizer._translate_in(s)._keys)
+
+
+def test_lifecycle_create_refresh_noop_update_delete(
+    engine: Engine, emulator: EmulatorProcess
+) -> None:
+    steps = lifecycle(engine, "s", P, inputs(), inputs(A="a2", C="c1"), destroy=False)
+    assert steps == ["create", "same", "same", "update"]
+    st = engine.states["s"]
+    assert st.id.startswith("st-")
+    assert st.outputs["secret_id"] == st.id
+    assert st.outputs["key_names"] == ["A", "C"]
+    assert st.outputs["values_digest"] == values_digest({"A": "a2", "C": "c1"})
+    assert isinstance(st.outputs["values"], Secret)  # stored encrypted
+    engine.destroy("s")
+    assert emulator.state()["secrets"] == []
+
+
+def test_update_holds_exactly_the_new_keys_and_keeps_the_id(
+    engine: Engine, modal_env: EmulatorProcess
+) -> None:
+    engine.up("s", P, inputs(A="1", B="2", C="3"))
+    first_id = engine.states["s"].id
+    assert live_keys("api-keys") == ["A", "B", "C"]
+    assert engine.up("s", P, inputs(B="22")) == "update"
+    assert engine.states["s"].id == first_id
+    assert live_keys("api-keys") == ["B"]
+
+
+def test_rename_and_environment_change_replace_create_before_delete(
+    engine: Engine, srv: ProviderServer, modal_env: EmulatorProcess
+) -> None:
+    modal.Environment.objects.create("dev")
+    engine.up("s", P, inputs())
+    old_id = engine.states["s"].id
+    assert engine.preview("s", P, inputs(name="api-keys-2")) == "replace"
+    assert engine.up("s", P, inputs(name="api-keys-2")) == "replace"
+    assert "replace s ['name']" in engine.log
+    new_id = engine.states["s"].id
+    assert new_id != old_id
+    creates = [r for r in srv.records if r.method in ("Create", "Delete")][-2:]
+    assert [r.method for r in creates] == ["Create", "Delete"]  # create-before-delete
+    assert engine.up("s", P, inputs(name="api-keys-2", env="dev")) == "replace"
+    names = {(s["name"], s["env_id"]) for s in modal_env.state()["secrets"]}
+    assert len(names) == 1
+    assert live_keys("api-keys-2", "dev") == ["A", "B"]
+
+
+def test_diff_reports_unknown_values_as_a_change(srv: ProviderServer, engine: Engine) -> None:
+    engine.up("s", P, inputs())
+    st = engine.states["s"]
+    d = srv.diff(P, st.id, st.outputs, {**inputs(), "values": UNKNOWN})
+    assert d.changes == "some" and d.replaces == []
+    d = srv.diff(P, st.id, st.outputs, {**inputs(), "name": UNKNOWN})
+    assert d.changes == "some" and d.replaces == ["name"]
+
+
+def test_noop_diff_makes_no_modal_call(
+    srv: ProviderServer, engine: Engine, emulator: EmulatorProcess
+) -> None:
+    engine.up("s", P, inputs())
+    before = emulator.rpc_counts()
+    for _ in range(5):
+        assert engine.preview("s", P, inputs()) == "same"
+    after = emulator.rpc_counts()
+    assert mutating_calls(before, after) == {}
+    assert rpc_delta(before, after) == {}  # check+diff never talk to Modal
+
+
+def test_import_by_id(engine: Engine, modal_env: EmulatorProcess) -> None:
+    modal.Secret.objects.create("imported", {"A": "a1", "B": "b1"}, environment_name="main")
+    sid = modal.Secret.from_name("imported", environment_name="main").hydrate().object_id
+    st = engine.import_("s", P, sid, inputs(name="imported"))
+    assert st.id == sid
+    assert st.outputs["key_names"] == ["A", "B"]
+    assert engine.preview("s", P, inputs(name="imported")) == "same"
+    # Declaring other keys than Modal holds cannot import cleanly.
+    with pytest.raises(ImportFailed):
+        Engine(engine.server).import_("t", P, sid, inputs(name="imported", X="1"))
+    # Wrong id: nothing there.
+    with pytest.raises(ImportFailed, match="not found"):
+        Engine(engine.server).import_("u", P, "st-doesnotexist0000000000", inputs(name="imported"))
+
+
+def test_drift_deleted_behind_pulumis_back(engine: Engine, modal_env: EmulatorProcess) -> None:
+    engine.up("s", P, inputs())
+    modal.Secret.objects.delete("api-keys", environment_name="main")
+    assert engine.refresh("s") == "delete"
+    assert "s" not in engine.states
+    assert engine.up("s", P, inputs()) == "create"
+    assert live_keys("api-keys") == ["A", "B"]
+
+
+def test_drift_keys_changed_behind_pulumis_back(engine: Engine, modal_env: EmulatorProcess) -> None:
+    engine.up("s", P, inputs())
+    s = modal.Secret.from_name("api-keys", environment_name="main")
+    s.update({"INJECTED": "x"})
+    assert engine.refresh("s") == "update"
+    assert engine.states["s"].outputs["key_names"] == ["A", "B", "INJECTED"]
+    assert engine.preview("s", P, inputs()) == "update"
+    assert engine.up("s", P, inputs()) == "update"
+    assert live_keys("api-keys") == ["A", "B"]
+    assert engine.refresh("s") == "same"
+
+
+def test_already_exists_names_the_secret_and_what_to_do(
+    engine: Engine, modal_env: EmulatorProcess
+) -> None:
+    modal.Secret.objects.create("api-keys", {"OTHER": "1"}, environment_name="main")
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("s", P, inputs())
+    msg = ei.value.details
+    assert "Secret 'api-keys' in environment 'main': create failed" in msg
+    assert "AlreadyExistsError" in msg
+    assert "pulumi import pulumi-python:dynamic/modal:Secret" in msg
+    assert live_keys("api-keys") == ["OTHER"]  # untouched
+
+
+def test_check_rejects_bad_inputs_before_touching_anything(
+    srv: ProviderServer, emulator: EmulatorProcess
+) -> None:
+    before = emulator.rpc_counts()
+    bad = srv.check(P, {"name": "no spaces!", "environment": "en-x", "values": Secret({"1A": "v"})})
+    props = sorted(p for p, _ in bad.failures)
+    assert props == ["environment", "name", "values"]
+    assert srv.check(P, {"name": "ok", "environment": "main", "values": "notamap"}).failures
+    assert srv.check(P, {"name": "ap-" + "a" * 22, "environment": "main", "values": {}}).failures
+    assert rpc_delta(before, emulator.rpc_counts()) == {}
+    ok = srv.check(P, inputs())
+    assert ok.failures == []
+    assert reveal(ok.inputs["values"]) == {"A": "a1", "B": "b1"}
+    assert isinstance(ok.inputs["values"], Secret)
+
+
+def test_concurrent_calls_share_the_client_safely(
+    srv: ProviderServer, modal_env: EmulatorProcess
+) -> None:
+    """The engine runs up to 4 RPCs at once against one provider process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        created = list(pool.map(lambda i: srv.create(P, inputs(f"s{i}", K=f"v{i}")), range(12)))
+    assert len({c.id for c in created}) == 12
+    assert sorted(s["name"] for s in modal_env.state()["secrets"]) == sorted(
+        f"s{i}" for i in range(12)
+    )
+    assert live_keys("s7") == ["K"]

@@ -1,0 +1,57 @@
+"""The App provider deploying the real serving app (serving/app.py) with the secret it needs."""
+
+from __future__ import annotations
+
+import json
+
+from components.modal import AppProvider, SecretProvider
+from components.modal.app import shipped_files
+from serving.spec import SERVER_NAME, ServingSpec
+from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
+from tests.harness.provider_server import Engine, Secret
+from tests.providers.helpers import rpc_delta
+
+
+def spec(max_containers: int = 1) -> str:
+    return ServingSpec.model_validate(
+        {
+            "engine": "vllm",
+            "model": "Qwen/Qwen3-0.6B",
+            "served_model_name": "qwen",
+            "scaling": {"max_containers": max_containers},
+        }
+    ).to_json()
+
+
+def test_serving_app_ships_the_serving_package() -> None:
+    rel = {str(p.relative_to(PROJECT_ROOT)) for p in shipped_files("serving/app.py", PROJECT_ROOT)}
+    assert {"serving/app.py", "serving/spec.py", "serving/__init__.py"} <= rel
+    assert all(r.startswith("serving/") and r.endswith(".py") for r in rel)
+
+
+def test_deploy_update_and_stop_serving_app(engine: Engine, emulator: EmulatorProcess) -> None:
+    keys = {"SERVING_API_KEYS": json.dumps({"ci": "sha256:" + "1" * 64})}
+    engine.up(
+        "keys",
+        SecretProvider(),
+        {"name": "serving-api-keys", "environment": "main", "values": Secret(keys)},
+    )
+    app = AppProvider()
+    inputs = {
+        "name": "llm",
+        "environment": "main",
+        "app_file": "serving/app.py",
+        "spec_json": spec(),
+    }
+    assert engine.up("app", app, inputs) == "create"
+    out = engine.states["app"].outputs
+    # @app.server: the URL is the server's flash URL, named after the server class.
+    assert out["web_url"] == f"https://emu-workspace--llm-{SERVER_NAME.lower()}.modal.run"
+    assert out["spec_digest"] == ServingSpec.model_validate_json(spec()).digest()
+    before = emulator.rpc_counts()
+    assert engine.preview("app", app, inputs) == "same"
+    assert rpc_delta(before, emulator.rpc_counts()) == {}
+    assert engine.up("app", app, {**inputs, "spec_json": spec(max_containers=2)}) == "update"
+    assert engine.states["app"].outputs["version"] == 2
+    engine.destroy("app")
+    assert {a["state"] for a in emulator.state()["apps"]} == {"stopped"}

@@ -1,0 +1,143 @@
+"""SpendAlert provider: Modal's environment budget plus our thresholds and webhook alerts."""
+
+from __future__ import annotations
+
+import modal
+from modal._utils.async_utils import synchronizer
+from modal.client import _Client
+from modal_proto import api_pb2
+
+from components.modal.spend_alert import SpendAlertProvider
+from tests.harness.emulator import EmulatorProcess
+from tests.harness.provider_server import Engine, ProviderServer, Secret, lifecycle, reveal
+from tests.providers.helpers import Webhook, rpc_delta
+
+P = SpendAlertProvider()
+SECRET_OUT = ("webhook_url",)
+
+
+def inputs(
+    budget: float = 100.0, env: str = "main", webhook: str | None = None, **kw: object
+) -> dict[str, object]:
+    d: dict[str, object] = {"environment": env, "monthly_budget_usd": budget, **kw}
+    if webhook is not None:
+        d["webhook_url"] = Secret(webhook)
+    return d
+
+
+def budget_of(emu: EmulatorProcess, env: str = "main") -> float | None:
+    return next(e["budget_usd"] for e in emu.state()["environments"] if e["name"] == env)
+
+
+async def _set_budget(env_id: str, usd: float) -> None:
+    c = await _Client.from_env()
+    await c._stub.EnvironmentSetBudget(
+        api_pb2.EnvironmentSetBudgetRequest(environment_id=env_id, cycle_budget_dollars=usd)
+    )
+
+
+def test_lifecycle_sets_updates_and_clears_the_budget(
+    engine: Engine, emulator: EmulatorProcess
+) -> None:
+    steps = lifecycle(engine, "b", P, inputs(100), inputs(250), destroy=False)
+    assert steps == ["create", "same", "same", "update"]
+    st = engine.states["b"]
+    assert st.id.startswith("en-")
+    assert budget_of(emulator) == 250
+    assert st.outputs["effective_limit_usd"] == 250
+    assert st.outputs["current_usage_usd"] == 0
+    assert st.outputs["limit_reached"] is False
+    assert st.outputs["thresholds_crossed"] == []
+    engine.destroy("b")
+    assert budget_of(emulator) is None
+
+
+def test_refresh_reports_usage_and_alerts_each_threshold_once(
+    engine: Engine, emulator: EmulatorProcess, webhook: Webhook
+) -> None:
+    engine.up("b", P, inputs(100, webhook=webhook.url), secret_outputs=SECRET_OUT)
+    assert webhook.bodies == []
+    emulator.set_usage("main", 55)
+    assert engine.refresh("b") == "update"
+    out = engine.states["b"].outputs
+    assert out["current_usage_usd"] == 55 and out["thresholds_crossed"] == [0.5]
+    assert [b["threshold"] for b in webhook.bodies] == [0.5]
+    assert webhook.bodies[0] == {
+        "environment": "main",
+        "threshold": 0.5,
+        "budget_usd": 100.0,
+        "usage_usd": 55.0,
+        "effective_limit_usd": 100.0,
+        "limit_reached": False,
+    }
+    engine.refresh("b")
+    assert len(webhook.bodies) == 1  # not re-sent
+    emulator.set_usage("main", 120)
+    engine.refresh("b")
+    out = engine.states["b"].outputs
+    assert out["limit_reached"] is True and out["thresholds_crossed"] == [0.5, 0.8, 1.0]
+    assert [b["threshold"] for b in webhook.bodies] == [0.5, 0.8, 1.0]
+    assert isinstance(out["webhook_url"], Secret)
+
+
+def test_failed_delivery_is_retried_at_next_refresh(
+    engine: Engine, emulator: EmulatorProcess, webhook: Webhook, srv: ProviderServer
+) -> None:
+    engine.up("b", P, inputs(10, webhook=webhook.url, thresholds=[1.0]), secret_outputs=SECRET_OUT)
+    webhook.status = 500
+    emulator.set_usage("main", 10)
+    engine.refresh("b")
+    assert engine.states["b"].outputs["thresholds_crossed"] == [1.0]
+    assert engine.states["b"].outputs["thresholds_alerted"] == []
+    assert "not delivered to the webhook (HTTP 500)" in srv.logs()
+    webhook.status = 200
+    engine.refresh("b")
+    assert engine.states["b"].outputs["thresholds_alerted"] == [1.0]
+    assert len(webhook.bodies) == 1
+
+
+def test_import_drift_and_noop(engine: Engine, modal_env: EmulatorProcess) -> None:
+    env_id = next(e["id"] for e in modal_env.state()["environments"] if e["name"] == "main")
+    synchronizer.create_blocking(_set_budget)(env_id, 40.0)
+    st = engine.import_("b", P, env_id, inputs(40))
+    assert st.outputs["monthly_budget_usd"] == 40
+    before = modal_env.rpc_counts()
+    assert engine.preview("b", P, inputs(40)) == "same"
+    assert rpc_delta(before, modal_env.rpc_counts()) == {}
+    synchronizer.create_blocking(_set_budget)(env_id, 5.0)  # changed behind Pulumi's back
+    assert engine.refresh("b") == "update"
+    assert engine.preview("b", P, inputs(40)) == "update"
+    engine.up("b", P, inputs(40))
+    assert budget_of(modal_env) == 40
+    modal.Environment.objects.create("dev")
+    assert engine.up("b", P, inputs(40, env="dev")) == "replace"
+    assert budget_of(modal_env, "dev") == 40 and budget_of(modal_env) is None
+    # Budget cleared behind Pulumi's back: gone.
+    dev_id = engine.states["b"].id
+
+    async def clear(eid: str) -> None:
+        c = await _Client.from_env()
+        await c._stub.EnvironmentSetBudget(
+            api_pb2.EnvironmentSetBudgetRequest(environment_id=eid, clear_budget=True)
+        )
+
+    synchronizer.create_blocking(clear)(dev_id)
+    assert engine.refresh("b") == "delete"
+
+
+def test_check_failures(srv: ProviderServer) -> None:
+    f = srv.check(P, inputs(-5, thresholds=[0, 0.5, 1.6], webhook="ftp://x")).failures
+    props = sorted({p for p, _ in f})
+    assert props == ["monthly_budget_usd", "thresholds", "webhook_url"]
+    reasons = " ".join(r for p, r in f if p == "thresholds")
+    assert "0 is outside (0, 1.5]" in reasons and "1.6 is outside (0, 1.5]" in reasons
+    assert srv.check(P, inputs(10, thresholds=[0.5, 0.5])).failures
+    assert srv.check(P, inputs(10, thresholds=[1.5, 0.01])).failures == []
+    chk = srv.check(P, inputs(0))
+    assert chk.failures == [] and chk.inputs["thresholds"] == [0.5, 0.8, 1.0]
+    chk = srv.check(P, inputs(5, webhook=""))  # "" = no webhook (unset secret config)
+    assert chk.failures == [] and "webhook_url" not in chk.inputs
+    assert (
+        reveal(srv.check(P, inputs(1, webhook="https://h/x")).inputs["webhook_url"])
+        == "https://h/x"
+    )
