@@ -1,0 +1,91 @@
+"""Command line: `python -m emulator serve --port PORT [...]` (see `--help`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from emulator.server import Options, serve
+
+DEFAULT_STATE = Path(".modal-emulator") / "state.sqlite3"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m emulator",
+        description="Local emulator of Modal's control plane for the real `modal` client.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser(
+        "serve",
+        help="serve the gRPC API (and the HTTP control surface) until SIGTERM/Ctrl-C",
+        description=(
+            "Point the client at it with MODAL_SERVER_URL=http://HOST:PORT plus "
+            "MODAL_TOKEN_ID/MODAL_TOKEN_SECRET. Port 0 picks a free port; the ready line "
+            "printed on stdout names the real ones."
+        ),
+    )
+    s.add_argument("--port", type=int, default=8790, help="gRPC port (default 8790)")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    s.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="HTTP port for blobs and /_emulator/* (default PORT+1, or free when PORT is 0)",
+    )
+    where = s.add_mutually_exclusive_group()
+    where.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help=f"SQLite state file (default {DEFAULT_STATE} in the current directory)",
+    )
+    where.add_argument("--memory", action="store_true", help="keep state in memory only")
+    s.add_argument("--workspace", default="emu-workspace", help="workspace name (web URLs)")
+    s.add_argument("--token-id", default=None, help="require this token id (with --token-secret)")
+    s.add_argument("--token-secret", default=None, help="require this token secret")
+    s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if (args.token_id is None) != (args.token_secret is None):
+        print("error: --token-id and --token-secret go together", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    http_port = args.http_port
+    if http_port is None:
+        http_port = args.port + 1 if args.port else 0
+    options = Options(
+        host=args.host,
+        port=args.port,
+        http_port=http_port,
+        state_path=None if args.memory else (args.state or DEFAULT_STATE),
+        workspace=args.workspace,
+        token_id=args.token_id,
+        token_secret=args.token_secret,
+    )
+    try:
+        asyncio.run(serve(options))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(
+            f"error: cannot listen on {args.host} (gRPC port {args.port}, HTTP port {http_port}):"
+            f" {exc}. Pick free ports with --port/--http-port, or --port 0 for any.",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

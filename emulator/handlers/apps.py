@@ -1,0 +1,206 @@
+"""App lifecycle RPCs: create, look up, publish (deploy), list, stop, history, rollback."""
+
+from __future__ import annotations
+
+from google.protobuf.empty_pb2 import Empty
+from modal_proto import api_pb2
+
+from emulator.errors import InvalidArgument
+from emulator.handlers.base import Context, rpc
+from emulator.handlers.convert import app_state_to_model, app_state_to_proto, creation
+from emulator.models.apps import App, PublishRequest
+from emulator.models.common import Creation
+
+
+def lifecycle(ctx: Context, app: App) -> api_pb2.AppLifecycle:
+    return api_pb2.AppLifecycle(
+        app_state=app_state_to_proto(app.state),  # type: ignore[arg-type]
+        created_at=app.created_at,
+        created_by=ctx.config.workspace,
+        deployed_at=app.deployed_at or 0.0,
+        deployed_by=ctx.config.workspace if app.deployed_at else "",
+        version=app.version,
+        stopped_at=app.stopped_at or 0.0,
+    )
+
+
+def _page_url(ctx: Context, app: App) -> str:
+    return f"https://modal.com/apps/{ctx.config.workspace}/{app.env_name}/{app.id}"
+
+
+def _deployed_url(ctx: Context, app: App) -> str:
+    return f"https://modal.com/apps/{ctx.config.workspace}/{app.env_name}/deployed/{app.name}"
+
+
+@rpc
+def AppCreate(ctx: Context, req: api_pb2.AppCreateRequest) -> api_pb2.AppCreateResponse:
+    state = (
+        app_state_to_model(req.app_state)
+        if req.app_state != api_pb2.APP_STATE_UNSPECIFIED
+        else "ephemeral"
+    )
+    app = ctx.state.apps.create(req.environment_name, req.description, state)
+    return api_pb2.AppCreateResponse(
+        app_id=app.id,
+        app_page_url=_page_url(ctx, app),
+        app_logs_url=f"https://modal.com/logs/{app.id}",
+    )
+
+
+@rpc
+def AppGetByDeploymentName(
+    ctx: Context, req: api_pb2.AppGetByDeploymentNameRequest
+) -> api_pb2.AppGetByDeploymentNameResponse:
+    if not req.name:
+        raise InvalidArgument("AppGetByDeploymentName needs an app name.")
+    env, current, previous = ctx.state.apps.by_deployment_name(req.name, req.environment_name)
+    resp = api_pb2.AppGetByDeploymentNameResponse(environment_name=env.name)
+    if current is not None:
+        resp.app_id = current.id
+        resp.lifecycle.CopyFrom(lifecycle(ctx, current))
+    elif previous is not None:
+        resp.previous_app_id = previous.id
+        resp.lifecycle.CopyFrom(lifecycle(ctx, previous))
+    return resp
+
+
+@rpc
+def AppGetOrCreate(
+    ctx: Context, req: api_pb2.AppGetOrCreateRequest
+) -> api_pb2.AppGetOrCreateResponse:
+    mode = creation(req.object_creation_type)
+    if mode not in (Creation.LOOKUP, Creation.IF_MISSING):
+        raise InvalidArgument("AppGetOrCreate supports lookup or create-if-missing only.")
+    app = ctx.state.apps.get_or_create(
+        req.app_name,
+        req.environment_name,
+        mode is Creation.IF_MISSING,
+        ctx.client_version,
+        ctx.config.workspace,
+    )
+    return api_pb2.AppGetOrCreateResponse(
+        app_id=app.id,
+        handle_metadata=api_pb2.AppHandleMetadata(
+            description=app.description,
+            app_id=app.id,
+            environment_name=app.env_name,
+            lifecycle=lifecycle(ctx, app),
+        ),
+    )
+
+
+@rpc
+def AppGetLifecycle(
+    ctx: Context, req: api_pb2.AppGetLifecycleRequest
+) -> api_pb2.AppGetLifecycleResponse:
+    return api_pb2.AppGetLifecycleResponse(lifecycle=lifecycle(ctx, ctx.state.apps.get(req.app_id)))
+
+
+@rpc
+def AppGetLayout(ctx: Context, req: api_pb2.AppGetLayoutRequest) -> api_pb2.AppGetLayoutResponse:
+    version = ctx.state.apps.current_version(req.app_id)
+    layout = api_pb2.AppLayout()
+    if version is not None:
+        layout.function_ids.update(version.function_ids)
+        layout.class_ids.update(version.class_ids)
+    return api_pb2.AppGetLayoutResponse(app_layout=layout)
+
+
+@rpc
+def AppHeartbeat(ctx: Context, req: api_pb2.AppHeartbeatRequest) -> Empty:
+    ctx.state.apps.heartbeat(req.app_id)
+    return Empty()
+
+
+@rpc
+def AppClientDisconnect(ctx: Context, req: api_pb2.AppClientDisconnectRequest) -> Empty:
+    ctx.state.apps.disconnect(req.app_id)
+    return Empty()
+
+
+@rpc
+def AppPublish(ctx: Context, req: api_pb2.AppPublishRequest) -> api_pb2.AppPublishResponse:
+    app, _version = ctx.state.apps.publish(
+        req.app_id,
+        PublishRequest(
+            name=req.name,
+            state=app_state_to_model(req.app_state),
+            function_ids=dict(req.function_ids),
+            class_ids=dict(req.class_ids),
+            definition_ids=dict(req.definition_ids),
+            tag=req.deployment_tag,
+            client_version=req.client_version or ctx.client_version,
+            deployed_by=ctx.config.workspace,
+            commit_hash=req.commit_info.commit_hash,
+            commit_dirty=req.commit_info.dirty,
+        ),
+    )
+    url = _deployed_url(ctx, app) if app.deployed else _page_url(ctx, app)
+    return api_pb2.AppPublishResponse(url=url, deployed_at=app.deployed_at or 0.0)
+
+
+@rpc
+def AppList(ctx: Context, req: api_pb2.AppListRequest) -> api_pb2.AppListResponse:
+    _env, apps = ctx.state.apps.list(req.environment_name)
+    return api_pb2.AppListResponse(
+        apps=[
+            api_pb2.AppListResponse.AppListItem(
+                app_id=app.id,
+                description=app.description,
+                state=app_state_to_proto(app.state),  # type: ignore[arg-type]
+                created_at=app.created_at,
+                stopped_at=app.stopped_at or 0.0,
+                n_running_tasks=0,
+                name=app.name or "",
+            )
+            for app in apps
+        ]
+    )
+
+
+@rpc
+def AppStop(ctx: Context, req: api_pb2.AppStopRequest) -> Empty:
+    ctx.state.apps.stop(req.app_id)
+    return Empty()
+
+
+@rpc
+def TaskList(ctx: Context, req: api_pb2.TaskListRequest) -> api_pb2.TaskListResponse:
+    if req.app_id:
+        ctx.state.apps.get(req.app_id)
+    return api_pb2.TaskListResponse()  # the emulator runs no containers
+
+
+@rpc
+def AppDeploymentHistory(
+    ctx: Context, req: api_pb2.AppDeploymentHistoryRequest
+) -> api_pb2.AppDeploymentHistoryResponse:
+    app = ctx.state.apps.get(req.app_id)
+    versions = ctx.state.apps.history(req.app_id)
+    return api_pb2.AppDeploymentHistoryResponse(
+        app_deployment_histories=[
+            api_pb2.AppDeploymentHistory(
+                app_id=v.app_id,
+                version=v.version,
+                client_version=v.client_version,
+                deployed_at=v.deployed_at,
+                deployed_by=v.deployed_by,
+                tag=v.tag,
+                rollback_version=v.rollback_version,
+                rollback_allowed=app.deployed and v.version != app.version,
+                commit_info=api_pb2.CommitInfo(commit_hash=v.commit_hash, dirty=v.commit_dirty),
+            )
+            for v in versions
+        ],
+        production_app_version=app.version if app.deployed else 0,
+    )
+
+
+@rpc
+def AppRollback(ctx: Context, req: api_pb2.AppRollbackRequest) -> api_pb2.AppRollbackResponse:
+    app, _version = ctx.state.apps.rollback(
+        req.app_id, req.version, ctx.client_version, ctx.config.workspace
+    )
+    return api_pb2.AppRollbackResponse(
+        url=_deployed_url(ctx, app), deployed_at=app.deployed_at or 0.0
+    )

@@ -1,0 +1,75 @@
+"""Object ids and name rules, shaped like Modal's.
+
+Ids are `<prefix>-<22 alphanumerics>` (the CLI matches app ids with `^ap-[a-zA-Z0-9]{22}$`).
+Random ids come from `new_id`; content-addressed ids (images, mounts) from `content_id`, so the
+same content always gets the same id and a redeploy of unchanged code is a cache hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import string
+
+from emulator.errors import InvalidArgument
+
+ID_SUFFIX_LEN = 22
+_ALPHABET = string.ascii_letters + string.digits
+_NAME_RE = re.compile(r"^[a-zA-Z0-9_.-]+$")
+MAX_NAME_LEN = 64
+
+#: Prefix per kind, as Modal checks them when hydrating objects.
+PREFIXES = {
+    "secret": "st",
+    "volume": "vo",
+    "app": "ap",
+    "function": "fu",
+    "class": "cs",
+    "image": "im",
+    "mount": "mo",
+    "environment": "en",
+    "proxy_token": "wk",
+    "proxy_token_secret": "ws",
+    "definition": "de",
+    "blob": "bl",
+}
+
+
+def new_id(kind: str) -> str:
+    """A fresh random id for `kind` (a key of PREFIXES)."""
+    suffix = "".join(secrets.choice(_ALPHABET) for _ in range(ID_SUFFIX_LEN))
+    return f"{PREFIXES[kind]}-{suffix}"
+
+
+def content_id(kind: str, digest_source: bytes) -> str:
+    """A deterministic id for `kind` derived from the sha256 of `digest_source`."""
+    digest = hashlib.sha256(digest_source).hexdigest()
+    return f"{PREFIXES[kind]}-{digest[:ID_SUFFIX_LEN]}"
+
+
+def check_id(kind: str, value: str) -> str:
+    """Raise InvalidArgument unless `value` looks like an id of `kind`."""
+    prefix = PREFIXES[kind]
+    if not re.fullmatch(rf"{prefix}-[a-zA-Z0-9]{{{ID_SUFFIX_LEN}}}", value or ""):
+        shown = value if value else "(empty)"
+        raise InvalidArgument(
+            f"Malformed {kind.replace('_', ' ')} id {shown!r}: expected '{prefix}-' followed by "
+            f"{ID_SUFFIX_LEN} letters or digits."
+        )
+    return value
+
+
+def check_name(kind: str, name: str) -> str:
+    """Modal object names: letters, digits, '-', '_', '.'; 1 to 64 characters."""
+    if not name:
+        raise InvalidArgument(f"{kind} name must not be empty.")
+    if len(name) > MAX_NAME_LEN:
+        raise InvalidArgument(
+            f"Invalid {kind} name {name[:80]!r}: {len(name)} characters, at most {MAX_NAME_LEN}."
+        )
+    if not _NAME_RE.match(name):
+        raise InvalidArgument(
+            f"Invalid {kind} name {name!r}: use only letters, digits, '-', '_' and '.'."
+        )
+    return name

@@ -1,0 +1,517 @@
+"""Apps, their deployed versions, functions (with one definition per FunctionCreate) and classes.
+
+Lifecycle: AppCreate makes an app "initializing"; AppPublish with state "deployed" gives it its
+deployment name and a new version (1, 2, ...) whose layout (function/class ids and the
+definition of each function) is kept for history and rollback; AppStop marks it "stopped" and
+frees the name (lookups by name then report it as the previous app). Rollback publishes the
+layout of an older version as a new version.
+
+Function definitions are opaque bytes here (serialized protobuf owned by the handlers).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import re
+import sqlite3
+from dataclasses import dataclass, field
+
+from emulator.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from emulator.ids import check_id, check_name, new_id
+from emulator.models.environments import Environment, Environments
+from emulator.store import Store
+
+#: App states, named like Modal's APP_STATE_* values (lowercase, without the prefix).
+STATES = (
+    "ephemeral",
+    "detached",
+    "deployed",
+    "stopping",
+    "stopped",
+    "initializing",
+    "disabled",
+    "detached_disconnected",
+)
+_LIVE_TRANSIENT = ("initializing", "ephemeral", "detached", "detached_disconnected")
+
+
+@dataclass(frozen=True)
+class App:
+    id: str
+    env_id: str
+    env_name: str
+    name: str | None
+    description: str
+    state: str
+    created_at: float
+    deployed_at: float | None
+    stopped_at: float | None
+    version: int
+
+    @property
+    def deployed(self) -> bool:
+        return self.state == "deployed"
+
+
+@dataclass(frozen=True)
+class AppVersion:
+    app_id: str
+    version: int
+    deployed_at: float
+    client_version: str
+    deployed_by: str
+    tag: str
+    commit_hash: str
+    commit_dirty: bool
+    rollback_version: int
+    function_ids: dict[str, str] = field(default_factory=dict)
+    class_ids: dict[str, str] = field(default_factory=dict)
+    definition_ids: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FunctionRecord:
+    id: str
+    app_id: str
+    tag: str
+
+
+@dataclass(frozen=True)
+class Definition:
+    id: str
+    function_id: str
+    data: bytes
+    handle: bytes
+
+
+@dataclass(frozen=True)
+class PublishRequest:
+    name: str
+    state: str
+    function_ids: dict[str, str]
+    class_ids: dict[str, str]
+    definition_ids: dict[str, str]
+    tag: str = ""
+    client_version: str = ""
+    deployed_by: str = ""
+    commit_hash: str = ""
+    commit_dirty: bool = False
+
+
+def _version(row: sqlite3.Row) -> AppVersion:
+    layout = json.loads(row["layout"])
+    return AppVersion(
+        app_id=row["app_id"],
+        version=row["version"],
+        deployed_at=row["deployed_at"],
+        client_version=row["client_version"],
+        deployed_by=row["deployed_by"],
+        tag=row["tag"],
+        commit_hash=row["commit_hash"],
+        commit_dirty=bool(row["commit_dirty"]),
+        rollback_version=row["rollback_version"],
+        function_ids=layout.get("function_ids", {}),
+        class_ids=layout.get("class_ids", {}),
+        definition_ids=layout.get("definition_ids", {}),
+    )
+
+
+class Apps:
+    def __init__(self, store: Store, environments: Environments) -> None:
+        self.store = store
+        self.environments = environments
+
+    # ---- apps ----------------------------------------------------------------------------
+    def _load(self, db: sqlite3.Connection, row: sqlite3.Row) -> App:
+        env = self.environments.get_by_id(row["env_id"], db)
+        return App(
+            id=row["id"],
+            env_id=row["env_id"],
+            env_name=env.name,
+            name=row["name"],
+            description=row["description"],
+            state=row["state"],
+            created_at=row["created_at"],
+            deployed_at=row["deployed_at"],
+            stopped_at=row["stopped_at"],
+            version=row["version"],
+        )
+
+    def _row(self, db: sqlite3.Connection, app_id: str) -> sqlite3.Row:
+        check_id("app", app_id)
+        row = db.execute("SELECT * FROM apps WHERE id = ?", (app_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"App {app_id!r} not found.")
+        return row
+
+    def create(self, environment: str, description: str, state: str) -> App:
+        if state not in STATES:
+            raise InvalidArgument(f"AppCreate: unsupported app state {state!r}.")
+        with self.store.tx() as db:
+            env = self.environments.resolve(environment, db)
+            app_id = new_id("app")
+            db.execute(
+                "INSERT INTO apps (id, env_id, description, state, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (app_id, env.id, description[:500], state, self.store.now()),
+            )
+            return self._load(db, self._row(db, app_id))
+
+    def get(self, app_id: str) -> App:
+        with self.store.tx() as db:
+            return self._load(db, self._row(db, app_id))
+
+    def by_deployment_name(
+        self, name: str, environment: str
+    ) -> tuple[Environment, App | None, App | None]:
+        """(environment, deployed app with that name, else the last stopped one)."""
+        with self.store.tx() as db:
+            env = self.environments.resolve(environment, db)
+            row = db.execute(
+                "SELECT * FROM apps WHERE env_id = ? AND deployed_name = ?", (env.id, name)
+            ).fetchone()
+            if row is not None:
+                return env, self._load(db, row), None
+            prev = db.execute(
+                "SELECT * FROM apps WHERE env_id = ? AND name = ? AND state = 'stopped'"
+                " ORDER BY stopped_at DESC LIMIT 1",
+                (env.id, name),
+            ).fetchone()
+            return env, None, (self._load(db, prev) if prev is not None else None)
+
+    def get_or_create(
+        self,
+        name: str,
+        environment: str,
+        create_if_missing: bool,
+        client_version: str = "",
+        deployed_by: str = "",
+    ) -> App:
+        check_name("App", name)
+        env, app, _ = self.by_deployment_name(name, environment)
+        if app is not None:
+            return app
+        if not create_if_missing and re.fullmatch(r"ap-[a-zA-Z0-9]{22}", name):
+            try:
+                return self.get(name)  # an app id instead of a name
+            except NotFound:
+                pass
+        if not create_if_missing:
+            raise NotFound(f"App {name!r} not found in environment {env.name!r}.")
+        created = self.create(env.name, name, "initializing")
+        app, _version = self.publish(
+            created.id,
+            PublishRequest(
+                name=name,
+                state="deployed",
+                function_ids={},
+                class_ids={},
+                definition_ids={},
+                client_version=client_version,
+                deployed_by=deployed_by,
+            ),
+        )
+        return app
+
+    def heartbeat(self, app_id: str) -> None:
+        with self.store.tx() as db:
+            self._row(db, app_id)
+
+    def disconnect(self, app_id: str) -> App:
+        """The client went away: an app that never got deployed is stopped."""
+        with self.store.tx() as db:
+            row = self._row(db, app_id)
+            if row["state"] in _LIVE_TRANSIENT:
+                db.execute(
+                    "UPDATE apps SET state = 'stopped', stopped_at = ? WHERE id = ?",
+                    (self.store.now(), app_id),
+                )
+            return self._load(db, self._row(db, app_id))
+
+    def list(self, environment: str) -> tuple[Environment, list[App]]:
+        with self.store.tx() as db:
+            env = self.environments.resolve(environment, db)
+            rows = db.execute(
+                "SELECT * FROM apps WHERE env_id = ? ORDER BY created_at", (env.id,)
+            ).fetchall()
+            return env, [self._load(db, r) for r in rows]
+
+    def stop(self, app_id: str) -> App:
+        with self.store.tx() as db:
+            row = self._row(db, app_id)
+            if row["state"] != "stopped":
+                db.execute(
+                    "UPDATE apps SET state = 'stopped', stopped_at = ?, deployed_name = NULL"
+                    " WHERE id = ?",
+                    (self.store.now(), app_id),
+                )
+            return self._load(db, self._row(db, app_id))
+
+    # ---- deploy / versions -------------------------------------------------------------
+    def publish(self, app_id: str, req: PublishRequest) -> tuple[App, AppVersion | None]:
+        """Record a deploy: name the app, check its objects, and add a version."""
+        if req.state not in STATES:
+            raise InvalidArgument(f"AppPublish: unsupported app state {req.state!r}.")
+        if req.state == "deployed":
+            check_name("App", req.name)
+        with self.store.tx() as db:
+            row = self._row(db, app_id)
+            if row["state"] == "stopped":
+                raise FailedPrecondition(
+                    f"App {app_id} is stopped; deploy again to create a new app."
+                )
+            for tag, fid in req.function_ids.items():
+                frow = db.execute("SELECT app_id FROM functions WHERE id = ?", (fid,)).fetchone()
+                if frow is None or frow["app_id"] != app_id:
+                    raise NotFound(
+                        f"AppPublish: function {tag!r} ({fid}) was not created in app {app_id}."
+                    )
+            for tag, cid in req.class_ids.items():
+                crow = db.execute("SELECT app_id FROM classes WHERE id = ?", (cid,)).fetchone()
+                if crow is None or crow["app_id"] != app_id:
+                    raise NotFound(
+                        f"AppPublish: class {tag!r} ({cid}) was not created in app {app_id}."
+                    )
+            now = self.store.now()
+            if req.state != "deployed":
+                db.execute("UPDATE apps SET state = ? WHERE id = ?", (req.state, app_id))
+                return self._load(db, self._row(db, app_id)), None
+            clash = db.execute(
+                "SELECT id FROM apps WHERE env_id = ? AND deployed_name = ? AND id != ?",
+                (row["env_id"], req.name, app_id),
+            ).fetchone()
+            if clash is not None:
+                raise AlreadyExists(
+                    f"App name {req.name!r} is already deployed as {clash['id']} in this "
+                    "environment; stop that app first or deploy under another name."
+                )
+            definition_ids = dict(req.definition_ids)
+            for fid in req.function_ids.values():
+                if fid not in definition_ids:
+                    latest = db.execute(
+                        "SELECT id FROM function_definitions WHERE function_id = ?"
+                        " ORDER BY created_at DESC LIMIT 1",
+                        (fid,),
+                    ).fetchone()
+                    if latest is not None:
+                        definition_ids[fid] = latest["id"]
+            version = row["version"] + 1
+            layout = {
+                "function_ids": req.function_ids,
+                "class_ids": req.class_ids,
+                "definition_ids": definition_ids,
+            }
+            db.execute(
+                "INSERT INTO app_versions (app_id, version, deployed_at, client_version,"
+                " deployed_by, tag, commit_hash, commit_dirty, rollback_version, layout)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
+                (
+                    app_id,
+                    version,
+                    now,
+                    req.client_version,
+                    req.deployed_by,
+                    req.tag,
+                    req.commit_hash,
+                    int(req.commit_dirty),
+                    json.dumps(layout),
+                ),
+            )
+            db.execute(
+                "UPDATE apps SET state = 'deployed', name = ?, deployed_name = ?, deployed_at = ?,"
+                " version = ?, stopped_at = NULL WHERE id = ?",
+                (req.name, req.name, now, version, app_id),
+            )
+            return self._load(db, self._row(db, app_id)), self._get_version(db, app_id, version)
+
+    @staticmethod
+    def _get_version(db: sqlite3.Connection, app_id: str, version: int) -> AppVersion:
+        row = db.execute(
+            "SELECT * FROM app_versions WHERE app_id = ? AND version = ?", (app_id, version)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"App {app_id} has no version v{version}.")
+        return _version(row)
+
+    def current_version(self, app_id: str) -> AppVersion | None:
+        with self.store.tx() as db:
+            row = self._row(db, app_id)
+            if row["version"] == 0:
+                return None
+            return self._get_version(db, app_id, row["version"])
+
+    def history(self, app_id: str) -> builtins.list[AppVersion]:
+        """Every deployed version, newest first."""
+        with self.store.tx() as db:
+            self._row(db, app_id)
+            rows = db.execute(
+                "SELECT * FROM app_versions WHERE app_id = ? ORDER BY version DESC", (app_id,)
+            ).fetchall()
+            return [_version(r) for r in rows]
+
+    def rollback(
+        self, app_id: str, version: int, client_version: str, deployed_by: str
+    ) -> tuple[App, AppVersion]:
+        """Publish the layout of `version` (-1 or 0: the one before the current) anew."""
+        with self.store.tx() as db:
+            row = self._row(db, app_id)
+            if row["state"] != "deployed":
+                raise FailedPrecondition(
+                    f"App {app_id} is {row['state']}, not deployed: only a deployed app can be "
+                    "rolled back."
+                )
+            current = row["version"]
+            target = current - 1 if version <= 0 else version
+            if target < 1:
+                raise FailedPrecondition(
+                    f"App {app_id} has only version v{current}: nothing to roll back to."
+                )
+            if target == current:
+                raise InvalidArgument(f"App {app_id} is already at v{current}.")
+            old = self._get_version(db, app_id, target)
+            new_version = current + 1
+            now = self.store.now()
+            db.execute(
+                "INSERT INTO app_versions (app_id, version, deployed_at, client_version,"
+                " deployed_by, tag, commit_hash, commit_dirty, rollback_version, layout)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    app_id,
+                    new_version,
+                    now,
+                    client_version,
+                    deployed_by,
+                    old.tag,
+                    old.commit_hash,
+                    int(old.commit_dirty),
+                    target,
+                    json.dumps(
+                        {
+                            "function_ids": old.function_ids,
+                            "class_ids": old.class_ids,
+                            "definition_ids": old.definition_ids,
+                        }
+                    ),
+                ),
+            )
+            db.execute(
+                "UPDATE apps SET version = ?, deployed_at = ? WHERE id = ?",
+                (new_version, now, app_id),
+            )
+            return self._load(db, self._row(db, app_id)), self._get_version(db, app_id, new_version)
+
+    # ---- functions and classes ----------------------------------------------------------
+    def precreate_function(
+        self, app_id: str, tag: str, existing_function_id: str = ""
+    ) -> FunctionRecord:
+        """The function id for `tag` in this app: the existing one, or a new one."""
+        if not tag:
+            raise InvalidArgument("FunctionPrecreate/FunctionCreate: function_name is empty.")
+        with self.store.tx() as db:
+            self._row(db, app_id)
+            if existing_function_id:
+                check_id("function", existing_function_id)
+                row = db.execute(
+                    "SELECT * FROM functions WHERE id = ?", (existing_function_id,)
+                ).fetchone()
+                if row is None or row["app_id"] != app_id:
+                    raise NotFound(f"Function {existing_function_id!r} not found in app {app_id}.")
+                return FunctionRecord(row["id"], row["app_id"], row["tag"])
+            row = db.execute(
+                "SELECT * FROM functions WHERE app_id = ? AND tag = ?", (app_id, tag)
+            ).fetchone()
+            if row is None:
+                fid = new_id("function")
+                db.execute(
+                    "INSERT INTO functions (id, app_id, tag, created_at) VALUES (?, ?, ?, ?)",
+                    (fid, app_id, tag, self.store.now()),
+                )
+                return FunctionRecord(fid, app_id, tag)
+            return FunctionRecord(row["id"], row["app_id"], row["tag"])
+
+    def save_definition(
+        self, definition_id: str, function_id: str, data: bytes, handle: bytes
+    ) -> None:
+        with self.store.tx() as db:
+            db.execute(
+                "INSERT INTO function_definitions (id, function_id, created_at, data, handle)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (definition_id, function_id, self.store.now(), data, handle),
+            )
+
+    def get_definition(self, definition_id: str) -> Definition:
+        with self.store.tx() as db:
+            row = db.execute(
+                "SELECT * FROM function_definitions WHERE id = ?", (definition_id,)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"Function definition {definition_id!r} not found.")
+        return Definition(row["id"], row["function_id"], bytes(row["data"]), bytes(row["handle"]))
+
+    def latest_definition(self, function_id: str) -> Definition:
+        check_id("function", function_id)
+        with self.store.tx() as db:
+            row = db.execute(
+                "SELECT * FROM function_definitions WHERE function_id = ?"
+                " ORDER BY created_at DESC LIMIT 1",
+                (function_id,),
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"Function {function_id!r} not found (or never created).")
+        return Definition(row["id"], row["function_id"], bytes(row["data"]), bytes(row["handle"]))
+
+    def lookup_function(
+        self, app_name: str, environment: str, tag: str, version: int = 0
+    ) -> tuple[App, Definition]:
+        """The definition of function `tag` in the deployed app `app_name` (current version)."""
+        app, layout = self._deployed_layout(app_name, environment, version)
+        fid = layout.function_ids.get(tag)
+        if fid is None:
+            raise NotFound(
+                f"Function {tag!r} not found in app {app_name!r} (environment "
+                f"{app.env_name!r}); it has: {', '.join(sorted(layout.function_ids)) or 'none'}."
+            )
+        def_id = layout.definition_ids.get(fid)
+        definition = self.get_definition(def_id) if def_id else self.latest_definition(fid)
+        return app, definition
+
+    def lookup_class(
+        self, app_name: str, environment: str, tag: str, version: int = 0
+    ) -> tuple[App, str]:
+        app, layout = self._deployed_layout(app_name, environment, version)
+        cid = layout.class_ids.get(tag)
+        if cid is None:
+            raise NotFound(
+                f"Class {tag!r} not found in app {app_name!r} (environment {app.env_name!r}); "
+                f"it has: {', '.join(sorted(layout.class_ids)) or 'none'}."
+            )
+        return app, cid
+
+    def _deployed_layout(
+        self, app_name: str, environment: str, version: int
+    ) -> tuple[App, AppVersion]:
+        env, app, _ = self.by_deployment_name(app_name, environment)
+        if app is None:
+            raise NotFound(f"App {app_name!r} not found in environment {env.name!r}.")
+        with self.store.tx() as db:
+            layout = self._get_version(db, app.id, version or app.version)
+        return app, layout
+
+    def create_class(self, app_id: str, existing_class_id: str = "") -> str:
+        with self.store.tx() as db:
+            self._row(db, app_id)
+            if existing_class_id:
+                check_id("class", existing_class_id)
+                row = db.execute(
+                    "SELECT app_id FROM classes WHERE id = ?", (existing_class_id,)
+                ).fetchone()
+                if row is None or row["app_id"] != app_id:
+                    raise NotFound(f"Class {existing_class_id!r} not found in app {app_id}.")
+                return existing_class_id
+            cid = new_id("class")
+            db.execute(
+                "INSERT INTO classes (id, app_id, created_at) VALUES (?, ?, ?)",
+                (cid, app_id, self.store.now()),
+            )
+            return cid

@@ -1,0 +1,232 @@
+"""Build artifacts: images, mounts, uploaded files and blobs, all content-addressed.
+
+- Images get an id derived from their full definition (including base image ids and context
+  mount ids), so an unchanged image is found again and answered as already built.
+- Files are keyed by sha256; small ones arrive inline, large ones (>= 4 MiB) through a blob
+  that the client PUTs over HTTP first.
+- Mounts get an id derived from their file list (names, hashes, modes), so an unchanged
+  `copy=True` layer keeps the same context mount id and the image above it stays cached.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import sqlite3
+from dataclasses import dataclass
+
+from emulator.errors import FailedPrecondition, InvalidArgument, NotFound
+from emulator.ids import check_id, content_id, new_id
+from emulator.store import Store
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+@dataclass(frozen=True)
+class Image:
+    id: str
+    commands: list[str]
+    built: bool
+
+
+@dataclass(frozen=True)
+class MountFile:
+    filename: str
+    sha256: str
+    mode: int
+
+
+@dataclass(frozen=True)
+class Mount:
+    id: str
+    checksum: str
+    name: str | None
+    files: list[MountFile]
+
+
+class Images:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @staticmethod
+    def _load(row: sqlite3.Row) -> Image:
+        return Image(id=row["id"], commands=json.loads(row["spec"]), built=bool(row["built"]))
+
+    def get_or_create(self, definition: bytes, commands: list[str], force_build: bool) -> Image:
+        """Find the image with exactly this definition, or register it as not built yet."""
+        image_id = content_id("image", definition)
+        with self.store.tx() as db:
+            row = db.execute("SELECT * FROM images WHERE id = ?", (image_id,)).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO images (id, spec, built, created_at) VALUES (?, ?, 0, ?)",
+                    (image_id, json.dumps(commands), self.store.now()),
+                )
+            elif force_build:
+                db.execute("UPDATE images SET built = 0 WHERE id = ?", (image_id,))
+            row = db.execute("SELECT * FROM images WHERE id = ?", (image_id,)).fetchone()
+            return self._load(row)
+
+    def get(self, image_id: str) -> Image:
+        check_id("image", image_id)
+        with self.store.tx() as db:
+            row = db.execute("SELECT * FROM images WHERE id = ?", (image_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"Image {image_id!r} not found; create it with ImageGetOrCreate first.")
+        return self._load(row)
+
+    def mark_built(self, image_id: str) -> Image:
+        with self.store.tx() as db:
+            db.execute(
+                "UPDATE images SET built = 1, built_at = ? WHERE id = ?",
+                (self.store.now(), image_id),
+            )
+        return self.get(image_id)
+
+
+class Blobs:
+    """Large payloads: BlobCreate reserves an id, the client PUTs the bytes over HTTP."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def create(self, content_md5_b64: str, content_sha256_b64: str, length: int) -> str:
+        if length < 0:
+            raise InvalidArgument(f"BlobCreate: negative content_length {length}.")
+        blob_id = new_id("blob")
+        with self.store.tx() as db:
+            db.execute(
+                "INSERT INTO blobs (id, content_md5_b64, content_sha256_b64, content_length,"
+                " created_at) VALUES (?, ?, ?, ?, ?)",
+                (blob_id, content_md5_b64, content_sha256_b64, length, self.store.now()),
+            )
+        return blob_id
+
+    def put(self, blob_id: str, data: bytes) -> str:
+        """Store the uploaded bytes; returns their md5 hex (the ETag S3 would answer)."""
+        check_id("blob", blob_id)
+        md5 = hashlib.md5(data)  # noqa: S324 (S3's ETag is an md5)
+        with self.store.tx() as db:
+            row = db.execute("SELECT * FROM blobs WHERE id = ?", (blob_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"Blob {blob_id!r} not found: call BlobCreate before uploading.")
+            expected_md5 = row["content_md5_b64"]
+            if expected_md5 and base64.b64encode(md5.digest()).decode() != expected_md5:
+                raise InvalidArgument(
+                    f"Blob {blob_id}: The Content-MD5 you specified did not match what we "
+                    f"received ({len(data)} bytes received, {row['content_length']} announced)."
+                )
+            db.execute("UPDATE blobs SET data = ? WHERE id = ?", (data, blob_id))
+        return md5.hexdigest()
+
+    def get(self, blob_id: str) -> bytes:
+        check_id("blob", blob_id)
+        with self.store.tx() as db:
+            row = db.execute("SELECT data FROM blobs WHERE id = ?", (blob_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"Blob {blob_id!r} not found.")
+        if row["data"] is None:
+            raise FailedPrecondition(f"Blob {blob_id!r} was created but its bytes were never PUT.")
+        return bytes(row["data"])
+
+
+class Mounts:
+    def __init__(self, store: Store, blobs: Blobs) -> None:
+        self.store = store
+        self.blobs = blobs
+
+    def missing(self, sha256_hashes: list[str]) -> list[str]:
+        """The hashes (in request order) of files the emulator has not received yet."""
+        with self.store.tx() as db:
+            return [
+                h
+                for h in sha256_hashes
+                if db.execute("SELECT 1 FROM files WHERE sha256 = ?", (h,)).fetchone() is None
+            ]
+
+    def put_file(self, sha256: str, data: bytes | None, blob_id: str | None) -> bool:
+        """Register a file's bytes (inline or from a blob); True when the file now exists."""
+        if len(sha256) != 64:
+            raise InvalidArgument(f"MountPutFile: sha256_hex {sha256[:80]!r} is not 64 hex digits.")
+        if data is None and blob_id:
+            data = self.blobs.get(blob_id)
+        with self.store.tx() as db:
+            if data is None:
+                row = db.execute("SELECT 1 FROM files WHERE sha256 = ?", (sha256,)).fetchone()
+                return row is not None
+            actual = hashlib.sha256(data).hexdigest()
+            if actual != sha256:
+                raise InvalidArgument(
+                    f"MountPutFile: content hashes to {actual}, not the announced {sha256}."
+                )
+            db.execute(
+                "INSERT OR IGNORE INTO files (sha256, size, data, blob_id, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (sha256, len(data), None if blob_id else data, blob_id, self.store.now()),
+            )
+        return True
+
+    @staticmethod
+    def checksum(files: list[MountFile]) -> str:
+        lines = sorted(f"{f.filename}\0{f.sha256}\0{f.mode}" for f in files)
+        return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+    def _save(self, db: sqlite3.Connection, mount: Mount, namespace: str) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO mounts (id, name, namespace, files, checksum, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                mount.id,
+                mount.name,
+                namespace,
+                json.dumps([[f.filename, f.sha256, f.mode] for f in mount.files]),
+                mount.checksum,
+                self.store.now(),
+            ),
+        )
+
+    def get_or_create_from_files(self, files: list[MountFile]) -> Mount:
+        """An anonymous mount of already-uploaded files, content-addressed by its file list."""
+        with self.store.tx() as db:
+            absent = [
+                f.filename
+                for f in files
+                if db.execute("SELECT 1 FROM files WHERE sha256 = ?", (f.sha256,)).fetchone()
+                is None
+            ]
+            if absent:
+                raise FailedPrecondition(
+                    f"MountGetOrCreate: {len(absent)} file(s) were never uploaded "
+                    f"(first: {absent[0]!r}); send MountPutFile for them first."
+                )
+            checksum = self.checksum(files)
+            mount = Mount(
+                id=content_id("mount", b"files:" + checksum.encode()),
+                checksum=checksum,
+                name=None,
+                files=files,
+            )
+            self._save(db, mount, "")
+        return mount
+
+    def check_exists(self, mount_id: str) -> None:
+        check_id("mount", mount_id)
+        with self.store.tx() as db:
+            row = db.execute("SELECT 1 FROM mounts WHERE id = ?", (mount_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"Mount {mount_id!r} not found; create it with MountGetOrCreate first.")
+
+    def get_or_create_named(self, name: str, namespace: str, create: bool) -> Mount:
+        """A named mount; global ones (the client's own package) always exist, empty."""
+        mount_id = content_id("mount", f"named:{namespace}:{name}".encode())
+        with self.store.tx() as db:
+            row = db.execute("SELECT * FROM mounts WHERE id = ?", (mount_id,)).fetchone()
+            if row is None:
+                if not create and namespace != "global":
+                    raise NotFound(f"Mount {name!r} not found.")
+                mount = Mount(id=mount_id, checksum=EMPTY_SHA256, name=name, files=[])
+                self._save(db, mount, namespace)
+                return mount
+            files = [MountFile(f[0], f[1], f[2]) for f in json.loads(row["files"])]
+            return Mount(id=row["id"], checksum=row["checksum"], name=row["name"], files=files)

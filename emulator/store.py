@@ -1,0 +1,234 @@
+"""The emulator's SQLite store: schema, transactions, reset and a JSON dump.
+
+One connection guarded by a re-entrant lock, so gRPC handlers (event loop) and anything else
+(threads) serialize cleanly; every `tx()` is one `BEGIN IMMEDIATE ... COMMIT`. With a file path
+the database runs in WAL mode and each committed transaction survives a `kill -9`; with
+`path=None` it lives in memory and dies with the process.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS environments (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    webhook_suffix TEXT NOT NULL DEFAULT '',
+    is_default INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    budget_usd REAL,
+    usage_usd REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS secrets (
+    id TEXT PRIMARY KEY,
+    env_id TEXT NOT NULL,
+    name TEXT,
+    data TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    UNIQUE (env_id, name)
+);
+CREATE TABLE IF NOT EXISTS volumes (
+    id TEXT PRIMARY KEY,
+    env_id TEXT NOT NULL,
+    name TEXT,
+    created_at REAL NOT NULL,
+    UNIQUE (env_id, name)
+);
+CREATE TABLE IF NOT EXISTS proxy_tokens (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    secret_sha256 TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS proxy_token_envs (
+    token_id TEXT NOT NULL,
+    env_id TEXT NOT NULL,
+    PRIMARY KEY (token_id, env_id)
+);
+CREATE TABLE IF NOT EXISTS apps (
+    id TEXT PRIMARY KEY,
+    env_id TEXT NOT NULL,
+    name TEXT,
+    deployed_name TEXT,
+    description TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    deployed_at REAL,
+    stopped_at REAL,
+    version INTEGER NOT NULL DEFAULT 0
+);
+CREATE UNIQUE INDEX IF NOT EXISTS apps_deployed_name ON apps (env_id, deployed_name);
+CREATE TABLE IF NOT EXISTS app_versions (
+    app_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    deployed_at REAL NOT NULL,
+    client_version TEXT NOT NULL DEFAULT '',
+    deployed_by TEXT NOT NULL DEFAULT '',
+    tag TEXT NOT NULL DEFAULT '',
+    commit_hash TEXT NOT NULL DEFAULT '',
+    commit_dirty INTEGER NOT NULL DEFAULT 0,
+    rollback_version INTEGER NOT NULL DEFAULT 0,
+    layout TEXT NOT NULL,
+    PRIMARY KEY (app_id, version)
+);
+CREATE TABLE IF NOT EXISTS functions (
+    id TEXT PRIMARY KEY,
+    app_id TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (app_id, tag)
+);
+CREATE TABLE IF NOT EXISTS function_definitions (
+    id TEXT PRIMARY KEY,
+    function_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    data BLOB NOT NULL,
+    handle BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS classes (
+    id TEXT PRIMARY KEY,
+    app_id TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS images (
+    id TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    built INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    built_at REAL
+);
+CREATE TABLE IF NOT EXISTS mounts (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    namespace TEXT NOT NULL DEFAULT '',
+    files TEXT NOT NULL,
+    checksum TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS files (
+    sha256 TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    data BLOB,
+    blob_id TEXT,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS blobs (
+    id TEXT PRIMARY KEY,
+    content_md5_b64 TEXT NOT NULL,
+    content_sha256_b64 TEXT NOT NULL,
+    content_length INTEGER NOT NULL,
+    data BLOB,
+    created_at REAL NOT NULL
+);
+"""
+
+#: Tables in dependency-free order, for reset and dump.
+TABLES = (
+    "environments",
+    "secrets",
+    "volumes",
+    "proxy_tokens",
+    "proxy_token_envs",
+    "apps",
+    "app_versions",
+    "functions",
+    "function_definitions",
+    "classes",
+    "images",
+    "mounts",
+    "files",
+    "blobs",
+)
+
+#: Columns never shown by `dump()`: secret values, token secrets, file and blob bytes.
+_HIDDEN_COLUMNS = {
+    "secrets": {"data"},
+    "proxy_tokens": {"secret_sha256"},
+    "function_definitions": {"data", "handle"},
+    "files": {"data"},
+    "blobs": {"data"},
+}
+
+
+class Store:
+    """SQLite database behind one lock. `path=None` keeps everything in memory."""
+
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+        self.path = Path(path) if path is not None else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        target = str(self.path) if self.path is not None else ":memory:"
+        self._conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        self._last_ts = 0.0
+        with self._lock:
+            if self.path is not None:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA busy_timeout=5000")
+            self._conn.executescript(SCHEMA)
+            self._conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: commits on success, rolls back on any exception."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            else:
+                self._conn.execute("COMMIT")
+
+    def now(self) -> float:
+        """Wall-clock seconds, strictly increasing across calls (keeps pagination exact)."""
+        with self._lock:
+            ts = max(time.time(), self._last_ts + 1e-6)
+            self._last_ts = ts
+            return ts
+
+    def reset(self) -> None:
+        """Delete every row of every table (the caller re-seeds defaults)."""
+        with self.tx() as db:
+            for table in TABLES:
+                db.execute(f"DELETE FROM {table}")  # noqa: S608 (fixed table names)
+
+    def dump(self) -> dict[str, list[dict[str, Any]]]:
+        """Every table as a list of dicts, without secret values or file/blob bytes."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        with self._lock:
+            for table in TABLES:
+                hidden = _HIDDEN_COLUMNS.get(table, set())
+                rows = self._conn.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()  # noqa: S608
+                out[table] = [
+                    {k: row[k] for k in row.keys() if k not in hidden}  # noqa: SIM118
+                    for row in rows
+                ]
+        return out
+
+    def get_meta(self, key: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row["value"])
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

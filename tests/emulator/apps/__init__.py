@@ -1,0 +1,1 @@
+"""Small Modal apps the emulator tests deploy with the real `modal deploy`."""

@@ -1,0 +1,130 @@
+"""Edge rules through raw RPCs: versions/rollback, name clashes, cascades, mounts, URLs."""
+
+from __future__ import annotations
+
+import hashlib
+
+import modal
+import pytest
+from modal.exception import AlreadyExistsError, ConflictError, InvalidError, NotFoundError
+from modal_proto import api_pb2
+
+from emulator.urls import web_url
+from tests.emulator.helpers import raw_rpc
+from tests.harness.emulator import EmulatorProcess
+
+
+def test_web_url_pattern_suffix_and_truncation() -> None:
+    assert web_url("ws", "", "llm-server", "LLM.serve").url == (
+        "https://ws--llm-server-llm-serve.modal.run"
+    )
+    assert web_url("ws", "stg", "app", "web").url == "https://ws-stg--app-web.modal.run"
+    assert web_url("ws", "", "app", "web", requested="Custom").url == "https://ws--custom.modal.run"
+    long = web_url("workspace", "env", "a" * 40, "f" * 40)
+    host = long.url.removeprefix("https://").removesuffix(".modal.run")
+    assert len(host) <= 63 and long.truncated and long.has_unique_hash
+    assert long == web_url("workspace", "env", "a" * 40, "f" * 40)  # stable
+
+
+def _publish(app_id: str, name: str) -> api_pb2.AppPublishResponse:
+    return raw_rpc(
+        "AppPublish",
+        api_pb2.AppPublishRequest(app_id=app_id, name=name, app_state=api_pb2.APP_STATE_DEPLOYED),
+    )
+
+
+def _create_app(description: str, env: str = "") -> str:
+    resp = raw_rpc(
+        "AppCreate",
+        api_pb2.AppCreateRequest(
+            description=description,
+            environment_name=env,
+            app_state=api_pb2.APP_STATE_INITIALIZING,
+        ),
+    )
+    assert resp.app_id.startswith("ap-") and len(resp.app_id) == 25
+    return str(resp.app_id)
+
+
+def test_versions_and_rollback_rules(modal_env: EmulatorProcess) -> None:
+    app_id = _create_app("svc")
+    first = _publish(app_id, "svc")
+    assert first.url.endswith("/main/deployed/svc") and first.deployed_at > 0
+    _publish(app_id, "svc")
+    _publish(app_id, "svc")
+    rolled = raw_rpc("AppRollback", api_pb2.AppRollbackRequest(app_id=app_id, version=-1))
+    assert rolled.deployed_at > 0
+    hist = raw_rpc("AppDeploymentHistory", api_pb2.AppDeploymentHistoryRequest(app_id=app_id))
+    rows = [
+        (h.version, h.rollback_version, h.rollback_allowed) for h in hist.app_deployment_histories
+    ]
+    assert rows == [(4, 2, False), (3, 0, True), (2, 0, True), (1, 0, True)]
+    assert hist.production_app_version == 4
+    with pytest.raises(InvalidError, match="already at v4"):
+        raw_rpc("AppRollback", api_pb2.AppRollbackRequest(app_id=app_id, version=4))
+    with pytest.raises(NotFoundError, match="no version v9"):
+        raw_rpc("AppRollback", api_pb2.AppRollbackRequest(app_id=app_id, version=9))
+    raw_rpc("AppStop", api_pb2.AppStopRequest(app_id=app_id))
+    with pytest.raises(ConflictError, match="only a deployed app"):
+        raw_rpc("AppRollback", api_pb2.AppRollbackRequest(app_id=app_id, version=1))
+    with pytest.raises(ConflictError, match="stopped"):
+        _publish(app_id, "svc")
+    lifecycle = raw_rpc("AppGetLifecycle", api_pb2.AppGetLifecycleRequest(app_id=app_id))
+    assert lifecycle.lifecycle.app_state == api_pb2.APP_STATE_STOPPED
+    assert lifecycle.lifecycle.stopped_at > 0 and lifecycle.lifecycle.version == 4
+
+
+def test_two_apps_cannot_hold_one_deployed_name(modal_env: EmulatorProcess) -> None:
+    a, b = _create_app("x"), _create_app("x")
+    _publish(a, "shared-name")
+    with pytest.raises(AlreadyExistsError, match="already deployed as"):
+        _publish(b, "shared-name")
+    _publish(b, "other-name")
+    with pytest.raises(InvalidError):
+        _publish(_create_app("y"), "bad name!")
+    listed = raw_rpc("AppList", api_pb2.AppListRequest())
+    assert sorted(x.name for x in listed.apps if x.name) == ["other-name", "shared-name"]
+
+
+def test_deleting_an_environment_drops_what_it_scopes(modal_env: EmulatorProcess) -> None:
+    modal.Environment.objects.create("tmp")
+    modal.Secret.objects.create("s", {"K": "v"}, environment_name="tmp")
+    modal.Volume.objects.create("v", environment_name="tmp")
+    _publish(_create_app("a", env="tmp"), "a")
+    token = modal.Workspace.from_context().proxy_tokens.create("t")
+    modal.Workspace.from_context().proxy_tokens.allow(token.token_id, "tmp")
+    modal.Environment.objects.delete("tmp")
+    state = modal_env.state()
+    assert [e["name"] for e in state["environments"]] == ["main"]
+    assert state["secrets"] == state["volumes"] == state["apps"] == []
+    assert state["proxy_token_envs"] == [] and len(state["proxy_tokens"]) == 1
+    with pytest.raises(NotFoundError, match="Environment 'tmp' not found"):
+        modal.Secret.objects.list(environment_name="tmp")
+
+
+def test_mounts_need_uploaded_files_with_matching_hashes(modal_env: EmulatorProcess) -> None:
+    data = b"print('hi')\n"
+    sha = hashlib.sha256(data).hexdigest()
+    missing = raw_rpc(
+        "MountBatchedCheckExistence",
+        api_pb2.MountBatchedCheckExistenceRequest(sha256_hex_hashes=[sha]),
+    )
+    assert list(missing.missing_sha256_hex_hashes) == [sha]
+    mount_req = api_pb2.MountGetOrCreateRequest(
+        object_creation_type=api_pb2.OBJECT_CREATION_TYPE_ANONYMOUS_OWNED_BY_APP,
+        files=[api_pb2.MountFile(filename="/root/a.py", sha256_hex=sha, mode=0o644)],
+    )
+    with pytest.raises(ConflictError, match="never uploaded"):
+        raw_rpc("MountGetOrCreate", mount_req)
+    with pytest.raises(InvalidError, match="hashes to"):
+        raw_rpc("MountPutFile", api_pb2.MountPutFileRequest(sha256_hex=sha, data=b"other"))
+    put = raw_rpc("MountPutFile", api_pb2.MountPutFileRequest(sha256_hex=sha, data=data))
+    assert put.exists
+    first = raw_rpc("MountGetOrCreate", mount_req)
+    again = raw_rpc("MountGetOrCreate", mount_req)
+    assert first.mount_id == again.mount_id  # content-addressed
+    assert first.handle_metadata.content_checksum_sha256_hex
+    renamed = api_pb2.MountGetOrCreateRequest()
+    renamed.CopyFrom(mount_req)
+    renamed.files[0].filename = "/root/b.py"
+    assert raw_rpc("MountGetOrCreate", renamed).mount_id != first.mount_id

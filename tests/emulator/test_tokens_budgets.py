@@ -1,0 +1,121 @@
+"""Proxy-auth tokens through `modal.Workspace.proxy_tokens`, budgets through raw RPCs."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import modal
+import pytest
+from modal.exception import InvalidError, NotFoundError
+from modal_proto import api_pb2
+
+from tests.emulator.helpers import raw_rpc
+from tests.harness.emulator import EmulatorProcess
+
+
+def _edge_allows(emu: EmulatorProcess, token_id: str, secret: str, env: str) -> bool:
+    body = json.dumps({"token_id": token_id, "token_secret": secret, "environment": env})
+    req = urllib.request.Request(
+        emu.control_url + "/_emulator/proxy-auth", data=body.encode(), method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return bool(json.loads(resp.read())["allowed"])
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 401
+        return False
+
+
+def test_proxy_tokens_lifecycle_and_allowlists(modal_env: EmulatorProcess) -> None:
+    modal.Environment.objects.create("prod")
+    tokens = modal.Workspace.from_context().proxy_tokens
+    created = tokens.create("prod-webhooks")
+    assert created.token_id.startswith("wk-") and created.token_secret.startswith("ws-")
+    assert len(created.token_id) == 25 and len(created.token_secret) == 25
+
+    listed = tokens.list()
+    assert [(t.token_id, t.name) for t in listed] == [(created.token_id, "prod-webhooks")]
+    assert not hasattr(listed[0], "token_secret")  # the secret is only returned at creation
+    dump = json.dumps(modal_env.state())
+    assert created.token_secret not in dump
+
+    tokens.update(created.token_id, name="renamed")
+    assert tokens.list()[0].name == "renamed"
+    assert tokens.list(environment_name="prod") == []
+    assert not _edge_allows(modal_env, created.token_id, created.token_secret, "prod")
+
+    tokens.allow(created.token_id, "prod")
+    scoped = tokens.list(environment_name="prod")
+    assert [(t.token_id, t.scoped) for t in scoped] == [(created.token_id, True)]
+    assert tokens.list(environment_name="main") == []
+    assert _edge_allows(modal_env, created.token_id, created.token_secret, "prod")
+    assert not _edge_allows(modal_env, created.token_id, created.token_secret, "main")
+    assert not _edge_allows(modal_env, created.token_id, "ws-" + "x" * 22, "prod")
+
+    tokens.revoke(created.token_id, "prod")
+    assert tokens.list(environment_name="prod") == []
+    tokens.delete(created.token_id)
+    assert tokens.list() == []
+    with pytest.raises(NotFoundError, match=created.token_id):
+        tokens.delete(created.token_id)
+    with pytest.raises(InvalidError, match="Malformed proxy token id"):
+        tokens.update("not-a-token", name="x")
+    counts = modal_env.rpc_counts()
+    assert counts["WebhookTokenCreate"] == 1
+    assert counts["WebhookTokenEnvironmentAdd"] == 1
+    assert counts["WebhookTokenEnvironmentRemove"] == 1
+
+
+def _env_id(name: str) -> str:
+    resp = raw_rpc(
+        "EnvironmentGetOrCreate", api_pb2.EnvironmentGetOrCreateRequest(deployment_name=name)
+    )
+    return str(resp.environment_id)
+
+
+def test_budget_set_get_usage_and_clear(modal_env: EmulatorProcess) -> None:
+    env_id = _env_id("main")
+    assert env_id.startswith("en-")
+    empty = raw_rpc(
+        "EnvironmentGetBudget", api_pb2.EnvironmentGetBudgetRequest(environment_id=env_id)
+    )
+    assert not empty.HasField("cycle_budget_dollars")
+    assert (empty.current_cycle_usage, empty.spend_limit_reached) == (0.0, False)
+
+    raw_rpc(
+        "EnvironmentSetBudget",
+        api_pb2.EnvironmentSetBudgetRequest(environment_id=env_id, cycle_budget_dollars=50.0),
+    )
+    modal_env.set_usage("main", 12.5)
+    got = raw_rpc(
+        "EnvironmentGetBudget", api_pb2.EnvironmentGetBudgetRequest(environment_id=env_id)
+    )
+    assert got.cycle_budget_dollars == 50.0
+    assert got.effective_cycle_spend_limit == 50.0
+    assert got.current_cycle_usage == 12.5
+    assert not got.spend_limit_reached
+
+    modal_env.set_usage("main", 50.0)
+    got = raw_rpc(
+        "EnvironmentGetBudget", api_pb2.EnvironmentGetBudgetRequest(environment_id=env_id)
+    )
+    assert got.spend_limit_reached
+
+    with pytest.raises(InvalidError, match="must be >= 0"):
+        raw_rpc(
+            "EnvironmentSetBudget",
+            api_pb2.EnvironmentSetBudgetRequest(environment_id=env_id, cycle_budget_dollars=-1),
+        )
+    raw_rpc(
+        "EnvironmentSetBudget",
+        api_pb2.EnvironmentSetBudgetRequest(environment_id=env_id, clear_budget=True),
+    )
+    cleared = raw_rpc(
+        "EnvironmentGetBudget", api_pb2.EnvironmentGetBudgetRequest(environment_id=env_id)
+    )
+    assert not cleared.HasField("cycle_budget_dollars") and not cleared.spend_limit_reached
+    assert cleared.current_cycle_usage == 50.0
+    items = {e.name: e for e in modal.environments.list_environments()}
+    assert items["main"].current_cycle_usage == 50.0
