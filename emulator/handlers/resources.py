@@ -47,7 +47,10 @@ def SecretGetInfo(ctx: Context, req: api_pb2.SecretGetInfoRequest) -> api_pb2.Se
 
 @rpc
 def SecretUpdate(ctx: Context, req: api_pb2.SecretUpdateRequest) -> Empty:
-    ctx.state.secrets.update(req.secret_id, {u.key: u.value for u in req.updates})
+    # An update whose value is unset removes the key (api.proto: "If not set, the key is removed").
+    ctx.state.secrets.update(
+        req.secret_id, {u.key: (u.value if u.HasField("value") else None) for u in req.updates}
+    )
     return Empty()
 
 

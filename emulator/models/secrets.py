@@ -111,15 +111,20 @@ class Secrets:
                 raise NotFound(f"Secret with id {secret_id!r} not found.")
             return self._load(db, row)
 
-    def update(self, secret_id: str, updates: dict[str, str]) -> Secret:
+    def update(self, secret_id: str, updates: dict[str, str | None]) -> Secret:
+        """Merge `updates` into the secret; a key whose value is None is removed."""
         check_id("secret", secret_id)
-        self._check_values(updates)
+        self._check_values({k: v for k, v in updates.items() if v is not None})
         with self.store.tx() as db:
             row = db.execute("SELECT * FROM secrets WHERE id = ?", (secret_id,)).fetchone()
             if row is None:
                 raise NotFound(f"Secret with id {secret_id!r} not found.")
             data = json.loads(row["data"])
-            data.update(updates)
+            for key, value in updates.items():
+                if value is None:
+                    data.pop(key, None)
+                else:
+                    data[key] = value
             db.execute(
                 "UPDATE secrets SET data = ?, updated_at = ? WHERE id = ?",
                 (json.dumps(data), self.store.now(), secret_id),

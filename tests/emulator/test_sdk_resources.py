@@ -47,6 +47,15 @@ def test_secret_creation_types(modal_env: EmulatorProcess) -> None:
     secret.update({"Z": "3"})  # SecretUpdate merges keys
     info = raw_rpc("SecretGetInfo", api_pb2.SecretGetInfoRequest(secret_id=first.secret_id))
     assert list(info.metadata.keys) == ["X", "Y", "Z"]
+    # An update without a value removes the key (the SDK only sends values; raw RPC does this).
+    raw_rpc(
+        "SecretUpdate",
+        api_pb2.SecretUpdateRequest(
+            secret_id=first.secret_id, updates=[api_pb2.SecretUpdateRequest.Update(key="Y")]
+        ),
+    )
+    info = raw_rpc("SecretGetInfo", api_pb2.SecretGetInfoRequest(secret_id=first.secret_id))
+    assert list(info.metadata.keys) == ["X", "Z"]
 
     with pytest.raises(NotFoundError, match="missing required key"):
         modal.Secret.from_name("llm", required_keys=["NOPE"]).hydrate()
