@@ -1,0 +1,37 @@
+"""The Pulumi program: validate the stack config, build the services, export their outputs.
+
+One `ServingEnvironment` per stack (environment, HF token secret, proxy-auth token, spend
+alert) and one `LLMService` per entry of `modal-llm:services`. Outputs and their shape:
+docs/program.md ("Outputs"). Top-level per-service outputs describe the FIRST service; the
+`services` map and `all_api_keys` cover all of them; gateway configs list every service.
+"""
+
+import pulumi
+
+from components.config import ConfigError, load_stack_config
+from components.gateway import litellm_json, litellm_yaml
+from components.llm_service import LLMService, ServingEnvironment
+
+try:
+    cfg, secrets = load_stack_config()
+except ConfigError as exc:
+    raise pulumi.RunError(f"invalid stack config: {exc}") from None
+
+shared = ServingEnvironment(cfg.environment, cfg, secrets)
+services = [LLMService(settings, cfg, shared) for settings in cfg.services]
+targets = pulumi.Output.all(*[s.gateway_target(shared, cfg.api_key_names[0]) for s in services])
+first = services[0]
+
+pulumi.export("environment", shared.environment_name)
+pulumi.export("endpoint_url", first.endpoint_url)
+pulumi.export("served_model_name", first.served_model_name)
+pulumi.export("proxy_token_id", shared.proxy_token.token_id)
+pulumi.export("proxy_token_secret", pulumi.Output.secret(shared.proxy_token.token_secret))
+pulumi.export("api_keys", first.plain_api_keys())
+pulumi.export("all_api_keys", pulumi.Output.secret({s.name: s.plain_api_keys() for s in services}))
+pulumi.export("gateway_config", pulumi.Output.secret(targets.apply(litellm_yaml)))
+pulumi.export("gateway_config_json", pulumi.Output.secret(targets.apply(litellm_json)))
+pulumi.export("monthly_cost_idle_usd", cfg.cost.idle_usd)
+pulumi.export("monthly_cost_worst_usd", cfg.cost.worst_usd)
+pulumi.export("monthly_budget_usd", cfg.monthly_budget_usd)
+pulumi.export("services", {s.name: s.summary() for s in services})

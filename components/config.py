@@ -1,0 +1,448 @@
+"""Typed stack configuration: reads `Pulumi.<stack>.yaml` values and fails early and clearly.
+
+`load_stack_config()` is what `__main__.py` calls; `parse_stack_config()` is the pure part
+(a map of raw config strings in, a validated `StackConfig` out) so it can be tested alone.
+Every error names the config key, says what is wrong with the value, and gives the
+`pulumi config set` command that fixes it. Secret values (HF token, alert webhook) are never
+read into this model: `load_stack_config()` returns them separately as Pulumi secret Outputs.
+
+Keys live in the project's namespace (`modal-llm:`); scalar keys are declared with types and
+defaults in `Pulumi.yaml`, the object keys `services` and `gpuPricesUsdPerHour` are documented
+in docs/program.md (Pulumi's project schema has no object type).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from components import cost
+from serving.spec import ServingSpec
+
+PROJECT = "modal-llm"
+DEFAULT_APP_FILE = "serving/app.py"
+HF_TOKEN_SECRET_NAME = "huggingface-token"  # noqa: S105 (a Modal secret name)
+
+# Defaults of the scalar keys; Pulumi.yaml declares the same defaults (a test checks it).
+DEFAULTS: dict[str, Any] = {
+    "adoptEnvironment": False,
+    "protectCaches": False,
+    "monthlyBudgetUsd": 50,
+    "allowOverBudget": False,
+    "alertThresholdsPct": [50, 80, 100],
+    "requirePinnedRevision": False,
+    "apiKeyNames": ["gateway"],
+    "proxyTokenRotation": "",
+    "appFile": DEFAULT_APP_FILE,
+    "hfToken": "",  # secrets: "" means unset
+    "alertWebhookUrl": "",
+}
+SECRET_KEYS = ("hfToken", "alertWebhookUrl")
+KNOWN_KEYS = {"environment", "services", "gpuPricesUsdPerHour"} | set(DEFAULTS) | set(SECRET_KEYS)
+
+_SERVICE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+_ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_KEY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+# Fields the component fills in itself: users must not set them per service.
+_MANAGED_SPEC_FIELDS = ("volumes", "secrets", "require_pinned_revision")
+
+
+class ConfigError(ValueError):
+    """A stack config value is missing or invalid. The message says which key and how to fix."""
+
+
+class ServiceSettings(BaseModel):
+    """One model served by the stack: its name, rendered ServingSpec and cost estimate."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    spec: ServingSpec
+    cost: cost.ServiceCost
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        return _gpu_tuple(self.spec.gpu)
+
+
+class StackConfig(BaseModel):
+    """The validated configuration of one stack."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    project: str
+    stack: str
+    environment: str
+    adopt_environment: bool
+    protect_caches: bool
+    monthly_budget_usd: float
+    allow_over_budget: bool
+    alert_thresholds: list[float]  # fractions of the budget, e.g. [0.5, 0.8, 1.0]
+    require_pinned_revision: bool
+    api_key_names: list[str]
+    proxy_token_rotation: str
+    app_file: str
+    has_hf_token: bool
+    has_alert_webhook: bool
+    gpu_prices: dict[str, float]
+    services: list[ServiceSettings]
+    cost: cost.StackCost
+    budget_warning: str | None = None
+
+
+@dataclass(frozen=True)
+class StackSecrets:
+    """Secret config values, kept as Pulumi secret Outputs (never plain strings)."""
+
+    hf_token: pulumi.Output[str] | None
+    alert_webhook_url: pulumi.Output[str] | None
+
+
+def _gpu_tuple(gpu: str | list[str]) -> tuple[str, ...]:
+    return (gpu,) if isinstance(gpu, str) else tuple(gpu)
+
+
+def _key(ns: str, key: str) -> str:
+    return f"{ns}:{key}"
+
+
+class _Reader:
+    """Typed access to raw config strings, raising ConfigError that names the key."""
+
+    def __init__(self, values: Mapping[str, str | None], ns: str) -> None:
+        self.values = values
+        self.ns = ns
+
+    def raw(self, key: str) -> str | None:
+        return self.values.get(key)
+
+    def string(self, key: str, *, required: bool = False, example: str = "") -> str | None:
+        value = self.raw(key)
+        if value is None:
+            if required:
+                raise ConfigError(
+                    f"{_key(self.ns, key)} is not set. Set it with: "
+                    f"pulumi config set {_key(self.ns, key)} {example}".rstrip()
+                )
+            default = DEFAULTS.get(key)
+            return default if isinstance(default, str) else None
+        return value
+
+    def boolean(self, key: str) -> bool:
+        value = self.raw(key)
+        if value is None:
+            return bool(DEFAULTS[key])
+        if value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(
+            f"{_key(self.ns, key)} = {value!r} is not a boolean. Set it with: "
+            f"pulumi config set {_key(self.ns, key)} true   (or false)"
+        )
+
+    def number(self, key: str, *, minimum: float = 0.0) -> float:
+        value = self.raw(key)
+        if value is None:
+            return float(DEFAULTS[key])
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not number >= minimum:  # also rejects NaN
+            raise ConfigError(
+                f"{_key(self.ns, key)} = {value!r} must be a number >= {minimum:g}. "
+                f"Set it with: pulumi config set {_key(self.ns, key)} {DEFAULTS[key]}"
+            )
+        return number
+
+    def json_value(self, key: str, example: str) -> Any:
+        value = self.raw(key)
+        if value is None:
+            return DEFAULTS.get(key)
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{_key(self.ns, key)} is not valid structured config ({exc.msg}). "
+                f"Write it as YAML in Pulumi.<stack>.yaml, or e.g.: "
+                f"pulumi config set --path '{key}{example}'"
+            ) from exc
+
+
+def _string_list(
+    r: _Reader, key: str, pattern: re.Pattern[str], what: str, example: str
+) -> list[str]:
+    value = r.json_value(key, example)
+    ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+    if not ok:
+        raise ConfigError(
+            f"{_key(r.ns, key)} = {value!r} must be a non-empty list of {what}. "
+            f"Set it in Pulumi.<stack>.yaml, e.g. {key}: {example}"
+        )
+    bad = [v for v in value if not pattern.match(v)]
+    if bad or len(set(value)) != len(value):
+        raise ConfigError(
+            f"{_key(r.ns, key)}: {what} must be unique and match {pattern.pattern}; "
+            f"got {value!r}. Example: {key}: {example}"
+        )
+    return list(value)
+
+
+def _thresholds(r: _Reader) -> list[float]:
+    key = "alertThresholdsPct"
+    value = r.json_value(key, "[50, 80, 100]")
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1000 for v in value)
+    )
+    if not ok:
+        raise ConfigError(
+            f"{_key(r.ns, key)} = {value!r} must be a non-empty list of whole percentages of "
+            f"the budget between 1 and 1000, e.g. {key}: [50, 80, 100]"
+        )
+    return [v / 100 for v in sorted(set(value))]
+
+
+def _gpu_prices(r: _Reader) -> dict[str, float]:
+    key = "gpuPricesUsdPerHour"
+    value = r.json_value(key, ".H200 4.54")
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"{_key(r.ns, key)} must be a map of GPU name to USD per GPU-hour, "
+            f"e.g. {key}: {{H200: 4.54}}; got {value!r}"
+        )
+    try:
+        return cost.price_table(value)
+    except cost.UnknownGpuPrice as exc:
+        raise ConfigError(f"{_key(r.ns, key)}: {exc}") from exc
+
+
+def _fix_hint(ns: str, path: str) -> str:
+    return (
+        f"Fix {ns}:services in Pulumi.<stack>.yaml "
+        f"(or: pulumi config set --path 'services{path}' <value>)."
+    )
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _build_spec(
+    ns: str,
+    index: int,
+    entry: dict[str, Any],
+    *,
+    has_hf_token: bool,
+    require_pinned: bool,
+) -> tuple[str, ServingSpec]:
+    where = f"{ns}:services[{index}]"
+    name = entry.get("name")
+    if not isinstance(name, str) or not _SERVICE_NAME.match(name):
+        raise ConfigError(
+            f"{where}.name = {name!r}: every service needs a name of lowercase letters, digits "
+            f"and dashes (1-40 chars, used for the Modal app, volume and secret names). "
+            + _fix_hint(ns, f"[{index}].name")
+        )
+    for field in _MANAGED_SPEC_FIELDS:
+        if field in entry:
+            raise ConfigError(
+                f"{where}.{field} is set by the program (per service and stack), not in config. "
+                f"Remove it from Pulumi.<stack>.yaml"
+                + ("; set modal-llm:requirePinnedRevision instead." if "pinned" in field else ".")
+            )
+    fields = {k: v for k, v in entry.items() if k != "name"}
+    fields.setdefault("served_model_name", name)
+
+    revision = fields.get("revision")
+    if require_pinned and not (isinstance(revision, str) and _COMMIT_SHA.match(revision)):
+        raise ConfigError(
+            f"{where}.revision = {revision!r}: this stack sets {ns}:requirePinnedRevision, so "
+            f"the model {fields.get('model')!r} must be pinned to a full 40-hex commit sha "
+            f"(a branch or tag can move under you). Find it on the model's Hugging Face page "
+            f"(Files and versions -> commit history). " + _fix_hint(ns, f"[{index}].revision")
+        )
+
+    engine = fields.get("engine", "vllm")
+    fields["volumes"] = {"hf_cache": f"{name}-hf-cache", "engine_cache": f"{name}-{engine}-cache"}
+    fields["secrets"] = {
+        "hf_token": HF_TOKEN_SECRET_NAME if has_hf_token else None,
+        "api_keys": f"{name}-api-keys",
+    }
+    fields["require_pinned_revision"] = require_pinned
+    try:
+        # JSON mode: nested models from plain dicts, exactly as the container reads the spec.
+        spec = ServingSpec.model_validate_json(json.dumps(fields))
+    except ValidationError as exc:
+        errors = exc.errors()
+        problems = "; ".join(
+            f"{where}{_format_loc(tuple(err['loc']))}: {err['msg'].removeprefix('Value error, ')}"
+            for err in errors
+        )
+        first = _format_loc(tuple(errors[0]["loc"])) if errors else ""
+        raise ConfigError(f"{problems}. " + _fix_hint(ns, f"[{index}]{first}")) from exc
+    return name, spec
+
+
+def parse_stack_config(
+    values: Mapping[str, str | None], *, stack: str, namespace: str = PROJECT
+) -> StackConfig:
+    """Validate raw config strings (keys without namespace) into a StackConfig.
+
+    `values` holds what `pulumi.Config(namespace).get(key)` returns: strings, with objects and
+    lists as JSON. Secret keys only need to be present (their values are not looked at).
+    """
+    ns = namespace
+    unknown = sorted(set(values) - KNOWN_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s) {', '.join(f'{ns}:{k}' for k in unknown)}; known keys: "
+            f"{', '.join(sorted(KNOWN_KEYS))}. Remove them with: pulumi config rm <key>"
+        )
+    r = _Reader(values, ns)
+    environment = r.string("environment", required=True, example="dev")
+    assert environment is not None
+    if not _ENV_NAME.match(environment):
+        raise ConfigError(
+            f"{ns}:environment = {environment!r} is not a valid Modal environment name "
+            f"(letters, digits, '-' and '_', up to 64). Set it with: "
+            f"pulumi config set {ns}:environment dev"
+        )
+    require_pinned = r.boolean("requirePinnedRevision")
+    has_hf_token = values.get("hfToken") is not None
+    prices = _gpu_prices(r)
+
+    entries = r.json_value("services", "[0].model Qwen/Qwen2.5-0.5B-Instruct")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(
+            f"{ns}:services must be a non-empty list of services (one per model), e.g. in "
+            f"Pulumi.<stack>.yaml: services: [{{name: chat, engine: vllm, model: "
+            f"Qwen/Qwen2.5-0.5B-Instruct, gpu: L4}}]; got {entries!r}"
+        )
+    settings: list[ServiceSettings] = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{ns}:services[{i}] must be a map; got {entry!r}")
+        name, spec = _build_spec(
+            ns, i, entry, has_hf_token=has_hf_token, require_pinned=require_pinned
+        )
+        if any(s.name == name for s in settings):
+            raise ConfigError(f"{ns}:services[{i}].name {name!r} is used twice; names are unique")
+        if any(s.spec.served_model_name == spec.served_model_name for s in settings):
+            raise ConfigError(
+                f"{ns}:services[{i}].served_model_name {spec.served_model_name!r} is used twice"
+            )
+        scaling = spec.scaling
+        try:
+            svc_cost = cost.service_cost(
+                cost.ServiceCostInput(
+                    name=name,
+                    gpus=_gpu_tuple(spec.gpu),
+                    gpu_count=spec.gpu_count,
+                    min_containers=scaling.min_containers,
+                    max_containers=scaling.max_containers,
+                ),
+                prices,
+            )
+        except cost.UnknownGpuPrice as exc:
+            raise ConfigError(f"{ns}:services[{i}].gpu: {exc}") from exc
+        settings.append(ServiceSettings(name=name, spec=spec, cost=svc_cost))
+
+    stack_cost = cost.StackCost(services=tuple(s.cost for s in settings))
+    budget = r.number("monthlyBudgetUsd")
+    allow_over = r.boolean("allowOverBudget")
+    try:
+        warning = cost.check_budget(stack_cost, budget, allow_over_budget=allow_over, config_ns=ns)
+    except cost.BudgetExceeded as exc:
+        raise ConfigError(f"stack {stack!r}: {exc}") from exc
+
+    app_file = r.string("appFile") or DEFAULT_APP_FILE
+    return StackConfig(
+        project=ns,
+        stack=stack,
+        environment=environment,
+        adopt_environment=r.boolean("adoptEnvironment"),
+        protect_caches=r.boolean("protectCaches"),
+        monthly_budget_usd=budget,
+        allow_over_budget=allow_over,
+        alert_thresholds=_thresholds(r),
+        require_pinned_revision=require_pinned,
+        api_key_names=_string_list(r, "apiKeyNames", _KEY_NAME, "key names", "[gateway, ci]"),
+        proxy_token_rotation=r.string("proxyTokenRotation") or "",
+        app_file=app_file,
+        has_hf_token=has_hf_token,
+        has_alert_webhook=values.get("alertWebhookUrl") is not None,
+        gpu_prices=prices,
+        services=settings,
+        cost=stack_cost,
+        budget_warning=warning,
+    )
+
+
+def _is_secret(full_key: str) -> bool:
+    # Under `pulumi up` the secret keys arrive in env PULUMI_CONFIG_SECRET_KEYS; under mocks
+    # (and the automation API) through set_all_config.
+    return (
+        pulumi.runtime.is_config_secret(full_key)
+        or full_key in pulumi.runtime.get_config_secret_keys_env()
+    )
+
+
+def _all_config_keys() -> set[str]:
+    # Same two sources: PULUMI_CONFIG (a JSON object) under the CLI, set_all_config otherwise.
+    return {str(k) for k in pulumi.runtime.config.CONFIG.get()} | {
+        str(k) for k in pulumi.runtime.get_config_env()
+    }
+
+
+def load_stack_config(
+    config: pulumi.Config | None = None,
+    *,
+    on_warning: Callable[[str], None] | None = None,
+) -> tuple[StackConfig, StackSecrets]:
+    """Read and validate the current stack's config (inside a Pulumi program or mocks)."""
+    cfg = config or pulumi.Config(PROJECT)
+    ns = cfg.name
+    values: dict[str, str | None] = {}
+    for key in sorted(KNOWN_KEYS - set(SECRET_KEYS)):
+        values[key] = cfg.get(key)
+    present: dict[str, bool] = {}
+    for key in SECRET_KEYS:
+        full_key = f"{ns}:{key}"
+        # Presence only: the value itself stays inside a secret Output.
+        present[key] = bool(pulumi.runtime.get_config(full_key))
+        if present[key] and not _is_secret(full_key):
+            raise ConfigError(
+                f"{full_key} is stored in clear in Pulumi.{pulumi.get_stack()}.yaml. Remove it "
+                f"and set it encrypted: pulumi config rm {full_key} && "
+                f"pulumi config set --secret {full_key} <value>"
+            )
+        values[key] = "<secret>" if present[key] else None
+    # Surface keys this program does not know (a typo would otherwise be silently ignored).
+    for full_key in _all_config_keys():
+        prefix, _, key = str(full_key).partition(":")
+        if prefix == ns and key not in values:
+            values[key] = "<set>"
+    parsed = parse_stack_config(
+        {k: v for k, v in values.items() if v is not None}, stack=pulumi.get_stack(), namespace=ns
+    )
+    if parsed.budget_warning:
+        (on_warning or pulumi.log.warn)(parsed.budget_warning)
+    return parsed, StackSecrets(
+        hf_token=cfg.require_secret("hfToken") if present["hfToken"] else None,
+        alert_webhook_url=(
+            cfg.require_secret("alertWebhookUrl") if present["alertWebhookUrl"] else None
+        ),
+    )

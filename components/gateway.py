@@ -1,0 +1,85 @@
+"""Gateway config rendering: the LiteLLM `model_list` entries (and a JSON form) for our services.
+
+Pure helpers, no Pulumi resources: `__main__.py` feeds them resolved Output values inside an
+`apply` and exports the result as a secret (it carries the API key and the proxy token).
+
+Each service becomes one LiteLLM entry:
+    model_name: <served model name>
+    litellm_params:
+      model: hosted_vllm/<served model name>   (OpenAI-compatible server, vLLM or SGLang)
+      api_base: <endpoint>/v1
+      api_key: <one of the service's API keys>
+      extra_headers: {Modal-Key: <proxy token id>, Modal-Secret: <proxy token secret>}
+      timeout: <cold start + longest request, seconds>
+The timeout must let a request that lands on a cold container wait for the engine to start
+(`timeouts.startup_s`) and then run its longest completion (`timeouts.request_s`): a shorter
+gateway timeout would cut off exactly the first request after scale-to-zero.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+MODAL_KEY_HEADER = "Modal-Key"
+MODAL_SECRET_HEADER = "Modal-Secret"  # noqa: S105 (a header name)
+
+
+@dataclass(frozen=True)
+class GatewayTarget:
+    """Everything needed to route one model through a gateway (values already resolved)."""
+
+    served_model_name: str
+    endpoint_url: str
+    api_key: str
+    proxy_token_id: str
+    proxy_token_secret: str
+    startup_timeout_s: int
+    request_timeout_s: int
+
+
+def gateway_timeout_s(startup_timeout_s: int, request_timeout_s: int) -> int:
+    """Gateway-side timeout: a cold start followed by the longest allowed request."""
+    return int(startup_timeout_s) + int(request_timeout_s)
+
+
+def api_base(endpoint_url: str) -> str:
+    """OpenAI-style base URL of a service: its endpoint with `/v1`, without a double slash."""
+    base = endpoint_url.rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+def litellm_entry(target: GatewayTarget) -> dict[str, Any]:
+    """One LiteLLM `model_list` entry for a service."""
+    return {
+        "model_name": target.served_model_name,
+        "litellm_params": {
+            "model": f"hosted_vllm/{target.served_model_name}",
+            "api_base": api_base(target.endpoint_url),
+            "api_key": target.api_key,
+            "extra_headers": {
+                MODAL_KEY_HEADER: target.proxy_token_id,
+                MODAL_SECRET_HEADER: target.proxy_token_secret,
+            },
+            "timeout": gateway_timeout_s(target.startup_timeout_s, target.request_timeout_s),
+        },
+    }
+
+
+def litellm_config(targets: Sequence[GatewayTarget]) -> dict[str, Any]:
+    """A LiteLLM proxy config document (`model_list` only; merge your own settings into it)."""
+    return {"model_list": [litellm_entry(t) for t in targets]}
+
+
+def litellm_yaml(targets: Sequence[GatewayTarget]) -> str:
+    """The LiteLLM config as YAML (the `gateway_config` stack output)."""
+    return yaml.safe_dump(litellm_config(targets), sort_keys=False, default_flow_style=False)
+
+
+def litellm_json(targets: Sequence[GatewayTarget]) -> str:
+    """The same document as JSON (the `gateway_config_json` output, for other gateways)."""
+    return json.dumps(litellm_config(targets), indent=2, sort_keys=False)

@@ -1,0 +1,243 @@
+"""The serving components: what one stack creates on Modal, wired parent by parent.
+
+- `ServingEnvironment` (one per stack): the Modal environment (created, or adopted when it
+  already exists), the Hugging Face token secret (when the stack has one), the proxy-auth token
+  scoped to that environment (what gateways send as Modal-Key/Modal-Secret) and the spend alert.
+- `LLMService` (one per model in `services`): its named API keys (generated, kept only as
+  Pulumi secrets), the Modal secret holding their sha256 digests for the serving proxy, the
+  HF and engine cache volumes (protected and retained on delete when `protectCaches`), and the
+  App deploying `serving/app.py` with the rendered ServingSpec.
+
+Every Modal object takes the environment NAME as an Output of the Environment resource, so the
+engine creates the environment first and deletes it last; the App also `depends_on` the
+secrets and volumes it mounts. No Modal calls here: only resources (components/modal/).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+
+from components.api_keys import ApiKey, ApiKeyArgs
+from components.config import HF_TOKEN_SECRET_NAME, ServiceSettings, StackConfig, StackSecrets
+from components.gateway import GatewayTarget
+from components.modal.app import App, AppArgs
+from components.modal.environment import Environment, EnvironmentArgs
+from components.modal.proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs
+from components.modal.secret import Secret, SecretArgs
+from components.modal.spend_alert import SpendAlert, SpendAlertArgs
+from components.modal.volume import Volume, VolumeArgs
+
+ENVIRONMENT_TYPE = "modal-llm:serving:ServingEnvironment"
+SERVICE_TYPE = "modal-llm:serving:LLMService"
+API_KEYS_ENV_VAR = "SERVING_API_KEYS"
+HF_TOKEN_ENV_VAR = "HF_TOKEN"  # noqa: S105 (an env var name)
+
+
+class ServingEnvironment(pulumi.ComponentResource):
+    """The per-stack Modal objects every service shares."""
+
+    environment: Environment
+    environment_name: pulumi.Output[str]
+    hf_token_secret: Secret | None
+    proxy_token: ProxyAuthToken
+    spend_alert: SpendAlert
+
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        secrets: StackSecrets,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__(ENVIRONMENT_TYPE, name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        # An adopted environment (e.g. Modal's `main`) is never deleted by a destroy.
+        self.environment = Environment(
+            f"{name}-environment",
+            EnvironmentArgs(name=cfg.environment, adopt=cfg.adopt_environment),
+            pulumi.ResourceOptions(parent=self, retain_on_delete=cfg.adopt_environment),
+        )
+        self.environment_name = self.environment.name
+        env = self.environment_name
+
+        self.hf_token_secret = None
+        if secrets.hf_token is not None:
+            self.hf_token_secret = Secret(
+                f"{name}-hf-token",
+                SecretArgs(
+                    name=HF_TOKEN_SECRET_NAME,
+                    values={HF_TOKEN_ENV_VAR: secrets.hf_token},
+                    environment=env,
+                ),
+                child,
+            )
+
+        self.proxy_token = ProxyAuthToken(
+            f"{name}-proxy-token",
+            ProxyAuthTokenArgs(
+                name=f"{cfg.project}-{cfg.stack}-gateway",
+                environments=[env],
+                rotation=cfg.proxy_token_rotation,
+            ),
+            child,
+        )
+
+        self.spend_alert = SpendAlert(
+            f"{name}-spend-alert",
+            SpendAlertArgs(
+                environment=env,
+                monthly_budget_usd=cfg.monthly_budget_usd,
+                thresholds=cfg.alert_thresholds,
+                webhook_url=secrets.alert_webhook_url,
+            ),
+            child,
+        )
+        self.register_outputs(
+            {
+                "environment": env,
+                "proxy_token_id": self.proxy_token.token_id,
+                "spend_limit_usd": self.spend_alert.effective_limit_usd,
+            }
+        )
+
+
+class LLMService(pulumi.ComponentResource):
+    """One served model: keys, key-digest secret, cache volumes and the deployed App."""
+
+    api_keys: dict[str, ApiKey]
+    api_keys_secret: Secret
+    hf_cache: Volume
+    engine_cache: Volume
+    app: App
+    endpoint_url: pulumi.Output[str]
+
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        cfg: StackConfig,
+        shared: ServingEnvironment,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        name = settings.name
+        super().__init__(SERVICE_TYPE, name, None, opts)
+        spec = settings.spec
+        env = shared.environment_name
+        self.settings = settings
+
+        self.api_keys = {
+            key_name: ApiKey(
+                f"{name}-key-{key_name}",
+                ApiKeyArgs(name=key_name),
+                pulumi.ResourceOptions(parent=self),
+            )
+            for key_name in cfg.api_key_names
+        }
+        digests = pulumi.Output.all(*[k.digest for k in self.api_keys.values()]).apply(
+            lambda ds: json.dumps(dict(zip(self.api_keys, ds, strict=True)), sort_keys=True)
+        )
+        self.api_keys_secret = Secret(
+            f"{name}-api-keys",
+            SecretArgs(
+                name=spec.secrets.api_keys, values={API_KEYS_ENV_VAR: digests}, environment=env
+            ),
+            pulumi.ResourceOptions(parent=self),
+        )
+
+        cache_opts = pulumi.ResourceOptions(
+            parent=self, protect=cfg.protect_caches, retain_on_delete=cfg.protect_caches
+        )
+        self.hf_cache = Volume(
+            f"{name}-hf-cache", VolumeArgs(name=spec.volumes.hf_cache, environment=env), cache_opts
+        )
+        self.engine_cache = Volume(
+            f"{name}-engine-cache",
+            VolumeArgs(name=spec.volumes.engine_cache, environment=env),
+            cache_opts,
+        )
+
+        mounted: list[pulumi.Resource] = [self.api_keys_secret, self.hf_cache, self.engine_cache]
+        if shared.hf_token_secret is not None:
+            mounted.append(shared.hf_token_secret)
+        self.app = App(
+            f"{name}-app",
+            AppArgs(
+                name=name,
+                environment=env,
+                app_file=cfg.app_file,
+                spec_json=spec.to_json(),
+                extra_env={},
+            ),
+            pulumi.ResourceOptions(parent=self, depends_on=mounted),
+        )
+        self.endpoint_url = self.app.web_url
+        self.register_outputs(
+            {
+                "endpoint_url": self.endpoint_url,
+                "served_model_name": spec.served_model_name,
+                "app_id": self.app.app_id,
+            }
+        )
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def served_model_name(self) -> str:
+        return self.settings.spec.served_model_name
+
+    def summary(self) -> dict[str, Any]:
+        """The non-secret facts about this service (the `services` stack output)."""
+        c = self.settings.cost
+        return {
+            "endpoint_url": self.endpoint_url,
+            "served_model_name": self.served_model_name,
+            "app_id": self.app.app_id,
+            "gpu": c.gpu,
+            "gpu_count": c.gpu_count,
+            "min_containers": c.min_containers,
+            "max_containers": c.max_containers,
+            "monthly_cost_idle_usd": c.idle_usd,
+            "monthly_cost_worst_usd": c.worst_usd,
+        }
+
+    def plain_api_keys(self) -> pulumi.Output[dict[str, str]]:
+        """{key name: key}, a secret Output (the keys exist nowhere else)."""
+        names = list(self.api_keys)
+        return pulumi.Output.secret(
+            pulumi.Output.all(*[k.key for k in self.api_keys.values()]).apply(
+                lambda keys: dict(zip(names, keys, strict=True))
+            )
+        )
+
+    def gateway_target(
+        self, shared: ServingEnvironment, key_name: str
+    ) -> pulumi.Output[GatewayTarget]:
+        """What a gateway needs to reach this service with the key `key_name` (secret)."""
+        timeouts = self.settings.spec.timeouts
+        served = self.served_model_name
+
+        def build(values: list[Any]) -> GatewayTarget:
+            endpoint, key, token_id, token_secret = values
+            return GatewayTarget(
+                served_model_name=served,
+                endpoint_url=endpoint,
+                api_key=key,
+                proxy_token_id=token_id,
+                proxy_token_secret=token_secret,
+                startup_timeout_s=timeouts.startup_s,
+                request_timeout_s=timeouts.request_s,
+            )
+
+        return pulumi.Output.secret(
+            pulumi.Output.all(
+                self.endpoint_url,
+                self.api_keys[key_name].key,
+                shared.proxy_token.token_id,
+                shared.proxy_token.token_secret,
+            ).apply(build)
+        )

@@ -1,0 +1,118 @@
+"""Write the LiteLLM gateway config of a stack to a file (`make gateway-config STACK=...`).
+
+Reads `pulumi stack output --json --show-secrets --stack STACK` (or a saved copy of that JSON
+with `--outputs-json FILE`), takes the `gateway_config` output (LiteLLM YAML) or, with
+`--format json`, `gateway_config_json`, and writes it with mode 0600 to
+`.gateway/litellm-<stack>.yaml` (or `--out`). The file holds API keys and the Modal proxy
+token: keep it out of git (`.gateway/` carries its own `.gitignore`) and out of logs.
+
+For the `local` stack the file backend and passphrase of scripts/local-env.sh are used unless
+PULUMI_BACKEND_URL / PULUMI_CONFIG_PASSPHRASE are already set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTPUT_KEYS = {"yaml": "gateway_config", "json": "gateway_config_json"}
+
+
+class GatewayConfigError(RuntimeError):
+    """The stack outputs could not be read or hold no gateway config."""
+
+
+def stack_outputs(stack: str) -> dict[str, Any]:
+    """The stack's outputs with secrets revealed, from the Pulumi CLI."""
+    pulumi = shutil.which("pulumi") or (
+        str(Path.home() / ".pulumi/bin/pulumi")
+        if (Path.home() / ".pulumi/bin/pulumi").exists()
+        else None
+    )
+    if pulumi is None:
+        raise GatewayConfigError(
+            "the Pulumi CLI is not installed; `make up` installs it (or says how to get it). "
+            "Alternatively save `pulumi stack output --json --show-secrets` elsewhere and pass "
+            "it with --outputs-json FILE."
+        )
+    env = dict(os.environ)
+    if stack == "local":
+        env.setdefault("PULUMI_BACKEND_URL", f"file://{ROOT}/.pulumi-state")
+        env.setdefault("PULUMI_CONFIG_PASSPHRASE", "local-emulator")
+    result = subprocess.run(
+        [pulumi, "stack", "output", "--json", "--show-secrets", "--stack", stack],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise GatewayConfigError(
+            f"`pulumi stack output --stack {stack}` failed (exit {result.returncode}): "
+            f"{result.stderr.strip()[:500]}. Has the stack been deployed (`make up`)?"
+        )
+    outputs = json.loads(result.stdout)
+    if not isinstance(outputs, dict):
+        raise GatewayConfigError("`pulumi stack output --json` did not return an object")
+    return outputs
+
+
+def render(outputs: dict[str, Any], fmt: str) -> str:
+    """The gateway file's content from the stack outputs."""
+    key = OUTPUT_KEYS[fmt]
+    value = outputs.get(key)
+    if not isinstance(value, str) or not value.strip() or value == "[secret]":
+        shown = "[secret]" if value == "[secret]" else type(value).__name__
+        raise GatewayConfigError(
+            f"stack output {key!r} is missing or empty (got {shown}); deploy the stack with "
+            "this program first, and read outputs with --show-secrets"
+        )
+    return value if value.endswith("\n") else value + "\n"
+
+
+def write_private(path: Path, content: str) -> None:
+    """Write `content` readable by the owner only; keep the directory out of git."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.parent.name == ".gateway":
+        (path.parent / ".gitignore").write_text("*\n")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(content)
+    os.chmod(path, 0o600)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--stack", default="local", help="stack name (default: local)")
+    parser.add_argument("--format", choices=sorted(OUTPUT_KEYS), default="yaml")
+    parser.add_argument("--out", type=Path, help="file to write (default .gateway/...)")
+    parser.add_argument(
+        "--outputs-json", type=Path, help="read outputs from this file instead of the CLI"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.outputs_json is not None:
+            outputs = json.loads(args.outputs_json.read_text())
+        else:
+            outputs = stack_outputs(args.stack)
+        content = render(outputs, args.format)
+    except (GatewayConfigError, OSError, json.JSONDecodeError) as exc:
+        print(f"gateway-config: {exc}", file=sys.stderr)
+        return 1
+    suffix = "yaml" if args.format == "yaml" else "json"
+    out = args.out or ROOT / ".gateway" / f"litellm-{args.stack}.{suffix}"
+    write_private(out, content)
+    print(f"wrote {out} (mode 0600; it contains API keys and the Modal proxy token)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The GitHub workflows, checked offline: schema (check-jsonschema), security (zizmor), intent.
+
+Each tool also runs on a deliberately broken workflow, so a tool that silently accepts
+everything would fail here instead of passing.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+BIN = Path(sys.executable).parent
+SHA_PIN = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
+
+BAD_WORKFLOW = """\
+name: bad
+on:
+  pull_request_target:
+permissions: write-all
+jobs:
+  build:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+      - run: echo "${{ github.event.pull_request.title }}"
+"""
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} is not installed (pip install the pinned version into .venv)")
+    return found
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data = yaml.load(path.read_text(), Loader=yaml.BaseLoader)  # "on" stays a string key
+    assert isinstance(data, dict)
+    return data
+
+
+def test_workflows_exist() -> None:
+    assert {p.name for p in WORKFLOWS} >= {"preview.yml", "deploy.yml"}
+
+
+def test_schema_valid() -> None:
+    tool = _tool("check-jsonschema")
+    cmd = [tool, "--builtin-schema", "vendor.github-workflows"]
+    result = subprocess.run([*cmd, *map(str, WORKFLOWS)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_schema_check_rejects_a_broken_workflow(tmp_path: Path) -> None:
+    tool = _tool("check-jsonschema")
+    broken = tmp_path / "broken.yml"
+    broken.write_text("name: broken\non: push\njobs:\n  x:\n    steps: nope\n")
+    result = subprocess.run(
+        [tool, "--builtin-schema", "vendor.github-workflows", str(broken)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+
+
+def test_zizmor_finds_nothing() -> None:
+    tool = _tool("zizmor")
+    result = subprocess.run(
+        [tool, "--offline", "--persona=pedantic", *map(str, WORKFLOWS)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No findings to report" in result.stdout + result.stderr
+
+
+def test_zizmor_flags_a_dangerous_workflow(tmp_path: Path) -> None:
+    tool = _tool("zizmor")
+    wf_dir = tmp_path / ".github" / "workflows"
+    wf_dir.mkdir(parents=True)
+    (wf_dir / "bad.yml").write_text(BAD_WORKFLOW)
+    result = subprocess.run(
+        [tool, "--offline", str(wf_dir / "bad.yml")], capture_output=True, text=True
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    for audit in ("unpinned-uses", "template-injection", "dangerous-triggers"):
+        assert audit in out, out
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_actions_pinned_and_permissions_least(path: Path) -> None:
+    wf = _load(path)
+    assert wf.get("permissions") == {}, "top-level permissions must be {} (grant per job)"
+    for job_name, job in wf["jobs"].items():
+        perms = job.get("permissions")
+        assert isinstance(perms, dict), f"{job_name}: job needs explicit permissions"
+        assert set(perms.values()) <= {"read", "write", "none"}
+        writes = {k for k, v in perms.items() if v == "write"}
+        assert writes <= {"pull-requests"}, f"{job_name}: unexpected write scopes {writes}"
+        for step in job["steps"]:
+            uses = step.get("uses")
+            if uses:
+                assert SHA_PIN.match(uses), f"{job_name}: {uses} is not pinned to a commit sha"
+            if "actions/checkout" in (uses or ""):
+                assert step["with"]["persist-credentials"] == "false"
+            assert "${{" not in step.get("run", ""), f"{job_name}: expression inside run:"
+
+
+def test_preview_posts_dev_and_prod_diffs_on_prs() -> None:
+    wf = _load(ROOT / ".github" / "workflows" / "preview.yml")
+    assert set(wf["on"]) == {"pull_request"}
+    job = wf["jobs"]["preview"]
+    assert job["strategy"]["matrix"]["stack"] == ["dev", "prod"]
+    assert job["permissions"] == {"contents": "read", "pull-requests": "write"}
+    step = next(s for s in job["steps"] if s.get("uses", "").startswith("pulumi/actions@"))
+    assert step["with"]["command"] == "preview"
+    assert step["with"]["diff"] == "true"
+    assert step["with"]["comment-on-pr"] == "true"
+    assert "MODAL_TOKEN_SECRET" not in str(job), "previews need no Modal credentials"
+
+
+def test_deploy_dev_on_main_prod_behind_approval() -> None:
+    wf = _load(ROOT / ".github" / "workflows" / "deploy.yml")
+    assert wf["on"] == {"push": {"branches": ["main"]}}
+    dev, prod = wf["jobs"]["dev"], wf["jobs"]["prod"]
+    for job, stack in ((dev, "dev"), (prod, "prod")):
+        step = next(s for s in job["steps"] if s.get("uses", "").startswith("pulumi/actions@"))
+        assert (step["with"]["command"], step["with"]["stack-name"]) == ("up", stack)
+        assert job["environment"] == stack
+    assert prod["needs"] == "dev"

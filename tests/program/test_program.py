@@ -1,0 +1,427 @@
+"""The Pulumi program under mocks, with each stack's real Pulumi.<stack>.yaml as config.
+
+Checks what `pulumi up` would register (resources, parents, dependencies, protection), what it
+exports (values, secretness, the gateway config), and the config errors a user can hit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+import pytest
+import yaml
+from pulumi.output import Unknown
+from pulumi.runtime import rpc
+
+from components.config import DEFAULTS, HF_TOKEN_SECRET_NAME, PROJECT
+from serving.spec import ServingSpec
+from tests.program.runner import (
+    PROJECT_ROOT,
+    TEST_SECRETS,
+    ProgramMocks,
+    ProgramRun,
+    Registration,
+    run_program,
+    stack_config,
+)
+
+STACKS = ("local", "dev", "prod")
+NS = PROJECT + ":"
+ENV_COMPONENT = "modal-llm:serving:ServingEnvironment"
+SERVICE_COMPONENT = "modal-llm:serving:LLMService"
+EXPECTED_OUTPUTS = {
+    "environment",
+    "endpoint_url",
+    "served_model_name",
+    "proxy_token_id",
+    "proxy_token_secret",
+    "api_keys",
+    "all_api_keys",
+    "gateway_config",
+    "gateway_config_json",
+    "monthly_cost_idle_usd",
+    "monthly_cost_worst_usd",
+    "monthly_budget_usd",
+    "services",
+}
+SECRET_OUTPUTS = {
+    "proxy_token_secret",
+    "api_keys",
+    "all_api_keys",
+    "gateway_config",
+    "gateway_config_json",
+}
+
+
+def _stack_yaml(stack: str) -> dict[str, Any]:
+    data = yaml.safe_load((PROJECT_ROOT / f"Pulumi.{stack}.yaml").read_text())
+    config = data["config"]
+    assert isinstance(config, dict)
+    return config
+
+
+def _with_secrets(stack: str, **overrides: Any) -> tuple[dict[str, str], list[str]]:
+    """The stack's config plus the secrets a real stack sets with --secret (prod and dev)."""
+    extra: dict[str, Any] = {}
+    if stack != "local":
+        extra = {f"{NS}hfToken": {"secure": "x"}, f"{NS}alertWebhookUrl": {"secure": "x"}}
+    extra.update({NS + k: v for k, v in overrides.items()})
+    return stack_config(stack, extra)
+
+
+def _parent_type(run: ProgramRun, r: Registration) -> str:
+    if r.parent.split("::")[2] == "pulumi:pulumi:Stack":
+        return "stack"
+    return run.by_urn(r.parent).type
+
+
+def _plain(value: Any) -> Any:
+    if rpc.is_rpc_secret(value):
+        return _plain(rpc.unwrap_rpc_secret(value))
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ---- Pulumi.yaml and the stack files --------------------------------------------------------
+
+
+def test_project_file_declares_every_scalar_setting_as_the_cli_requires() -> None:
+    project = yaml.safe_load((PROJECT_ROOT / "Pulumi.yaml").read_text())
+    assert project["name"] == PROJECT
+    assert project["runtime"] == {
+        "name": "python",
+        "options": {"toolchain": "pip", "virtualenv": ".venv"},
+    }
+    schema = project["config"]
+    # The CLI's project schema (sdk/go/common/workspace/project.json): type is one of these,
+    # arrays need items, a default must match its type; object-typed keys are not allowed.
+    python_types = {"string": str, "integer": int, "boolean": bool, "array": list}
+    for key, decl in schema.items():
+        assert set(decl) <= {"type", "description", "default", "items", "secret"}, key
+        assert decl["type"] in python_types, key
+        assert decl.get("description"), f"{key} needs a description"
+        if decl["type"] == "array":
+            assert decl["items"]["type"] in {"string", "integer", "boolean"}, key
+        if "default" in decl:
+            assert isinstance(decl["default"], python_types[decl["type"]]), key
+    defaults = {k: d["default"] for k, d in schema.items() if "default" in d}
+    assert defaults == DEFAULTS, "Pulumi.yaml defaults and components/config.py DEFAULTS differ"
+    assert "default" not in schema["environment"], "every stack must name its environment"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_file_holds_no_secret_in_clear(stack: str) -> None:
+    config = _stack_yaml(stack)
+    for key, value in config.items():
+        assert key.startswith((NS, "modal:")), f"{key}: unknown namespace"
+        if key.rsplit(":", 1)[1] in {"hfToken", "alertWebhookUrl", "tokenSecret"}:
+            assert isinstance(value, dict) and set(value) == {"secure"}, f"{key} in clear"
+
+
+# ---- each stack under mocks ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=STACKS)
+def stack_run(request: pytest.FixtureRequest) -> tuple[str, ProgramRun]:
+    stack = request.param
+    config, secret_keys = _with_secrets(stack)
+    return stack, run_program(stack, config, secret_keys)
+
+
+def test_resources_created(stack_run: tuple[str, ProgramRun]) -> None:
+    stack, run = stack_run
+    config = _stack_yaml(stack)
+    services = config[NS + "services"]
+    key_names = config.get(NS + "apiKeyNames", DEFAULTS["apiKeyNames"])
+    n = len(services)
+    counts = {t: len(run.of_type(t)) for t in {r.short_type for r in run.resources}}
+    assert counts == {
+        ENV_COMPONENT: 1,
+        SERVICE_COMPONENT: n,
+        "modal:Environment": 1,
+        "modal:Secret": n + (0 if stack == "local" else 1),  # api-keys (+ HF token)
+        "modal:Volume": 2 * n,
+        "modal:ProxyAuthToken": 1,
+        "modal:SpendAlert": 1,
+        "modal:App": n,
+        "llm:ApiKey": n * len(key_names),
+    }
+
+
+def test_parents_and_environment_wiring(stack_run: tuple[str, ProgramRun]) -> None:
+    stack, run = stack_run
+    env_name = _stack_yaml(stack)[NS + "environment"]
+    (env,) = run.of_type("modal:Environment")
+    assert env.inputs["name"] == env_name
+    assert env.inputs["adopt"] is False
+    for r in run.resources:
+        if r.short_type in (ENV_COMPONENT, SERVICE_COMPONENT):
+            assert _parent_type(run, r) == "stack", r.name
+        elif r.short_type in ("modal:Environment", "modal:ProxyAuthToken", "modal:SpendAlert"):
+            assert _parent_type(run, r) == ENV_COMPONENT, r.name
+        elif r.short_type == "modal:Secret" and r.inputs["name"] == HF_TOKEN_SECRET_NAME:
+            assert _parent_type(run, r) == ENV_COMPONENT
+        else:
+            assert _parent_type(run, r) == SERVICE_COMPONENT, r.name
+        # Every Modal object lives in the stack's environment, created first by the engine.
+        if "environment" in r.inputs:
+            assert r.inputs["environment"] == env_name, r.name
+            assert env.urn in r.property_dependencies["environment"], r.name
+            assert env.urn in r.dependencies, r.name
+    (token,) = run.of_type("modal:ProxyAuthToken")
+    assert token.inputs["environments"] == [env_name]
+    assert env.urn in token.dependencies
+
+
+def test_app_wiring_and_rendered_spec(stack_run: tuple[str, ProgramRun]) -> None:
+    stack, run = stack_run
+    services = _stack_yaml(stack)[NS + "services"]
+    hf = [s for s in run.of_type("modal:Secret") if s.inputs["name"] == HF_TOKEN_SECRET_NAME]
+    for entry, app in zip(services, run.of_type("modal:App"), strict=True):
+        spec = ServingSpec.from_json(app.inputs["spec_json"])
+        assert app.inputs["name"] == entry["name"]
+        assert app.inputs["app_file"] == "serving/app.py"
+        assert spec.model == entry["model"]
+        assert spec.served_model_name == entry["served_model_name"]
+        assert spec.require_pinned_revision is (stack == "prod")
+        # The App mounts exactly the volumes and secrets this service created, after them.
+        siblings = [r for r in run.resources if r.parent == app.parent and r is not app]
+        vols = {r.inputs["name"]: r.urn for r in siblings if r.short_type == "modal:Volume"}
+        assert set(vols) == {spec.volumes.hf_cache, spec.volumes.engine_cache}
+        (keys_secret,) = [r for r in siblings if r.short_type == "modal:Secret"]
+        assert keys_secret.inputs["name"] == spec.secrets.api_keys
+        assert spec.secrets.hf_token == (HF_TOKEN_SECRET_NAME if hf else None)
+        wanted = {*vols.values(), keys_secret.urn, *(s.urn for s in hf)}
+        assert wanted <= set(app.dependencies)
+
+
+def test_api_key_digests_feed_the_proxy_secret(stack_run: tuple[str, ProgramRun]) -> None:
+    _, run = stack_run
+    for app in run.of_type("modal:App"):
+        siblings = [r for r in run.resources if r.parent == app.parent]
+        keys = [r for r in siblings if r.short_type == "llm:ApiKey"]
+        assert keys and all(k.additional_secret_outputs == ["key"] for k in keys)
+        (secret,) = [r for r in siblings if r.short_type == "modal:Secret"]
+        digests = json.loads(_plain(secret.inputs["values"])["SERVING_API_KEYS"])
+        assert digests == {k.inputs["name"]: k.outputs["digest"] for k in keys}
+        assert {k.urn for k in keys} <= set(secret.dependencies)
+
+
+def test_cache_volume_protection(stack_run: tuple[str, ProgramRun]) -> None:
+    stack, run = stack_run
+    for vol in run.of_type("modal:Volume"):
+        assert vol.protect is (stack == "prod"), vol.name
+        assert vol.retain_on_delete is (stack == "prod"), vol.name
+    for r in run.resources:
+        if r.short_type != "modal:Volume":
+            assert not r.protect, r.name
+
+
+def test_spend_alert_and_hf_secret(stack_run: tuple[str, ProgramRun]) -> None:
+    stack, run = stack_run
+    config = _stack_yaml(stack)
+    (alert,) = run.of_type("modal:SpendAlert")
+    assert alert.inputs["monthly_budget_usd"] == config[NS + "monthlyBudgetUsd"]
+    pct = config.get(NS + "alertThresholdsPct", DEFAULTS["alertThresholdsPct"])
+    assert alert.inputs["thresholds"] == [p / 100 for p in pct]
+    hf = [s for s in run.of_type("modal:Secret") if s.inputs["name"] == HF_TOKEN_SECRET_NAME]
+    if stack == "local":
+        assert not hf and alert.inputs.get("webhook_url") is None
+    else:
+        assert rpc.is_rpc_secret(hf[0].inputs["values"]), "HF token must reach Modal as secret"
+        assert _plain(hf[0].inputs["values"]) == {"HF_TOKEN": TEST_SECRETS[NS + "hfToken"]}
+        assert rpc.is_rpc_secret(alert.inputs["webhook_url"])
+
+
+def test_outputs(stack_run: tuple[str, ProgramRun]) -> None:
+    stack, run = stack_run
+    config = _stack_yaml(stack)
+    services = config[NS + "services"]
+    key_names = config.get(NS + "apiKeyNames", DEFAULTS["apiKeyNames"])
+    assert set(run.outputs) == EXPECTED_OUTPUTS
+    for name in EXPECTED_OUTPUTS:
+        assert run.is_secret(name) is (name in SECRET_OUTPUTS), name
+    first = services[0]
+    assert run.output("environment") == config[NS + "environment"]
+    assert run.output("endpoint_url") == f"https://mock-workspace--{first['name']}.modal.run"
+    assert run.output("served_model_name") == first["served_model_name"]
+    assert run.output("proxy_token_id").startswith("wk-")
+    assert run.output("proxy_token_secret").startswith("ws-")
+    assert set(run.output("api_keys")) == set(key_names)
+    assert run.output("monthly_budget_usd") == config[NS + "monthlyBudgetUsd"]
+    expected = {
+        "local": (0.0, 430.7),  # 1 x T4 $0.59/h x 730 h
+        "dev": (0.0, 584.0),  # 1 x L4 $0.80/h x 730 h
+        "prod": (3314.2, 13256.8),  # 1 (idle) / 4 (worst) x H200 $4.54/h x 730 h
+    }[stack]
+    assert (run.output("monthly_cost_idle_usd"), run.output("monthly_cost_worst_usd")) == expected
+    summary = run.output("services")[first["name"]]
+    assert summary["endpoint_url"] == run.output("endpoint_url")
+    assert summary["monthly_cost_worst_usd"] == expected[1]
+
+
+def test_gateway_config_routes_through_modal_proxy_auth(stack_run: tuple[str, ProgramRun]) -> None:
+    stack, run = stack_run
+    services = _stack_yaml(stack)[NS + "services"]
+    doc = yaml.safe_load(run.output("gateway_config"))
+    assert doc == json.loads(run.output("gateway_config_json"))
+    (entry,) = doc["model_list"]
+    params = entry["litellm_params"]
+    first = services[0]
+    assert entry["model_name"] == first["served_model_name"]
+    assert params["model"] == f"hosted_vllm/{first['served_model_name']}"
+    assert params["api_base"] == run.output("endpoint_url") + "/v1"
+    gateway_key = _stack_yaml(stack).get(NS + "apiKeyNames", DEFAULTS["apiKeyNames"])[0]
+    assert params["api_key"] == run.output("api_keys")[gateway_key]
+    assert params["extra_headers"] == {
+        "Modal-Key": run.output("proxy_token_id"),
+        "Modal-Secret": run.output("proxy_token_secret"),
+    }
+    # A cold request waits for the engine to start, then runs its longest completion.
+    assert params["timeout"] == first["timeouts"]["startup_s"] + first["timeouts"]["request_s"]
+
+
+def test_no_secret_value_outside_secrets(stack_run: tuple[str, ProgramRun]) -> None:
+    _, run = stack_run
+    secret_values = set(TEST_SECRETS.values())
+    secret_values |= set(run.output("api_keys").values())
+    secret_values.add(run.output("proxy_token_secret"))
+    plain_outputs = json.dumps({k: v for k, v in run.outputs.items() if k not in SECRET_OUTPUTS})
+    for value in secret_values:
+        assert value not in plain_outputs
+    for r in run.resources:
+        visible = {k: v for k, v in r.inputs.items() if not rpc.is_rpc_secret(v)}
+        text = json.dumps(visible, default=str)
+        for value in secret_values:
+            assert value not in text, f"{r.name} carries a secret value in a plain input"
+
+
+# ---- several models in one stack -------------------------------------------------------------
+
+
+def test_two_services_in_one_stack() -> None:
+    services = [
+        *_stack_yaml("dev")[NS + "services"],
+        {"name": "coder", "engine": "sglang", "model": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+         "gpu": ["L4", "A10"], "scaling": {"max_containers": 1}},
+    ]  # fmt: skip
+    config, secret_keys = _with_secrets("dev", services=services, monthlyBudgetUsd=2000)
+    run = run_program("dev", config, secret_keys)
+    assert len(run.of_type("modal:App")) == 2
+    assert len(run.of_type("modal:Environment")) == 1
+    assert set(run.output("services")) == {"qwen-small", "coder"}
+    assert set(run.output("all_api_keys")) == {"qwen-small", "coder"}
+    models = [e["model_name"] for e in yaml.safe_load(run.output("gateway_config"))["model_list"]]
+    assert models == ["qwen2.5-1.5b-instruct", "coder"]
+    # Priced at the dearer GPU of the preference list (A10 $1.10/h > L4 $0.80/h).
+    assert run.output("services")["coder"]["gpu"] == "A10"
+    assert run.output("monthly_cost_worst_usd") == pytest.approx(584.0 + 803.0)
+    assert run.output("served_model_name") == "qwen2.5-1.5b-instruct"  # the first service
+
+
+# ---- config errors ---------------------------------------------------------------------------
+
+
+def _error(stack: str, config: dict[str, str], secret_keys: list[str]) -> str:
+    with pytest.raises(pulumi.RunError) as info:
+        run_program(stack, config, secret_keys)
+    return str(info.value)
+
+
+def test_bad_gpu_is_named_with_the_known_ones() -> None:
+    services = _stack_yaml("prod")[NS + "services"]
+    services[0]["gpu"] = "H900"
+    message = _error("prod", *_with_secrets("prod", services=services))
+    assert "modal-llm:services[0].gpu" in message
+    assert "unknown GPU 'H900'" in message
+    assert "H200" in message and "services[0].gpu" in message
+
+
+def test_prod_requires_a_pinned_revision() -> None:
+    services = _stack_yaml("prod")[NS + "services"]
+    del services[0]["revision"]
+    message = _error("prod", *_with_secrets("prod", services=services))
+    assert "modal-llm:services[0].revision = None" in message
+    assert "requirePinnedRevision" in message and "40-hex commit sha" in message
+    services[0]["revision"] = "main"
+    message = _error("prod", *_with_secrets("prod", services=services))
+    assert "services[0].revision = 'main'" in message
+
+
+def test_budget_exceeded_says_by_how_much_and_which_knob() -> None:
+    message = _error("prod", *_with_secrets("prod", monthlyBudgetUsd=10000))
+    assert "worst-case monthly cost $13,256.80 exceeds modal-llm:monthlyBudgetUsd" in message
+    assert "by $3,256.80" in message
+    assert "services[0].scaling.max_containers <= 3 would fit" in message
+    assert "pulumi config set modal-llm:monthlyBudgetUsd 13257" in message
+    assert "allowOverBudget true" in message
+
+
+def test_allow_over_budget_deploys_and_still_reports_cost() -> None:
+    config, keys = _with_secrets("prod", monthlyBudgetUsd=10000, allowOverBudget=True)
+    run = run_program("prod", config, keys)
+    assert run.output("monthly_cost_worst_usd") == 13256.8
+    assert run.output("monthly_budget_usd") == 10000
+
+
+def test_secret_in_clear_is_refused() -> None:
+    config, secret_keys = _with_secrets("dev")
+    secret_keys.remove(NS + "hfToken")
+    message = _error("dev", config, secret_keys)
+    assert "modal-llm:hfToken is stored in clear" in message
+    assert TEST_SECRETS[NS + "hfToken"] not in message
+    assert "pulumi config set --secret modal-llm:hfToken" in message
+
+
+def test_unknown_key_and_missing_environment() -> None:
+    config, keys = _with_secrets("dev", monthlyBudgetUSD=5)
+    assert "unknown config key(s) modal-llm:monthlyBudgetUSD" in _error("dev", config, keys)
+    config, keys = _with_secrets("dev")
+    del config[NS + "environment"]
+    message = _error("dev", config, keys)
+    assert "modal-llm:environment is not set" in message
+    assert "pulumi config set modal-llm:environment" in message
+
+
+def test_config_delivered_the_way_the_cli_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `pulumi up` config and secret keys arrive in env PULUMI_CONFIG(_SECRET_KEYS)."""
+    config, secret_keys = _with_secrets("dev")
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps(config))
+    monkeypatch.setenv("PULUMI_CONFIG_SECRET_KEYS", json.dumps(secret_keys))
+    run = run_program("dev", {}, [])
+    assert run.output("environment") == "dev"
+    (hf,) = [s for s in run.of_type("modal:Secret") if s.inputs["name"] == HF_TOKEN_SECRET_NAME]
+    assert rpc.is_rpc_secret(hf.inputs["values"])
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps({**config, NS + "typoKey": "1"}))
+    assert "unknown config key(s) modal-llm:typoKey" in _error("dev", {}, [])
+    monkeypatch.setenv("PULUMI_CONFIG_SECRET_KEYS", "[]")
+    assert "modal-llm:hfToken is stored in clear" in _error("dev", {}, [])
+
+
+def test_preview_of_a_new_stack_still_shows_the_cost() -> None:
+    """In a first preview no provider has run: every provider output is unknown."""
+
+    def inputs_only(typ: str, name: str, inputs: Any) -> dict[str, Any]:
+        return {k: v for k, v in inputs.items() if k != "__provider"}
+
+    config, keys = _with_secrets("prod")
+    run = run_program("prod", config, keys, mocks=ProgramMocks(inputs_only), preview=True)
+    assert run.output("monthly_cost_worst_usd") == 13256.8
+    assert run.output("monthly_cost_idle_usd") == 3314.2
+    assert len(run.of_type("modal:App")) == 1
+    # Values that only exist after `up` are unknown, as `pulumi preview` shows them.
+    assert isinstance(run.outputs["endpoint_url"], Unknown)
+    assert isinstance(rpc.unwrap_rpc_secret(run.outputs["gateway_config"]), Unknown)
+
+
+def test_adopted_environment_is_never_deleted() -> None:
+    config, keys = _with_secrets("dev", environment="main", adoptEnvironment=True)
+    run = run_program("dev", config, keys)
+    (env,) = run.of_type("modal:Environment")
+    assert env.inputs["name"] == "main" and env.inputs["adopt"] is True
+    assert env.retain_on_delete is True

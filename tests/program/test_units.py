@@ -1,0 +1,75 @@
+"""Pure parts of the program: the cost model, gateway rendering and the ApiKey provider."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pulumi.runtime import rpc
+
+from components import cost, gateway
+from components.api_keys import ApiKeyProvider, digest_of
+from serving.proxy.keys import KeyRing
+from serving.spec import GPU_TYPES
+
+
+def test_every_modal_gpu_has_a_dated_cited_price() -> None:
+    assert set(GPU_TYPES) <= set(cost.GPU_PRICES_USD_PER_HOUR)
+    assert cost.GPU_PRICES_SOURCE == "https://modal.com/pricing"
+    assert cost.GPU_PRICES_AS_OF == "2026-11-26"
+    assert all(p > 0 for p in cost.GPU_PRICES_USD_PER_HOUR.values())
+
+
+def test_cost_idle_and_worst_case() -> None:
+    table = cost.price_table({"H200": 5.0})
+    svc = cost.ServiceCostInput(
+        "m", ("L4", "H200"), gpu_count=2, min_containers=1, max_containers=3
+    )
+    c = cost.service_cost(svc, table)
+    assert c.gpu == "H200"  # priced at the dearer choice
+    assert c.idle_usd == 1 * 2 * 5.0 * 730
+    assert c.worst_usd == 3 * 2 * 5.0 * 730
+    with pytest.raises(cost.UnknownGpuPrice, match="no price for GPU 'X1'"):
+        cost.gpu_price("X1", table)
+    with pytest.raises(cost.UnknownGpuPrice, match="must be a number >= 0"):
+        cost.price_table({"H200": -1})
+
+
+def test_budget_guard() -> None:
+    stack = cost.stack_cost(
+        [cost.ServiceCostInput("a", ("T4",), 1, 0, 2)], cost.GPU_PRICES_USD_PER_HOUR
+    )
+    assert cost.check_budget(stack, 1000, allow_over_budget=False, config_ns="p") is None
+    with pytest.raises(cost.BudgetExceeded, match=r"by \$361\.40") as info:
+        cost.check_budget(stack, 500, allow_over_budget=False, config_ns="p")
+    assert "services[0].scaling.max_containers <= 1 would fit" in str(info.value)
+    warning = cost.check_budget(stack, 500, allow_over_budget=True, config_ns="p")
+    assert warning is not None and warning.startswith("allowOverBudget is set")
+    with pytest.raises(cost.BudgetExceeded, match="not even one T4 container fits"):
+        cost.check_budget(stack, 100, allow_over_budget=False, config_ns="p")
+
+
+def test_gateway_entry() -> None:
+    target = gateway.GatewayTarget("m", "https://w--m.modal.run/", "sk-1", "wk-1", "ws-1", 900, 60)
+    entry = gateway.litellm_entry(target)
+    assert entry["litellm_params"]["api_base"] == "https://w--m.modal.run/v1"
+    assert entry["litellm_params"]["timeout"] == 960
+    assert gateway.api_base("https://x/v1/") == "https://x/v1"
+
+
+def test_api_key_provider() -> None:
+    p = ApiKeyProvider()
+    a = p.create({"name": "gateway", "rotation": ""}).outs or {}
+    b = p.create({"name": "gateway", "rotation": ""}).outs or {}
+    key = rpc.unwrap_rpc_secret(a["key"])
+    assert rpc.is_rpc_secret(a["key"]) and key.startswith("sk-") and len(key) > 40
+    assert key != rpc.unwrap_rpc_secret(b["key"])
+    assert a["digest"] == digest_of(key)
+    # The serving proxy accepts the key against the digest the program stores.
+    ring = KeyRing.from_json(json.dumps({"gateway": a["digest"]}))
+    assert ring.match(key.encode()) == "gateway"
+    same = p.diff("id", a, {"name": "gateway", "rotation": ""})
+    assert same.changes is False
+    rotated = p.diff("id", a, {"name": "gateway", "rotation": "2026-12"})
+    assert rotated.changes is True and rotated.replaces == ["rotation"]
+    assert p.check({}, {"name": "Bad Name"}).failures[0].property == "name"
