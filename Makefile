@@ -17,8 +17,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# LiteLLM (the gateway the stack outputs feed) lives in its own venv: its pins clash with ours.
+# 1.106.12 is the newest litellm[proxy] whose dependencies the package registry holds.
+LITELLM_VENV := $(VENV)/litellm
+LITELLM_STAMP := $(LITELLM_VENV)/.installed
+
+$(LITELLM_STAMP): | $(STAMP)
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==1.106.12'
+	touch $(LITELLM_STAMP)
+
 # The test command CI runs (.ci/run). pytest exits 5 when no test ran: that fails too.
-test: setup
+test: setup $(LITELLM_STAMP)
 	$(PY) -m pytest -q
 
 lint: setup
