@@ -466,6 +466,7 @@ class UvicornThread:
         self.uvicorn_kw = uvicorn_kw
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
 
     @property
     def url(self) -> str:
@@ -490,7 +491,7 @@ class UvicornThread:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"uvicorn on {self.url} did not start within {timeout} s")
             time.sleep(0.005)
-        sock.close()  # uvicorn listens on its own duplicate
+        self._sock = sock  # asyncio listens on this very socket (uvloop on a duplicate)
         return self
 
     def stop(self) -> None:
@@ -505,8 +506,11 @@ class UvicornThread:
     def join(self) -> None:
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._sock is not None:
+            self._sock.close()
         self._server = None
         self._thread = None
+        self._sock = None
 
     @property
     def running(self) -> bool:

@@ -1,0 +1,12 @@
+"""Auth proxy in front of the engine inside the serving container (raw ASGI on uvicorn).
+
+Run: ``python -m serving.proxy --upstream http://127.0.0.1:8001 --port 8000`` with
+``SERVING_API_KEYS`` set. Modules: ``app`` (routing, auth, admission, forwarding),
+``upstream`` (pooled HTTP/1.1 client to the engine), ``keys`` (key digests),
+``metrics`` (Prometheus text), ``__main__`` (CLI). Contract and figures: docs/proxy.md.
+"""
+
+from serving.proxy.app import ROUTES, ProxyApp, ProxyConfig
+from serving.proxy.keys import ENV_VAR, KeyConfigError, KeyRing, digest_of
+
+__all__ = ["ENV_VAR", "ROUTES", "KeyConfigError", "KeyRing", "ProxyApp", "ProxyConfig", "digest_of"]

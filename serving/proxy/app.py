@@ -1,0 +1,758 @@
+"""The proxy itself: a raw ASGI app that authenticates, admits and forwards to the engine.
+
+Request path, in order (each step answers without touching the engine when it says no):
+1. route: the raw path bytes must equal one of ``ROUTES`` exactly (404 otherwise, 405 for a
+   known path with the wrong method); no decoding or normalising, so ``//v1/...``,
+   ``/v1/../metrics``, ``%2e`` or ``/V1/...`` never match;
+2. key: ``Authorization: Bearer <key>`` (401 missing/malformed, 403 unknown);
+3. readiness (503 + Retry-After) and the in-flight cap (429 + Retry-After);
+4. body: size (413) and JSON object check (400);
+5. forward over the pooled client; SSE is relayed piece by piece with keep-alive comments,
+   other bodies are read whole (so usage can be counted and a broken body becomes a 502).
+
+See docs/proxy.md for the behaviour contract and the measured overhead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _encode_json_str
+from typing import Any
+
+from serving.proxy.keys import KeyRing, parse_bearer
+from serving.proxy.logs import BatchingStreamHandler
+from serving.proxy.metrics import Metrics
+from serving.proxy.upstream import (
+    ConnectFailed,
+    UpstreamBroken,
+    UpstreamClient,
+    UpstreamError,
+    UpstreamResponse,
+    UpstreamTimeout,
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+access_log = logging.getLogger("serving.proxy.access")
+event_log = logging.getLogger("serving.proxy")
+
+_ENGINE, _HEALTH, _READY, _METRICS = range(4)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    path: bytes
+    name: str  # metric/log label
+    method: str
+    kind: int
+    usage: bool = False  # responses carry an OpenAI ``usage`` object
+
+
+ROUTES: dict[bytes, Route] = {
+    r.path: r
+    for r in (
+        Route(b"/v1/chat/completions", "chat_completions", "POST", _ENGINE, usage=True),
+        Route(b"/v1/completions", "completions", "POST", _ENGINE, usage=True),
+        Route(b"/v1/embeddings", "embeddings", "POST", _ENGINE, usage=True),
+        Route(b"/v1/models", "models", "GET", _ENGINE),
+        Route(b"/health", "health", "GET", _HEALTH),
+        Route(b"/ready", "ready", "GET", _READY),
+        Route(b"/metrics", "metrics", "GET", _METRICS),
+    )
+}
+_UNMATCHED = Route(b"", "unmatched", "", -1)
+
+# Client request headers passed to the engine; everything else (Authorization, cookies,
+# Modal-Key/Secret, hop-by-hop headers) stays at the proxy.
+# POST bodies always go with "content-type: application/json" (they were validated as JSON).
+_FORWARD_HEADERS = frozenset({b"accept", b"user-agent", b"traceparent", b"tracestate"})
+# Engine response headers the proxy replaces or that are hop-by-hop.
+_DROP_RESPONSE_HEADERS = frozenset(
+    {
+        b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date",
+        b"server", b"x-request-id", b"x-accel-buffering", b"cache-control",
+    }
+)  # fmt: skip
+_REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+_USAGE_RE = re.compile(rb'(?<!\\)"(prompt_tokens|completion_tokens)"\s*:\s*(\d+)')
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
+_STREAM_HEADERS = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
+_JSON = (b"content-type", b"application/json")
+
+
+@dataclass(slots=True)
+class ProxyConfig:
+    """Settings; the CLI flags map one to one (see ``python -m serving.proxy --help``)."""
+
+    upstream: str
+    max_in_flight: int = 256
+    max_body_bytes: int = 4 * 1024 * 1024
+    keepalive_s: float = 15.0
+    health_interval_s: float = 0.5
+    upstream_timeout_s: float = 600.0  # wait for the engine's response head
+    max_response_bytes: int = 64 * 1024 * 1024  # non-stream bodies are read whole
+    connect_retries: int = 3
+    retry_after_busy_s: int = 1
+    retry_after_not_ready_s: int = 5
+
+    def __post_init__(self) -> None:
+        rules = [
+            ("max_in_flight", self.max_in_flight >= 1, "at least 1"),
+            ("max_body_bytes", self.max_body_bytes >= 1, "at least 1"),
+            ("keepalive_s", self.keepalive_s >= 0, ">= 0 (0 turns keep-alives off)"),
+            ("health_interval_s", self.health_interval_s > 0, "> 0"),
+            ("upstream_timeout_s", self.upstream_timeout_s > 0, "> 0"),
+            ("max_response_bytes", self.max_response_bytes >= 1, "at least 1"),
+            ("connect_retries", self.connect_retries >= 0, ">= 0"),
+        ]
+        for name, ok, rule in rules:
+            if not ok:
+                raise ValueError(
+                    f"proxy setting {name}={getattr(self, name)!r} is invalid: it must be {rule}"
+                )
+
+
+class _Exchange:
+    """Per-request facts gathered for the access log and metrics."""
+
+    __slots__ = (
+        "client_gone",
+        "completion_tokens",
+        "error",
+        "finished",
+        "key",
+        "method",
+        "overhead",
+        "path",
+        "prompt_tokens",
+        "request_id",
+        "resp",
+        "route",
+        "status",
+        "stream",
+        "t0",
+        "ttft",
+        "watch",
+    )
+
+    def __init__(
+        self, t0: float, route: Route, request_id: bytes, method: str, path: bytes
+    ) -> None:
+        self.t0 = t0
+        self.route = route
+        self.method = method
+        self.path = path
+        self.request_id = request_id
+        self.key = "-"
+        self.status = 0
+        self.ttft: float | None = None
+        self.overhead = 0.0
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.error: str | None = None
+        self.stream = False
+        self.finished = False
+        self.client_gone = False
+        self.resp: UpstreamResponse | None = None
+        self.watch: _ClientWatch | None = None
+
+
+def _access_emitter() -> Callable[[str], None]:
+    """How to write an access line: straight into the batching handler that the CLI installs
+    (no LogRecord per request), or through ``logging`` for any other setup (e.g. caplog)."""
+    parent = logging.getLogger("serving.proxy")
+    if (
+        not access_log.handlers
+        and not access_log.filters
+        and parent.propagate is False
+        and len(parent.handlers) == 1
+        and isinstance(parent.handlers[0], BatchingStreamHandler)
+    ):
+        return parent.handlers[0].append_line
+    return access_log.info
+
+
+class _ClientWatch:
+    """Aborts the engine request the moment the client disconnects.
+
+    Watching needs a task blocked in ``receive()``. Quick non-stream exchanges (the common
+    case) finish before ``WATCH_AFTER_S`` and never pay for one; streams start it at once.
+    """
+
+    __slots__ = ("_ex", "_receive", "_task", "_timer")
+    WATCH_AFTER_S = 0.02
+
+    def __init__(self, receive: Receive, ex: _Exchange) -> None:
+        self._receive = receive
+        self._ex = ex
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            self.WATCH_AFTER_S, self.start
+        )
+
+    def start(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._task is None and not self._ex.finished:
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def _watch(self) -> None:
+        receive = self._receive
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        ex = self._ex
+        if not ex.finished:
+            ex.client_gone = True
+            if ex.resp is not None:
+                ex.resp.abort()
+
+
+def _error_body(message: str, type_: str, code: str) -> bytes:
+    return json.dumps(
+        {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    ).encode()
+
+
+def _json_str(value: str) -> str:
+    """A JSON string literal (quoted, escaped, ASCII-only)."""
+    return _encode_json_str(value)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# One decoder for every request (json.loads with options would build one per call). Bodies
+# must be UTF-8 (RFC 8259); NaN/Infinity are not JSON and are refused.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+class ProxyApp:
+    """The ASGI application. One instance per process; state is the counters and the pool."""
+
+    def __init__(self, config: ProxyConfig, keys: KeyRing) -> None:
+        self.config = config
+        self.keys = keys
+        self.metrics = Metrics()
+        self.client = UpstreamClient(config.upstream, connect_retries=config.connect_retries)
+        self.ready = False
+        self._ready_reason = "engine health not checked yet"
+        self._poller: asyncio.Task[None] | None = None
+        self._emit_access: Callable[[str], None] = _access_emitter()
+        # Request ids: a random per-process prefix + a counter (no syscall per request).
+        self._id_prefix = os.urandom(8).hex().encode()
+        self._id_counter = itertools.count(1)
+        self._busy_headers = [(b"retry-after", str(config.retry_after_busy_s).encode())]
+        self._not_ready_headers = [(b"retry-after", str(config.retry_after_not_ready_s).encode())]
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def startup(self) -> None:
+        self._emit_access = _access_emitter()
+        self._poller = asyncio.get_running_loop().create_task(self._poll_health())
+
+    async def shutdown(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        self.client.close()
+        # uvicorn re-raises SIGTERM after shutdown, so atexit never runs: flush logs now.
+        for logger in (access_log, event_log):
+            for handler in logger.handlers:
+                handler.flush()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.startup()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _set_ready(self, ready: bool, reason: str) -> None:
+        if ready != self.ready:
+            event_log.warning(
+                json.dumps({"event": "engine_ready" if ready else "engine_not_ready",
+                            "reason": reason, "upstream": self.config.upstream})
+            )  # fmt: skip
+        self.ready = ready
+        self.metrics.engine_ready = ready
+        self._ready_reason = reason
+
+    async def _poll_health(self) -> None:
+        interval = self.config.health_interval_s
+        while True:
+            try:
+                ready, reason = await asyncio.wait_for(self._check_health(), interval + 2.0)
+            except TimeoutError:
+                ready, reason = False, "engine /health did not answer in time"
+            except Exception as exc:  # never let the poller die: readiness would freeze
+                event_log.exception("engine health check failed unexpectedly")
+                ready, reason = False, f"health check error: {exc.__class__.__name__}"
+            self._set_ready(ready, reason)
+            self.client.prune()
+            await asyncio.sleep(interval)
+
+    async def _check_health(self) -> tuple[bool, str]:
+        try:
+            resp = await self.client.request(b"GET", b"/health", [], retry_connect=False)
+            await resp.head()
+            await resp.read_all(1 << 16)
+        except UpstreamError as exc:
+            return False, str(exc)
+        if resp.status == 200:
+            return True, "engine /health answered 200"
+        return False, f"engine /health answered {resp.status}"
+
+    # -- ASGI entry ------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        kind = scope["type"]
+        if kind != "http":
+            if kind == "lifespan":
+                await self._lifespan(receive, send)
+            return  # websockets are not served (uvicorn runs with ws="none")
+        raw_path = scope.get("raw_path") or scope["path"].encode("latin-1")
+        route = ROUTES.get(raw_path, _UNMATCHED)
+        auth: bytes | None = None
+        auth_count = 0
+        request_id: bytes | None = None
+        content_length: bytes | None = None
+        forward: list[tuple[bytes, bytes]] = []
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value
+                auth_count += 1
+            elif name == b"x-request-id":
+                request_id = value
+            elif name == b"content-length":
+                content_length = value
+            elif name in _FORWARD_HEADERS:
+                forward.append((name, value))
+        if request_id is None or not _REQUEST_ID_RE.fullmatch(request_id):
+            request_id = b"%s%08x" % (self._id_prefix, next(self._id_counter))
+        ex = _Exchange(t0, route, request_id, scope["method"], raw_path)
+        try:
+            if route.kind < 0:
+                await self._error(
+                    send, ex, 404, "no such route", "not_found_error", "route_not_found"
+                )
+            elif scope["method"] != route.method:
+                await self._error(
+                    send, ex, 405, f"method not allowed; use {route.method}",
+                    "invalid_request_error", "method_not_allowed",
+                    [(b"allow", route.method.encode())],
+                )  # fmt: skip
+            elif route.kind == _HEALTH:
+                await self._plain(send, ex, 200, b'{"status":"ok"}')
+            elif route.kind == _READY:
+                if self.ready:
+                    await self._plain(send, ex, 200, b'{"ready":true}')
+                else:
+                    await self._error(
+                        send, ex, 503, f"engine not ready: {self._ready_reason}",
+                        "service_unavailable", "engine_not_ready", self._not_ready_headers,
+                    )  # fmt: skip
+            elif await self._authenticate(send, ex, auth, auth_count):
+                if route.kind == _METRICS:
+                    await self._plain(
+                        send, ex, 200, self.metrics.render(),
+                        (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+                    )  # fmt: skip
+                else:
+                    await self._admit(scope, receive, send, ex, content_length, forward)
+        except Exception as exc:  # a bug of ours: uvicorn answers 500 (or drops the stream)
+            ex.status = ex.status or 500
+            ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
+            event_log.exception("proxy internal error")
+            raise
+        finally:
+            self._account(ex)
+
+    # -- steps -----------------------------------------------------------------------------
+    async def _authenticate(
+        self, send: Send, ex: _Exchange, auth: bytes | None, count: int
+    ) -> bool:
+        key = parse_bearer(auth) if count == 1 else None
+        if key is None:
+            why = "missing" if count == 0 else "malformed (expected one 'Bearer <key>')"
+            await self._error(
+                send, ex, 401, f"Authorization header {why}", "authentication_error",
+                "missing_api_key" if count == 0 else "malformed_authorization",
+                [(b"www-authenticate", b"Bearer")],
+            )  # fmt: skip
+            return False
+        name = self.keys.match(key)
+        if name is None:
+            await self._error(
+                send, ex, 403, "API key not recognised", "permission_error", "invalid_api_key"
+            )
+            return False
+        ex.key = name
+        return True
+
+    async def _admit(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ex: _Exchange,
+        content_length: bytes | None,
+        forward: list[tuple[bytes, bytes]],
+    ) -> None:
+        if not self.ready:
+            await self._error(
+                send, ex, 503, f"engine not ready: {self._ready_reason}",
+                "service_unavailable", "engine_not_ready", self._not_ready_headers,
+            )  # fmt: skip
+            return
+        metrics = self.metrics
+        if metrics.in_flight >= self.config.max_in_flight:
+            await self._error(
+                send, ex, 429, f"proxy at capacity ({self.config.max_in_flight} requests in "
+                "flight); retry after the Retry-After delay", "rate_limit_error",
+                "proxy_at_capacity", self._busy_headers,
+            )  # fmt: skip
+            return
+        metrics.in_flight += 1
+        try:
+            await self._forward(scope, receive, send, ex, content_length, forward)
+        finally:
+            metrics.in_flight -= 1
+
+    async def _read_body(
+        self, receive: Receive, send: Send, ex: _Exchange, content_length: bytes | None
+    ) -> bytes | None:
+        limit = self.config.max_body_bytes
+        if content_length is not None:
+            if not content_length.isdigit():
+                await self._error(
+                    send, ex, 400, "malformed Content-Length", "invalid_request_error",
+                    "invalid_content_length",
+                )  # fmt: skip
+                return None
+            if int(content_length) > limit:
+                await self._body_too_large(send, ex)
+                return None
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                ex.client_gone = True
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await self._body_too_large(send, ex)
+                return None
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _body_too_large(self, send: Send, ex: _Exchange) -> None:
+        await self._error(
+            send, ex, 413, f"request body larger than {self.config.max_body_bytes} bytes",
+            "invalid_request_error", "request_too_large", [(b"connection", b"close")],
+        )  # fmt: skip
+
+    async def _validate(self, send: Send, ex: _Exchange, body: bytes) -> bool:
+        problem: str | None = None
+        try:
+            data = _DECODER.decode(body.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:
+            problem = f"request body is not valid JSON ({exc.__class__.__name__})"
+        else:
+            if not isinstance(data, dict):
+                problem = f"request body must be a JSON object, got a JSON {type(data).__name__}"
+            else:
+                stream = data.get("stream", False)
+                if not isinstance(stream, bool):
+                    problem = "'stream' must be true or false"
+                else:
+                    ex.stream = stream
+        if problem is None:
+            return True
+        await self._error(send, ex, 400, problem, "invalid_request_error", "invalid_json")
+        return False
+
+    async def _forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ex: _Exchange,
+        content_length: bytes | None,
+        forward: list[tuple[bytes, bytes]],
+    ) -> None:
+        route = ex.route
+        body = b""
+        if route.method == "POST":
+            got = await self._read_body(receive, send, ex, content_length)
+            if got is None or not await self._validate(send, ex, got):
+                return
+            body = got
+            forward.append(_JSON)  # validated JSON, whatever the client labelled it
+        forward.append((b"x-request-id", ex.request_id))
+        watch = _ClientWatch(receive, ex)
+        ex.watch = watch
+        try:
+            await self._exchange(send, ex, route, forward, body)
+        finally:
+            ex.finished = True
+            watch.stop()
+
+    async def _exchange(
+        self,
+        send: Send,
+        ex: _Exchange,
+        route: Route,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> None:
+        client = self.client
+        retries_before = client.retries
+        try:
+            resp = await client.request(
+                route.method.encode(), route.path, headers, body,
+                head_timeout_s=self.config.upstream_timeout_s,
+            )  # fmt: skip
+        except ConnectFailed as exc:
+            self.metrics.connect_retries += client.retries - retries_before
+            self.metrics.upstream_errors["connect"] += 1
+            self._set_ready(False, str(exc))
+            await self._error(
+                send, ex, 503, f"engine unreachable: {exc}", "service_unavailable",
+                "engine_unreachable", self._not_ready_headers,
+            )  # fmt: skip
+            return
+        self.metrics.connect_retries += client.retries - retries_before
+        ex.resp = resp
+        t_sent = time.perf_counter()
+        if ex.client_gone:
+            resp.abort()
+        try:
+            await resp.head()
+            t_head = time.perf_counter()
+            if resp.content_type.startswith(b"text/event-stream"):
+                await self._relay_stream(send, ex, resp, t_sent, t_head)
+                return
+            data = await resp.read_all(self.config.max_response_bytes)
+        except UpstreamError as exc:
+            if ex.client_gone:
+                ex.status = 499
+                return
+            timeout = isinstance(exc, UpstreamTimeout)
+            self.metrics.upstream_errors["timeout" if timeout else "broken"] += 1
+            await self._error(
+                send, ex, 504 if timeout else 502, f"engine request failed: {exc}",
+                "upstream_error", "engine_timeout" if timeout else "engine_failed",
+            )  # fmt: skip
+            return
+        t_done = time.perf_counter()
+        if route.usage and resp.status == 200 and b'_tokens"' in data:
+            self._scan_usage(data, ex)
+        out = [(name, value) for name, value in resp.headers if name not in _DROP_RESPONSE_HEADERS]
+        out.append((b"content-length", str(len(data)).encode()))
+        ex.status = resp.status
+        ex.finished = True
+        now = time.perf_counter()
+        ex.overhead = (t_sent - ex.t0) + (now - t_done)
+        out.append((b"x-request-id", ex.request_id))
+        out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
+        await send({"type": "http.response.start", "status": resp.status, "headers": out})
+        await send({"type": "http.response.body", "body": data, "more_body": False})
+
+    async def _relay_stream(
+        self,
+        send: Send,
+        ex: _Exchange,
+        resp: UpstreamResponse,
+        t_sent: float,
+        t_head: float,
+    ) -> None:
+        ex.stream = True
+        out = [(name, value) for name, value in resp.headers if name not in _DROP_RESPONSE_HEADERS]
+        out += _STREAM_HEADERS
+        out.append((b"x-request-id", ex.request_id))
+        ex.status = resp.status
+        ex.overhead = (t_sent - ex.t0) + (time.perf_counter() - t_head)
+        out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
+        if ex.watch is not None:
+            ex.watch.start()  # streams last: watch for the client leaving from now on
+        await send({"type": "http.response.start", "status": resp.status, "headers": out})
+        resp.keepalive_ticks(self.config.keepalive_s)
+        scan = ex.route.usage and resp.status == 200
+        tail = b""
+        first = True
+        at_boundary = True  # the last byte relayed ended an SSE event
+        last_data = time.monotonic()
+        idle_limit = self.config.upstream_timeout_s
+        while True:
+            try:
+                data = await resp.read()
+            except UpstreamBroken as exc:
+                if ex.client_gone:
+                    ex.status = 499
+                    return
+                await self._end_stream_with_error(send, ex, str(exc), at_boundary)
+                return
+            if data is None:  # keep-alive tick: the engine has been silent for keepalive_s
+                if time.monotonic() - last_data > idle_limit:
+                    resp.abort()
+                    await self._end_stream_with_error(
+                        send, ex, f"engine sent nothing for {idle_limit:g} s", at_boundary
+                    )
+                    return
+                if at_boundary:  # never split an event the engine is half-way through
+                    await send(
+                        {"type": "http.response.body", "body": KEEPALIVE_COMMENT, "more_body": True}
+                    )
+                continue
+            if not data:
+                break
+            if first:
+                first = False
+                ex.ttft = time.perf_counter() - ex.t0
+            if idle_limit:
+                last_data = time.monotonic()
+            at_boundary = data.endswith(b"\n\n") or data.endswith(b"\r\n\r\n")
+            if scan:
+                window = tail + data
+                if b'_tokens"' in window:
+                    self._scan_usage(window, ex)
+                tail = window[-192:]
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        ex.finished = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _end_stream_with_error(
+        self, send: Send, ex: _Exchange, why: str, at_boundary: bool
+    ) -> None:
+        """The 200 head is gone already: end with an SSE error event and ``[DONE]`` so the
+        client sees a failure, never a silently truncated stream."""
+        self.metrics.upstream_errors["mid_stream"] += 1
+        ex.error = "engine_stream_failed"
+        event = _error_body(
+            f"the engine stream failed before it finished: {why}", "upstream_error",
+            "engine_stream_failed",
+        )  # fmt: skip
+        body = b"data: " + event + b"\n\ndata: [DONE]\n\n"
+        if not at_boundary:
+            body = b"\n\n" + body  # close the engine's half-sent event first
+        ex.finished = True
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    # -- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _scan_usage(data: bytes, ex: _Exchange) -> None:
+        for name, value in _USAGE_RE.findall(data):
+            if name == b"prompt_tokens":
+                ex.prompt_tokens = int(value)
+            else:
+                ex.completion_tokens = int(value)
+
+    async def _plain(
+        self,
+        send: Send,
+        ex: _Exchange,
+        status: int,
+        body: bytes,
+        content_type: tuple[bytes, bytes] = _JSON,
+    ) -> None:
+        ex.status = status
+        ex.overhead = time.perf_counter() - ex.t0
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    content_type,
+                    (b"content-length", str(len(body)).encode()),
+                    (b"x-request-id", ex.request_id),
+                    (b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _error(
+        self,
+        send: Send,
+        ex: _Exchange,
+        status: int,
+        message: str,
+        type_: str,
+        code: str,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        ex.error = code
+        body = _error_body(message, type_, code)
+        ex.status = status
+        ex.overhead = time.perf_counter() - ex.t0
+        headers = [
+            _JSON,
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", ex.request_id),
+            (b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()),
+        ]
+        if extra:
+            headers += extra
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _account(self, ex: _Exchange) -> None:
+        duration = time.perf_counter() - ex.t0
+        status = ex.status or 499  # nothing sent: the client went away first
+        if status == 499:
+            ex.status = 499
+        route = ex.route.name
+        metrics = self.metrics
+        metrics.requests[(route, str(status), ex.key)] += 1
+        metrics.latency.observe((route,), duration)
+        metrics.overhead.observe((route,), ex.overhead)
+        if ex.ttft is not None:
+            metrics.ttft.observe((route,), ex.ttft)
+        if ex.prompt_tokens is not None:
+            metrics.tokens[(ex.key, "prompt")] += ex.prompt_tokens
+        if ex.completion_tokens is not None:
+            metrics.tokens[(ex.key, "completion")] += ex.completion_tokens
+        if access_log.isEnabledFor(logging.INFO):
+            # Built by hand (every value but the path is from a closed, JSON-safe set): this is
+            # several times cheaper than json.dumps of a dict on the hot path.
+            self._emit_access(
+                f'{{"ts":{time.time():.3f},"request_id":"{ex.request_id.decode()}",'
+                f'"method":{_json_str(ex.method)},"path":{_json_str(ex.path[:200].decode("latin-1"))},'
+                f'"route":"{route}","status":{status},"key":"{ex.key}",'
+                f'"stream":{"true" if ex.stream else "false"},"duration_ms":{duration * 1000:.3f},'
+                f'"ttft_ms":{"null" if ex.ttft is None else f"{ex.ttft * 1000:.3f}"},'
+                f'"overhead_ms":{ex.overhead * 1000:.3f},'
+                f'"prompt_tokens":{"null" if ex.prompt_tokens is None else ex.prompt_tokens},'
+                f'"completion_tokens":'
+                f"{'null' if ex.completion_tokens is None else ex.completion_tokens},"
+                f'"error":{"null" if ex.error is None else _json_str(ex.error)}}}'
+            )

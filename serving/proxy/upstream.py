@@ -1,0 +1,614 @@
+"""A small pooled HTTP/1.1 client for the proxy's single upstream (the engine on localhost).
+
+Why our own: httpx/aiohttp cost tens to hundreds of microseconds per request, more than the
+proxy's whole overhead budget. This client is an ``asyncio.Protocol`` with a hand-written
+response parser (status line, headers, Content-Length / chunked / read-until-close bodies),
+a LIFO keep-alive pool, and a response object that hands body pieces to one consumer as soon
+as they arrive (no buffering beyond what the socket delivered at once).
+
+Error classes tell the caller whether a retry is safe:
+- ``ConnectFailed``: the engine was never reached (connect refused/timed out). Safe to retry.
+- ``UpstreamBroken``: anything after the request bytes were handed to the socket. The engine
+  may have started the work, so the caller must never re-send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+import time
+from typing import cast
+from urllib.parse import urlsplit
+
+__all__ = [
+    "ConnectFailed",
+    "UpstreamBroken",
+    "UpstreamClient",
+    "UpstreamError",
+    "UpstreamResponse",
+    "UpstreamTimeout",
+]
+
+_MAX_HEAD_BYTES = 64 * 1024
+_PAUSE_AT = 1024 * 1024  # pause reading the engine socket above this many unread bytes
+_RESUME_AT = 64 * 1024
+
+# Parser states.
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILERS, _UNTIL_EOF, _IDLE = range(8)
+
+
+class UpstreamError(Exception):
+    """Base class: the engine could not serve the request."""
+
+
+class ConnectFailed(UpstreamError):
+    """The engine was never reached (nothing was sent): a retry is safe."""
+
+
+class UpstreamBroken(UpstreamError):
+    """The exchange failed after the request was sent: never retry."""
+
+
+class UpstreamTimeout(UpstreamBroken):
+    """The engine did not send a response head in time."""
+
+
+class _Aborted(UpstreamBroken):
+    """The proxy aborted the exchange itself (the client went away)."""
+
+
+class UpstreamResponse:
+    """One response being received. ``head()`` waits for status and headers; ``read()`` yields
+    body pieces as they arrive, ``b""`` at the end, or ``None`` on a keep-alive tick."""
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_conn",
+        "_done",
+        "_error",
+        "_head_future",
+        "_head_timer",
+        "_last_data",
+        "_loop",
+        "_paused",
+        "_tick_fired",
+        "_tick_handle",
+        "_tick_interval",
+        "_waiter",
+        "content_type",
+        "headers",
+        "status",
+    )
+
+    def __init__(self, conn: _Conn, loop: asyncio.AbstractEventLoop) -> None:
+        self._conn: _Conn | None = conn
+        self._loop = loop
+        self._head_future: asyncio.Future[None] = loop.create_future()
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._paused = False
+        self._done = False
+        self._error: UpstreamError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._last_data = 0.0
+        self._tick_interval = 0.0
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._tick_fired = False
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.content_type = b""
+
+    # -- consumer side -------------------------------------------------------------------
+    async def head(self) -> None:
+        """Wait for the status line and headers (raises an ``UpstreamError`` on failure)."""
+        await self._head_future
+
+    async def read(self) -> bytes | None:
+        """Next body bytes (all that arrived since the last call), ``b""`` when the body is
+        complete, or ``None`` when ``keepalive_ticks`` interval passed without data."""
+        while True:
+            chunks = self._chunks
+            if chunks:
+                data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                self._buffered = 0
+                if self._paused:
+                    self._paused = False
+                    conn = self._conn
+                    if conn is not None and conn.transport is not None:
+                        conn.transport.resume_reading()
+                return data
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return b""
+            waiter = self._loop.create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+            if self._tick_fired:
+                self._tick_fired = False
+                if not self._chunks and not self._done and self._error is None:
+                    return None
+
+    async def read_all(self, limit: int) -> bytes:
+        """The whole body (raises ``UpstreamBroken`` if it exceeds ``limit`` bytes)."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            data = await self.read()
+            if data is None:
+                continue
+            if not data:
+                return b"".join(parts)
+            size += len(data)
+            if size > limit:
+                self.abort()
+                raise UpstreamBroken(f"engine response body exceeds {limit} bytes")
+            parts.append(data)
+
+    def keepalive_ticks(self, interval: float) -> None:
+        """Make ``read()`` return ``None`` after each ``interval`` seconds without data."""
+        if interval <= 0 or self._done:
+            return
+        self._tick_interval = interval
+        self._last_data = self._loop.time()
+        self._tick_handle = self._loop.call_at(self._last_data + interval, self._on_tick)
+
+    def abort(self) -> None:
+        """Drop the engine connection at once (the engine sees a disconnect and aborts)."""
+        if self._done:
+            return
+        self._fail(_Aborted("aborted by the proxy: the client went away"))
+        conn = self._conn
+        if conn is not None:
+            conn.abort()
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    # -- producer side (called by the connection) -----------------------------------------
+    def _set_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if not self._head_future.done():
+            self._head_future.set_result(None)
+
+    def _push(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._tick_interval:
+            self._last_data = self._loop.time()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if self._buffered > _PAUSE_AT and not self._paused:
+            conn = self._conn
+            if conn is not None and conn.transport is not None:
+                self._paused = True
+                conn.transport.pause_reading()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._conn = None
+        self._stop_ticks()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._error = error
+        self._stop_ticks()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if not self._head_future.done():
+            self._head_future.set_exception(error)
+            # Nobody may ever await it (the client went away first): silence the warning.
+            self._head_future.exception()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _head_timed_out(self, timeout: float) -> None:
+        self._head_timer = None
+        if self._head_future.done():
+            return
+        self._fail(UpstreamTimeout(f"engine sent no response head within {timeout:g} s"))
+        conn = self._conn
+        if conn is not None:
+            conn.abort()
+
+    def _on_tick(self) -> None:
+        self._tick_handle = None
+        if self._done:
+            return
+        now = self._loop.time()
+        due = self._last_data + self._tick_interval
+        if now >= due - 1e-3:
+            self._last_data = now
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                self._tick_fired = True
+                waiter.set_result(None)
+            due = now + self._tick_interval
+        self._tick_handle = self._loop.call_at(due, self._on_tick)
+
+    def _stop_ticks(self) -> None:
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection to the engine, parsing one response at a time."""
+
+    def __init__(self, pool: UpstreamClient) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.resp: UpstreamResponse | None = None
+        self.head_only = False
+        self._buf = bytearray()
+        self._state = _IDLE
+        self._remaining = 0
+        self._keep_alive = True
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        resp = self.resp
+        self.resp = None
+        if resp is None:
+            return
+        if self._state == _UNTIL_EOF:
+            resp._finish()
+        else:
+            why = f": {exc}" if exc else ""
+            resp._fail(UpstreamBroken(f"engine closed the connection mid-response{why}"))
+
+    def data_received(self, data: bytes) -> None:
+        resp = self.resp
+        if resp is None:  # bytes nobody asked for: the connection is unusable
+            self.abort()
+            return
+        state = self._state
+        if not self._buf:  # fast paths: the whole piece is body
+            if state == _LENGTH and len(data) < self._remaining:
+                self._remaining -= len(data)
+                resp._push(data)
+                return
+            if state == _UNTIL_EOF:
+                resp._push(data)
+                return
+            if state == _CHUNK_SIZE:  # typical SSE: exactly one whole chunk per read
+                end = data.find(b"\r\n", 0, 20)
+                if end > 0 and data.endswith(b"\r\n"):
+                    try:
+                        size = int(data[:end], 16)
+                    except ValueError:
+                        size = -1
+                    if size > 0 and end + 4 + size == len(data):
+                        resp._push(data[end + 2 : end + 2 + size])
+                        return
+        self._buf += data
+        try:
+            self._parse(resp)
+        except UpstreamBroken as exc:
+            self.resp = None
+            resp._fail(exc)
+            self.abort()
+
+    # request side
+    def start(self, resp: UpstreamResponse, head_only: bool) -> None:
+        self.resp = resp
+        self.head_only = head_only
+        self._state = _HEAD
+        self._buf.clear()
+        self._keep_alive = True
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # parsing
+    def _parse(self, resp: UpstreamResponse) -> None:
+        buf = self._buf
+        pieces: list[bytes] = []
+        while buf:
+            state = self._state
+            if state == _HEAD:
+                end = buf.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(buf) > _MAX_HEAD_BYTES:
+                        raise UpstreamBroken("engine response head is larger than 64 KiB")
+                    break
+                head = bytes(buf[:end])
+                del buf[: end + 4]
+                if self._parse_head(resp, head):
+                    continue  # an informational 1xx head: the real one follows
+                if self._state == _IDLE:
+                    self._complete(resp, pieces)
+                    return
+            elif state == _LENGTH:
+                take = min(self._remaining, len(buf))
+                pieces.append(bytes(buf[:take]))
+                del buf[:take]
+                self._remaining -= take
+                if not self._remaining:
+                    self._complete(resp, pieces)
+                    return
+            elif state == _CHUNK_SIZE:
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    if len(buf) > 1024:
+                        raise UpstreamBroken("engine sent a malformed chunk size line")
+                    break
+                line = bytes(buf[:end]).split(b";", 1)[0].strip()
+                del buf[: end + 2]
+                try:
+                    size = int(line, 16)
+                except ValueError:
+                    raise UpstreamBroken("engine sent a malformed chunk size line") from None
+                if size < 0:
+                    raise UpstreamBroken("engine sent a negative chunk size")
+                if size == 0:
+                    self._state = _TRAILERS
+                else:
+                    self._remaining = size
+                    self._state = _CHUNK_DATA
+            elif state == _CHUNK_DATA:
+                take = min(self._remaining, len(buf))
+                pieces.append(bytes(buf[:take]))
+                del buf[:take]
+                self._remaining -= take
+                if not self._remaining:
+                    self._state = _CHUNK_CRLF
+            elif state == _CHUNK_CRLF:
+                if len(buf) < 2:
+                    break
+                if buf[:2] != b"\r\n":
+                    raise UpstreamBroken("engine sent a chunk without its CRLF terminator")
+                del buf[:2]
+                self._state = _CHUNK_SIZE
+            elif state == _TRAILERS:
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    break
+                del buf[: end + 2]
+                if end == 0:
+                    self._complete(resp, pieces)
+                    return
+            elif state == _UNTIL_EOF:
+                pieces.append(bytes(buf))
+                buf.clear()
+            else:  # _IDLE: bytes after a complete response
+                raise UpstreamBroken("engine sent bytes after a complete response")
+        if pieces:
+            resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+
+    def _parse_head(self, resp: UpstreamResponse, head: bytes) -> bool:
+        """Parse a response head; returns True for a 1xx head to skip."""
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise UpstreamBroken("engine sent a malformed status line")
+        try:
+            status = int(parts[1])
+        except ValueError:
+            raise UpstreamBroken("engine sent a malformed status code") from None
+        if 100 <= status < 200:
+            return True
+        headers: list[tuple[bytes, bytes]] = []
+        length = -1
+        chunked = False
+        keep_alive = parts[0] == b"HTTP/1.1"
+        content_type = b""
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise UpstreamBroken("engine sent a malformed header line")
+            name = name.strip().lower()
+            value = value.strip()
+            if name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    raise UpstreamBroken("engine sent a malformed Content-Length") from None
+            elif name == b"transfer-encoding":
+                chunked = value.lower().endswith(b"chunked")
+            elif name == b"connection":
+                low = value.lower()
+                if b"close" in low:
+                    keep_alive = False
+                elif b"keep-alive" in low:
+                    keep_alive = True
+            elif name == b"content-type":
+                content_type = value.lower()
+            headers.append((name, value))
+        resp.status = status
+        resp.headers = headers
+        resp.content_type = content_type
+        self._keep_alive = keep_alive
+        if self.head_only or status in (204, 304):
+            self._state = _IDLE
+        elif chunked:
+            self._state = _CHUNK_SIZE
+        elif length >= 0:
+            self._remaining = length
+            self._state = _LENGTH if length else _IDLE
+        else:
+            self._state = _UNTIL_EOF
+            self._keep_alive = False
+        resp._set_head()
+        return False
+
+    def _complete(self, resp: UpstreamResponse, pieces: list[bytes]) -> None:
+        if pieces:
+            resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        self._state = _IDLE
+        self.resp = None
+        leftover = bool(self._buf)
+        resp._finish()
+        if self._keep_alive and not leftover and not self.closed:
+            self.pool._release(self)
+        else:
+            self.abort()
+
+
+class UpstreamClient:
+    """Keep-alive pool of connections to one ``http://host:port`` origin.
+
+    ``idle_ttl_s`` must stay below the engine's own keep-alive timeout (uvicorn: 5 s) so we
+    never write a request onto a connection the engine is closing at the same moment.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float = 2.0,
+        connect_retries: int = 3,
+        retry_backoff_s: float = 0.05,
+        idle_ttl_s: float = 4.0,
+        max_idle: int = 1024,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(
+                f"upstream URL {base_url!r} is not supported: use http://HOST:PORT "
+                "(the engine runs beside the proxy on localhost, plain HTTP)"
+            )
+        if parts.path not in ("", "/") or parts.query:
+            raise ValueError(f"upstream URL {base_url!r} must not have a path or query")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.base_url = base_url
+        self._host_header = parts.netloc.encode("ascii")
+        self.connect_timeout_s = connect_timeout_s
+        self.connect_retries = connect_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.idle_ttl_s = idle_ttl_s
+        self.max_idle = max_idle
+        self._idle: list[_Conn] = []
+        self.retries = 0  # connect retries done (a metric)
+
+    async def request(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes = b"",
+        *,
+        head_timeout_s: float | None = None,
+        retry_connect: bool = True,
+    ) -> UpstreamResponse:
+        """Send one request and return its response once it is *sent* (await ``head()`` next).
+
+        Connect failures are retried (``connect_retries`` times, exponential backoff) because
+        the engine saw nothing; nothing is retried once bytes were written.
+        """
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            try:
+                conn = await self._acquire(loop)
+                break
+            except ConnectFailed:
+                if not retry_connect or attempt >= self.connect_retries:
+                    raise
+                await asyncio.sleep(self.retry_backoff_s * (2**attempt))
+                attempt += 1
+                self.retries += 1
+        resp = UpstreamResponse(conn, loop)
+        conn.start(resp, head_only=method == b"HEAD")
+        out = [method, b" ", target, b" HTTP/1.1\r\nhost: ", self._host_header, b"\r\n"]
+        for name, value in headers:
+            out += (name, b": ", value, b"\r\n")
+        if body or method in (b"POST", b"PUT", b"PATCH"):
+            out += (b"content-length: ", str(len(body)).encode("ascii"), b"\r\n")
+        out.append(b"\r\n")
+        out.append(body)
+        assert conn.transport is not None
+        conn.transport.write(b"".join(out))
+        if head_timeout_s:
+            resp._head_timer = loop.call_later(head_timeout_s, resp._head_timed_out, head_timeout_s)
+        return resp
+
+    async def _acquire(self, loop: asyncio.AbstractEventLoop) -> _Conn:
+        idle = self._idle
+        if idle:
+            now = time.monotonic()
+            while idle:
+                conn = idle.pop()
+                transport = conn.transport
+                if conn.closed or transport is None or transport.is_closing():
+                    continue
+                if now - conn.idle_since > self.idle_ttl_s:
+                    conn.abort()
+                    continue
+                return conn
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(lambda: _Conn(self), self.host, self.port),
+                self.connect_timeout_s,
+            )
+        except (TimeoutError, OSError) as exc:
+            raise ConnectFailed(
+                f"cannot connect to the engine at {self.host}:{self.port}: "
+                f"{exc.__class__.__name__}: {exc}"
+            ) from None
+        conn = proto
+        sock = conn.transport.get_extra_info("socket") if conn.transport else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def _release(self, conn: _Conn) -> None:
+        if len(self._idle) >= self.max_idle:
+            conn.abort()
+            return
+        conn.idle_since = time.monotonic()
+        self._idle.append(conn)
+
+    def prune(self) -> None:
+        """Drop idle connections that are closed or past ``idle_ttl_s`` (called periodically;
+        ``_acquire`` also skips them, but only from the top of the stack)."""
+        now = time.monotonic()
+        keep: list[_Conn] = []
+        for conn in self._idle:
+            transport = conn.transport
+            if conn.closed or transport is None or transport.is_closing():
+                continue
+            if now - conn.idle_since > self.idle_ttl_s:
+                conn.abort()
+                continue
+            keep.append(conn)
+        self._idle = keep
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
+    def close(self) -> None:
+        """Close every idle connection (in-flight ones close when their response ends)."""
+        for conn in self._idle:
+            conn.abort()
+        self._idle.clear()

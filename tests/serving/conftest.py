@@ -1,0 +1,159 @@
+"""Fixtures for the serving proxy tests: a stub engine and the real proxy on loopback ports.
+
+- ``stub_engine``: a fresh ``StubEngine`` (tests/harness/stub_engine.py) in a uvicorn thread.
+- ``start_proxy(**config)``: the real ``ProxyApp`` served by uvicorn in a thread in front of
+  ``stub_engine``; waits until the proxy reports the engine ready (``wait_ready=False`` skips).
+- ``proxy``: ``start_proxy()`` with the defaults the tests share.
+- ``raw_http(port, request_bytes)``: send bytes as-is over a socket (path tricks must not be
+  normalised by a client library) and parse the response.
+
+Keys: ``alice`` → ``sk-alice-0123456789``, ``bob`` → ``sk-bob-0123456789``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from serving.proxy import KeyRing, ProxyApp, ProxyConfig, digest_of
+from tests.harness.stub_engine import StubEngine, UvicornThread
+
+ALICE = "sk-alice-0123456789"
+BOB = "sk-bob-0123456789"
+KEYS = {"alice": digest_of(ALICE), "bob": digest_of(BOB)}
+AUTH = {"Authorization": f"Bearer {ALICE}"}
+CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "say three words"}]}
+
+
+@dataclass
+class RunningProxy:
+    app: ProxyApp
+    server: UvicornThread
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def client(self, **kw: Any) -> httpx.Client:
+        kw.setdefault("timeout", 10)
+        return httpx.Client(base_url=self.url, **kw)
+
+
+@dataclass
+class RawResponse:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition"
+) -> None:
+    """Poll ``predicate`` (a synchronisation helper, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what} after {timeout} s")
+        time.sleep(0.01)
+
+
+def raw_http(port: int, request: bytes, timeout: float = 5.0) -> RawResponse:
+    """Send ``request`` verbatim, read until the server closes, parse one response."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        data = b""
+        while True:
+            try:
+                piece = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not piece:
+                break
+            data += piece
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1]) if lines and lines[0] else 0
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return RawResponse(status, headers, body)
+
+
+def raw_request(
+    method: str, path: str, *, body: bytes = b"", headers: dict[str, str] | None = None
+) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+@pytest.fixture
+def stub_engine() -> Iterator[StubEngine]:
+    engine = StubEngine(tokens=4).start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def start_proxy(stub_engine: StubEngine) -> Iterator[Callable[..., RunningProxy]]:
+    started: list[RunningProxy] = []
+    with _proxy_factory(stub_engine, started) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def shared_pair() -> Iterator[tuple[RunningProxy, StubEngine]]:
+    """One stub + proxy for a whole module of tests that only read (records reset per use)."""
+    engine = StubEngine(tokens=4).start()
+    started: list[RunningProxy] = []
+    try:
+        with _proxy_factory(engine, started) as start:
+            yield start(), engine
+    finally:
+        engine.stop()
+
+
+@contextlib.contextmanager
+def _proxy_factory(
+    stub_engine: StubEngine, started: list[RunningProxy]
+) -> Iterator[Callable[..., RunningProxy]]:
+
+    def start(wait_ready: bool = True, upstream: str | None = None, **config: Any) -> RunningProxy:
+        config.setdefault("health_interval_s", 0.05)
+        app = ProxyApp(ProxyConfig(upstream=upstream or stub_engine.url, **config), KeyRing(KEYS))
+        server = UvicornThread(app).start()
+        running = RunningProxy(app, server)
+        started.append(running)
+        if wait_ready:
+            wait_until(lambda: app.ready, what="the proxy to see the engine ready")
+        return running
+
+    try:
+        yield start
+    finally:
+        for running in started:  # stop them together: each stop takes ~0.1 s of polling
+            running.server.request_stop()
+        stub_engine.request_stop()
+        for running in started:
+            running.server.join()
+
+
+@pytest.fixture
+def proxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
+    return start_proxy()

@@ -1,0 +1,105 @@
+"""Bad input: oversized bodies (413) and invalid JSON (400) never reach the engine, never 500."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from tests.harness.stub_engine import StubEngine
+from tests.serving.conftest import AUTH, CHAT, RunningProxy, raw_http, raw_request
+
+LIMIT = 2048
+
+
+@pytest.fixture
+def small_proxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
+    return start_proxy(max_body_bytes=LIMIT)
+
+
+def test_body_over_the_limit_by_content_length_is_413(
+    small_proxy: RunningProxy, stub_engine: StubEngine
+) -> None:
+    big = {"model": "m", "prompt": "x" * LIMIT}
+    with small_proxy.client(headers=AUTH) as c:
+        r = c.post("/v1/completions", json=big)
+        assert r.status_code == 413
+        assert r.json()["error"]["code"] == "request_too_large"
+        ok = {"model": "m", "prompt": "x" * (LIMIT - 100)}
+        assert c.post("/v1/completions", json=ok).status_code == 200
+    assert len(stub_engine.requests()) == 1
+
+
+def test_chunked_body_over_the_limit_is_413(
+    small_proxy: RunningProxy, stub_engine: StubEngine
+) -> None:
+    # No Content-Length: the proxy must count the streamed chunks itself.
+    piece = b"x" * 1000
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(5)) + b"0\r\n\r\n"
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Authorization: {AUTH['Authorization']}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    response = raw_http(small_proxy.port, head + chunks)
+    assert response.status == 413
+    assert stub_engine.requests() == []
+
+
+def test_small_chunked_body_is_forwarded_whole(
+    small_proxy: RunningProxy, stub_engine: StubEngine
+) -> None:
+    body = json.dumps(CHAT).encode()
+    half = len(body) // 2
+    chunks = (
+        b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:half], body[half:])) + b"0\r\n\r\n"
+    )
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Authorization: {AUTH['Authorization']}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    assert raw_http(small_proxy.port, head + chunks).status == 200
+    [hit] = stub_engine.requests()
+    assert hit["body"].encode() == body
+    assert hit["headers"]["content-length"] == str(len(body))
+
+
+BAD_BODIES = [
+    b"", b"{", b"{'model': 'm'}", b"[]", b"null", b"42", b'"text"', b"NaN", b'{"t": NaN}',
+    b'{"t": Infinity}', b"\xff\xfe{}", b'{"a": 1} trailing', b"[" * 50000 + b"]" * 50000,
+    b'{"model": "m", "stream": "yes"}', b'{"model": "m", "stream": 1}',
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body", BAD_BODIES, ids=[f"bad{i}" for i in range(len(BAD_BODIES))])
+def test_invalid_json_is_400_with_an_openai_error_body(
+    shared_pair: tuple[RunningProxy, StubEngine], body: bytes
+) -> None:
+    proxy, engine = shared_pair
+    engine.reset()
+    request = raw_request(
+        "POST", "/v1/chat/completions", body=body,
+        headers={**AUTH, "Content-Type": "application/json"},
+    )  # fmt: skip
+    response = raw_http(proxy.port, request)
+    assert response.status == 400, response
+    error = json.loads(response.body)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == "invalid_json"
+    assert isinstance(error["message"], str) and error["message"]
+    assert engine.requests() == []
+
+
+def test_malformed_content_length_is_rejected_before_the_engine(
+    shared_pair: tuple[RunningProxy, StubEngine],
+) -> None:
+    proxy, engine = shared_pair
+    engine.reset()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + f"Authorization: {AUTH['Authorization']}\r\n".encode()
+        + b"Content-Length: -5\r\n\r\n{}"
+    )
+    response = raw_http(proxy.port, request)
+    assert 400 <= response.status < 500
+    assert engine.requests() == []
