@@ -1,9 +1,11 @@
 """The Pulumi program: validate the stack config, build the services, export their outputs.
 
 One `ServingEnvironment` per stack (environment, HF token secret, proxy-auth token, spend
-alert) and one `LLMService` per entry of `modal-llm:services`. Outputs and their shape:
-docs/program.md ("Outputs"). Top-level per-service outputs describe the FIRST service; the
-`services` map and `all_api_keys` cover all of them; gateway configs list every service.
+alert) and one `LLMService` per entry of `modal-llm:services`. Outputs: docs/program.md
+("Outputs"). The top-level per-service names of the design contract (`endpoint_url`,
+`served_model_name`, `api_keys`) describe the FIRST service only; with several services read
+`services` (every service's endpoint, model, costs) and `all_api_keys`. Stack-wide outputs
+(environment, proxy token, gateway configs, cost totals) cover every service.
 """
 
 import pulumi
@@ -19,8 +21,8 @@ except ConfigError as exc:
 
 shared = ServingEnvironment(cfg.environment, cfg, secrets)
 services = [LLMService(settings, cfg, shared) for settings in cfg.services]
-targets = pulumi.Output.all(*[s.gateway_target(shared, cfg.api_key_names[0]) for s in services])
-first = services[0]
+targets = pulumi.Output.all(*[s.gateway_target(cfg.api_key_names[0]) for s in services])
+first = services[0]  # the design's single-service outputs; see `services` for all of them
 
 pulumi.export("environment", shared.environment_name)
 pulumi.export("endpoint_url", first.endpoint_url)
@@ -32,6 +34,7 @@ pulumi.export("all_api_keys", pulumi.Output.secret({s.name: s.plain_api_keys() f
 pulumi.export("gateway_config", pulumi.Output.secret(targets.apply(litellm_yaml)))
 pulumi.export("gateway_config_json", pulumi.Output.secret(targets.apply(litellm_json)))
 pulumi.export("monthly_cost_idle_usd", cfg.cost.idle_usd)
+pulumi.export("monthly_cost_baseline_usd", cfg.cost.baseline_usd)
 pulumi.export("monthly_cost_worst_usd", cfg.cost.worst_usd)
 pulumi.export("monthly_budget_usd", cfg.monthly_budget_usd)
 pulumi.export("services", {s.name: s.summary() for s in services})

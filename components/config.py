@@ -6,9 +6,10 @@ Every error names the config key, says what is wrong with the value, and gives t
 `pulumi config set` command that fixes it. Secret values (HF token, alert webhook) are never
 read into this model: `load_stack_config()` returns them separately as Pulumi secret Outputs.
 
-Keys live in the project's namespace (`modal-llm:`); scalar keys are declared with types and
-defaults in `Pulumi.yaml`, the object keys `services` and `gpuPricesUsdPerHour` are documented
-in docs/program.md (Pulumi's project schema has no object type).
+Keys live in the project's namespace (the Pulumi project name, `modal-llm`); scalar keys are
+declared with types and defaults in `Pulumi.yaml`, `services` is declared there untyped (Pulumi's
+project schema has no object type), the optional maps `gpuPricesUsdPerHour` and
+`apiKeyRotation` are documented in docs/program.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from components import cost
 from serving.spec import ServingSpec
 
-PROJECT = "modal-llm"
+PROJECT = "modal-llm"  # the default namespace; programs use pulumi.get_project()
 DEFAULT_APP_FILE = "serving/app.py"
 HF_TOKEN_SECRET_NAME = "huggingface-token"  # noqa: S105 (a Modal secret name)
 
@@ -42,9 +43,13 @@ DEFAULTS: dict[str, Any] = {
     "appFile": DEFAULT_APP_FILE,
     "hfToken": "",  # secrets: "" means unset
     "alertWebhookUrl": "",
+    "costOverheadPct": 15,
 }
 SECRET_KEYS = ("hfToken", "alertWebhookUrl")
-KNOWN_KEYS = {"environment", "services", "gpuPricesUsdPerHour"} | set(DEFAULTS) | set(SECRET_KEYS)
+MAP_KEYS = ("gpuPricesUsdPerHour", "apiKeyRotation")
+KNOWN_KEYS = {"environment", "services", *MAP_KEYS} | set(DEFAULTS) | set(SECRET_KEYS)
+# Provider keys (namespace `modal:`) that hold credentials: refused when stored in clear.
+PROVIDER_SECRET_KEYS = ("modal:tokenSecret",)
 
 _SERVICE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 _ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -52,6 +57,8 @@ _KEY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Fields the component fills in itself: users must not set them per service.
 _MANAGED_SPEC_FIELDS = ("volumes", "secrets", "require_pinned_revision")
+# Per-service keys that are not ServingSpec fields: consumed by the program.
+_SERVICE_ONLY_FIELDS = ("name", "gated")
 
 
 class ConfigError(ValueError):
@@ -66,6 +73,7 @@ class ServiceSettings(BaseModel):
     name: str
     spec: ServingSpec
     cost: cost.ServiceCost
+    gated: bool = False
 
     @property
     def gpus(self) -> tuple[str, ...]:
@@ -87,11 +95,13 @@ class StackConfig(BaseModel):
     alert_thresholds: list[float]  # fractions of the budget, e.g. [0.5, 0.8, 1.0]
     require_pinned_revision: bool
     api_key_names: list[str]
+    api_key_rotation: dict[str, str]
     proxy_token_rotation: str
     app_file: str
     has_hf_token: bool
     has_alert_webhook: bool
     gpu_prices: dict[str, float]
+    cost_overhead_pct: float
     services: list[ServiceSettings]
     cost: cost.StackCost
     budget_warning: str | None = None
@@ -226,6 +236,29 @@ def _gpu_prices(r: _Reader) -> dict[str, float]:
         raise ConfigError(f"{_key(r.ns, key)}: {exc}") from exc
 
 
+def _api_key_rotation(r: _Reader, key_names: list[str]) -> dict[str, str]:
+    key = "apiKeyRotation"
+    value = r.json_value(key, ".gateway 2026-12-01")
+    if value is None:
+        return {}
+    ok = isinstance(value, dict) and all(
+        isinstance(v, str | int) and not isinstance(v, bool) for v in value.values()
+    )
+    if not ok:
+        raise ConfigError(
+            f"{_key(r.ns, key)} must be a map of API key name to a rotation marker (any text, "
+            f"e.g. a date), e.g. {key}: {{gateway: 2026-12-01}}; got {value!r}"
+        )
+    unknown = sorted(set(value) - set(key_names))
+    if unknown:
+        raise ConfigError(
+            f"{_key(r.ns, key)} names key(s) {', '.join(map(repr, unknown))} that are not in "
+            f"{_key(r.ns, 'apiKeyNames')} {key_names!r}; rotation markers apply to those names. "
+            f"Fix it with: pulumi config rm --path '{key}.{unknown[0]}'"
+        )
+    return {str(k): str(v) for k, v in value.items()}
+
+
 def _fix_hint(ns: str, path: str) -> str:
     return (
         f"Fix {ns}:services in Pulumi.<stack>.yaml "
@@ -247,7 +280,7 @@ def _build_spec(
     *,
     has_hf_token: bool,
     require_pinned: bool,
-) -> tuple[str, ServingSpec]:
+) -> tuple[str, ServingSpec, bool]:
     where = f"{ns}:services[{index}]"
     name = entry.get("name")
     if not isinstance(name, str) or not _SERVICE_NAME.match(name):
@@ -263,7 +296,20 @@ def _build_spec(
                 f"Remove it from Pulumi.<stack>.yaml"
                 + ("; set modal-llm:requirePinnedRevision instead." if "pinned" in field else ".")
             )
-    fields = {k: v for k, v in entry.items() if k != "name"}
+    gated = entry.get("gated", False)
+    if not isinstance(gated, bool):
+        raise ConfigError(
+            f"{where}.gated = {gated!r} must be true or false (true: the model is gated on "
+            f"Hugging Face and needs {ns}:hfToken). " + _fix_hint(ns, f"[{index}].gated")
+        )
+    if gated and not has_hf_token:
+        raise ConfigError(
+            f"{where}.gated is true: the model {entry.get('model')!r} is gated on Hugging Face "
+            f"and its weights cannot be downloaded without a token, but {ns}:hfToken is not "
+            f"set. Accept the model's license on its Hugging Face page with the account the "
+            f"token belongs to, then: pulumi config set --secret {ns}:hfToken hf_..."
+        )
+    fields = {k: v for k, v in entry.items() if k not in _SERVICE_ONLY_FIELDS}
     fields.setdefault("served_model_name", name)
 
     revision = fields.get("revision")
@@ -293,7 +339,7 @@ def _build_spec(
         )
         first = _format_loc(tuple(errors[0]["loc"])) if errors else ""
         raise ConfigError(f"{problems}. " + _fix_hint(ns, f"[{index}]{first}")) from exc
-    return name, spec
+    return name, spec, gated
 
 
 def parse_stack_config(
@@ -323,6 +369,7 @@ def parse_stack_config(
     require_pinned = r.boolean("requirePinnedRevision")
     has_hf_token = values.get("hfToken") is not None
     prices = _gpu_prices(r)
+    overhead_pct = r.number("costOverheadPct")
 
     entries = r.json_value("services", "[0].model Qwen/Qwen2.5-0.5B-Instruct")
     if not isinstance(entries, list) or not entries:
@@ -335,7 +382,7 @@ def parse_stack_config(
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ConfigError(f"{ns}:services[{i}] must be a map; got {entry!r}")
-        name, spec = _build_spec(
+        name, spec, gated = _build_spec(
             ns, i, entry, has_hf_token=has_hf_token, require_pinned=require_pinned
         )
         if any(s.name == name for s in settings):
@@ -353,12 +400,15 @@ def parse_stack_config(
                     gpu_count=spec.gpu_count,
                     min_containers=scaling.min_containers,
                     max_containers=scaling.max_containers,
+                    buffer_containers=scaling.buffer_containers,
+                    region=spec.region,
+                    overhead_pct=overhead_pct,
                 ),
                 prices,
             )
         except cost.UnknownGpuPrice as exc:
             raise ConfigError(f"{ns}:services[{i}].gpu: {exc}") from exc
-        settings.append(ServiceSettings(name=name, spec=spec, cost=svc_cost))
+        settings.append(ServiceSettings(name=name, spec=spec, cost=svc_cost, gated=gated))
 
     stack_cost = cost.StackCost(services=tuple(s.cost for s in settings))
     budget = r.number("monthlyBudgetUsd")
@@ -369,6 +419,7 @@ def parse_stack_config(
         raise ConfigError(f"stack {stack!r}: {exc}") from exc
 
     app_file = r.string("appFile") or DEFAULT_APP_FILE
+    key_names = _string_list(r, "apiKeyNames", _KEY_NAME, "key names", "[gateway, ci]")
     return StackConfig(
         project=ns,
         stack=stack,
@@ -379,12 +430,14 @@ def parse_stack_config(
         allow_over_budget=allow_over,
         alert_thresholds=_thresholds(r),
         require_pinned_revision=require_pinned,
-        api_key_names=_string_list(r, "apiKeyNames", _KEY_NAME, "key names", "[gateway, ci]"),
+        api_key_names=key_names,
+        api_key_rotation=_api_key_rotation(r, key_names),
         proxy_token_rotation=r.string("proxyTokenRotation") or "",
         app_file=app_file,
         has_hf_token=has_hf_token,
         has_alert_webhook=values.get("alertWebhookUrl") is not None,
         gpu_prices=prices,
+        cost_overhead_pct=overhead_pct,
         services=settings,
         cost=stack_cost,
         budget_warning=warning,
@@ -413,7 +466,7 @@ def load_stack_config(
     on_warning: Callable[[str], None] | None = None,
 ) -> tuple[StackConfig, StackSecrets]:
     """Read and validate the current stack's config (inside a Pulumi program or mocks)."""
-    cfg = config or pulumi.Config(PROJECT)
+    cfg = config or pulumi.Config(pulumi.get_project())
     ns = cfg.name
     values: dict[str, str | None] = {}
     for key in sorted(KNOWN_KEYS - set(SECRET_KEYS)):
@@ -430,6 +483,14 @@ def load_stack_config(
                 f"pulumi config set --secret {full_key} <value>"
             )
         values[key] = "<secret>" if present[key] else None
+    for full_key in PROVIDER_SECRET_KEYS:
+        if pulumi.runtime.get_config(full_key) and not _is_secret(full_key):
+            raise ConfigError(
+                f"{full_key} is stored in clear in Pulumi.{pulumi.get_stack()}.yaml. Remove it "
+                f"and keep Modal credentials out of the stack file: pulumi config rm {full_key}, "
+                f"then export MODAL_TOKEN_ID / MODAL_TOKEN_SECRET (CI: environment secrets), or "
+                f"pulumi config set --secret {full_key} <value>"
+            )
     # Surface keys this program does not know (a typo would otherwise be silently ignored).
     for full_key in _all_config_keys():
         prefix, _, key = str(full_key).partition(":")

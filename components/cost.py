@@ -5,39 +5,44 @@ shows them) and the budget guard runs while the config is validated, before anyt
 created: a stack whose worst case exceeds its budget fails with the overshoot and the knobs
 to turn, unless it sets `allowOverBudget: true`.
 
-Model (deliberately simple and conservative):
-- GPU time only (CPU, memory, storage and egress are small next to GPUs and left out).
-- A service with a GPU preference list is priced at the MOST expensive GPU in the list.
-- idle  = min_containers x gpu_count x price x 730 h (containers Modal keeps warm at zero load)
-- worst = max_containers x gpu_count x price x 730 h (every allowed container busy all month)
-- Modal's region and non-preemptible multipliers are not applied: a stack pinning a region
-  should raise its prices through the `gpuPricesUsdPerHour` override.
+Model, per service (one container = `gpu_count` GPUs of the priced type):
+- container $/h = GPU $/h x gpu_count x region multiplier x (1 + costOverheadPct / 100)
+  - GPU $/h: the table below (or the stack's `gpuPricesUsdPerHour` override); a GPU
+    preference list is priced at its MOST expensive entry.
+  - region multiplier: Modal charges x1.5 for a broad region (`us`, `eu`, ...) and x1.75 for
+    a narrow one (`us-east`, `eu-west`, ...) when a container region is pinned; x1 otherwise.
+  - overhead: CPU and memory are billed on top of the GPU (CPU ~$0.047/core-h, memory
+    ~$0.008/GiB-h); `costOverheadPct` (default 15 %) is a flat allowance for them. An engine
+    using 8 cores and 64 GiB adds ~$0.89/h: ~20 % of an H200 but >100 % of a T4, so raise it
+    for small GPUs when the figure matters. Storage and egress are left out.
+- idle     = min_containers x container $/h x 730 h (kept warm with no traffic at all)
+- baseline = (min_containers + buffer_containers) x ... (Modal keeps the buffer warm whenever
+  the app has traffic, so a service in steady light use costs at least this)
+- worst    = max_containers x container $/h x 730 h (every allowed container busy all month)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from serving.spec import GPU_TYPES
 
 HOURS_PER_MONTH = 730.0
 """Average hours in a month (8760 h / 12), the convention cloud price pages use."""
 
 GPU_PRICES_SOURCE = "https://modal.com/pricing"
-GPU_PRICES_AS_OF = "2026-11-26"
+GPU_PRICES_AS_OF = "2026-05-07"
+"""Date of the newest copy of the price page the confirmed rows were checked against."""
 
 GPU_PRICES_USD_PER_HOUR: dict[str, float] = {
     # Modal bills GPUs per second; hourly = per-second rate x 3600, rounded to the cent.
-    # Source: https://modal.com/pricing, read 2026-11-26 (our machines cannot reach it, so the
-    # figures were checked against copies of that page: H100 $0.001097/s, A100-80GB
-    # $0.000694/s, L40S $0.000542/s, L4 $0.000222/s, T4 $0.000164/s and B200 $6.25/h are
-    # confirmed by 2026 copies; H200 $0.001261/s, A10 $0.000306/s and A100-40GB $0.000583/s
-    # are the page's rates as last read and must be re-checked before relying on them).
-    # Base rates: region pinning (x1.5 to x1.75) and non-preemptible (x3) multipliers are not
-    # included. Override per stack with `modal-llm:gpuPricesUsdPerHour`.
+    # Base rates (no region or non-preemptible multiplier). Where each row comes from:
+    # GPU_PRICE_PROVENANCE below. Override per stack with `modal-llm:gpuPricesUsdPerHour`.
     "B200": 6.25,
     "B200+": 6.25,  # B200 or B300, billed at the B200 rate
-    "RTX-PRO-6000": 3.03,  # re-check: rate as last read
+    "RTX-PRO-6000": 3.03,
     "H200": 4.54,
     "H100": 3.95,
     "H100!": 3.95,  # an H100 that Modal may not upgrade to an H200: same rate
@@ -50,6 +55,35 @@ GPU_PRICES_USD_PER_HOUR: dict[str, float] = {
     "L4": 0.80,
     "T4": 0.59,
 }
+
+_CONFIRMED = (
+    "confirmed 2026-05-07: techbytes.app 'Serverless GPU Pricing Matrix' quoting modal.com/pricing"
+)
+_UNCONFIRMED = "UNCONFIRMED: rate as last read by the author, no dated copy found; re-check"
+GPU_PRICE_PROVENANCE: dict[str, str] = {
+    "H100": _CONFIRMED + " ($0.001097/s = $3.9492/h)",
+    "H100!": _CONFIRMED + " (billed as H100)",
+    "A100-80GB": _CONFIRMED + " ($2.4984/h)",
+    "L40S": _CONFIRMED + " ($1.9512/h)",
+    "L4": _CONFIRMED + " ($0.7992/h)",
+    "T4": _CONFIRMED + " ($0.5904/h)",
+    "B200": _UNCONFIRMED,
+    "B200+": _UNCONFIRMED,
+    "RTX-PRO-6000": _UNCONFIRMED,
+    "H200": _UNCONFIRMED + " ($0.001261/s)",
+    "A100-40GB": _UNCONFIRMED + " ($0.000583/s)",
+    "A100": _UNCONFIRMED + " (billed as A100-40GB)",
+    "A10G": _UNCONFIRMED + " ($0.000306/s)",
+    "A10": _UNCONFIRMED + " ($0.000306/s)",
+}
+"""Per row: whether the rate was checked against a dated copy of the price page, and which."""
+
+REGION_PRICING_SOURCE = "https://modal.com/docs/guide/region-selection (section Pricing)"
+REGION_MULTIPLIER_BROAD = 1.5  # e.g. region "us"
+REGION_MULTIPLIER_NARROW = 1.75  # e.g. region "us-east"
+DEFAULT_OVERHEAD_PCT = 15.0
+
+_GPU_BY_UPPER = {name.upper(): name for name in GPU_TYPES}
 
 
 class UnknownGpuPrice(ValueError):
@@ -69,6 +103,9 @@ class ServiceCostInput:
     gpu_count: int
     min_containers: int
     max_containers: int
+    buffer_containers: int = 0
+    region: str | None = None
+    overhead_pct: float = DEFAULT_OVERHEAD_PCT
 
 
 @dataclass(frozen=True)
@@ -83,6 +120,20 @@ class ServiceCost:
     max_containers: int
     idle_usd: float
     worst_usd: float
+    buffer_containers: int = 0
+    region_multiplier: float = 1.0
+    overhead_pct: float = 0.0
+    baseline_usd: float = 0.0
+
+    @property
+    def container_usd_per_hour(self) -> float:
+        """One container: its GPUs, the region multiplier and the CPU/memory allowance."""
+        return (
+            self.gpu_price_usd_per_hour
+            * self.gpu_count
+            * self.region_multiplier
+            * (1 + self.overhead_pct / 100)
+        )
 
 
 @dataclass(frozen=True)
@@ -96,21 +147,42 @@ class StackCost:
         return round(sum(s.idle_usd for s in self.services), 2)
 
     @property
+    def baseline_usd(self) -> float:
+        return round(sum(s.baseline_usd for s in self.services), 2)
+
+    @property
     def worst_usd(self) -> float:
         return round(sum(s.worst_usd for s in self.services), 2)
 
 
+def canonical_gpu(name: str) -> str | None:
+    """Modal's spelling of a GPU name (case-insensitive), or None when Modal has no such GPU."""
+    return _GPU_BY_UPPER.get(str(name).strip().upper())
+
+
 def price_table(overrides: Mapping[str, float] | None = None) -> dict[str, float]:
-    """The built-in table with the stack's overrides applied (overrides win, new GPUs allowed)."""
+    """The built-in table with the stack's overrides applied.
+
+    Override keys are matched case-insensitively against Modal's GPU names (serving.spec
+    GPU_TYPES); an unknown name is an error, never a silently unused new row.
+    """
     table = dict(GPU_PRICES_USD_PER_HOUR)
     for gpu, price in (overrides or {}).items():
+        name = canonical_gpu(gpu)
+        if name is None:
+            raise UnknownGpuPrice(
+                f"gpuPricesUsdPerHour[{gpu!r}]: {gpu!r} is not a Modal GPU type, so this "
+                f"price would never be used. Modal's GPU types are: {', '.join(GPU_TYPES)}. "
+                f"Fix the key with: pulumi config rm --path 'gpuPricesUsdPerHour.{gpu}' && "
+                f"pulumi config set --path 'gpuPricesUsdPerHour.<GPU>' {price}"
+            )
         if not isinstance(price, int | float) or isinstance(price, bool) or price < 0:
             raise UnknownGpuPrice(
                 f"gpuPricesUsdPerHour[{gpu!r}] = {price!r}: a price must be a number >= 0 "
                 f"(USD per GPU per hour). Fix it with: pulumi config set --path "
-                f"'gpuPricesUsdPerHour.{gpu}' 4.54"
+                f"'gpuPricesUsdPerHour.{name}' 4.54"
             )
-        table[gpu] = float(price)
+        table[name] = float(price)
     return table
 
 
@@ -125,28 +197,52 @@ def gpu_price(gpu: str, table: Mapping[str, float]) -> float:
     )
 
 
+def region_multiplier(region: str | None) -> float:
+    """Modal's surcharge for pinning a container region: broad x1.5, narrow x1.75, none x1."""
+    if not region:
+        return 1.0
+    return REGION_MULTIPLIER_NARROW if "-" in region else REGION_MULTIPLIER_BROAD
+
+
 def service_cost(service: ServiceCostInput, table: Mapping[str, float]) -> ServiceCost:
-    """Idle and worst-case monthly cost of one service, priced at its dearest GPU choice."""
+    """Idle, baseline and worst-case monthly cost of one service (model: module docstring)."""
     if not service.gpus:
         raise UnknownGpuPrice(f"service {service.name!r} names no GPU")
     priced = max(service.gpus, key=lambda g: gpu_price(g, table))
-    price = gpu_price(priced, table)
-    per_container_month = price * service.gpu_count * HOURS_PER_MONTH
-    return ServiceCost(
+    cost = ServiceCost(
         name=service.name,
         gpu=priced,
-        gpu_price_usd_per_hour=price,
+        gpu_price_usd_per_hour=gpu_price(priced, table),
         gpu_count=service.gpu_count,
         min_containers=service.min_containers,
         max_containers=service.max_containers,
-        idle_usd=round(service.min_containers * per_container_month, 2),
-        worst_usd=round(service.max_containers * per_container_month, 2),
+        buffer_containers=service.buffer_containers,
+        region_multiplier=region_multiplier(service.region),
+        overhead_pct=service.overhead_pct,
+        idle_usd=0.0,
+        worst_usd=0.0,
+    )
+    month = cost.container_usd_per_hour * HOURS_PER_MONTH
+    return replace(
+        cost,
+        idle_usd=round(service.min_containers * month, 2),
+        baseline_usd=round((service.min_containers + service.buffer_containers) * month, 2),
+        worst_usd=round(service.max_containers * month, 2),
     )
 
 
 def stack_cost(services: Sequence[ServiceCostInput], table: Mapping[str, float]) -> StackCost:
     """Cost estimate of every service of a stack."""
     return StackCost(services=tuple(service_cost(s, table) for s in services))
+
+
+def _formula(s: ServiceCost) -> str:
+    parts = [f"{s.max_containers} x {s.gpu_count} x {s.gpu} ${s.gpu_price_usd_per_hour:.2f}/h"]
+    if s.region_multiplier != 1.0:
+        parts.append(f"region x{s.region_multiplier:g}")
+    if s.overhead_pct:
+        parts.append(f"(1 + {s.overhead_pct:g}% CPU/memory)")
+    return " x ".join([*parts, "730 h"])
 
 
 def check_budget(
@@ -166,15 +262,15 @@ def check_budget(
         f"worst-case monthly cost ${worst:,.2f} exceeds {config_ns}:monthlyBudgetUsd "
         f"${budget_usd:,.2f} by ${over:,.2f} ({over / budget_usd * 100 if budget_usd else 100:.0f}%"
         f" over).",
-        "Worst case = max_containers x gpu_count x GPU $/h x 730 h, per service:",
+        "Worst case = max_containers x gpu_count x GPU $/h [x region] x (1 + overhead) x 730 h,"
+        " per service:",
     ]
     for i, s in enumerate(cost.services):
-        per_container = s.gpu_price_usd_per_hour * s.gpu_count * HOURS_PER_MONTH
+        per_container = s.container_usd_per_hour * HOURS_PER_MONTH
         others = worst - s.worst_usd
         fits = math.floor(max(budget_usd - others, 0.0) / per_container) if per_container else 0
         lines.append(
-            f"  services[{i}] {s.name!r}: {s.max_containers} x {s.gpu_count} x {s.gpu} "
-            f"${s.gpu_price_usd_per_hour:.2f}/h x 730 h = ${s.worst_usd:,.2f}"
+            f"  services[{i}] {s.name!r}: {_formula(s)} = ${s.worst_usd:,.2f}"
             + (
                 ""
                 if fits >= s.max_containers

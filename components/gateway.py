@@ -14,6 +14,10 @@ Each service becomes one LiteLLM entry:
 The timeout must let a request that lands on a cold container wait for the engine to start
 (`timeouts.startup_s`) and then run its longest completion (`timeouts.request_s`): a shorter
 gateway timeout would cut off exactly the first request after scale-to-zero.
+Modal's web edge answers a request still running after 150 s with `303 See Other` to a result
+URL (https://modal.com/docs/guide/webhook-timeouts); the gateway must follow it with a GET that
+keeps the Modal-Key/Modal-Secret headers. LiteLLM does (tests/program/test_gateway_litellm.py);
+httpx's default of 20 redirects covers 20 x 150 s = 50 min, more than the default timeout.
 """
 
 from __future__ import annotations

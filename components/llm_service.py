@@ -10,11 +10,18 @@
 
 Every Modal object takes the environment NAME as an Output of the Environment resource, so the
 engine creates the environment first and deletes it last; the App also `depends_on` the
-secrets and volumes it mounts. No Modal calls here: only resources (components/modal/).
+secrets and volumes it mounts (serving/app.py does not create volumes itself).
+
+Key changes roll the containers: the serving proxy reads `SERVING_API_KEYS` only when a
+container starts, so the App gets the sha256 of the digests JSON as its extra env
+`SERVING_API_KEYS_SHA256`. Adding, removing or rotating a key changes it, and the App provider
+redeploys on an extra-env change (new containers with the new secret; old ones are drained).
+No Modal calls here: only resources (components/modal/).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -33,6 +40,7 @@ from components.modal.volume import Volume, VolumeArgs
 ENVIRONMENT_TYPE = "modal-llm:serving:ServingEnvironment"
 SERVICE_TYPE = "modal-llm:serving:LLMService"
 API_KEYS_ENV_VAR = "SERVING_API_KEYS"
+API_KEYS_VERSION_ENV_VAR = "SERVING_API_KEYS_SHA256"
 HF_TOKEN_ENV_VAR = "HF_TOKEN"  # noqa: S105 (an env var name)
 
 
@@ -127,11 +135,12 @@ class LLMService(pulumi.ComponentResource):
         spec = settings.spec
         env = shared.environment_name
         self.settings = settings
+        self.shared = shared
 
         self.api_keys = {
             key_name: ApiKey(
                 f"{name}-key-{key_name}",
-                ApiKeyArgs(name=key_name),
+                ApiKeyArgs(name=key_name, rotation=cfg.api_key_rotation.get(key_name, "")),
                 pulumi.ResourceOptions(parent=self),
             )
             for key_name in cfg.api_key_names
@@ -169,7 +178,12 @@ class LLMService(pulumi.ComponentResource):
                 environment=env,
                 app_file=cfg.app_file,
                 spec_json=spec.to_json(),
-                extra_env={},
+                # Not secret: a hash of hashes of random keys. Changes whenever a key does.
+                extra_env={
+                    API_KEYS_VERSION_ENV_VAR: digests.apply(
+                        lambda d: hashlib.sha256(d.encode()).hexdigest()
+                    )
+                },
             ),
             pulumi.ResourceOptions(parent=self, depends_on=mounted),
         )
@@ -201,7 +215,9 @@ class LLMService(pulumi.ComponentResource):
             "gpu_count": c.gpu_count,
             "min_containers": c.min_containers,
             "max_containers": c.max_containers,
+            "region": self.settings.spec.region,
             "monthly_cost_idle_usd": c.idle_usd,
+            "monthly_cost_baseline_usd": c.baseline_usd,
             "monthly_cost_worst_usd": c.worst_usd,
         }
 
@@ -214,10 +230,9 @@ class LLMService(pulumi.ComponentResource):
             )
         )
 
-    def gateway_target(
-        self, shared: ServingEnvironment, key_name: str
-    ) -> pulumi.Output[GatewayTarget]:
+    def gateway_target(self, key_name: str) -> pulumi.Output[GatewayTarget]:
         """What a gateway needs to reach this service with the key `key_name` (secret)."""
+        shared = self.shared
         timeouts = self.settings.spec.timeouts
         served = self.served_model_name
 

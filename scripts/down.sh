@@ -9,10 +9,11 @@ STACK="${1:-local}"
 . scripts/local-env.sh
 
 require_local_stack "$STACK"
+check_emulator_port
 if [ -d .pulumi-state ]; then
     ensure_pulumi_cli
     start_emulator # destroy talks to it
-    if pulumi stack select --non-interactive "$STACK" 2>/dev/null; then
+    if select_existing_stack "$STACK"; then
         pulumi destroy --yes --non-interactive --stack "$STACK"
     else
         echo "No '$STACK' stack in .pulumi-state: nothing to destroy."

@@ -4,7 +4,8 @@ Reads `pulumi stack output --json --show-secrets --stack STACK` (or a saved copy
 with `--outputs-json FILE`), takes the `gateway_config` output (LiteLLM YAML) or, with
 `--format json`, `gateway_config_json`, and writes it with mode 0600 to
 `.gateway/litellm-<stack>.yaml` (or `--out`). The file holds API keys and the Modal proxy
-token: keep it out of git (`.gateway/` carries its own `.gitignore`) and out of logs.
+token: keep it out of git (`.gateway/` carries its own `.gitignore`; the root .gitignore should
+list `.gateway/` too) and out of logs.
 
 For the `local` stack the file backend and passphrase of scripts/local-env.sh are used unless
 PULUMI_BACKEND_URL / PULUMI_CONFIG_PASSPHRASE are already set.
@@ -79,14 +80,23 @@ def render(outputs: dict[str, Any], fmt: str) -> str:
 
 
 def write_private(path: Path, content: str) -> None:
-    """Write `content` readable by the owner only; keep the directory out of git."""
+    """Write `content` readable by the owner only; keep the directory out of git.
+
+    The mode is set on the open descriptor BEFORE anything is written: a file that already
+    existed with a looser mode (O_CREAT's mode only applies to new files) never holds the keys
+    while readable by others.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.parent.name == ".gateway":
         (path.parent / ".gitignore").write_text("*\n")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "w") as f:
         f.write(content)
-    os.chmod(path, 0o600)
 
 
 def main(argv: list[str] | None = None) -> int:

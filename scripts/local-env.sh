@@ -7,13 +7,19 @@
 # - PULUMI_CONFIG_PASSPHRASE: encrypts the local stack's secrets (its generated API keys and
 #   proxy token, all emulator-only). Defaults to "local-emulator"; export your own to override.
 #   `pulumi stack init` writes a non-secret `encryptionsalt:` line into Pulumi.local.yaml.
-# - The Modal emulator on 127.0.0.1:$EMULATOR_PORT (Pulumi.local.yaml's modal:serverUrl),
-#   state in .modal-emulator/state.sqlite3, pid in .modal-emulator/emulator.pid. It accepts any
-#   token; the providers get throwaway MODAL_TOKEN_ID/MODAL_TOKEN_SECRET values.
+# - The Modal emulator on 127.0.0.1:$EMULATOR_PORT, state in .modal-emulator/state.sqlite3, pid
+#   in .modal-emulator/emulator.pid. It accepts any token; the providers get throwaway
+#   MODAL_TOKEN_ID/MODAL_TOKEN_SECRET values. The port comes from Pulumi.local.yaml's
+#   modal:serverUrl (which wins over MODAL_SERVER_URL in the providers): an EMULATOR_PORT that
+#   disagrees with it stops here with the command that changes the stack file.
 
 PULUMI_VERSION="3.272.0" # same version as the pulumi Python SDK pinned in pyproject.toml
 PULUMI_INSTALL_URL="${PULUMI_INSTALL_URL:-https://get.pulumi.com}" # Pulumi's official installer
-EMULATOR_PORT="${EMULATOR_PORT:-8790}"
+# The emulator URL the local stack file points at (modal:serverUrl), and its port.
+STACK_SERVER_URL="$(sed -n 's/^ *modal:serverUrl: *//p' Pulumi.local.yaml 2>/dev/null | tr -d "\"'" | head -n 1)"
+STACK_EMULATOR_PORT="${STACK_SERVER_URL##*:}"
+STACK_EMULATOR_PORT="${STACK_EMULATOR_PORT%%/*}"
+EMULATOR_PORT="${EMULATOR_PORT:-${STACK_EMULATOR_PORT:-8790}}"
 EMULATOR_DIR=".modal-emulator"
 EMULATOR_PID_FILE="$EMULATOR_DIR/emulator.pid"
 EMULATOR_LOG="$EMULATOR_DIR/emulator.log"
@@ -31,12 +37,36 @@ die() {
     exit 1
 }
 
+# EMULATOR_PORT must be the port Pulumi.local.yaml's modal:serverUrl names: the providers use
+# that URL, so an emulator started elsewhere would never be reached.
+check_emulator_port() {
+    if [ -n "$STACK_EMULATOR_PORT" ] && [ "$EMULATOR_PORT" != "$STACK_EMULATOR_PORT" ]; then
+        die "EMULATOR_PORT=$EMULATOR_PORT, but Pulumi.local.yaml's modal:serverUrl is \
+$STACK_SERVER_URL and the providers use that URL. Either unset EMULATOR_PORT, or point the \
+stack at the new port: pulumi config set modal:serverUrl http://127.0.0.1:$EMULATOR_PORT --stack local"
+    fi
+}
+
+# Warn when the installed CLI is not the pinned version (the SDK in .venv is $PULUMI_VERSION).
+check_pulumi_version() {
+    local found
+    found="$(pulumi version 2>/dev/null | tr -d '[:space:]')"
+    found="${found#v}"
+    if [ "$found" != "$PULUMI_VERSION" ]; then
+        echo "warning: pulumi CLI ${found:-of unknown version} is installed; this project pins \
+$PULUMI_VERSION (the Python SDK's version). It usually works; if not, install the pinned one: \
+curl -fsSL https://get.pulumi.com | sh -s -- --version $PULUMI_VERSION" >&2
+    fi
+}
+
 ensure_pulumi_cli() {
     if command -v pulumi >/dev/null 2>&1; then
+        check_pulumi_version
         return 0
     fi
     if [ -x "$HOME/.pulumi/bin/pulumi" ]; then
         export PATH="$HOME/.pulumi/bin:$PATH"
+        check_pulumi_version
         return 0
     fi
     echo "Pulumi CLI not found: installing $PULUMI_VERSION with Pulumi's official installer..."
@@ -114,6 +144,20 @@ stop_emulator() {
     fi
     rm -f "$EMULATOR_PID_FILE"
     echo "Modal emulator stopped (state kept in $EMULATOR_DIR/state.sqlite3)."
+}
+
+# `pulumi stack select` of an existing stack; returns 1 (quietly) only when the stack does
+# not exist, and stops with the CLI's own message on any other failure.
+select_existing_stack() {
+    local out
+    if out="$(pulumi stack select --non-interactive "$1" 2>&1)"; then
+        return 0
+    fi
+    if printf '%s' "$out" | grep -qi "no stack named"; then
+        return 1
+    fi
+    printf '%s\n' "$out" >&2
+    die "\`pulumi stack select $1\` failed (above); fix that first (backend: $PULUMI_BACKEND_URL)"
 }
 
 require_local_stack() {

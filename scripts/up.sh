@@ -14,6 +14,7 @@ STACK="${1:-local}"
 . scripts/local-env.sh
 
 require_local_stack "$STACK"
+check_emulator_port
 [ -x "$PY" ] || die "$PY is missing: run \`make setup\` first"
 ensure_pulumi_cli
 start_emulator
@@ -26,3 +27,11 @@ echo "Stack outputs ($STACK; secrets hidden, reveal with: pulumi stack output --
 pulumi stack output --stack "$STACK"
 echo
 echo "Gateway config: make gateway-config STACK=$STACK    Tear down: make down"
+echo
+pass_hint="'local-emulator'"
+[ "$PULUMI_CONFIG_PASSPHRASE" = "local-emulator" ] || pass_hint="<the passphrase you exported>"
+echo "To run pulumi commands on this stack yourself, use the same backend and passphrase:"
+echo "  export PULUMI_BACKEND_URL='$PULUMI_BACKEND_URL' PULUMI_CONFIG_PASSPHRASE=$pass_hint"
+echo "  export MODAL_TOKEN_ID=ak-local-emulator MODAL_TOKEN_SECRET=as-local-emulator"
+echo "(The 'encryptionsalt:' line stack creation added to Pulumi.local.yaml is expected and not"
+echo " secret: Pulumi uses it to check the passphrase.)"

@@ -1,7 +1,8 @@
 """The GitHub workflows, checked offline: schema (check-jsonschema), security (zizmor), intent.
 
 Each tool also runs on a deliberately broken workflow, so a tool that silently accepts
-everything would fail here instead of passing.
+everything would fail here instead of passing. Both tools are pinned dev dependencies
+(pyproject.toml): a missing one is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _tool(name: str) -> str:
         return str(path)
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} is not installed (pip install the pinned version into .venv)")
+        pytest.fail(f"{name} is not installed: it is a pinned dev dependency, run `make setup`")
     return found
 
 
@@ -51,8 +52,14 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
+def _pulumi_step(job: dict[str, Any]) -> dict[str, Any]:
+    steps = [s for s in job["steps"] if s.get("uses", "").startswith("pulumi/actions@")]
+    assert len(steps) == 1
+    return steps[0]
+
+
 def test_workflows_exist() -> None:
-    assert {p.name for p in WORKFLOWS} >= {"preview.yml", "deploy.yml"}
+    assert {p.name for p in WORKFLOWS} >= {"preview.yml", "deploy.yml", "spend-alerts.yml"}
 
 
 def test_schema_valid() -> None:
@@ -109,6 +116,8 @@ def test_actions_pinned_and_permissions_least(path: Path) -> None:
         assert set(perms.values()) <= {"read", "write", "none"}
         writes = {k for k, v in perms.items() if v == "write"}
         assert writes <= {"pull-requests"}, f"{job_name}: unexpected write scopes {writes}"
+        if "secrets." in str(job):
+            assert "environment" in job, f"{job_name}: secrets only from a GitHub environment"
         for step in job["steps"]:
             uses = step.get("uses")
             if uses:
@@ -118,25 +127,69 @@ def test_actions_pinned_and_permissions_least(path: Path) -> None:
             assert "${{" not in step.get("run", ""), f"{job_name}: expression inside run:"
 
 
+def _runs_tests(job: dict[str, Any]) -> bool:
+    return any(step.get("run") == ".ci/run" for step in job["steps"])
+
+
 def test_preview_posts_dev_and_prod_diffs_on_prs() -> None:
     wf = _load(ROOT / ".github" / "workflows" / "preview.yml")
     assert set(wf["on"]) == {"pull_request"}
+    assert _runs_tests(wf["jobs"]["test"]), "PRs run the test suite"
     job = wf["jobs"]["preview"]
     assert job["strategy"]["matrix"]["stack"] == ["dev", "prod"]
     assert job["permissions"] == {"contents": "read", "pull-requests": "write"}
-    step = next(s for s in job["steps"] if s.get("uses", "").startswith("pulumi/actions@"))
+    step = _pulumi_step(job)
     assert step["with"]["command"] == "preview"
     assert step["with"]["diff"] == "true"
     assert step["with"]["comment-on-pr"] == "true"
-    assert "MODAL_TOKEN_SECRET" not in str(job), "previews need no Modal credentials"
+    assert "MODAL_TOKEN" not in str(job), "previews need no Modal credentials"
+    # The PR's code runs with the stack's decrypted config: never for forks, and the
+    # backend secrets come from a per-stack environment (prod-preview is the protected one).
+    assert job["if"] == "github.event.pull_request.head.repo.full_name == github.repository"
+    assert job["environment"] == "${{ matrix.stack }}-preview"
 
 
-def test_deploy_dev_on_main_prod_behind_approval() -> None:
+def test_deploy_tests_then_dev_then_prod_plan_then_approved_prod() -> None:
     wf = _load(ROOT / ".github" / "workflows" / "deploy.yml")
-    assert wf["on"] == {"push": {"branches": ["main"]}}
-    dev, prod = wf["jobs"]["dev"], wf["jobs"]["prod"]
-    for job, stack in ((dev, "dev"), (prod, "prod")):
-        step = next(s for s in job["steps"] if s.get("uses", "").startswith("pulumi/actions@"))
-        assert (step["with"]["command"], step["with"]["stack-name"]) == ("up", stack)
-        assert job["environment"] == stack
-    assert prod["needs"] == "dev"
+    assert wf["on"] == {"push": {"branches": ["main"], "paths-ignore": ["docs/**", "**.md"]}}, (
+        "docs-only pushes must not ask for a prod approval"
+    )
+    jobs = wf["jobs"]
+    assert _runs_tests(jobs["test"])
+    assert (jobs["dev"]["needs"], jobs["prod-plan"]["needs"], jobs["prod"]["needs"]) == (
+        "test",
+        "dev",
+        "prod-plan",
+    )
+    for name, command, stack, env in (
+        ("dev", "up", "dev", "dev"),
+        ("prod-plan", "preview", "prod", "prod-plan"),
+        ("prod", "up", "prod", "prod"),
+    ):
+        step = _pulumi_step(jobs[name])
+        assert (step["with"]["command"], step["with"]["stack-name"]) == (command, stack), name
+        assert jobs[name]["environment"] == env
+    assert "MODAL_TOKEN" not in str(jobs["prod-plan"]), "a preview needs no Modal credentials"
+    assert _pulumi_step(jobs["dev"])["with"]["upsert"] == "true"  # first deploy creates dev
+    # No workflow-wide concurrency: a prod job waiting for approval must not queue dev deploys.
+    assert "concurrency" not in wf
+    assert jobs["dev"]["concurrency"]["group"] != jobs["prod"]["concurrency"]["group"]
+    for name in ("dev", "prod"):
+        assert jobs[name]["concurrency"]["cancel-in-progress"] == "false", name
+
+
+def test_spend_alerts_run_a_targeted_refresh_up_on_schedule() -> None:
+    from tests.program.runner import run_program, stack_config
+
+    wf = _load(ROOT / ".github" / "workflows" / "spend-alerts.yml")
+    assert set(wf["on"]) == {"schedule", "workflow_dispatch"}
+    job = wf["jobs"]["alerts"]
+    assert job["strategy"]["matrix"]["stack"] == ["dev", "prod"]
+    step = _pulumi_step(job)
+    assert (step["with"]["command"], step["with"]["refresh"]) == ("up", "true")
+    for stack in ("dev", "prod"):
+        overrides = {"modal-llm:hfToken": {"secure": "x"}} if stack == "prod" else {}
+        run = run_program(stack, *stack_config(stack, overrides))
+        (alert,) = run.of_type("modal:SpendAlert")
+        target = step["with"]["target"].replace("${{ matrix.stack }}", stack)
+        assert target == alert.urn, "the workflow must target the program's SpendAlert"

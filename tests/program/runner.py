@@ -5,8 +5,10 @@ URN, parent, dependencies, protect/retainOnDelete, additional secret outputs, in
 the dynamic `__provider` blob) and the stack's exported outputs, secrets still marked.
 
 Config comes from the real `Pulumi.<stack>.yaml` (`stack_config()`), the way the CLI hands it
-to a program: every value a string, objects and lists as JSON, `secure:` values replaced by
-plaintext test values and listed as secret keys (the mocks cannot decrypt them).
+to a program: the project's declared defaults (`Pulumi.yaml` `config:`) merged in for keys the
+stack does not set, every value a string (booleans "true"/"false", arrays and objects as JSON,
+others as written), `secure:` values replaced by plaintext test values and listed as secret
+keys (the mocks cannot decrypt them).
 
 The mocks answer each dynamic resource with its inputs plus plausible outputs
 (`fake_outputs`), so components can wire outputs into other inputs; they never call a
@@ -176,13 +178,41 @@ class RecordingMonitor(pmocks.MockMonitor):
         return super().RegisterResourceOutputs(request)
 
 
+def _cli_string(value: Any) -> str:
+    """A config value as the CLI hands it to the program."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def project_defaults() -> dict[str, Any]:
+    """`project:key` -> default, for every key Pulumi.yaml declares with a default."""
+    project = yaml.safe_load((PROJECT_ROOT / "Pulumi.yaml").read_text())
+    name = project["name"]
+    return {
+        (key if ":" in key else f"{name}:{key}"): decl["default"]
+        for key, decl in (project.get("config") or {}).items()
+        if isinstance(decl, dict) and "default" in decl
+    }
+
+
 def stack_config(
-    stack: str, overrides: Mapping[str, Any] | None = None, *, drop: tuple[str, ...] = ()
+    stack: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    drop: tuple[str, ...] = (),
+    with_defaults: bool = True,
 ) -> tuple[dict[str, str], list[str]]:
     """The config map of `Pulumi.<stack>.yaml` as the CLI passes it, plus its secret keys.
 
     `overrides` replace or add keys (full `project:key` names, Python values); `drop` removes
     keys. `secure:` values and the TEST_SECRETS keys become plaintext test values marked secret.
+    With `with_defaults`, Pulumi.yaml's declared defaults fill in the keys left unset, as the
+    CLI does before it starts the program.
     """
     raw = yaml.safe_load((PROJECT_ROOT / f"Pulumi.{stack}.yaml").read_text())
     values: dict[str, Any] = dict(raw.get("config") or {})
@@ -200,9 +230,13 @@ def stack_config(
         elif isinstance(value, bool):
             config[key] = "true" if value else "false"
         else:
-            config[key] = json.dumps(value)
+            config[key] = _cli_string(value)
         if key in TEST_SECRETS and key not in secret_keys:
             secret_keys.append(key)
+    if with_defaults:
+        for key, default in project_defaults().items():
+            if key not in config and key not in drop:
+                config[key] = _cli_string(default)
     return config, secret_keys
 
 
@@ -214,6 +248,7 @@ def run_program(
     mocks: pulumi.runtime.Mocks | None = None,
     preview: bool = False,
     program: Path = PROJECT_ROOT / "__main__.py",
+    project: str = PROJECT,
 ) -> ProgramRun:
     """Run the program once under mocks and return what it registered and exported.
 
@@ -229,7 +264,7 @@ def run_program(
         # so it does not, then let run_in_stack create the Stack that records the exports.
         settings.ROOT.set(_PlaceholderRoot())  # type: ignore[arg-type]
         pulumi.runtime.set_mocks(
-            the_mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor
+            the_mocks, project=project, stack=stack, preview=preview, monitor=monitor
         )
         settings.ROOT.set(None)
 

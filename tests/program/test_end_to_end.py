@@ -9,7 +9,10 @@ dependency order, and dependents see real ids, names, digests and URLs.
 
 Run for `local` as committed and for `dev` with its secrets: up -> the same program again
 changes nothing (zero mutating RPCs) -> one serving setting changed updates only the App ->
-destroy in reverse order leaves the emulator empty.
+one API key rotated replaces that key, updates the digest secret and redeploys the App (the
+proxy reads keys at container start) -> destroy in reverse order leaves the emulator empty
+(its `main` environment only, no app in any state: the App is stopped first, and goes with
+its environment).
 """
 
 from __future__ import annotations
@@ -129,6 +132,7 @@ def _modal_objects(emu: EmulatorProcess) -> dict[str, list[str]]:
         "secrets": sorted(s["name"] for s in state["secrets"]),
         "volumes": sorted(v["name"] for v in state["volumes"]),
         "apps": sorted(a["name"] for a in state["apps"] if a.get("state") != "stopped"),
+        "stopped_apps": sorted(a["name"] for a in state["apps"] if a.get("state") == "stopped"),
     }
 
 
@@ -154,6 +158,7 @@ def test_up_noop_update_destroy(emulator: EmulatorProcess, deployment: Deploymen
         "secrets": sorted([f"{svc}-api-keys", *hf_secret]),
         "volumes": [f"{svc}-hf-cache", f"{svc}-vllm-cache"],
         "apps": [svc],
+        "stopped_apps": [],
     }
     app_state = engine.states[f"{svc}-app"]
     assert run.output("endpoint_url") == app_state.outputs["web_url"]
@@ -180,23 +185,46 @@ def test_up_noop_update_destroy(emulator: EmulatorProcess, deployment: Deploymen
     services = json.loads(d.config[f"{PROJECT}:services"])
     services[0]["scaling"]["scaledown_window_s"] = 90
     version = app_state.outputs["version"]
-    d.up({**d.config, f"{PROJECT}:services": json.dumps(services)})
+    changed_config = {**d.config, f"{PROJECT}:services": json.dumps(services)}
+    d.up(changed_config)
     assert {n: s for n, s in mocks.steps.items() if s != "same"} == {f"{svc}-app": "update"}
     assert engine.states[f"{svc}-app"].outputs["version"] == version + 1
     assert engine.states[f"{svc}-app"].id == app_state.id
 
+    # ---- one API key rotated: new key, new digests in Modal, the App redeployed -------------
+    # (the serving proxy reads SERVING_API_KEYS at container start: without the redeploy a
+    # warm container would keep accepting the revoked key)
+    rotated = d.up({**changed_config, f"{PROJECT}:apiKeyRotation": json.dumps({"gateway": "r1"})})
+    assert {n: s for n, s in mocks.steps.items() if s != "same"} == {
+        f"{svc}-key-gateway": "replace",
+        f"{svc}-api-keys": "update",
+        f"{svc}-app": "update",
+    }
+    assert engine.states[f"{svc}-app"].outputs["version"] == version + 2
+    new_keys = rotated.output("api_keys")
+    assert new_keys["gateway"] != first_keys["gateway"]
+    assert {k: v for k, v in new_keys.items() if k != "gateway"} == {
+        k: v for k, v in first_keys.items() if k != "gateway"
+    }
+    first_keys = {**first_keys, **new_keys}
+
     # No secret in anything an operator sees (the state keeps them encrypted).
-    secrets = [*first_keys.values(), reveal(token["token_secret"])]
+    secrets = [*first_keys.values(), run.output("api_keys")["gateway"]]
+    secrets.append(reveal(token["token_secret"]))
     secrets += [d.config[k] for k in d.secret_keys]
     assert scan_for_leaks(engine.server.leak_surfaces(engine), secrets) == []
 
     # ---- destroy in reverse creation order: nothing left ------------------------------------
     for name in reversed(mocks.order):
         engine.destroy(name)
+        if name == f"{svc}-app":  # the App's delete stops it (Modal keeps stopped apps)
+            objects = _modal_objects(emulator)
+            assert (objects["apps"], objects["stopped_apps"]) == ([], [svc])
     assert engine.states == {}
     assert _modal_objects(emulator) == {
         "environments": ["main"],
         "secrets": [],
         "volumes": [],
         "apps": [],
+        "stopped_apps": [],  # deleting the environment took the stopped App with it
     }

@@ -3,7 +3,9 @@
 Chain, all real processes over loopback:
     client -> LiteLLM proxy (config = the program's `gateway_config` output)
            -> "Modal edge" (below: answers 401 unless Modal-Key/Modal-Secret match, as Modal's
-              proxy auth does, then forwards)
+              proxy auth does, then forwards; in `redirect` mode it answers like Modal's edge
+              does for a request that runs past 150 s: 303 to a result URL (same path plus a
+              query parameter) that a GET then reads, https://modal.com/docs/guide/webhook-timeouts)
            -> serving proxy (`python -m serving.proxy`, keys = the program's api-keys secret)
            -> stub engine (tests/harness/stub_engine.py)
 The program runs under mocks whose App output points at the edge and whose API keys are made
@@ -85,26 +87,73 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Pat
     raise AssertionError(f"{url} not ready after {timeout:.0f}s: {log.read_text()[-2000:]}")
 
 
+RESULT_QUERY = "__modal_function_call_id"
+
+
 class ModalEdge:
-    """Loopback stand-in for Modal's web edge: proxy auth checked, then a plain forward."""
+    """Loopback stand-in for Modal's web edge: proxy auth checked, then a forward.
+
+    With `redirect_next` set, the next POST is answered the way Modal's edge answers a request
+    still running after 150 s: the request goes on upstream, the client gets `303 See Other`
+    to `<same path>?__modal_function_call_id=<id>`, and a GET of that URL returns the result.
+    """
 
     def __init__(self, upstream: str) -> None:
         self.seen: list[dict[str, str]] = []
+        self.redirect_next = False
+        self.results: dict[str, tuple[int, str, bytes]] = {}
         edge = self
         target = urlsplit(upstream)
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                edge.seen.append(headers)
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                if (headers.get("modal-key"), headers.get("modal-secret")) != (
+            protocol_version = "HTTP/1.1"
+
+            def _authorized(self, headers: dict[str, str]) -> bool:
+                if (headers.get("modal-key"), headers.get("modal-secret")) == (
                     TOKEN_ID,
                     TOKEN_SECRET,
                 ):
-                    self.send_response(401)
-                    self.end_headers()
-                    self.wfile.write(b"modal-http: invalid credentials for proxy authorization")
+                    return True
+                self._send(401, "text/plain", b"modal-http: invalid credentials")
+                return False
+
+            def _send(self, status: int, ctype: str, data: bytes, **extra: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in extra.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                edge.seen.append({**headers, ":method": "GET", ":path": self.path})
+                if not self._authorized(headers):
+                    return
+                call_id = self.path.partition(f"{RESULT_QUERY}=")[2]
+                if not call_id:  # e.g. LiteLLM's GET /v1/models: a plain forward
+                    conn = http.client.HTTPConnection(
+                        target.hostname or "127.0.0.1", target.port, timeout=60
+                    )
+                    fwd = {k: v for k, v in headers.items() if not k.startswith("modal-")}
+                    fwd.pop("host", None)
+                    conn.request("GET", self.path, headers=fwd)
+                    resp = conn.getresponse()
+                    ctype = resp.getheader("Content-Type", "text/plain")
+                    self._send(resp.status, ctype, resp.read())
+                    conn.close()
+                    return
+                if call_id not in edge.results:
+                    self._send(404, "text/plain", b"unknown result URL")
+                    return
+                self._send(*edge.results[call_id][:2], edge.results[call_id][2])
+
+            def do_POST(self) -> None:
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                edge.seen.append({**headers, ":method": "POST", ":path": self.path})
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if not self._authorized(headers):
                     return
                 fwd = {k: v for k, v in headers.items() if not k.startswith("modal-")}
                 fwd.pop("host", None)
@@ -113,13 +162,30 @@ class ModalEdge:
                 )
                 conn.request("POST", self.path, body=body, headers=fwd)
                 resp = conn.getresponse()
+                ctype = resp.getheader("Content-Type", "text/plain")
+                if edge.redirect_next:
+                    edge.redirect_next = False
+                    data = resp.read()
+                    conn.close()
+                    call_id = f"fc-{len(edge.results) + 1}"
+                    edge.results[call_id] = (resp.status, ctype, data)
+                    location = f"{self.path}?{RESULT_QUERY}={call_id}"
+                    self._send(303, "text/plain", b"", Location=location)
+                    return
+                if ctype.startswith("text/event-stream"):  # relay chunk by chunk
+                    self.send_response(resp.status)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    while chunk := resp.read1(65536):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                    conn.close()
+                    return
                 data = resp.read()
-                self.send_response(resp.status)
-                self.send_header("Content-Type", resp.getheader("Content-Type", "text/plain"))
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
                 conn.close()
+                self._send(resp.status, ctype, data)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -215,6 +281,22 @@ def test_litellm_routes_a_chat_completion_through_proxy_auth(
         )
         with urllib.request.urlopen(request, timeout=60) as resp:
             status, body = resp.status, json.loads(resp.read())
+        first_seen = [r for r in edge.seen if r[":method"] == "POST"]
+        seen_before = len(edge.seen)
+
+        # A long or cold request: Modal's edge answers 303 to a result URL after 150 s.
+        edge.redirect_next = True
+        with urllib.request.urlopen(_chat(base, master_key, served, "Slow"), timeout=60) as resp:
+            slow_status, slow_body = resp.status, json.loads(resp.read())
+        redirect_seen = edge.seen[seen_before:]
+
+        # Streaming: the SSE chunks arrive through LiteLLM as chunks.
+        streamed = _chat(base, master_key, served, "Stream", stream=True)
+        with urllib.request.urlopen(streamed, timeout=60) as resp:
+            stream_ctype = resp.headers.get("Content-Type", "")
+            events = [
+                line for line in resp.read().decode().splitlines() if line.startswith("data:")
+            ]
     finally:
         edge.close()
         stub.stop()
@@ -222,10 +304,40 @@ def test_litellm_routes_a_chat_completion_through_proxy_auth(
     assert status == 200, body
     assert body["choices"][0]["message"]["content"]
     # LiteLLM sent Modal's proxy-auth headers and the generated key to the edge...
-    (seen,) = edge.seen
+    (seen,) = first_seen
     assert seen["modal-key"] == TOKEN_ID and seen["modal-secret"] == TOKEN_SECRET
     gateway_key = run.output("api_keys")["gateway"]
     assert seen["authorization"] == f"Bearer {gateway_key}"
     # ...the serving proxy accepted that key and the engine got the completion request.
-    (engine_request,) = stub.requests("/v1/chat/completions")
-    assert json.loads(engine_request["body"])["messages"][0]["content"] == "Hello"
+    engine_requests = stub.requests("/v1/chat/completions")
+    assert json.loads(engine_requests[0]["body"])["messages"][0]["content"] == "Hello"
+
+    # The 303: LiteLLM followed it with a GET of the result URL, with the proxy-auth headers.
+    assert slow_status == 200, slow_body
+    assert slow_body["choices"][0]["message"]["content"]
+    assert [(r[":method"], r[":path"].partition("?")[2]) for r in redirect_seen] == [
+        ("POST", ""),
+        ("GET", f"{RESULT_QUERY}=fc-1"),
+    ]
+    assert redirect_seen[1]["modal-key"] == TOKEN_ID
+    assert redirect_seen[1]["modal-secret"] == TOKEN_SECRET
+
+    # Streaming: server-sent events, several content chunks, then [DONE].
+    assert stream_ctype.startswith("text/event-stream")
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data:").strip()) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert len(chunks) >= 3 and text
+    assert json.loads(engine_requests[-1]["body"])["stream"] is True
+
+
+def _chat(
+    base: str, master_key: str, model: str, content: str, *, stream: bool = False
+) -> urllib.request.Request:
+    return urllib.request.Request(
+        f"{base}/v1/chat/completions",
+        data=json.dumps(
+            {"model": model, "messages": [{"role": "user", "content": content}], "stream": stream}
+        ).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {master_key}"},
+    )

@@ -6,6 +6,7 @@ exports (values, secretness, the gateway config), and the config errors a user c
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -42,6 +43,7 @@ EXPECTED_OUTPUTS = {
     "gateway_config",
     "gateway_config_json",
     "monthly_cost_idle_usd",
+    "monthly_cost_baseline_usd",
     "monthly_cost_worst_usd",
     "monthly_budget_usd",
     "services",
@@ -98,13 +100,21 @@ def test_project_file_declares_every_scalar_setting_as_the_cli_requires() -> Non
         "options": {"toolchain": "pip", "virtualenv": ".venv"},
     }
     schema = project["config"]
-    # The CLI's project schema (sdk/go/common/workspace/project.json): type is one of these,
-    # arrays need items, a default must match its type; object-typed keys are not allowed.
+    # The CLI's project schema (sdk/go/common/workspace/project.json): type, when given, is one
+    # of these, arrays need items, a default must match its type; there is no object type, so
+    # structured keys are declared untyped (description only).
     python_types = {"string": str, "integer": int, "boolean": bool, "array": list}
     for key, decl in schema.items():
         assert set(decl) <= {"type", "description", "default", "items", "secret"}, key
-        assert decl["type"] in python_types, key
         assert decl.get("description"), f"{key} needs a description"
+        if "type" not in decl:
+            # Untyped: no default (how the CLI encodes an object default is unverified), so
+            # the key is required, which only suits keys every stack sets.
+            assert "default" not in decl, key
+            for stack in STACKS:
+                assert NS + key in _stack_yaml(stack), f"{stack} lacks required {key}"
+            continue
+        assert decl["type"] in python_types, key
         if decl["type"] == "array":
             assert decl["items"]["type"] in {"string", "integer", "boolean"}, key
         if "default" in decl:
@@ -112,6 +122,7 @@ def test_project_file_declares_every_scalar_setting_as_the_cli_requires() -> Non
     defaults = {k: d["default"] for k, d in schema.items() if "default" in d}
     assert defaults == DEFAULTS, "Pulumi.yaml defaults and components/config.py DEFAULTS differ"
     assert "default" not in schema["environment"], "every stack must name its environment"
+    assert "type" not in schema["services"] and "default" not in schema["services"]
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -254,14 +265,18 @@ def test_outputs(stack_run: tuple[str, ProgramRun]) -> None:
     assert run.output("proxy_token_secret").startswith("ws-")
     assert set(run.output("api_keys")) == set(key_names)
     assert run.output("monthly_budget_usd") == config[NS + "monthlyBudgetUsd"]
+    # container $/h x 1.15 (the default 15 % CPU/memory allowance) x 730 h
     expected = {
-        "local": (0.0, 430.7),  # 1 x T4 $0.59/h x 730 h
-        "dev": (0.0, 584.0),  # 1 x L4 $0.80/h x 730 h
-        "prod": (3314.2, 13256.8),  # 1 (idle) / 4 (worst) x H200 $4.54/h x 730 h
+        "local": (0.0, 495.3),  # 1 x T4 $0.59/h x 1.15 x 730 h (495.305 in floats: 495.30)
+        "dev": (0.0, 671.6),  # 1 x L4 $0.80/h x 1.15 x 730 h
+        "prod": (3811.33, 15245.32),  # 1 (idle) / 4 (worst) x H200 $4.54/h x 1.15 x 730 h
     }[stack]
     assert (run.output("monthly_cost_idle_usd"), run.output("monthly_cost_worst_usd")) == expected
+    assert run.output("monthly_cost_baseline_usd") == expected[0]  # no buffer containers
+    assert expected[1] <= run.output("monthly_budget_usd")
     summary = run.output("services")[first["name"]]
     assert summary["endpoint_url"] == run.output("endpoint_url")
+    assert summary["served_model_name"] == first["served_model_name"]
     assert summary["monthly_cost_worst_usd"] == expected[1]
 
 
@@ -320,8 +335,11 @@ def test_two_services_in_one_stack() -> None:
     assert models == ["qwen2.5-1.5b-instruct", "coder"]
     # Priced at the dearer GPU of the preference list (A10 $1.10/h > L4 $0.80/h).
     assert run.output("services")["coder"]["gpu"] == "A10"
-    assert run.output("monthly_cost_worst_usd") == pytest.approx(584.0 + 803.0)
+    assert run.output("monthly_cost_worst_usd") == pytest.approx(671.6 + 923.45)
     assert run.output("served_model_name") == "qwen2.5-1.5b-instruct"  # the first service
+    # Per-service facts for every service, not only the first.
+    for svc in ("qwen-small", "coder"):
+        assert run.output("services")[svc]["endpoint_url"].endswith(f"--{svc}.modal.run")
 
 
 # ---- config errors ---------------------------------------------------------------------------
@@ -355,17 +373,18 @@ def test_prod_requires_a_pinned_revision() -> None:
 
 def test_budget_exceeded_says_by_how_much_and_which_knob() -> None:
     message = _error("prod", *_with_secrets("prod", monthlyBudgetUsd=10000))
-    assert "worst-case monthly cost $13,256.80 exceeds modal-llm:monthlyBudgetUsd" in message
-    assert "by $3,256.80" in message
-    assert "services[0].scaling.max_containers <= 3 would fit" in message
-    assert "pulumi config set modal-llm:monthlyBudgetUsd 13257" in message
+    assert "worst-case monthly cost $15,245.32 exceeds modal-llm:monthlyBudgetUsd" in message
+    assert "by $5,245.32" in message
+    assert "4 x 1 x H200 $4.54/h x (1 + 15% CPU/memory) x 730 h" in message
+    assert "services[0].scaling.max_containers <= 2 would fit" in message
+    assert "pulumi config set modal-llm:monthlyBudgetUsd 15246" in message
     assert "allowOverBudget true" in message
 
 
 def test_allow_over_budget_deploys_and_still_reports_cost() -> None:
     config, keys = _with_secrets("prod", monthlyBudgetUsd=10000, allowOverBudget=True)
     run = run_program("prod", config, keys)
-    assert run.output("monthly_cost_worst_usd") == 13256.8
+    assert run.output("monthly_cost_worst_usd") == 15245.32
     assert run.output("monthly_budget_usd") == 10000
 
 
@@ -411,8 +430,8 @@ def test_preview_of_a_new_stack_still_shows_the_cost() -> None:
 
     config, keys = _with_secrets("prod")
     run = run_program("prod", config, keys, mocks=ProgramMocks(inputs_only), preview=True)
-    assert run.output("monthly_cost_worst_usd") == 13256.8
-    assert run.output("monthly_cost_idle_usd") == 3314.2
+    assert run.output("monthly_cost_worst_usd") == 15245.32
+    assert run.output("monthly_cost_idle_usd") == 3811.33
     assert len(run.of_type("modal:App")) == 1
     # Values that only exist after `up` are unknown, as `pulumi preview` shows them.
     assert isinstance(run.outputs["endpoint_url"], Unknown)
@@ -425,3 +444,128 @@ def test_adopted_environment_is_never_deleted() -> None:
     (env,) = run.of_type("modal:Environment")
     assert env.inputs["name"] == "main" and env.inputs["adopt"] is True
     assert env.retain_on_delete is True
+
+
+# ---- the stack files exactly as committed (no test secrets added) ---------------------------
+
+
+def test_each_stack_as_committed() -> None:
+    """local and dev deploy as committed; prod refuses until its HF token is set (Gemma is
+    gated), naming the command that sets it."""
+    for stack in ("local", "dev"):
+        run = run_program(stack, *stack_config(stack))
+        assert not [
+            s for s in run.of_type("modal:Secret") if s.inputs["name"] == "huggingface-token"
+        ]
+        (alert,) = run.of_type("modal:SpendAlert")
+        assert alert.inputs.get("webhook_url") is None
+    message = _error("prod", *stack_config("prod"))
+    assert "modal-llm:services[0].gated is true" in message
+    assert "'google/gemma-3-27b-it'" in message
+    assert "pulumi config set --secret modal-llm:hfToken" in message
+
+
+def test_gated_flag_is_not_a_spec_field_and_is_typed() -> None:
+    services = _stack_yaml("prod")[NS + "services"]
+    config, keys = _with_secrets("prod")
+    run = run_program("prod", config, keys)
+    (app,) = run.of_type("modal:App")
+    assert "gated" not in json.loads(app.inputs["spec_json"])
+    services[0]["gated"] = "yes"
+    message = _error("prod", *_with_secrets("prod", services=services))
+    assert "services[0].gated = 'yes' must be true or false" in message
+
+
+def test_modal_token_secret_in_clear_is_refused() -> None:
+    config, keys = _with_secrets("dev")
+    config["modal:tokenSecret"] = "as-clear-text-token-0123"
+    message = _error("dev", config, keys)
+    assert "modal:tokenSecret is stored in clear in Pulumi.dev.yaml" in message
+    assert "as-clear-text-token-0123" not in message
+    assert "pulumi config rm modal:tokenSecret" in message
+    run_program("dev", config, [*keys, "modal:tokenSecret"])  # set with --secret: accepted
+
+
+# ---- API keys: a change rolls the App; rotation from config ---------------------------------
+
+
+def _app_keys_hash(run: ProgramRun) -> str:
+    (app,) = run.of_type("modal:App")
+    value = app.inputs["extra_env"]["SERVING_API_KEYS_SHA256"]
+    assert isinstance(value, str) and len(value) == 64
+    return value
+
+
+def test_api_key_change_changes_the_app_inputs() -> None:
+    """The proxy reads SERVING_API_KEYS at container start only: a key change must redeploy."""
+    run = run_program("dev", *_with_secrets("dev"))
+    (secret,) = [r for r in run.of_type("modal:Secret") if r.name.endswith("-api-keys")]
+    digests = _plain(secret.inputs["values"])["SERVING_API_KEYS"]
+    assert _app_keys_hash(run) == hashlib.sha256(digests.encode()).hexdigest()
+    (app,) = run.of_type("modal:App")
+    assert not rpc.is_rpc_secret(app.inputs["extra_env"])  # a hash of digests, not a secret
+    fewer = run_program("dev", *_with_secrets("dev", apiKeyNames=["gateway"]))
+    assert _app_keys_hash(fewer) != _app_keys_hash(run)
+
+
+def test_api_key_rotation_from_config() -> None:
+    run = run_program("dev", *_with_secrets("dev", apiKeyRotation={"ci": "2026-12-01"}))
+    rotation = {k.inputs["name"]: k.inputs["rotation"] for k in run.of_type("llm:ApiKey")}
+    assert rotation == {"gateway": "", "ci": "2026-12-01"}
+    message = _error("dev", *_with_secrets("dev", apiKeyRotation={"gatewy": "x"}))
+    assert "modal-llm:apiKeyRotation names key(s) 'gatewy'" in message
+    assert "['gateway', 'ci']" in message
+
+
+# ---- cost guard knobs -------------------------------------------------------------------------
+
+
+def test_price_override_keys_are_modal_gpu_names() -> None:
+    run = run_program("dev", *_with_secrets("dev", gpuPricesUsdPerHour={"l4": 0.7}))
+    assert run.output("monthly_cost_worst_usd") == pytest.approx(0.7 * 1.15 * 730)
+    message = _error("dev", *_with_secrets("dev", gpuPricesUsdPerHour={"L-4": 1.0}))
+    assert "gpuPricesUsdPerHour['L-4']: 'L-4' is not a Modal GPU type" in message
+    assert "L4" in message
+
+
+def test_region_pinning_and_overhead_are_priced() -> None:
+    services = _stack_yaml("dev")[NS + "services"]
+    services[0]["region"] = "us-east"  # narrow region: x1.75
+    run = run_program("dev", *_with_secrets("dev", services=services, monthlyBudgetUsd=2000))
+    assert run.output("monthly_cost_worst_usd") == pytest.approx(0.80 * 1.75 * 1.15 * 730)
+    assert run.output("services")["qwen-small"]["region"] == "us-east"
+    services[0]["region"] = "us"  # broad region: x1.5
+    run = run_program(
+        "dev", *_with_secrets("dev", services=services, costOverheadPct=0, monthlyBudgetUsd=2000)
+    )
+    assert run.output("monthly_cost_worst_usd") == pytest.approx(0.80 * 1.5 * 730)
+
+
+def test_buffer_containers_in_the_baseline_not_the_idle_figure() -> None:
+    services = _stack_yaml("prod")[NS + "services"]
+    services[0]["scaling"]["buffer_containers"] = 1
+    run = run_program("prod", *_with_secrets("prod", services=services))
+    assert run.output("monthly_cost_idle_usd") == 3811.33
+    assert run.output("monthly_cost_baseline_usd") == 7622.66
+
+
+def test_project_defaults_reach_the_program_as_the_cli_sends_them() -> None:
+    """The CLI merges Pulumi.yaml defaults into the config: booleans as "true"/"false", arrays
+    as JSON, the empty secret defaults as plain "" (which must not count as a clear secret)."""
+    config, secret_keys = stack_config("local")
+    assert config[NS + "protectCaches"] == "false"
+    assert config[NS + "alertThresholdsPct"] == "[50, 80, 100]"
+    assert config[NS + "costOverheadPct"] == "15"
+    assert config[NS + "hfToken"] == "" and NS + "hfToken" not in secret_keys
+    run = run_program("local", config, secret_keys)
+    assert not [s for s in run.of_type("modal:Secret") if s.inputs["name"] == "huggingface-token"]
+
+
+def test_namespace_is_the_project_name() -> None:
+    """Renaming the project in Pulumi.yaml renames the config namespace: keys follow it."""
+    config, secret_keys = stack_config("dev")
+    renamed = {k.replace(NS, "my-llms:", 1): v for k, v in config.items()}
+    run = run_program("dev", renamed, secret_keys, project="my-llms")
+    assert run.output("environment") == "dev"
+    (token,) = run.of_type("modal:ProxyAuthToken")
+    assert token.inputs["name"] == "my-llms-dev-gateway"

@@ -64,7 +64,9 @@ def test_preview_up_noop_destroy_with_the_cli(tmp_path: Path, emulator: Emulator
     cli("preview", "--expect-no-changes", "--stack", "local")
     outputs = cli("stack", "output", "--json", "--stack", "local")
     assert '"environment": "local"' in outputs
-    assert "sk-" not in outputs  # secrets stay hidden without --show-secrets
+    # Secrets stay hidden without --show-secrets: API keys (sk-...), proxy token secret (ws-...).
+    assert "sk-" not in outputs and "ws-" not in outputs
+    assert '"proxy_token_secret": "[secret]"' in outputs
     cli("destroy", "--yes", "--stack", "local")
     state = emulator.state()
     assert sorted(e["name"] for e in state["environments"]) == ["main"]

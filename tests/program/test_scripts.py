@@ -77,3 +77,81 @@ def test_gateway_config_reports_missing_output(tmp_path: Path) -> None:
     assert "'gateway_config' is missing or empty (got [secret])" in result.stderr
     assert "--show-secrets" in result.stderr
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_gateway_file_that_existed_world_readable_ends_private(tmp_path: Path) -> None:
+    config, secret_keys = stack_config("local")
+    run = run_program("local", config, secret_keys)
+    saved = tmp_path / "outputs.json"
+    saved.write_text(json.dumps({k: rpc.unwrap_rpc_secret(v) for k, v in run.outputs.items()}))
+    out = tmp_path / ".gateway" / "litellm-local.yaml"
+    out.parent.mkdir()
+    out.write_text("old\n")
+    out.chmod(0o644)
+    result = subprocess.run(
+        [sys.executable, "scripts/gateway_config.py", "--outputs-json", str(saved),
+         "--out", str(out)],
+        cwd=PROJECT_ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    assert out.read_text() != "old\n"
+    assert (out.parent / ".gitignore").read_text() == "*\n"
+
+
+def _bash(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `script` with scripts/local-env.sh sourced, in the project root."""
+    return subprocess.run(
+        ["bash", "-c", f". scripts/local-env.sh\n{script}"],
+        cwd=PROJECT_ROOT,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _fake_cli(tmp_path: Path, body: str) -> None:
+    """A `pulumi` executable printing what the real CLI prints in the case under test."""
+    cli = tmp_path / "pulumi"
+    cli.write_text(f"#!/bin/sh\n{body}\n")
+    cli.chmod(0o755)
+
+
+def test_emulator_port_must_match_the_local_stack_file(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["bash", "scripts/up.sh", "local"],
+        cwd=PROJECT_ROOT,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "EMULATOR_PORT": "8799"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "EMULATOR_PORT=8799, but Pulumi.local.yaml's modal:serverUrl is" in result.stderr
+    assert "pulumi config set modal:serverUrl http://127.0.0.1:8799 --stack local" in result.stderr
+    assert "Starting the Modal emulator" not in result.stdout
+    # Without EMULATOR_PORT the port is the stack file's.
+    same = _bash('echo "$EMULATOR_PORT $MODAL_SERVER_URL"; check_emulator_port', tmp_path)
+    assert same.returncode == 0 and same.stdout.split() == ["8790", "http://127.0.0.1:8790"]
+
+
+def test_other_pulumi_version_is_named_in_a_warning(tmp_path: Path) -> None:
+    _fake_cli(tmp_path, 'echo "v3.100.0"')
+    result = _bash("ensure_pulumi_cli && echo READY", tmp_path)
+    assert result.returncode == 0 and "READY" in result.stdout
+    assert "pulumi CLI 3.100.0 is installed; this project pins 3.272.0" in result.stderr
+    _fake_cli(tmp_path, 'echo "v3.272.0"')
+    assert "warning" not in _bash("ensure_pulumi_cli", tmp_path).stderr
+
+
+def test_down_distinguishes_a_missing_stack_from_a_failure(tmp_path: Path) -> None:
+    script = 'if select_existing_stack local; then echo SELECTED; else echo "NO STACK"; fi'
+    _fake_cli(tmp_path, "echo \"error: no stack named 'local' found\" >&2; exit 255")
+    missing = _bash(script, tmp_path)
+    assert (missing.returncode, missing.stdout.strip(), missing.stderr) == (0, "NO STACK", "")
+    _fake_cli(tmp_path, 'echo "error: failed to decrypt: incorrect passphrase" >&2; exit 255')
+    broken = _bash(script, tmp_path)
+    assert broken.returncode == 1 and "NO STACK" not in broken.stdout
+    assert "failed to decrypt: incorrect passphrase" in broken.stderr
+    assert "`pulumi stack select local` failed" in broken.stderr

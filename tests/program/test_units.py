@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pytest
@@ -13,31 +14,57 @@ from serving.proxy.keys import KeyRing
 from serving.spec import GPU_TYPES
 
 
-def test_every_modal_gpu_has_a_dated_cited_price() -> None:
-    assert set(GPU_TYPES) <= set(cost.GPU_PRICES_USD_PER_HOUR)
-    assert cost.GPU_PRICES_SOURCE == "https://modal.com/pricing"
-    assert cost.GPU_PRICES_AS_OF == "2026-11-26"
+def test_every_modal_gpu_has_a_price_with_provenance() -> None:
+    # Exactly Modal's GPU types (an extra row could never be used), each with a source note.
+    assert set(cost.GPU_PRICES_USD_PER_HOUR) == set(GPU_TYPES)
+    assert set(cost.GPU_PRICE_PROVENANCE) == set(GPU_TYPES)
     assert all(p > 0 for p in cost.GPU_PRICES_USD_PER_HOUR.values())
+    for gpu, note in cost.GPU_PRICE_PROVENANCE.items():
+        assert note.startswith(("confirmed 20", "UNCONFIRMED")), gpu
+    assert cost.GPU_PRICES_SOURCE == "https://modal.com/pricing"
+    # A real calendar date, not in the future, and not so old that nobody notices.
+    as_of = dt.date.fromisoformat(cost.GPU_PRICES_AS_OF)
+    assert as_of <= dt.date.today()
+    assert (dt.date.today() - as_of).days < 2 * 365, "re-check the GPU prices"
+    assert cost.GPU_PRICES_AS_OF in " ".join(cost.GPU_PRICE_PROVENANCE.values())
 
 
-def test_cost_idle_and_worst_case() -> None:
+def test_cost_idle_baseline_and_worst_case() -> None:
     table = cost.price_table({"H200": 5.0})
     svc = cost.ServiceCostInput(
-        "m", ("L4", "H200"), gpu_count=2, min_containers=1, max_containers=3
-    )
+        "m", ("L4", "H200"), gpu_count=2, min_containers=1, max_containers=3,
+        buffer_containers=1, overhead_pct=0,
+    )  # fmt: skip
     c = cost.service_cost(svc, table)
     assert c.gpu == "H200"  # priced at the dearer choice
     assert c.idle_usd == 1 * 2 * 5.0 * 730
+    assert c.baseline_usd == 2 * 2 * 5.0 * 730
     assert c.worst_usd == 3 * 2 * 5.0 * 730
+    with_overhead = cost.service_cost(cost.ServiceCostInput("m", ("T4",), 1, 1, 1), table)
+    assert with_overhead.idle_usd == pytest.approx(0.59 * 1.15 * 730, abs=0.01)  # default 15 %
     with pytest.raises(cost.UnknownGpuPrice, match="no price for GPU 'X1'"):
         cost.gpu_price("X1", table)
     with pytest.raises(cost.UnknownGpuPrice, match="must be a number >= 0"):
         cost.price_table({"H200": -1})
+    # Override keys go through Modal's GPU names: case-insensitive, typos refused.
+    assert cost.price_table({"h200": 9.0})["H200"] == 9.0
+    with pytest.raises(cost.UnknownGpuPrice, match="'H2OO' is not a Modal GPU type"):
+        cost.price_table({"H2OO": 9.0})
+
+
+def test_region_pinning_multiplier() -> None:
+    assert cost.region_multiplier(None) == 1.0
+    assert cost.region_multiplier("us") == 1.5  # broad
+    assert cost.region_multiplier("us-east") == 1.75  # narrow
+    svc = cost.ServiceCostInput("m", ("T4",), 1, 0, 1, region="eu-west", overhead_pct=0)
+    c = cost.service_cost(svc, cost.GPU_PRICES_USD_PER_HOUR)
+    assert c.worst_usd == pytest.approx(0.59 * 1.75 * 730, abs=0.01)
 
 
 def test_budget_guard() -> None:
     stack = cost.stack_cost(
-        [cost.ServiceCostInput("a", ("T4",), 1, 0, 2)], cost.GPU_PRICES_USD_PER_HOUR
+        [cost.ServiceCostInput("a", ("T4",), 1, 0, 2, overhead_pct=0)],
+        cost.GPU_PRICES_USD_PER_HOUR,
     )
     assert cost.check_budget(stack, 1000, allow_over_budget=False, config_ns="p") is None
     with pytest.raises(cost.BudgetExceeded, match=r"by \$361\.40") as info:
