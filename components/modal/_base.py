@@ -11,9 +11,13 @@ Every provider in this package subclasses `ModalProvider`. What it gives them:
   one per credential set, cached per process and built inside modal's own event loop through
   `synchronizer.create_blocking`, which is how raw RPCs are safely called from sync code).
   Transient failures (connection refused/reset, UNAVAILABLE, INTERNAL, timeouts) are retried
-  with exponential backoff on top of modal's own three quick retries; everything else is mapped
-  to a `ModalProviderError` whose message names the resource, what was asked, what Modal
-  answered and what to do next, with every secret value redacted.
+  with exponential backoff on top of modal's own three quick retries, but a call marked
+  `idempotent=False` (a create that must not happen twice) is first preceded by a `ClientHello`
+  probe and retried only when that probe failed (nothing was sent) or the connection was
+  refused; an ambiguous failure after sending is reported as "may have been applied".
+  Everything else is mapped to a `ModalProviderError` whose message names the resource, what
+  was asked, what Modal answered and what to do next, with every secret value redacted
+  (secrets may be given as a live collection or a callable, read when the error is built).
 - Small helpers for `check` (name validation, unknown values) and for secret outputs.
 
 Tuning (env, read at call time): `MODAL_PROVIDER_RETRY_ATTEMPTS` (default 3),
@@ -155,10 +159,8 @@ def plain(value: Any) -> Any:
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """Replace every secret value (of at least 4 characters) found in `text`."""
-    for s in sorted(
-        {s for s in secrets if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True
-    ):
+    """Replace every non-empty secret value found in `text` (longest first)."""
+    for s in sorted({s for s in secrets if isinstance(s, str) and s}, key=len, reverse=True):
         text = text.replace(s, "[secret]")
     return text
 
@@ -238,6 +240,11 @@ def _is_transient(exc: BaseException) -> bool:
     return False
 
 
+def _never_sent(exc: BaseException) -> bool:
+    """True when the failed request certainly never reached Modal (connection refused)."""
+    return isinstance(exc, ConnectionRefusedError)
+
+
 def _answer(exc: BaseException) -> str:
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
@@ -251,6 +258,8 @@ class ModalProvider(ResourceProvider):
     """
 
     kind: ClassVar[str] = "Modal resource"
+    #: `pulumi-python:dynamic/modal:<Name>`; the harness reads it to build URNs.
+    type_token: ClassVar[str] = ""
     serialize_as_secret_always = True
 
     def __init__(self) -> None:
@@ -261,7 +270,7 @@ class ModalProvider(ResourceProvider):
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({k: v for k, v in state.items() if not k.startswith("_")})
+        """Nothing to restore: `__getstate__` keeps no state (pickle skips this for `{}`)."""
 
     def configure(self, req: ConfigureRequest) -> None:
         cfg: dict[str, str] = {}
@@ -275,6 +284,12 @@ class ModalProvider(ResourceProvider):
     def credentials(self) -> Credentials:
         """Credentials for this call: stack config first, then env; read now, never cached."""
         cfg: dict[str, str] = getattr(self, "_stack_config", {})
+        _require_pair(
+            self.kind,
+            (CONFIG_TOKEN_ID, cfg.get(CONFIG_TOKEN_ID, "")),
+            (CONFIG_TOKEN_SECRET, cfg.get(CONFIG_TOKEN_SECRET, "")),
+            "stack config: set the missing key with `pulumi config set [--secret] <key> <value>`",
+        )
         if cfg.get(CONFIG_TOKEN_ID) and cfg.get(CONFIG_TOKEN_SECRET):
             return Credentials(
                 cfg[CONFIG_TOKEN_ID],
@@ -286,6 +301,12 @@ class ModalProvider(ResourceProvider):
             )
         token_id = os.environ.get("MODAL_TOKEN_ID", "")
         token_secret = os.environ.get("MODAL_TOKEN_SECRET", "")
+        _require_pair(
+            self.kind,
+            ("MODAL_TOKEN_ID", token_id),
+            ("MODAL_TOKEN_SECRET", token_secret),
+            "the environment: export the missing variable (or set both in stack config)",
+        )
         if token_id and token_secret:
             return Credentials(
                 token_id,
@@ -309,14 +330,18 @@ class ModalProvider(ResourceProvider):
         target: str,
         fn: Callable[[Any], Awaitable[T]],
         *,
-        secrets: Iterable[str] = (),
+        secrets: Iterable[str] | Callable[[], Iterable[str]] = (),
         hints: Mapping[type[BaseException], str] | None = None,
+        idempotent: bool = True,
     ) -> T:
         """Run `fn(client)` against Modal, retrying transient failures.
 
         `action` says what was asked ("create", "read", ...), `target` names the object
         (e.g. "secret 'api-keys' in environment 'dev'"), `secrets` are values to redact from
-        any error, `hints` map modal exception types to what the user should do.
+        any error (iterated only when an error is built, so a live view or a callable sees
+        values `fn` produced), `hints` map modal exception types to what the user should do.
+        `idempotent=False` marks a call that must not be repeated once Modal may have applied
+        it (e.g. minting a token): it is retried only when it was certainly never sent.
         """
         from modal import exception as mexc
 
@@ -324,20 +349,30 @@ class ModalProvider(ResourceProvider):
         attempts = max(1, int(os.environ.get("MODAL_PROVIDER_RETRY_ATTEMPTS", "3")))
         delay = float(os.environ.get("MODAL_PROVIDER_RETRY_BASE_DELAY", "1.0"))
         timeout = float(os.environ.get("MODAL_PROVIDER_ATTEMPT_TIMEOUT", "90"))
-        secret_values = [*secrets, creds.token_secret]
         started = time.monotonic()
         call = _blocking(_call_with_client)
         for attempt in range(1, attempts + 1):
+            sent: list[bool] = []  # set by the probe once the real call is about to go out
             try:
-                return call(creds, fn, timeout)
+                return call(creds, fn if idempotent else _probed(fn, sent), timeout)
             except ModalProviderError:
                 raise
             except Exception as exc:
-                if _is_transient(exc) and attempt < attempts:
+                maybe_applied = not idempotent and bool(sent) and not _never_sent(exc)
+                if _is_transient(exc) and attempt < attempts and not maybe_applied:
                     _blocking(_drop_client)(creds)
                     time.sleep(min(delay * 2 ** (attempt - 1), 4.0))
                     continue
                 hint = self._hint(exc, creds, hints or {}, attempt, time.monotonic() - started)
+                if not idempotent and not maybe_applied and _is_transient(exc):
+                    hint += " (This call never reached Modal: nothing was changed.)"
+                if maybe_applied and _is_transient(exc):
+                    hint = (
+                        "The request was sent and may have been applied by Modal, so it was not"
+                        f" repeated. Check whether the {self.kind.lower()} exists (`modal` CLI"
+                        " list) before rerunning `pulumi up`: if it does, adopt it with the"
+                        " `import_` resource option (or delete it), then rerun."
+                    )
                 import asyncio
 
                 answer = (
@@ -358,7 +393,8 @@ class ModalProvider(ResourceProvider):
                     err_type = ModalNotFoundError
                 elif _is_transient(exc):
                     err_type = ModalUnavailableError
-                raise err_type(redact(message, secret_values)) from None
+                secret_values = [*(secrets() if callable(secrets) else secrets)]
+                raise err_type(redact(message, [*secret_values, creds.token_secret])) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _hint(
@@ -386,7 +422,8 @@ class ModalProvider(ResourceProvider):
             )
         if isinstance(exc, mexc.AlreadyExistsError):
             return (
-                "It already exists: import it (`pulumi import` with its id) or choose another name."
+                "It already exists: adopt it with the `import_` resource option"
+                f" ({IMPORT_HOWTO}) or choose another name."
             )
         if isinstance(exc, mexc.InvalidError):
             return "Modal rejected the request: fix the input named above and rerun."
@@ -394,7 +431,8 @@ class ModalProvider(ResourceProvider):
             return (
                 f"Gave up after {attempts} attempts over {elapsed:.1f}s: Modal is unreachable or"
                 " failing. Check MODAL_SERVER_URL/network and Modal's status, then rerun"
-                " `pulumi up` (nothing was changed by the failed call)."
+                " `pulumi up`; if the call was sent it may have been applied, so run"
+                " `pulumi refresh` first."
             )
         return "Check the inputs and Modal's status, then rerun."
 
@@ -413,6 +451,37 @@ class ModalNotFoundError(ModalProviderError):
 
 class ModalUnavailableError(ModalProviderError):
     """Modal stayed unreachable/failing through every retry."""
+
+
+#: How to adopt an existing object. `pulumi import <type> <name> <id>` fails for Python
+#: dynamic providers (pulumi #16175: the CLI's Read carries no `__provider`), the
+#: `import_` resource option works (the program's inputs carry it).
+IMPORT_HOWTO = "pulumi.ResourceOptions(import_='<id>') on the resource, then `pulumi up`"
+
+
+def _require_pair(kind: str, first: tuple[str, str], second: tuple[str, str], where: str) -> None:
+    """Fail when exactly one of a token id/secret pair is set: never mix credential sources."""
+    (k1, v1), (k2, v2) = first, second
+    if bool(v1) != bool(v2):
+        missing, present = (k2, k1) if v1 else (k1, k2)
+        raise CredentialsMissingError(
+            f"{kind}: Modal credentials are half set: {present} is set but {missing} is not, in"
+            f" {where}. Set both (they must belong together) and rerun."
+        )
+
+
+def _probed(fn: Callable[[Any], Awaitable[T]], sent: list[bool]) -> Callable[[Any], Awaitable[T]]:
+    """`fn` preceded by a ClientHello probe: Modal answered just now, so a failure before
+    `sent` is filled means the real call never went out (safe to retry)."""
+
+    async def go(client: Any) -> T:
+        from google.protobuf.empty_pb2 import Empty
+
+        await client._stub.ClientHello(Empty())
+        sent.append(True)
+        return await fn(client)
+
+    return go
 
 
 def environment_name(props: Mapping[str, Any], key: str = "environment") -> str:

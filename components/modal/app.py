@@ -12,10 +12,16 @@
 - Diff: spec, source, app file or extra env changed → update (redeploy); name or environment
   changed → replace; nothing changed → no change, so no deploy at all. Diff reads the local
   files (side-effect free), so an edit to serving/ shows up in `pulumi preview`.
+- The resource id is the app id of the first deploy; if the app was stopped behind Pulumi's
+  back and an update redeployed it, Modal made a new app and the output `app_id` holds that
+  live id (the engine keeps the resource id). Read and delete therefore act on
+  `app_id`; delete also stops the resource id when it differs, so destroy never leaves a
+  deployed app (GPU spend) behind.
 - Delete stops the app (`AppStop`). Read (refresh/import by `ap-...`) looks the name up
-  (`AppGetByDeploymentName`): stopped, missing or redeployed under another id → gone, so
-  refresh shows the drift and the next `up` deploys again. Modal does not keep our spec or
-  source digest, so an import trusts the declared ones.
+  (`AppGetByDeploymentName`): stopped, missing (also: the environment is gone) or redeployed
+  under another id → gone, so refresh shows the drift and the next `up` deploys again. Modal
+  does not keep our spec or source digest, so an import trusts the declared ones.
+- Both digests are computed before the deploy, from the files that were shipped.
 """
 
 from __future__ import annotations
@@ -356,7 +362,18 @@ class AppProvider(ModalProvider):
             " see the full output, fix the app or spec, then rerun `pulumi up`."
         )
 
-    def _outputs(self, props: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _digests(props: Mapping[str, Any]) -> dict[str, str]:
+        """spec and source digests of what is about to be deployed (taken before the deploy,
+        so an edit made while it runs is seen by the next Diff)."""
+        return {
+            "spec_digest": spec_digest(str(props["spec_json"])),
+            "source_digest": source_digest(str(props["app_file"])),
+        }
+
+    def _outputs(
+        self, props: Mapping[str, Any], result: Mapping[str, Any], digests: Mapping[str, str]
+    ) -> dict[str, Any]:
         return {
             "name": props.get("name"),
             "environment": props.get("environment"),
@@ -366,23 +383,27 @@ class AppProvider(ModalProvider):
             "app_id": result.get("app_id"),
             "web_url": result.get("web_url") or "",
             "version": int(result.get("version") or 0),
-            "spec_digest": spec_digest(str(props["spec_json"])),
-            "source_digest": source_digest(str(props["app_file"])),
+            "spec_digest": digests["spec_digest"],
+            "source_digest": digests["source_digest"],
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
+        digests = self._digests(props)
         result = self._deploy(props, "create")
-        return CreateResult(str(result["app_id"]), self._outputs(props, result))
+        return CreateResult(str(result["app_id"]), self._outputs(props, result, digests))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        digests = self._digests(news)
         result = self._deploy(news, "update")
-        if result.get("app_id") != id_:
-            # The app was stopped behind Pulumi's back and the deploy made a new one.
+        if result.get("app_id") != _live_id(id_, olds):
+            # The app was stopped behind Pulumi's back and the deploy made a new one: the
+            # output app_id follows it (read/delete use it).
             print(
-                f"App {self._target(news)}: {id_} was gone; redeployed as {result.get('app_id')}",
+                f"App {self._target(news)}: {_live_id(id_, olds)} was gone; redeployed as"
+                f" {result.get('app_id')}",
                 file=sys.stderr,
             )
-        return UpdateResult(self._outputs(news, result))
+        return UpdateResult(self._outputs(news, result, digests))
 
     @staticmethod
     async def _live_web_url(client: Any, app_id: str, name: str, env: str) -> str:
@@ -407,21 +428,26 @@ class AppProvider(ModalProvider):
         return (flash or web or [""])[0]
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        from modal import exception as mexc
         from modal_proto import api_pb2
 
         name, env = str(props.get("name") or ""), environment_name(props)
+        live_id = _live_id(id_, props)
 
         async def go(client: Any) -> tuple[str, int, str]:
-            resp = await client._stub.AppGetByDeploymentName(
-                api_pb2.AppGetByDeploymentNameRequest(name=name, environment_name=env)
-            )
-            if resp.app_id != id_:
+            try:
+                resp = await client._stub.AppGetByDeploymentName(
+                    api_pb2.AppGetByDeploymentNameRequest(name=name, environment_name=env)
+                )
+            except mexc.NotFoundError:  # e.g. the environment itself was deleted
+                return "", 0, ""
+            if not resp.app_id or resp.app_id != live_id:
                 return "", 0, ""
             hist = await client._stub.AppDeploymentHistory(
-                api_pb2.AppDeploymentHistoryRequest(app_id=id_)
+                api_pb2.AppDeploymentHistoryRequest(app_id=live_id)
             )
             versions = [h.version for h in hist.app_deployment_histories]
-            url = await self._live_web_url(client, id_, name, env)
+            url = await self._live_web_url(client, live_id, name, env)
             return str(resp.app_id), max(versions) if versions else 0, url
 
         app_id, version, url = self.run("read", f"{id_} ({self._target(props)})", go)
@@ -442,11 +468,21 @@ class AppProvider(ModalProvider):
         from modal import exception as mexc
         from modal_proto import api_pb2
 
-        async def go(client: Any) -> None:
-            with contextlib.suppress(mexc.NotFoundError):
-                await client._stub.AppStop(api_pb2.AppStopRequest(app_id=id_))
+        # The live app (output app_id) and, if an update redeployed, the original id too.
+        ids = list(dict.fromkeys([_live_id(id_, props), id_]))
 
-        self.run("stop", f"{id_} ({self._target(props)})", go)
+        async def go(client: Any) -> None:
+            for app_id in ids:
+                with contextlib.suppress(mexc.NotFoundError):
+                    await client._stub.AppStop(api_pb2.AppStopRequest(app_id=app_id))
+
+        self.run("stop", f"{' and '.join(ids)} ({self._target(props)})", go)
+
+
+def _live_id(id_: str, props: Mapping[str, Any]) -> str:
+    """The app id Modal serves this resource under: output `app_id`, else the resource id."""
+    live = props.get("app_id")
+    return str(live) if isinstance(live, str) and live else id_
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:

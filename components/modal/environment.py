@@ -1,10 +1,15 @@
 """`Environment`: a Modal environment as a Pulumi resource (id and output `environment_id`).
 
 - Create makes a new environment; with `adopt=True` an existing one of that name is taken
-  over instead of failing (and created if missing). An adopted environment is *released*, not
-  deleted, on destroy: Pulumi did not create it (output `adopted` records this).
+  over instead of failing (and created if missing). Create is transactional: if setting the
+  web suffix fails (e.g. the suffix is taken), an environment created by this call is deleted
+  again before the error is raised, so a rerun is not blocked by "already exists". An adopted
+  environment is *released*, not deleted, on destroy: Pulumi did not create it (output
+  `adopted` records this).
 - `web_suffix` updates in place (`EnvironmentUpdate`); `None` means "leave Modal's value"
-  (the live value is reported in the `web_suffix` output). A `name` change replaces.
+  (the live value is reported in the `web_suffix` output). A `name` change replaces: every
+  Secret/Volume/App takes the environment *name* as input, and their environment change is a
+  replace, which would collide with the objects an in-place rename had moved along.
 - Delete refuses while apps are deployed in the environment, naming them, unless
   `force_delete=True` (Modal deletes everything scoped to an environment with it).
 - Read (refresh/import by `en-...` id) looks the id up in `EnvironmentList`: missing → gone;
@@ -28,7 +33,13 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
-from ._base import ModalProvider, ModalProviderError, check_environment, is_unknown
+from ._base import (
+    IMPORT_HOWTO,
+    ModalProvider,
+    ModalProviderError,
+    check_environment,
+    is_unknown,
+)
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:Environment"  # noqa: S105 (a Pulumi type token)
 
@@ -87,7 +98,8 @@ class EnvironmentProvider(ModalProvider):
         if suffix is not None and (is_unknown(suffix) or suffix != olds.get("web_suffix")):
             changes = True
         for flag in ("adopt", "force_delete"):
-            if bool(news.get(flag) or False) != bool(olds.get(flag) or False):
+            new = news.get(flag)
+            if is_unknown(new) or bool(new or False) != bool(olds.get(flag) or False):
                 changes = True
         return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
@@ -144,11 +156,19 @@ class EnvironmentProvider(ModalProvider):
             else:
                 adopted = True
             if suffix is not None:
-                await client._stub.EnvironmentUpdate(
-                    api_pb2.EnvironmentUpdateRequest(
-                        current_name=name, web_suffix=StringValue(value=suffix)
+                try:
+                    await client._stub.EnvironmentUpdate(
+                        api_pb2.EnvironmentUpdateRequest(
+                            current_name=name, web_suffix=StringValue(value=suffix)
+                        )
                     )
-                )
+                except BaseException:
+                    if not adopted:  # undo our own create; never delete an adopted env
+                        with contextlib.suppress(Exception):
+                            await client._stub.EnvironmentDelete(
+                                api_pb2.EnvironmentDeleteRequest(name=name)
+                            )
+                    raise
             item = await self._lookup(client, name)
             if item is None:
                 raise mexc.NotFoundError(f"environment {name!r} vanished right after creation")
@@ -162,10 +182,11 @@ class EnvironmentProvider(ModalProvider):
                 mexc.AlreadyExistsError: (
                     "An environment with this name (or this web suffix) already exists: set"
                     " adopt=True to manage the existing environment, import it with"
-                    f" `pulumi import {TYPE_TOKEN} <resource name> <en-id>`, or pick another"
+                    f" {IMPORT_HOWTO} (its en-id: `modal environment list`), or pick another"
                     " name/suffix."
                 )
             },
+            idempotent=False,
         )
         return CreateResult(item.environment_id, self._outputs(props, item, adopted))
 

@@ -8,9 +8,11 @@
   new token exists (and is allowed in every environment) before the old one is deleted, so a
   gateway that is updated in the same `up` always holds a valid token.
 - Create is transactional: if allowing an environment fails, the new token is deleted again.
-- Read (refresh/import by `wk-...`): missing → gone; the allowlist is re-read per declared
-  environment. An imported token has no `token_secret` (Modal never returns it again): rotate
-  it to get one.
+- Read (refresh/import by `wk-...`): missing → gone; the allowlist is read whole from Modal
+  (`WebhookTokenEnvironmentList(token_id)` → environment ids → names via `EnvironmentList`;
+  where the server does not implement that RPC, every environment's token list is asked), so
+  grants added outside Pulumi show as drift. An imported token has no `token_secret` (Modal
+  never returns it again): rotate it to get one.
 """
 
 from __future__ import annotations
@@ -165,7 +167,11 @@ class ProxyAuthTokenProvider(ModalProvider):
             return created["token_id"], created["token_secret"]
 
         token_id, token_secret = self.run(
-            "create", f"'{name}' (allowed in {envs})", go, secrets=created.values()
+            "create",
+            f"'{name}' (allowed in {envs})",
+            go,
+            secrets=lambda: list(created.values()),  # read when an error is built
+            idempotent=False,
         )
         return CreateResult(token_id, self._outputs(props, token_id, token_secret, envs))
 
@@ -189,27 +195,36 @@ class ProxyAuthTokenProvider(ModalProvider):
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from google.protobuf.empty_pb2 import Empty
+        from grpclib import GRPCError, Status
         from modal import exception as mexc
         from modal_proto import api_pb2
-
-        declared = _envs(props)
 
         async def go(client: Any) -> tuple[Any, list[str]]:
             tokens = await client._stub.WebhookTokenList(Empty())
             token = next((t for t in tokens.tokens if t.token_id == id_), None)
             if token is None:
                 return None, []
-            allowed = []
-            for env in declared:
+            envs = (await client._stub.EnvironmentList(Empty())).items
+            try:
+                resp = await client._stub.WebhookTokenEnvironmentList(
+                    api_pb2.WebhookTokenEnvironmentListRequest(token_id=id_)
+                )
+                ids = set(resp.environment_ids)
+                return token, sorted(e.name for e in envs if e.environment_id in ids)
+            except (mexc.UnimplementedError, GRPCError) as e:
+                if isinstance(e, GRPCError) and e.status != Status.UNIMPLEMENTED:
+                    raise
+            allowed = []  # older servers: ask every environment for its tokens
+            for env in envs:
                 try:
-                    resp = await client._stub.WebhookTokenListForEnvironment(
-                        api_pb2.WebhookTokenListForEnvironmentRequest(environment_name=env)
+                    listed = await client._stub.WebhookTokenListForEnvironment(
+                        api_pb2.WebhookTokenListForEnvironmentRequest(environment_name=env.name)
                     )
                 except mexc.NotFoundError:
-                    continue  # the environment itself is gone
-                if any(t.token_id == id_ for t in resp.tokens):
-                    allowed.append(env)
-            return token, allowed
+                    continue  # deleted meanwhile
+                if any(t.token_id == id_ for t in listed.tokens):
+                    allowed.append(env.name)
+            return token, sorted(allowed)
 
         secret = plain(props.get("token_secret"))
         token, allowed = self.run(

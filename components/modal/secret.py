@@ -1,10 +1,13 @@
 """`Secret`: a named Modal Secret (a dict of environment variables) as a Pulumi resource.
 
 - `values` is a Pulumi secret; it is stored in outputs only as a wire secret (encrypted in
-  state). Plain outputs: `secret_id`, `key_names` (sorted) and `values_digest` (sha256 of the
-  canonical JSON of the values, a change detector, not a plaintext).
-- Changing values updates in place (`SecretUpdate`: changed keys set, removed keys unset), so
-  the result holds exactly the new keys and the secret id is kept. Changing `name` or
+  state). Plain outputs: `secret_id`, `key_names` (sorted), `values_digest` (HMAC-SHA256 of
+  the canonical JSON of the values keyed with `values_salt`, a random per-resource salt also
+  in outputs: a change detector that cannot be used to confirm guessed values offline).
+- Changing values updates in place, by id: `SecretUpdate(secret_id, updates)` sets every new
+  value and unsets (an `Update` without `value`) every live key not declared, so the result
+  holds exactly the new keys and keeps the id. A secret deleted outside Pulumi fails the
+  update with NotFound (nothing is recreated behind the engine's back). Changing `name` or
   `environment` replaces (create-before-delete).
 - Read (refresh/import, by id `st-...`): gone → removed from state; Modal never returns secret
   values, so refresh verifies key names: if the live keys differ from the declared ones, the
@@ -15,7 +18,10 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +37,8 @@ from pulumi.dynamic import (
 )
 
 from ._base import (
+    IMPORT_HOWTO,
     ModalProvider,
-    ModalProviderError,
     canonical_json,
     check_environment,
     check_name,
@@ -47,9 +53,18 @@ _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STALE_DIGEST = "stale"
 
 
-def values_digest(values: Mapping[str, str]) -> str:
-    """sha256 of the canonical JSON of the values (what `values_digest` holds)."""
-    return sha256_hex(canonical_json(dict(values)))
+def values_digest(values: Mapping[str, str], salt: str = "") -> str:
+    """What `values_digest` holds: HMAC-SHA256 (key `salt`) of the canonical values JSON.
+
+    An empty salt gives the plain sha256 that states written before salting hold."""
+    data = canonical_json(dict(values))
+    if not salt:
+        return sha256_hex(data)
+    return hmac.new(salt.encode(), data.encode(), hashlib.sha256).hexdigest()
+
+
+def new_salt() -> str:
+    return secrets.token_hex(16)
 
 
 @dataclass
@@ -92,7 +107,8 @@ class SecretProvider(ModalProvider):
             if is_unknown(news.get(k)) or olds.get(k) != news.get(k)
         ]
         values = news.get("values")
-        values_changed = is_unknown(values) or values_digest(values or {}) != olds.get(
+        salt = str(olds.get("values_salt") or "")
+        values_changed = is_unknown(values) or values_digest(values or {}, salt) != olds.get(
             "values_digest"
         )
         changes = bool(replaces) or values_changed
@@ -103,7 +119,7 @@ class SecretProvider(ModalProvider):
         return f"'{props.get('name')}' in environment '{env or '<default>'}'"
 
     def _outputs(
-        self, props: Mapping[str, Any], secret_id: str, keys: list[str], digest: str
+        self, props: Mapping[str, Any], secret_id: str, keys: list[str], digest: str, salt: str
     ) -> dict[str, Any]:
         return {
             "name": props.get("name"),
@@ -112,6 +128,7 @@ class SecretProvider(ModalProvider):
             "secret_id": secret_id,
             "key_names": sorted(keys),
             "values_digest": digest,
+            "values_salt": salt,
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -142,44 +159,53 @@ class SecretProvider(ModalProvider):
             hints={
                 mexc.AlreadyExistsError: (
                     "A secret with this name already exists there and Pulumi does not manage it:"
-                    f" adopt it with `pulumi import {TYPE_TOKEN} <resource name> <st-id>` (see"
-                    " `modal secret list`), delete it, or choose another name."
+                    f" adopt it with {IMPORT_HOWTO} (its st-id: `modal secret list`), delete"
+                    " it, or choose another name."
                 )
             },
+            idempotent=False,
         )
+        salt = new_salt()
         return CreateResult(
-            secret_id, self._outputs(props, secret_id, list(values), values_digest(values))
+            secret_id,
+            self._outputs(props, secret_id, list(values), values_digest(values, salt), salt),
         )
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        from modal import exception as mexc
         from modal_proto import api_pb2
 
         values = {k: str(v) for k, v in (news.get("values") or {}).items()}
-        name, env = str(news["name"]), environment_name(news)
+        Update = api_pb2.SecretUpdateRequest.Update
 
-        # Overwrite (what `modal secret create --force` sends): the secret then holds exactly
-        # `values`, removed keys included, and keeps its id. SecretUpdate would only merge.
-        async def go(client: Any) -> str:
-            resp = await client._stub.SecretGetOrCreate(
-                api_pb2.SecretGetOrCreateRequest(
-                    deployment_name=name,
-                    environment_name=env,
-                    object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_OVERWRITE_IF_EXISTS,
-                    env_dict=values,
+        # By id: set every declared value, unset (no `value`: api.proto "If not set, the key
+        # is removed") every live key not declared, so exactly `values` remain.
+        async def go(client: Any) -> None:
+            info = await client._stub.SecretGetInfo(api_pb2.SecretGetInfoRequest(secret_id=id_))
+            removed = sorted(set(info.metadata.keys) - set(values))
+            updates = [Update(key=k, value=v) for k, v in values.items()]
+            updates += [Update(key=k) for k in removed]
+            await client._stub.SecretUpdate(
+                api_pb2.SecretUpdateRequest(secret_id=id_, updates=updates)
+            )
+
+        self.run(
+            "update values of",
+            self._target(news) + f" ({id_})",
+            go,
+            secrets=values.values(),
+            hints={
+                mexc.NotFoundError: (
+                    f"Secret {id_} was deleted outside Pulumi; nothing was written. Run"
+                    " `pulumi refresh` (drops it from the state), then `pulumi up` creates it"
+                    " again."
                 )
-            )
-            return str(resp.secret_id)
-
-        got = self.run(
-            "update values of", self._target(news) + f" ({id_})", go, secrets=values.values()
+            },
         )
-        if got != id_:
-            raise ModalProviderError(
-                f"Secret {self._target(news)}: update wrote secret {got}, but Pulumi manages"
-                f" {id_}: the secret was deleted or renamed outside Pulumi. Run `pulumi refresh`"
-                " and then `pulumi up` again."
-            )
-        return UpdateResult(self._outputs(news, id_, list(values), values_digest(values)))
+        salt = str(olds.get("values_salt") or "") or new_salt()
+        return UpdateResult(
+            self._outputs(news, id_, list(values), values_digest(values, salt), salt)
+        )
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from modal import exception as mexc
@@ -202,8 +228,9 @@ class SecretProvider(ModalProvider):
             env = md.environment_name
         name = md.name or props.get("name")
         live = {"name": name, "environment": env, "values": declared}
-        digest = values_digest(declared) if live_keys == sorted(declared) else STALE_DIGEST
-        outs = self._outputs(live, id_, live_keys, digest)
+        salt = str(props.get("values_salt") or "") or new_salt()
+        digest = values_digest(declared, salt) if live_keys == sorted(declared) else STALE_DIGEST
+        outs = self._outputs(live, id_, live_keys, digest, salt)
         inputs: dict[str, Any] = {"name": name, "environment": env}
         if props.get("values") is not None:
             inputs["values"] = secret_output(declared)
@@ -229,6 +256,7 @@ class Secret(pulumi.dynamic.Resource, module="modal", name="Secret"):
     secret_id: pulumi.Output[str]
     key_names: pulumi.Output[list[str]]
     values_digest: pulumi.Output[str]
+    values_salt: pulumi.Output[str]
 
     def __init__(
         self,
@@ -243,6 +271,7 @@ class Secret(pulumi.dynamic.Resource, module="modal", name="Secret"):
             "secret_id": None,
             "key_names": None,
             "values_digest": None,
+            "values_salt": None,
         }
         opts = pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(additional_secret_outputs=["values"])

@@ -2,25 +2,33 @@
 
 Modal side: `EnvironmentSetBudget` sets the environment's cycle budget in dollars; when usage
 reaches it Modal stops the environment's work (a hard cap). `EnvironmentGetBudget` reports
-usage, the effective limit and whether the limit is reached. Delete clears the budget.
+usage, the effective limit and whether the limit is reached. Create first reads the budget
+the environment already had and records it (`previous_budget_usd`, None = no budget); delete
+puts that value back (or clears the budget when there was none), so destroying a SpendAlert
+never removes a budget someone else set. One SpendAlert per environment.
 
-Our side (Modal has no thresholds or webhooks): every create, update and read (refresh)
-computes `thresholds_crossed` = the thresholds t with usage >= t * budget. If a `webhook_url`
-is set, each crossed threshold not yet in `thresholds_alerted` is POSTed to it once as JSON
-`{"environment", "threshold", "budget_usd", "usage_usd", "effective_limit_usd",
-"limit_reached"}`; a threshold counts as alerted only after a 2xx answer, so a failed delivery
-is retried at the next refresh/up. When usage falls back under a threshold (new month), it
+Our side (Modal has no thresholds or webhooks): create, update and read (refresh) compute
+`thresholds_crossed` = the thresholds t with usage >= t * budget (with a budget of 0: every
+threshold once usage > 0). Alerts are sent only by create and update, never by read, so a
+`pulumi refresh`/`preview --refresh` whose state is not saved sends nothing: Diff reports a
+change while a crossed threshold is not yet in `thresholds_alerted` and a webhook is set, and
+the Update of that `up` POSTs each such threshold once as JSON `{"environment", "threshold",
+"budget_usd", "usage_usd", "effective_limit_usd", "limit_reached"}`. A threshold counts as
+alerted only after a 2xx answer, so a failed delivery is retried at the next `up`. Schedule
+`pulumi up --refresh` to get alerts. When usage falls back under a threshold (new month), it
 leaves both lists and can alert again. The webhook URL is a secret input and output and is
 never logged (delivery failures are reported without it).
 
-Id: the environment id (`en-...`); import with that id. Read reports a cleared budget or a
-deleted environment as gone.
+Id: the environment id (`en-...`); import with that id (the environment name is taken from
+Modal, so importing under the wrong environment name shows as a replace and fails). Read
+reports a cleared budget or a deleted environment as gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 import urllib.error
 import urllib.request
@@ -69,6 +77,12 @@ def _thresholds(props: Mapping[str, Any]) -> list[float]:
     return sorted(float(t) for t in (raw if raw is not None else DEFAULT_THRESHOLDS))
 
 
+def _pending_alerts(props: Mapping[str, Any]) -> list[float]:
+    """Crossed thresholds (as last read) that no webhook has been told about yet."""
+    alerted = {float(t) for t in (props.get("thresholds_alerted") or [])}
+    return [float(t) for t in (props.get("thresholds_crossed") or []) if float(t) not in alerted]
+
+
 class SpendAlertProvider(ModalProvider):
     kind = "SpendAlert"
     type_token = TYPE_TOKEN
@@ -83,7 +97,14 @@ class SpendAlertProvider(ModalProvider):
                         "monthly_budget_usd", "monthly_budget_usd must be a number of dollars"
                     )
                 )
-            elif budget < 0 or budget != budget:
+            elif not math.isfinite(budget):
+                failures.append(
+                    CheckFailure(
+                        "monthly_budget_usd",
+                        f"monthly_budget_usd {budget} is not a finite number of dollars",
+                    )
+                )
+            elif budget < 0:
                 failures.append(
                     CheckFailure(
                         "monthly_budget_usd",
@@ -99,7 +120,12 @@ class SpendAlertProvider(ModalProvider):
                 )
             else:
                 for t in thresholds:
-                    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 1.5:
+                    if (
+                        isinstance(t, bool)
+                        or not isinstance(t, int | float)
+                        or not math.isfinite(t)
+                        or not 0 < t <= 1.5
+                    ):
                         failures.append(
                             CheckFailure(
                                 "thresholds",
@@ -135,6 +161,8 @@ class SpendAlertProvider(ModalProvider):
                 changes = True
         if is_unknown(news.get("thresholds")) or _thresholds(news) != _thresholds(olds):
             changes = True
+        if _pending_alerts(olds) and plain(news.get("webhook_url")):
+            changes = True  # a crossed threshold still has to be alerted: the update sends it
         return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     @staticmethod
@@ -152,8 +180,15 @@ class SpendAlertProvider(ModalProvider):
         )
         return str(resp.environment_id)
 
-    def _apply(self, props: Mapping[str, Any], env_id: str | None, action: str) -> tuple[str, Any]:
-        """Set the budget (creating the env lookup if needed) and read it back."""
+    def _apply(
+        self,
+        props: Mapping[str, Any],
+        env_id: str | None,
+        action: str,
+        previous: list[float | None] | None = None,
+    ) -> tuple[str, Any]:
+        """Set the budget (looking the env id up if needed) and read it back; with
+        `previous`, first record the budget the environment had (None = none)."""
         from modal_proto import api_pb2
 
         env = environment_name(props)
@@ -161,6 +196,15 @@ class SpendAlertProvider(ModalProvider):
 
         async def go(client: Any) -> tuple[str, Any]:
             eid = env_id or await self._env_id(client, env)
+            if previous is not None and not previous:
+                before = await client._stub.EnvironmentGetBudget(
+                    api_pb2.EnvironmentGetBudgetRequest(environment_id=eid)
+                )
+                previous.append(
+                    float(before.cycle_budget_dollars)
+                    if before.HasField("cycle_budget_dollars")
+                    else None
+                )
             await client._stub.EnvironmentSetBudget(
                 api_pb2.EnvironmentSetBudgetRequest(environment_id=eid, cycle_budget_dollars=budget)
             )
@@ -174,15 +218,20 @@ class SpendAlertProvider(ModalProvider):
         )
 
     def _outputs(
-        self, props: Mapping[str, Any], status: Any, already_alerted: list[float], env_name: str
+        self,
+        props: Mapping[str, Any],
+        status: Any,
+        already_alerted: list[float],
+        env_name: str,
+        send: bool = True,
     ) -> dict[str, Any]:
         budget = float(status.cycle_budget_dollars)
         usage = float(status.current_cycle_usage)
         thresholds = _thresholds(props)
-        crossed = [t for t in thresholds if usage >= t * budget]
+        crossed = [t for t in thresholds if usage >= t * budget and (budget > 0 or usage > 0)]
         alerted = [t for t in already_alerted if t in crossed]
         url = plain(props.get("webhook_url"))
-        if url:
+        if url and send:
             for t in crossed:
                 if t not in alerted and self._post(
                     str(url),
@@ -232,9 +281,11 @@ class SpendAlertProvider(ModalProvider):
         return ok
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        env_id, status = self._apply(props, None, "set")
+        previous: list[float | None] = []
+        env_id, status = self._apply(props, None, "set", previous)
         outs = self._outputs(props, status, [], environment_name(props) or "<default>")
         outs["environment_id"] = env_id
+        outs["previous_budget_usd"] = previous[0] if previous else None
         return CreateResult(env_id, outs)
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
@@ -244,21 +295,28 @@ class SpendAlertProvider(ModalProvider):
             already = []  # a new destination has been told nothing yet
         outs = self._outputs(news, status, already, environment_name(news) or "<default>")
         outs["environment_id"] = id_
+        outs["previous_budget_usd"] = olds.get("previous_budget_usd")
         return UpdateResult(outs)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        from google.protobuf.empty_pb2 import Empty
         from modal import exception as mexc
         from modal_proto import api_pb2
 
-        async def go(client: Any) -> Any:
+        async def go(client: Any) -> tuple[Any, str]:
+            envs = await client._stub.EnvironmentList(Empty())
+            name = next((e.name for e in envs.items if e.environment_id == id_), None)
+            if name is None:
+                return None, ""
             try:
-                return await client._stub.EnvironmentGetBudget(
+                status = await client._stub.EnvironmentGetBudget(
                     api_pb2.EnvironmentGetBudgetRequest(environment_id=id_)
                 )
             except mexc.NotFoundError:
-                return None
+                return None, ""
+            return status, name
 
-        status = self.run(
+        status, env = self.run(
             "read",
             f"{self._target(props)} ({id_})",
             go,
@@ -267,11 +325,13 @@ class SpendAlertProvider(ModalProvider):
         if status is None or not status.HasField("cycle_budget_dollars"):
             return ReadResult("", {})
         already = [float(t) for t in (props.get("thresholds_alerted") or [])]
-        env = props.get("environment") or ""
-        outs = self._outputs(props, status, already, env or "<default>")
+        # The id decides the environment: a declared name that differs shows as a replace.
+        live_props = {**props, "environment": env}
+        outs = self._outputs(live_props, status, already, env, send=False)
         outs["environment_id"] = id_
+        outs["previous_budget_usd"] = props.get("previous_budget_usd")
         inputs: dict[str, Any] = {
-            "environment": props.get("environment"),
+            "environment": env,
             "monthly_budget_usd": float(status.cycle_budget_dollars),
             "thresholds": _thresholds(props),
         }
@@ -283,13 +343,21 @@ class SpendAlertProvider(ModalProvider):
         from modal import exception as mexc
         from modal_proto import api_pb2
 
+        previous = props.get("previous_budget_usd")
+        if isinstance(previous, int | float) and not isinstance(previous, bool):
+            req = api_pb2.EnvironmentSetBudgetRequest(
+                environment_id=id_, cycle_budget_dollars=float(previous)
+            )
+            action = f"restore (to the previous ${float(previous):g})"
+        else:
+            req = api_pb2.EnvironmentSetBudgetRequest(environment_id=id_, clear_budget=True)
+            action = "clear"
+
         async def go(client: Any) -> None:
             with contextlib.suppress(mexc.NotFoundError):  # env gone: its budget went with it
-                await client._stub.EnvironmentSetBudget(
-                    api_pb2.EnvironmentSetBudgetRequest(environment_id=id_, clear_budget=True)
-                )
+                await client._stub.EnvironmentSetBudget(req)
 
-        self.run("clear", f"{self._target(props)} ({id_})", go)
+        self.run(action, f"{self._target(props)} ({id_})", go)
 
 
 class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
@@ -305,6 +373,7 @@ class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
     limit_reached: pulumi.Output[bool]
     thresholds_crossed: pulumi.Output[list[float]]
     thresholds_alerted: pulumi.Output[list[float]]
+    previous_budget_usd: pulumi.Output[float | None]
 
     def __init__(
         self, resource_name: str, args: SpendAlertArgs, opts: pulumi.ResourceOptions | None = None
@@ -322,6 +391,7 @@ class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
             "limit_reached": None,
             "thresholds_crossed": None,
             "thresholds_alerted": None,
+            "previous_budget_usd": None,
         }
         opts = pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(additional_secret_outputs=["webhook_url"])

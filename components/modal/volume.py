@@ -6,7 +6,10 @@
   replacement the preview showed); protection/retention (`protect`, `retain_on_delete`) is
   the component's decision.
 - Read (refresh/import by `vo-...` id): a deleted volume reads as gone; a rename behind
-  Pulumi's back shows up as a changed `name` (the next `up` renames it back).
+  Pulumi's back shows up as a changed `name` (the next `up` renames it back). Modal's volume
+  metadata carries no environment, so read looks the live name up in the declared
+  environment and fails unless that answers the same id: importing a volume into the wrong
+  environment (whose next replace would delete it) is refused.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
-from ._base import ModalProvider, check_environment, check_name, environment_name, is_unknown
+from ._base import (
+    IMPORT_HOWTO,
+    ModalProvider,
+    ModalProviderError,
+    check_environment,
+    check_name,
+    environment_name,
+    is_unknown,
+)
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:Volume"  # noqa: S105 (a Pulumi type token)
 
@@ -85,10 +96,10 @@ class VolumeProvider(ModalProvider):
             hints={
                 mexc.AlreadyExistsError: (
                     "A volume with this name already exists there: adopt it (and its data) with"
-                    f" `pulumi import {TYPE_TOKEN} <resource name> <vo-id>` (see `modal volume"
-                    " list`), or choose another name."
+                    f" {IMPORT_HOWTO} (its vo-id: `modal volume list`), or choose another name."
                 )
             },
+            idempotent=False,
         )
         return CreateResult(volume_id, self._outputs(props, volume_id))
 
@@ -110,15 +121,37 @@ class VolumeProvider(ModalProvider):
         from modal import exception as mexc
         from modal_proto import api_pb2
 
-        async def go(client: Any) -> Any:
-            try:
-                return await client._stub.VolumeGetById(api_pb2.VolumeGetByIdRequest(volume_id=id_))
-            except mexc.NotFoundError:
-                return None
+        env = environment_name(props)
 
-        resp = self.run("read", f"{id_} ({self._target(props)})", go)
+        async def go(client: Any) -> tuple[Any, str]:
+            try:
+                resp = await client._stub.VolumeGetById(api_pb2.VolumeGetByIdRequest(volume_id=id_))
+            except mexc.NotFoundError:
+                return None, ""
+            try:  # is this id the volume of that name in the declared environment?
+                found = await client._stub.VolumeGetOrCreate(
+                    api_pb2.VolumeGetOrCreateRequest(
+                        deployment_name=resp.metadata.name,
+                        environment_name=env,
+                        object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED,
+                    )
+                )
+            except mexc.NotFoundError:
+                return resp, ""
+            return resp, str(found.volume_id)
+
+        resp, in_env = self.run("read", f"{id_} ({self._target(props)})", go)
         if resp is None:
             return ReadResult("", {})
+        if in_env != id_:
+            raise ModalProviderError(
+                f"Volume {id_} ('{resp.metadata.name}'): read failed: it is not the volume of"
+                f" that name in environment '{env or '<default>'}'"
+                + (f" (that is {in_env})" if in_env else "")
+                + ". Declare the environment the volume lives in (`modal volume list -e <env>`)"
+                " and import again; a volume managed in the wrong environment would be deleted"
+                " by its next replacement."
+            )
         name = resp.metadata.name or props.get("name")
         outs = self._outputs(props, id_, name)
         return ReadResult(id_, outs, {"name": name, "environment": props.get("environment")})

@@ -79,7 +79,7 @@ from typing import Any
 import dill
 import grpc
 from google.protobuf import empty_pb2, struct_pb2
-from google.protobuf.json_format import MessageToDict
+from google.protobuf.json_format import MessageToDict, SerializeToJsonError
 from pulumi.dynamic import ResourceProvider
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
@@ -211,8 +211,19 @@ def _from_wire(value: Any) -> Any:
     return value
 
 
+def _pb_value(v: Any) -> Any:
+    if isinstance(v, struct_pb2.Struct):
+        return {k: _pb_value(x) for k, x in v.items()}
+    if isinstance(v, struct_pb2.ListValue):
+        return [_pb_value(x) for x in v]
+    return v
+
+
 def _struct_to_py(s: struct_pb2.Struct) -> dict[str, Any]:
-    raw = MessageToDict(s)
+    try:
+        raw = MessageToDict(s)
+    except ValueError:  # NaN/inf have no JSON form; walk the Struct instead
+        raw = _pb_value(s)
     out = _from_wire(raw)
     assert isinstance(out, dict)
     return out
@@ -423,7 +434,7 @@ class ProviderServer:
     def _call(self, method: str, request: Any) -> Any:
         if self._stub is None:
             raise RuntimeError("provider server not started")
-        rec = Record(method, MessageToDict(request, preserving_proto_field_name=True))
+        rec = Record(method, _to_dict(request))
         self.records.append(rec)
         t0 = time.perf_counter()
         try:
@@ -435,7 +446,7 @@ class ProviderServer:
             rec.error = f"{code.name}: {details}"
             raise ProviderCallError(method, code, details or "") from None
         rec.seconds = time.perf_counter() - t0
-        rec.response = MessageToDict(resp, preserving_proto_field_name=True)
+        rec.response = _to_dict(resp)
         return resp
 
     def _props(self, provider: ProviderRef, props: Mapping[str, Any] | None) -> struct_pb2.Struct:
@@ -672,6 +683,14 @@ class ProviderServer:
             surfaces["engine-state"] = json.dumps(engine.stored_state(), sort_keys=True)
             surfaces["engine-log"] = "\n".join(engine.log)
         return surfaces
+
+
+def _to_dict(message: Any) -> dict[str, Any]:
+    """A message as a dict for the records; NaN/inf (no JSON form) are kept as their repr."""
+    try:
+        return dict(MessageToDict(message, preserving_proto_field_name=True))
+    except (SerializeToJsonError, ValueError):
+        return {"_text": str(message)}
 
 
 def _redact_wire_secrets(value: Any) -> Any:

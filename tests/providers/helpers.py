@@ -52,27 +52,41 @@ class Webhook:
         self._httpd.server_close()
 
 
-MUTATING_PREFIXES = (
-    "Create",
-    "Update",
-    "Delete",
-    "Set",
-    "Rename",
-    "Publish",
-    "Stop",
-    "Add",
-    "Remove",
-    "GetOrCreate",
-    "Precreate",
-    "PutFile",
-    "Rollback",
+#: RPCs that only read (an allowlist: anything else, e.g. AppDeploy/FunctionCreate/
+#: AppHeartbeat or a method added later, counts as state-changing).
+READ_ONLY_RPCS = frozenset(
+    {
+        "AppDeploymentHistory",
+        "AppGetByDeploymentName",
+        "AppGetLayout",
+        "AppGetLifecycle",
+        "AppList",
+        "AuthTokenGet",
+        "BlobGet",
+        "ClassGet",
+        "ClientHello",
+        "EnvironmentGetBudget",
+        "EnvironmentList",
+        "FunctionGet",
+        "FunctionGetById",
+        "MountBatchedCheckExistence",
+        "SecretGetInfo",
+        "SecretList",
+        "TaskList",
+        "VolumeGetById",
+        "VolumeList",
+        "WebhookTokenEnvironmentList",
+        "WebhookTokenList",
+        "WebhookTokenListForEnvironment",
+        "WorkspaceNameLookup",
+    }
 )
 
 
 def mutating_calls(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     """RPCs (by method) made between two rpc_counts() snapshots that can change state."""
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    return {k: v for k, v in delta.items() if v and any(p in k for p in MUTATING_PREFIXES)}
+    return {k: v for k, v in delta.items() if v and k.rsplit("/", 1)[-1] not in READ_ONLY_RPCS}
 
 
 def rpc_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

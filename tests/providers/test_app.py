@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import modal
 import pytest
 
 from components.modal.app import AppProvider, shipped_files, source_digest
@@ -156,3 +157,86 @@ def test_broken_app_fails_with_a_clear_error(engine: Engine, tmp_path: Path) -> 
     msg = ei.value.details
     assert "App 'echo' in environment 'main': create (deploy of" in msg
     assert "modal deploy" in msg
+
+
+def test_update_after_stopped_outside_then_destroy_stops_the_live_app(
+    engine: Engine, emulator: EmulatorProcess
+) -> None:
+    """Review finding 1: stopped behind Pulumi's back, then a spec change without refresh.
+    The redeploy makes a new app id; refresh must follow it and destroy must stop it."""
+    engine.up("a", P, inputs())
+    first = engine.states["a"].id
+    modal_cli(emulator, "app", "stop", "echo", "-y")
+    assert engine.up("a", P, {**inputs(), "spec_json": spec("qwen-2")}) == "update"
+    st = engine.states["a"]
+    live = st.outputs["app_id"]
+    assert st.id == first and live != first
+    assert apps(emulator) == {first: "stopped", live: "deployed"}
+    assert engine.refresh("a") == "same"  # not "gone": read checks the live app id
+    engine.destroy("a")
+    assert apps(emulator) == {first: "stopped", live: "stopped"}
+
+
+def test_environment_change_replaces(engine: Engine, emulator: EmulatorProcess) -> None:
+    modal_cli(emulator, "environment", "create", "dev")
+    engine.up("a", P, inputs())
+    old = engine.states["a"].id
+    assert engine.preview("a", P, inputs(env="dev")) == "replace"
+    assert engine.up("a", P, inputs(env="dev")) == "replace"
+    new = engine.states["a"].id
+    assert new != old and apps(emulator) == {old: "stopped", new: "deployed"}
+
+
+def test_environment_deleted_reads_as_gone(engine: Engine, modal_env: EmulatorProcess) -> None:
+    """Review finding 26: AppGetByDeploymentName answers NotFound for a deleted environment."""
+    modal.Environment.objects.create("dev")
+    engine.up("a", P, inputs(env="dev"))
+    modal.environments.delete_environment("dev")
+    assert engine.refresh("a") == "delete"
+
+
+FLAKY_APP = """
+import pathlib
+
+import modal
+import modal.client
+from modal import exception as mexc
+
+marker = pathlib.Path(__file__).with_suffix(".attempts")
+attempts = int(marker.read_text()) + 1 if marker.exists() else 1
+marker.write_text(str(attempts))
+if attempts <= FAILURES:  # Modal "unreachable" for the first deploy attempt(s)
+
+    async def _down(*args, **kwargs):
+        raise mexc.ConnectionError("simulated outage")
+
+    modal.client._Client.from_env = _down
+
+app = modal.App("flaky")
+
+
+@app.function()
+def f() -> None:
+    pass
+"""
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_transient_deploy_failure_is_retried_once(
+    engine: Engine, tmp_path: Path, emulator: EmulatorProcess, failures: int
+) -> None:
+    """Review finding 21: a deploy that fails transiently (the runner reports Modal
+    unreachable) is retried once in a fresh runner; a second failure is reported."""
+    app_file = tmp_path / "flaky_app.py"
+    app_file.write_text(FLAKY_APP.replace("FAILURES", str(failures)))
+    if failures == 1:
+        assert engine.up("a", P, inputs(app_file=str(app_file))) == "create"
+        assert engine.states["a"].outputs["version"] == 1
+        assert apps(emulator) == {engine.states["a"].id: "deployed"}
+    else:
+        with pytest.raises(ProviderCallError) as ei:
+            engine.up("a", P, inputs(app_file=str(app_file)))
+        assert "ConnectionError: simulated outage" in ei.value.details
+        assert "Modal is unreachable or failing" in ei.value.details
+        assert apps(emulator) == {}
+    assert app_file.with_suffix(".attempts").read_text() == "2"

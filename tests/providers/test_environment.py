@@ -9,7 +9,13 @@ import pytest
 
 from components.modal.environment import EnvironmentProvider
 from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
-from tests.harness.provider_server import Engine, ProviderCallError, ProviderServer, lifecycle
+from tests.harness.provider_server import (
+    UNKNOWN,
+    Engine,
+    ProviderCallError,
+    ProviderServer,
+    lifecycle,
+)
 from tests.providers.helpers import rpc_delta
 
 P = EnvironmentProvider()
@@ -109,3 +115,37 @@ def test_check_failures(srv: ProviderServer) -> None:
     assert sorted(p for p, _ in f) == ["adopt", "name", "web_suffix"]
     assert srv.check(P, inputs("has.period")).failures
     assert srv.check(P, inputs(web_suffix="ok-1")).failures == []
+
+
+def test_suffix_conflict_on_create_leaves_no_environment_behind(
+    engine: Engine, modal_env: EmulatorProcess
+) -> None:
+    """Review finding 3: EnvironmentCreate succeeded, the suffix update failed: the new
+    environment is deleted again, so fixing the suffix and rerunning works."""
+    modal.Environment.objects.create("other")
+    modal.environments.update_environment("other", new_web_suffix="taken")
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("e", P, inputs(web_suffix="taken"))
+    assert "Environment 'dev': create failed" in ei.value.details
+    assert "dev" not in envs(modal_env)
+    assert engine.up("e", P, inputs(web_suffix="free")) == "create"
+    assert envs(modal_env)["dev"] == "free"
+
+
+def test_adopted_env_survives_a_suffix_conflict(engine: Engine, modal_env: EmulatorProcess) -> None:
+    modal.Environment.objects.create("shared")
+    modal.Environment.objects.create("other")
+    modal.environments.update_environment("other", new_web_suffix="taken")
+    with pytest.raises(ProviderCallError):
+        engine.up("e", P, inputs("shared", web_suffix="taken", adopt=True))
+    assert "shared" in envs(modal_env)  # never delete what Pulumi only adopted
+
+
+def test_unknown_flags_report_a_change(srv: ProviderServer, engine: Engine) -> None:
+    """Review finding 30: an unknown adopt/force_delete (preview) must not read as unchanged."""
+    engine.up("e", P, inputs(adopt=True, force_delete=True))  # True: bool(<unknown>) is True
+    st = engine.states["e"]
+    for flag in ("adopt", "force_delete"):
+        news = {**inputs(adopt=True, force_delete=True), flag: UNKNOWN}
+        d = srv.diff(P, st.id, st.outputs, news)
+        assert d.changes == "some" and d.replaces == []

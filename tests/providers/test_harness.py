@@ -68,3 +68,12 @@ def test_blobs_from_mocks_are_accepted(bare: ProviderServer) -> None:
     chk = bare.check(envelope, {"name": "bad name", "environment": "main", "values": {}})
     assert [p for p, _ in chk.failures] == ["name"]
     assert bare.records[-1].request["type"] == "pulumi-python:dynamic/modal:Secret"
+
+
+def test_mutating_calls_treats_unknown_rpcs_as_mutating() -> None:
+    """Review finding 31: a prefix list missed e.g. AppDeploy; reads are now an allowlist."""
+    from tests.providers.helpers import mutating_calls
+
+    before = {"AppList": 1}
+    after = {"AppList": 3, "AppDeploy": 1, "AppHeartbeat": 2, "SecretGetInfo": 1}
+    assert mutating_calls(before, after) == {"AppDeploy": 1, "AppHeartbeat": 2}

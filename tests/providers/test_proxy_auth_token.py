@@ -109,3 +109,19 @@ def test_unknown_environment_fails_create_without_leaving_a_token(
 def test_check_failures(srv: ProviderServer) -> None:
     f = srv.check(P, {"name": "", "environments": ["en-bad"], "rotation": 3}).failures
     assert sorted(p for p, _ in f) == ["environments", "name", "rotation"]
+
+
+def test_grants_added_outside_pulumi_show_on_refresh(
+    engine: Engine, modal_env: EmulatorProcess
+) -> None:
+    """Review finding 13: read lists every environment the token is allowed in, not only the
+    declared ones (the emulator lacks WebhookTokenEnvironmentList: the fallback asks every
+    environment)."""
+    modal.Environment.objects.create("dev")
+    engine.up("t", P, inputs(), secret_outputs=SECRET_OUT)
+    modal.Workspace.from_context().proxy_tokens.allow(engine.states["t"].id, "dev")
+    assert engine.refresh("t") == "update"
+    assert engine.states["t"].outputs["allowed_environments"] == ["dev", "main"]
+    assert engine.preview("t", P, inputs()) == "update"
+    engine.up("t", P, inputs(), secret_outputs=SECRET_OUT)
+    assert tokens_in("dev") == set() and tokens_in("main") == {engine.states["t"].id}

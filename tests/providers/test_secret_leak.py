@@ -12,6 +12,7 @@ harness here: the providers themselves must mark their secret outputs.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -89,9 +90,11 @@ def test_no_secret_in_any_recorded_surface(emulator: EmulatorProcess, webhook: W
         eng.up("b", bp, alert)
         emulator.set_usage("main", 6)
         eng.refresh("b")
+        eng.up("b", bp, alert)  # alerts are sent by up (never by refresh)
         webhook.status = 500
         emulator.set_usage("main", 9)
         eng.refresh("b")
+        eng.up("b", bp, alert)
         assert webhook.bodies and "not delivered" in srv.logs()
         eng.up("b", bp, {**alert, "monthly_budget_usd": 20.0})
 
@@ -129,3 +132,50 @@ def test_scan_catches_a_leaky_provider() -> None:
         leaks = scan_for_leaks(srv.leak_surfaces(eng), ["pw-very-secret-987"])
         places = " ".join(leaks)
         assert "provider-logs" in places and "engine-state" in places and ":Create" in places
+
+
+def test_app_deploy_failure_leaks_neither_extra_env_nor_token(
+    emulator: EmulatorProcess, tmp_path: Path
+) -> None:
+    """Review finding 20: an App whose deploy fails while printing a secret from `extra_env`
+    and the Modal token secret (given only as secret stack config): the error and every
+    other surface are scanned."""
+    from components.modal.app import AppProvider
+    from serving.spec import ServingSpec
+
+    broken = tmp_path / "leaky_app.py"
+    broken.write_text(
+        "import os, sys\n"
+        "import modal\n"
+        "app = modal.App('leaky')\n"
+        "print('boom', os.environ['LEAK_ME'], os.environ['MODAL_TOKEN_SECRET'], file=sys.stderr)\n"
+        "os._exit(3)  # no result line: the provider quotes the stderr tail\n"
+    )
+    env = {
+        k: v
+        for k, v in server_env(emulator).items()
+        if k not in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET")
+    }
+    config = {
+        "modal:tokenId": emulator.token_id,
+        "modal:tokenSecret": Secret(emulator.token_secret),
+    }
+    spec = ServingSpec.model_validate(
+        {"engine": "vllm", "model": "Qwen/Qwen3-0.6B", "served_model_name": "q"}
+    ).to_json()
+    app = {
+        "name": "leaky",
+        "environment": "main",
+        "app_file": str(broken),
+        "spec_json": spec,
+        "extra_env": Secret({"LEAK_ME": VALUE_1}),
+    }
+    with ProviderServer(env=env, config=config) as srv:
+        eng = Engine(srv)
+        with pytest.raises(ProviderCallError) as ei:
+            eng.up("a", AppProvider(), app)
+        msg = ei.value.details
+        assert "deploy runner exited with 3" in msg and "boom [secret] [secret]" in msg
+        surfaces = srv.leak_surfaces(eng)
+        assert emulator.token_secret
+        assert scan_for_leaks(surfaces, [VALUE_1, emulator.token_secret]) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from components.modal import AppProvider, SecretProvider
+from components.modal import AppProvider, SecretProvider, VolumeProvider
 from components.modal.app import shipped_files
 from serving.spec import SERVER_NAME, ServingSpec
 from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
@@ -36,6 +36,11 @@ def test_deploy_update_and_stop_serving_app(engine: Engine, emulator: EmulatorPr
         SecretProvider(),
         {"name": "serving-api-keys", "environment": "main", "values": Secret(keys)},
     )
+    # serving/app.py looks its volumes up by name (the Volume resources own them), so they
+    # exist before the App, as the component orders it.
+    vols = ServingSpec.model_validate_json(spec()).volumes
+    for name in (vols.hf_cache, vols.engine_cache):
+        engine.up(f"vol-{name}", VolumeProvider(), {"name": name, "environment": "main"})
     app = AppProvider()
     inputs = {
         "name": "llm",

@@ -79,6 +79,28 @@ def test_already_exists_and_check_failures(
     with pytest.raises(ProviderCallError) as ei:
         engine.up("v", P, inputs())
     assert "Volume 'hf-cache' in environment 'main': create failed" in ei.value.details
-    assert "pulumi import pulumi-python:dynamic/modal:Volume" in ei.value.details
+    assert "ResourceOptions(import_='<id>')" in ei.value.details
+    assert "pulumi import" not in ei.value.details
     failures = srv.check(P, {"name": "a/b", "environment": ""}).failures
     assert sorted(p for p, _ in failures) == ["environment", "name"]
+
+
+def test_import_into_the_wrong_environment_is_refused(
+    engine: Engine, modal_env: EmulatorProcess
+) -> None:
+    """Review finding 6: the volume lives in `main`; importing it as a `dev` volume would let
+    the next replace delete it."""
+    modal.Environment.objects.create("dev")
+    modal.Volume.objects.create("weights", environment_name="main")
+    vid = modal.Volume.from_name("weights", environment_name="main").hydrate().object_id
+    with pytest.raises(ProviderCallError) as ei:
+        engine.import_("v", P, vid, inputs(name="weights", env="dev"))
+    msg = ei.value.details
+    assert f"Volume {vid} ('weights')" in msg and "not the volume of that name" in msg
+    assert "'dev'" in msg
+    assert "v" not in engine.states
+    # Same name in dev, another volume: still refused, naming the one that is there.
+    modal.Volume.objects.create("weights", environment_name="dev")
+    with pytest.raises(ProviderCallError, match="that is vo-"):
+        engine.import_("v", P, vid, inputs(name="weights", env="dev"))
+    assert engine.import_("v", P, vid, inputs(name="weights")).id == vid
