@@ -5,14 +5,18 @@ project), e.g. outside the repo:
 
     python3.11 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install vllm==0.33.0
     /tmp/vllm-venv/bin/python scripts/record_engine_flags.py vllm \
-        > tests/serving/fixtures/vllm-0.33.0-flags.txt
+        > serving/engine_flags/vllm_0_33_0.py
     python3.11 -m venv /tmp/sglang-venv && /tmp/sglang-venv/bin/pip install sglang==0.5.23
     /tmp/sglang-venv/bin/python scripts/record_engine_flags.py sglang \
-        > tests/serving/fixtures/sglang-0.5.23-flags.txt
+        > serving/engine_flags/sglang_0_5_23.py
 
-Output: one header line starting with '#' (engine, version, how the parser was built), then one
-option string per line, sorted. tests/serving/test_engine_flags.py checks every flag the spec
-renders against these files, so a flag renamed in a new engine release fails the tests.
+Output: a small Python module (ruff-formatted as written) with ENGINE, VERSION and ACTIONS:
+one entry per parser action, its option strings space-separated (aliases and negations share an
+entry, e.g. "--tensor-parallel-size -tp"), sorted. It is the one copy of the list: the spec
+rejects extra_args the pinned parser does not know (serving/engine_flags/__init__.py), and
+tests/serving/test_engine_flags.py checks every flag the spec renders against it, so a flag
+renamed in a new engine release fails at `pulumi preview` and in the tests. The module is .py so
+that `add_local_python_source("serving")` ships it into the container with the spec.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import NoReturn
 
@@ -48,8 +53,38 @@ def sglang_parser() -> tuple[argparse.ArgumentParser, str]:
     return parser, "argparse.ArgumentParser() + sglang.srt.server_args.ServerArgs.add_cli_args"
 
 
-def option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    return sorted({opt for action in parser._actions for opt in action.option_strings})
+def action_groups(parser: argparse.ArgumentParser) -> list[str]:
+    """One entry per option action: its option strings in declaration order, space-separated."""
+    return sorted({" ".join(a.option_strings) for a in parser._actions if a.option_strings})
+
+
+def render_module(engine: str, version: str, how: str, groups: list[str]) -> str:
+    """The generated module's text (already in ruff format: one string per line)."""
+    module = f"{engine}_{version.replace('.', '_')}"
+    built = textwrap.wrap(
+        f"Recorded by scripts/record_engine_flags.py {engine} with python "
+        f"{sys.version.split()[0]}; the parser was built with {how}.",
+        width=96,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+    lines = [
+        f'"""Option strings of {engine}=={version}\'s server parser (generated, do not edit).',
+        "",
+        *built,
+        "Regenerate where the engine is installed (see that script's docstring):",
+        f"    python scripts/record_engine_flags.py {engine} > serving/engine_flags/{module}.py",
+        '"""',
+        "",
+        f"ENGINE = {json.dumps(engine)}",
+        f"VERSION = {json.dumps(version)}",
+        "# One entry per parser action: its option strings, space-separated.",
+        "ACTIONS: tuple[str, ...] = (",
+        *[f"    {json.dumps(g)}," for g in groups],
+        ")",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 class ArgvRejected(Exception):
@@ -83,21 +118,35 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of listing flags, parse the JSON list of argvs in FILE ('-' = stdin) "
         "with the real parser (argv without the `vllm serve` / `python3 -m ...` prefix)",
     )
+    cli.add_argument(
+        "--expect",
+        metavar="MODULE_FILE",
+        help="instead of printing the recording, compare it with MODULE_FILE (the committed "
+        "serving/engine_flags/<engine>_<version>.py); exit 1 if they differ",
+    )
     args = cli.parse_args(argv)
     parser, how = vllm_parser() if args.engine == "vllm" else sglang_parser()
+    status = 0
     if args.check_argv:
         text = sys.stdin.read() if args.check_argv == "-" else Path(args.check_argv).read_text()
-        return check_argvs(parser, json.loads(text))
+        status = check_argvs(parser, json.loads(text))
     version = importlib.metadata.version(args.engine)
-    flags = option_strings(parser)
-    print(
-        f"# {args.engine}=={version}: {len(flags)} option strings of its server parser, "
-        f"built with {how}; python {sys.version.split()[0]}; "
-        f"regenerate with scripts/record_engine_flags.py {args.engine}"
-    )
-    for flag in flags:
-        print(flag)
-    return 0
+    recorded = render_module(args.engine, version, how, action_groups(parser))
+    if args.expect:
+        committed = Path(args.expect).read_text()
+        if _without_docstring(committed) == _without_docstring(recorded):
+            print(f"recording of {args.engine}=={version} matches {args.expect}")
+        else:
+            print(f"MISMATCH: {args.engine}=={version}'s parser differs from {args.expect}")
+            status = 1
+    elif not args.check_argv:
+        sys.stdout.write(recorded)
+    return status
+
+
+def _without_docstring(module_text: str) -> str:
+    """The module's code (the docstring names the python that recorded it, which may differ)."""
+    return module_text.split('"""', 2)[-1]
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@ Deploy (the App resource does the same):
 
     SERVING_SPEC=service.json [SERVING_APP_NAME=my-llm] modal deploy serving/app.py
 
+The volumes and secrets the spec names must exist first: the Pulumi component creates them
+(Volume and Secret resources, which the App depends on); by hand, `modal volume create NAME`
+and `modal secret create NAME ...`. The app never creates them itself, so a typo fails the
+deploy instead of mounting a new, empty cache.
+
 Everything the app does comes from the serving spec (serving/spec.py); the lifecycle in the
 container lives in serving/engine.py. Read top to bottom: spec, image, volumes and secrets,
 then the server class with its lifecycle.
@@ -68,9 +73,9 @@ image = (
 # ---- Volumes and secrets ---------------------------------------------------------------------
 # Weights on the HF volume, compiled kernels on the engine volume: a new container neither
 # downloads nor recompiles. Secrets: SERVING_API_KEYS (key digests) and optionally HF_TOKEN.
+# All looked up by name, never created here: the Volume/Secret resources own them.
 volumes: dict[str | PurePosixPath, modal.Volume | modal.CloudBucketMount] = {
-    path: modal.Volume.from_name(name, create_if_missing=True)
-    for path, name in SPEC.volume_mounts().items()
+    path: modal.Volume.from_name(name) for path, name in SPEC.volume_mounts().items()
 }
 secrets = [modal.Secret.from_name(name) for name in SPEC.secret_names()]
 
@@ -104,6 +109,8 @@ def _container() -> Container:
     secrets=secrets,
     port=PROXY_PORT,  # Modal routes to the proxy; the engine listens on 127.0.0.1 only
     unauthenticated=False,  # Modal proxy auth: Modal-Key/Modal-Secret checked at the edge
+    # The container gives up a little earlier (serving/engine.py: startup_budget_s), so a
+    # start that takes too long ends with the engine's last log lines, not a silent kill.
     startup_timeout=SPEC.timeouts.startup_s,
     min_containers=SPEC.scaling.min_containers,
     max_containers=SPEC.scaling.max_containers,

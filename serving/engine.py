@@ -9,7 +9,11 @@ What it does, in order (`Container`):
    so Modal's port answers while the engine loads (the proxy says 503 + Retry-After until ready);
 2. start the engine beside it on 127.0.0.1 (command and env rendered by the spec), in its own
    process group, its output forwarded line by line and the last lines kept;
-3. poll the engine's /health until 200, then send the warm-up prompts;
+3. poll the engine's /health until 200, then send the warm-up prompts (chat completions;
+   completions for a base model without a chat template; embeddings for an embedding model),
+   all within the startup budget: timeouts.startup_s minus a margin, so that a slow start
+   fails here, with the engine's last log lines, before Modal's startup_timeout kills the
+   container without them;
 4. with snapshots: put the engine to sleep before the snapshot (vLLM `POST /sleep?level=1`,
    SGLang `POST /release_memory_occupation`) and wake it after restore (`POST /wake_up`,
    `POST /resume_memory_occupation`);
@@ -46,7 +50,18 @@ WARMUP_MAX_TOKENS = 16  # enough to run prefill and a few decode steps, cheap to
 ENGINE_DIED_EXIT_CODE = 70  # EX_SOFTWARE: the container exits with this when a child dies
 STOP_GRACE_S = 15.0  # SIGTERM first; SIGKILL the group after this
 ENGINE_HIDDEN_ENV = frozenset({"SERVING_API_KEYS"})  # the engine never needs the key digests
+# The proxy gets only these from the container env (plus what the caller passes explicitly):
+# never HF_TOKEN or anything else a secret mounts. The mirror image of ENGINE_HIDDEN_ENV.
+PROXY_ENV_KEYS = frozenset(
+    {"SERVING_API_KEYS", "PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME", "TMPDIR", "TZ"}
+    | {"LANG", "LC_ALL", "LC_CTYPE"}
+)
 PROXY_READY_TIMEOUT_S = 120.0  # the proxy polls the engine every 0.5 s; this is generous
+# The startup budget ends min(this, 10 % of timeouts.startup_s) before Modal's startup_timeout.
+STARTUP_MARGIN_MAX_S = 60.0
+# Warm-up routes in order: a model without a chat template answers 400 on chat, an embedding
+# model 400/404 on both generation routes; those statuses move on to the next route.
+WARMUP_FALLBACK_STATUSES = frozenset({400, 404})
 
 # (path, JSON body or None) per engine, both POST: where sleep and wake live.
 SLEEP_ROUTES: dict[str, tuple[str, dict[str, Any] | None]] = {
@@ -57,6 +72,34 @@ WAKE_ROUTES: dict[str, tuple[str, dict[str, Any] | None]] = {
     "vllm": ("/wake_up", None),
     "sglang": ("/resume_memory_occupation", {}),
 }
+
+
+def startup_budget_s(startup_s: float) -> float:
+    """How long start-up may take before we give up: `startup_s` minus min(60 s, 10 %).
+
+    Modal's startup_timeout (= timeouts.startup_s) kills the container without our report;
+    ending a little earlier lets the container print the engine's last lines and exit itself.
+    """
+    return float(startup_s) - min(STARTUP_MARGIN_MAX_S, 0.1 * float(startup_s))
+
+
+def warmup_requests(served_model_name: str, prompt: str) -> list[tuple[str, dict[str, Any]]]:
+    """(route, body) to try in order for one warm-up prompt."""
+    return [
+        (
+            "/v1/chat/completions",
+            {
+                "model": served_model_name,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": WARMUP_MAX_TOKENS,
+            },
+        ),
+        (
+            "/v1/completions",
+            {"model": served_model_name, "prompt": prompt, "max_tokens": WARMUP_MAX_TOKENS},
+        ),
+        ("/v1/embeddings", {"model": served_model_name, "input": prompt}),
+    ]
 
 
 class EngineError(RuntimeError):
@@ -239,12 +282,18 @@ class Engine:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    def wait_ready(self, timeout_s: float | None = None, interval_s: float = 0.5) -> float:
+    def wait_ready(
+        self, timeout_s: float | None = None, interval_s: float = 0.5, *, budget: str = ""
+    ) -> float:
         """Poll GET /health until 200; returns the seconds it took.
 
-        Raises ProcessDied (with the last log lines) if the engine exits, EngineError on timeout.
+        timeout_s defaults to the startup budget (`startup_budget_s`); `budget` explains where
+        the timeout came from in the error. Raises ProcessDied (with the last log lines) if the
+        engine exits, EngineError on timeout.
         """
-        timeout_s = float(self.spec.timeouts.startup_s) if timeout_s is None else timeout_s
+        if timeout_s is None:
+            timeout_s = startup_budget_s(self.spec.timeouts.startup_s)
+            budget = budget or self.budget_note()
         start = time.monotonic()
         last = "no answer yet"
         while True:
@@ -262,37 +311,70 @@ class Engine:
                 tail = "\n".join(f"  | {line}" for line in self.process.tail()[-20:])
                 raise EngineError(
                     f"{self.spec.engine} not healthy at {self.base_url}/health after "
-                    f"{timeout_s:.0f} s (last answer: {last}); raise timeouts.startup_s if the "
-                    f"model is still loading. Last log lines:\n{tail}"
+                    f"{timeout_s:.1f} s{budget} (last answer: {last}); raise "
+                    f"timeouts.startup_s if the model is still loading. Last log lines:\n{tail}"
                 )
             time.sleep(interval_s)
 
-    def warm_up(self) -> int:
-        """Send each warm-up prompt as a short chat completion; returns how many were sent."""
+    def budget_note(self) -> str:
+        """Where the start-up timeout comes from, for error messages."""
+        startup_s = self.spec.timeouts.startup_s
+        margin = startup_s - startup_budget_s(startup_s)
+        return (
+            f" (the startup budget: timeouts.startup_s={startup_s} minus a {margin:g} s margin, "
+            "so this report comes before Modal's startup_timeout ends the container)"
+        )
+
+    def warm_up(self, deadline: float | None = None) -> str | None:
+        """Send each warm-up prompt; returns the route that answered (None without prompts).
+
+        Chat completions first; on 400/404 (no chat template, an embedding model) completions,
+        then embeddings; the first route that answers 200 is used for the remaining prompts.
+        `deadline` (time.monotonic()) bounds the whole warm-up.
+        """
         timeout = float(min(self.spec.timeouts.request_s, 300))
+        route: str | None = None
         for i, prompt in enumerate(self.spec.warmup_prompts):
-            self._check_alive()
-            payload = {
-                "model": self.spec.served_model_name,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": WARMUP_MAX_TOKENS,
-            }
-            try:
-                status, body = self.request(
-                    "POST", "/v1/chat/completions", payload, timeout=timeout
-                )
-            except OSError as exc:
-                self._check_alive()
-                raise EngineError(
-                    f"warm-up prompt {i} to {self.base_url}/v1/chat/completions failed: {exc}"
-                ) from None
+            candidates = warmup_requests(self.spec.served_model_name, prompt)
+            if route is not None:
+                candidates = [c for c in candidates if c[0] == route]
+            answers: list[str] = []
+            for path, payload in candidates:
+                status, body = self._warmup_call(i, path, payload, timeout, deadline)
+                if status == 200:
+                    route = path
+                    break
+                answers.append(f"{path}: HTTP {status} {body[:200]!r}")
+                if status not in WARMUP_FALLBACK_STATUSES:
+                    break  # a server error is not "wrong route": report it
             if status != 200:
                 raise EngineError(
-                    f"warm-up prompt {i} to {self.base_url}/v1/chat/completions answered HTTP "
-                    f"{status}: {body[:300]!r}; check the model and served_model_name"
+                    f"warm-up prompt {i} failed at {self.base_url}: " + "; ".join(answers) + ". "
+                    "Check the model and served_model_name (the engine answers 404 for a model "
+                    "name it does not serve)"
                 )
-        log.info("warm-up done: %d prompt(s)", len(self.spec.warmup_prompts))
-        return len(self.spec.warmup_prompts)
+        log.info("warm-up done: %d prompt(s) via %s", len(self.spec.warmup_prompts), route)
+        return route
+
+    def _warmup_call(
+        self, i: int, path: str, payload: dict[str, Any], timeout: float, deadline: float | None
+    ) -> tuple[int, bytes]:
+        self._check_alive()
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineError(
+                    f"warm-up prompt {i} not sent: start-up took all of its budget"
+                    f"{self.budget_note()}; raise timeouts.startup_s"
+                )
+            timeout = min(timeout, left)
+        try:
+            return self.request("POST", path, payload, timeout=timeout)
+        except OSError as exc:
+            self._check_alive()
+            raise EngineError(
+                f"warm-up prompt {i} to {self.base_url}{path} failed: {exc}"
+            ) from None
 
     def sleep(self) -> None:
         """Free GPU memory before a snapshot (vLLM sleep mode / SGLang memory saver)."""
@@ -326,6 +408,11 @@ class Engine:
 def _engine_base_env() -> dict[str, str]:
     """The container's env minus what only the proxy needs (the API key digests)."""
     return {k: v for k, v in os.environ.items() if k not in ENGINE_HIDDEN_ENV}
+
+
+def _proxy_base_env() -> dict[str, str]:
+    """The few container env vars the proxy needs (PROXY_ENV_KEYS): no HF_TOKEN, no others."""
+    return {k: v for k, v in os.environ.items() if k in PROXY_ENV_KEYS}
 
 
 def proxy_command(
@@ -378,9 +465,11 @@ class Container:
         self.proxy: ManagedProcess | None = None
         if with_proxy:
             argv = proxy_argv or proxy_command(spec, port=proxy_port, engine_port=engine_port)
-            self.proxy = ManagedProcess("proxy", argv, env={**os.environ, **(proxy_env or {})})
+            env = {**_proxy_base_env(), **(proxy_env or {})}
+            self.proxy = ManagedProcess("proxy", argv, env=env)
         self._on_death = on_death
         self._died = threading.Event()
+        self._started_at: float | None = None
 
     def _death(self, proc: ManagedProcess, returncode: int) -> None:
         self._died.set()
@@ -391,6 +480,7 @@ class Container:
 
     def start(self) -> None:
         """Start the proxy at once, then the engine beside it; watch both."""
+        self._started_at = time.monotonic()  # the startup budget counts from here
         if self.proxy is not None:
             self.proxy.start().watch(self._death)
         self.engine.start()
@@ -401,10 +491,14 @@ class Container:
 
         Modal routes requests as soon as the enter methods return, so the proxy must have
         seen the engine healthy by then (it polls /health on its own), or the first clients
-        would get 503s.
+        would get 503s. Health and warm-up share the startup budget, counted from start().
         """
-        self.engine.wait_ready()
-        self.engine.warm_up()
+        started = self._started_at if self._started_at is not None else time.monotonic()
+        deadline = started + startup_budget_s(self.spec.timeouts.startup_s)
+        self.engine.wait_ready(
+            timeout_s=max(0.0, deadline - time.monotonic()), budget=self.engine.budget_note()
+        )
+        self.engine.warm_up(deadline=deadline)
         self.wait_proxy_ready()
 
     def before_snapshot(self) -> None:

@@ -11,6 +11,7 @@ a `SpecError` whose message lists every problem, one per line, with the file nam
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -28,11 +29,14 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from serving.engine_flags import FlagList, flag_list, parser_name
+
 Engine = Literal["vllm", "sglang"]
 
 # ---- Pinned engines -------------------------------------------------------------------------
-# Flag names move between releases, so the rendered command line is checked against these exact
-# versions' own argument parsers (tests/serving/fixtures/<engine>-<version>-flags.txt).
+# Flag names move between releases, so the rendered command line and extra_args are checked
+# against these exact versions' own argument parsers (serving/engine_flags/<engine>_<version>.py,
+# recorded by scripts/record_engine_flags.py).
 ENGINE_VERSIONS: dict[str, str] = {"vllm": "0.33.0", "sglang": "0.5.23"}
 # The images the container runs: vLLM's OpenAI server image per release; SGLang's plain release
 # tag (published for every release; the "-cuXXX[-runtime]" variants vary between releases).
@@ -52,6 +56,9 @@ ENGINE_CACHE_PATHS: dict[str, str] = {"vllm": "/root/.cache/vllm", "sglang": "/r
 SPEC_IN_IMAGE = "/opt/serving/spec.json"  # the spec bundled into the image (copy=True)
 SPEC_ENV = "SERVING_SPEC"  # env var naming the spec file (deploy time; optional in container)
 SERVER_NAME = "Serving"  # the @app.server class: modal.Server.from_name(app_name, SERVER_NAME)
+# Modal answers a web request whose response has not started after this long with a 303
+# redirect (modal.com/docs/guide/webhook-timeouts): non-stream requests must finish sooner.
+MODAL_WEB_RESPONSE_LIMIT_S = 150
 
 # Engine defaults the seeds' learnings call for (docs/serving.md explains each one).
 DEFAULT_GPU_MEMORY_FRACTION: dict[str, float] = {"vllm": 0.92, "sglang": 0.88}
@@ -103,6 +110,8 @@ _FIXED_PORT = "nothing: the engine port is fixed by the container lifecycle"
 _PROXY_KEYS = "secrets.api_keys: the proxy checks keys, an engine key would lock it out"
 # Flags the spec renders itself (with their aliases), and the field that controls each one.
 # extra_args may not repeat them: a second value would silently win or fail at engine start.
+# Spellings the engine's parser maps to one of these (aliases of the same action, unique
+# prefixes, vLLM's `_` for `-`) are reserved too: see `extra_args_problems`.
 RESERVED_FLAGS: dict[str, dict[str, str]] = {
     "vllm": {
         "--model": "model",
@@ -127,7 +136,6 @@ RESERVED_FLAGS: dict[str, dict[str, str]] = {
         "--served-model-name": "served_model_name",
         "--host": _FIXED_HOST,
         "--port": _FIXED_PORT,
-        "--tp": "gpu_count",  # argparse abbreviation of --tp-size
         "--tp-size": "gpu_count",
         "--tensor-parallel-size": "gpu_count",
         "--context-length": "context_length",
@@ -137,6 +145,13 @@ RESERVED_FLAGS: dict[str, dict[str, str]] = {
         "--download-dir": "volumes.hf_cache",
         "--api-key": _PROXY_KEYS,
     },
+}
+
+# Flags extra_args may not use at all, and why.
+_NO_CONFIG = "put each option in extra_args instead; options in a config file bypass these checks"
+REFUSED_FLAGS: dict[str, dict[str, str]] = {
+    "vllm": {"--config": _NO_CONFIG},
+    "sglang": {"--config": _NO_CONFIG},
 }
 
 # Engine defaults the spec adds unless extra_args set them: any of these flags in extra_args
@@ -207,7 +222,8 @@ class Scaling(_Model):
 
 
 class Volumes(_Model):
-    """Names of the Modal volumes mounted in the container (created if missing)."""
+    """Names of the Modal volumes mounted in the container (they must exist: the Pulumi
+    component's Volume resources create them; serving/app.py only looks them up)."""
 
     hf_cache: str = "huggingface-cache"
     engine_cache: str = "vllm-cache"
@@ -233,10 +249,35 @@ class Secrets(_Model):
 
 
 class Timeouts(_Model):
-    """How long a container may take to become ready, and one request upstream."""
+    """How long a container may take to become ready, and one request upstream.
 
-    startup_s: Annotated[int, Field(ge=1, le=86_400)] = 1800
-    request_s: Annotated[int, Field(ge=1, le=86_400)] = 600
+    `request_s` is the longest one request may run, which in practice means a streamed
+    completion: Modal answers a web request that has not started its response after
+    MODAL_WEB_RESPONSE_LIMIT_S (150 s) with a 303 redirect, so non-stream requests must finish
+    within 150 s whatever request_s says; streams start answering at once and may run request_s.
+    It is also the proxy's wait for the engine's response head and its longest silence
+    mid-stream, and the gateway's timeout is startup_s + request_s (a cold start, then the
+    longest completion).
+    """
+
+    startup_s: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=86_400,
+            description="Modal's startup_timeout; the container gives up 10 % (at most 60 s) "
+            "earlier so it can print the engine's last log lines",
+        ),
+    ] = 1800
+    request_s: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=86_400,
+            description="longest streamed request; non-stream requests must finish within "
+            "150 s (Modal answers 303 after that)",
+        ),
+    ] = 600
 
 
 class ProxySettings(_Model):
@@ -412,15 +453,16 @@ class ServingSpec(_Model):
                     "40-character commit sha from its Hugging Face page",
                 )
             )
-        reserved = RESERVED_FLAGS[self.engine]
-        for i, flag in _flags_in(self.extra_args):
-            if flag in reserved:
-                problems.append(
-                    (
-                        f"extra_args[{i}]",
-                        f"{flag} is already rendered by the spec; set {reserved[flag]}",
-                    )
+        elif self.require_pinned_revision and not _SHA_RE.match(self.revision or ""):
+            problems.append(
+                (
+                    "revision",
+                    f"require_pinned_revision=true but revision {self.revision!r} is a tag, and "
+                    "tags can be moved; use the 40-character commit sha it points to (Hugging "
+                    "Face: Files and versions -> History)",
                 )
+            )
+        problems += extra_args_problems(self.engine, self.extra_args)
         if self.proxy.max_in_flight < self.scaling.max_concurrency:
             problems.append(
                 (
@@ -531,7 +573,12 @@ class ServingSpec(_Model):
 
     def _default_wanted(self, flag: str) -> bool:
         overrides = OVERRIDABLE_DEFAULTS[self.engine][flag]
-        return not any(f in overrides for f in flags_in(self.extra_args))
+        flags = engine_flags(self.engine)
+        for _, token in _flags_in(self.extra_args):
+            option, _ = flags.resolve(parser_name(self.engine, token))
+            if option is not None and overrides & set(flags.aliases(option)):
+                return False
+        return True
 
     def engine_env(self) -> dict[str, str]:
         """Environment for the engine process (and the image), caches on the volumes."""
@@ -659,8 +706,75 @@ def _flags_in(args: list[str]) -> list[tuple[int, str]]:
     return [
         (i, a.split("=", 1)[0])
         for i, a in enumerate(args)
-        if a.startswith("-") and not _NEG_NUMBER_RE.match(a)
+        if a.startswith("-") and a != "-" and not _NEG_NUMBER_RE.match(a)
     ]
+
+
+def engine_flags(engine: str) -> FlagList:
+    """The pinned release's recorded flag list (serving/engine_flags/)."""
+    return flag_list(engine, ENGINE_VERSIONS[engine])
+
+
+def extra_args_problems(engine: str, args: list[str]) -> list[tuple[str, str]]:
+    """(field, why) for each flag in `args` the pinned engine would reject or that the spec
+    renders itself, however it is spelled: aliases of the same parser action, vLLM's `_` for
+    `-` and `--flag.key` forms, and argparse's unique-prefix abbreviations (`--max-model`).
+    Abbreviations are refused even for harmless flags: write the flag out.
+    """
+    flags = engine_flags(engine)
+    reserved = RESERVED_FLAGS[engine]
+    refused = REFUSED_FLAGS[engine]
+
+    def reserved_by(option: str) -> str | None:
+        field = next((f for f in flags.aliases(option) if f in reserved), None)
+        return None if field is None else reserved[field]
+
+    problems: list[tuple[str, str]] = []
+    for i, token in _flags_in(args):
+        where = f"extra_args[{i}]"
+        name = parser_name(engine, token)
+        option, matches = flags.resolve(name)
+        said = token if token == name else f"{token} (read by {engine} as {name})"
+        if option is not None:
+            field = reserved_by(option)
+            if option in refused:
+                problems.append((where, f"{said} is not allowed in extra_args: {refused[option]}"))
+            elif field is not None:
+                alias = "" if option in reserved else f", an alias of {flags.aliases(option)[0]}"
+                problems.append(
+                    (where, f"{said}{alias} is already rendered by the spec; set {field}")
+                )
+            continue
+        actions = {flags.aliases(m) for m in matches}
+        field = reserved_by(matches[0]) if len(actions) == 1 else None
+        if field is not None:  # a unique prefix: the engine would take it as the full flag
+            problems.append(
+                (
+                    where,
+                    f"{said} abbreviates {matches[0]} (argparse accepts unique prefixes), "
+                    f"which the spec renders; set {field}",
+                )
+            )
+        elif not name.startswith("--") and matches == [name[:2]]:
+            problems.append(
+                (where, f"{said} is {name[:2]} with its value attached; write them as two items")
+            )
+        elif matches:
+            shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+            problems.append(
+                (where, f"{said} is an abbreviation of {shown}; write the full flag name")
+            )
+        else:
+            close = difflib.get_close_matches(name, sorted(flags.options), n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            problems.append(
+                (
+                    where,
+                    f"{said} is not a flag of {engine}=={flags.version}; {hint}"
+                    f"the pinned parser's flags are listed in {flags.source}",
+                )
+            )
+    return problems
 
 
 def flags_in(args: list[str]) -> list[str]:

@@ -116,12 +116,20 @@ def create_secrets(spec: ServingSpec) -> None:
         modal.Secret.objects.create(spec.secrets.hf_token, {"HF_TOKEN": "hf_dummy"})
 
 
+def create_mounted_objects(spec: ServingSpec) -> None:
+    """What the Pulumi component creates before the App: the secrets and the cache volumes."""
+    create_secrets(spec)
+    for name in spec.volume_mounts().values():
+        modal.Volume.objects.create(name)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine: str) -> None:
     spec = ServingSpec.model_validate(SPECS[engine])
     spec_path = write_spec(tmp_path, SPECS[engine])
-    create_secrets(spec)
+    create_mounted_objects(spec)
+    volumes_before = {v["name"]: v["id"] for v in modal_env.state()["volumes"]}
 
     result = modal_deploy(modal_env, spec_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -151,10 +159,16 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
     shipped = {f[0] for m in state["mounts"] for f in json.loads(m["files"])}
     assert {"/root/serving/engine.py", "/root/serving/spec.py"} <= shipped
     assert "/root/serving/proxy/__main__.py" in shipped
+    # the recorded flag lists the spec checks extra_args against, read again in the container
+    assert "/root/serving/engine_flags/__init__.py" in shipped
+    assert f"/root/serving/engine_flags/{engine}_{spec.engine_version.replace('.', '_')}.py" in (
+        shipped
+    )
 
     fn = function_definition(app_name)
     # volumes created by name and mounted where the spec says
     volume_ids = {v["name"]: v["id"] for v in state["volumes"]}
+    assert volume_ids == volumes_before  # mounted the existing ones, created none
     mounts = {vm.mount_path: vm.volume_id for vm in fn.volume_mounts}
     assert mounts == {path: volume_ids[name] for path, name in spec.volume_mounts().items()}, (
         mounts,
@@ -194,7 +208,7 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
 def test_app_name_from_env_and_redeploy(modal_env: EmulatorProcess, tmp_path: Path) -> None:
     data = SPECS["sglang"]
     spec = ServingSpec.model_validate(data)
-    create_secrets(spec)
+    create_mounted_objects(spec)
     spec_path = write_spec(tmp_path, data)
     first = modal_deploy(modal_env, spec_path, SERVING_APP_NAME="team-llm")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -206,6 +220,23 @@ def test_app_name_from_env_and_redeploy(modal_env: EmulatorProcess, tmp_path: Pa
     apps = [a for a in modal_env.state()["apps"] if a["name"] == "team-llm"]
     assert len(apps) == 1 and apps[0]["version"] == 2
     assert function_definition("team-llm").autoscaler_settings.max_containers == 3
+
+
+@pytest.mark.slow
+def test_deploy_without_the_volumes_fails_and_creates_none(
+    modal_env: EmulatorProcess, tmp_path: Path
+) -> None:
+    """The App never creates volumes: they belong to the Volume resources it depends on. Had
+    it created them, a later Volume create would fail with AlreadyExists."""
+    spec = ServingSpec.model_validate(SPECS["sglang"])
+    create_secrets(spec)
+    modal.Volume.objects.create(spec.volumes.hf_cache)  # the engine cache volume is missing
+    result = modal_deploy(modal_env, write_spec(tmp_path, SPECS["sglang"]))
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert spec.volumes.engine_cache in out and "not found" in out.lower(), out[-3000:]
+    assert [v["name"] for v in modal_env.state()["volumes"]] == [spec.volumes.hf_cache]
+    assert [a for a in modal_env.state()["apps"] if a.get("state") == "deployed"] == []
 
 
 def test_deploy_without_serving_spec_says_what_to_set(emulator: EmulatorProcess) -> None:

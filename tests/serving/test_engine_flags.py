@@ -1,8 +1,8 @@
 """Every flag the spec renders exists in the pinned engine's own argument parser.
 
-The parsers' option strings are recorded in tests/serving/fixtures/<engine>-<version>-flags.txt
-by scripts/record_engine_flags.py (run with a venv where the pinned engine is installed). When
-an engine pin moves, re-record and this test says which rendered flag no longer exists.
+The parsers' option strings are recorded in serving/engine_flags/<engine>_<version>.py by
+scripts/record_engine_flags.py (run with a venv where the pinned engine is installed). When an
+engine pin moves, re-record and this test says which rendered flag no longer exists.
 
 When a venv with the pinned engine is present (env SERVING_VLLM_PYTHON / SERVING_SGLANG_PYTHON,
 or /tmp/vllm-venv, /tmp/sglang-venv), `test_*_parser_accepts_rendered_commands` also parses
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from serving.engine_flags import flag_list, module_name
 from serving.spec import ENGINE_VERSIONS, ServingSpec, flags_in
 from tests.serving.test_spec import SHA, make
+from tests.serving.test_spec_extra_args import ACCEPTED_SPELLINGS, BYPASSES
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = Path(__file__).parent / "fixtures"
 EXTRA_ARGS = {
     "vllm": [[], ["--max-num-seqs", "128", "--trust-remote-code"], ["--no-async-scheduling"]],
     "sglang": [
@@ -34,10 +35,7 @@ EXTRA_ARGS = {
 
 
 def recorded_flags(engine: str) -> set[str]:
-    path = FIXTURES / f"{engine}-{ENGINE_VERSIONS[engine]}-flags.txt"
-    lines = path.read_text().splitlines()
-    assert lines[0].startswith(f"# {engine}=={ENGINE_VERSIONS[engine]}:"), "header names the pin"
-    return {line for line in lines[1:] if line}
+    return set(flag_list(engine, ENGINE_VERSIONS[engine]).options)
 
 
 def matrix(engine: str) -> list[ServingSpec]:
@@ -69,10 +67,18 @@ def prefix_len(engine: str) -> int:
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_fixture_holds_the_parser_listing(engine: str) -> None:
+def test_recorded_list_holds_the_parser_listing(engine: str) -> None:
     flags = recorded_flags(engine)
     assert len(flags) > 300  # a whole server parser, not a fragment
     assert all(f.startswith("-") for f in flags)
+    listing = flag_list(engine, ENGINE_VERSIONS[engine])
+    assert listing.source == module_name(engine, ENGINE_VERSIONS[engine]).replace(".", "/") + ".py"
+    assert (ROOT / listing.source).is_file()  # one copy, inside serving/ (ships with the app)
+
+
+def test_missing_list_says_how_to_record_it() -> None:
+    with pytest.raises(LookupError, match=r"record_engine_flags\.py vllm .*vllm==9\.9\.9"):
+        flag_list("vllm", "9.9.9")
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -100,10 +106,14 @@ def test_reserved_flags_exist_in_the_pinned_parser(engine: str) -> None:
     from serving.spec import OVERRIDABLE_DEFAULTS, RESERVED_FLAGS
 
     known = recorded_flags(engine)
-    abbreviations = {"--tp"}  # argparse prefix of --tp-size, rejected on purpose
-    assert set(RESERVED_FLAGS[engine]) - abbreviations <= known
+    assert set(RESERVED_FLAGS[engine]) <= known
     for alternatives in OVERRIDABLE_DEFAULTS[engine].values():
         assert alternatives <= known
+
+
+def base_argv(engine: str) -> list[str]:
+    """The parser's own arguments of a minimal rendered command (without the prefix)."""
+    return make(engine=engine).engine_command(8001)[prefix_len(engine) :]
 
 
 def engine_python(engine: str) -> str | None:
@@ -120,8 +130,12 @@ def test_parser_accepts_rendered_commands(engine: str) -> None:
     if python is None:
         pytest.skip(f"no venv with {engine}=={ENGINE_VERSIONS[engine]} (see module docstring)")
     argvs = [s.engine_command(8001)[prefix_len(engine) :] for s in matrix(engine)]
+    argvs += [base_argv(engine) + args for args in ACCEPTED_SPELLINGS[engine]]
+    argvs += [base_argv(engine) + args for args in BYPASSES[engine]]
+    recorded = flag_list(engine, ENGINE_VERSIONS[engine]).source
+    script = str(ROOT / "scripts" / "record_engine_flags.py")
     out = subprocess.run(
-        [python, str(ROOT / "scripts" / "record_engine_flags.py"), engine, "--check-argv", "-"],
+        [python, script, engine, "--check-argv", "-", "--expect", str(ROOT / recorded)],
         input=json.dumps(argvs),
         capture_output=True,
         text=True,
@@ -129,4 +143,8 @@ def test_parser_accepts_rendered_commands(engine: str) -> None:
         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"parsed {len(argvs)} argv(s)" in out.stdout
+    # every argv parses: the rendered ones, the spellings the spec accepts, and the bypasses
+    # the spec refuses (so the engine itself would have taken them silently)
+    assert f"parsed {len(argvs)} argv(s), 0 rejected" in out.stdout
+    # the committed list is what the pinned parser gives now (the script regenerates it)
+    assert f"matches {ROOT / recorded}" in out.stdout

@@ -158,6 +158,13 @@ def test_pinned_revisions_accepted(rev: str) -> None:
     assert make(revision=rev).revision == rev
 
 
+@pytest.mark.parametrize("rev", ["v1.0", "refs/tags/v2.1.0", "2024-05-01"])
+def test_require_pinned_revision_refuses_tags(rev: str) -> None:
+    """A tag can be moved to another commit; a prod-style spec must name the commit itself."""
+    msg = problems(require_pinned_revision=True, revision=rev)["revision"]
+    assert repr(rev) in msg and "tag" in msg and "40-character commit sha" in msg
+
+
 def test_scaling_consistency() -> None:
     assert (
         "above max_containers"
@@ -224,7 +231,7 @@ def test_extra_args_shape() -> None:
     assert "start with a flag" in problems(extra_args=["4096"])["extra_args"]
     assert "one argv token" in problems(extra_args=["--x", " padded"])["extra_args"]
     # a negative number is a value, not a flag
-    assert make(extra_args=["--some-offset", "-1"]).extra_args == ["--some-offset", "-1"]
+    assert make(extra_args=["--seed", "-1"]).extra_args == ["--seed", "-1"]
 
 
 def test_names_of_modal_objects() -> None:
@@ -274,6 +281,12 @@ def spec_matrix() -> list[ServingSpec]:
     return specs
 
 
+EXTRA_ARGS_CHOICES = {
+    "vllm": [[], ["--seed", "1"], ["--seed=-1", "--max_num_seqs", "8"]],
+    "sglang": [[], ["--random-seed", "1"], ["--chunked-prefill-size=-1"]],
+}
+
+
 def random_spec(rng: random.Random) -> ServingSpec:
     """A random valid spec (seeded: the same specs every run)."""
     engine = rng.choice(["vllm", "sglang"])
@@ -294,7 +307,7 @@ def random_spec(rng: random.Random) -> ServingSpec:
         gpu=gpu,
         gpu_count=count,
         context_length=rng.choice([None, 4096, 131072]) if not snapshot else 32768,
-        extra_args=rng.choice([[], ["--seed", "1"], ["--x=y", "-1"]]),
+        extra_args=rng.choice(EXTRA_ARGS_CHOICES[engine]),
         scaling={
             "min_containers": min_c,
             "max_containers": max_c,
@@ -484,3 +497,16 @@ def test_modal_gpu_and_mounts() -> None:
 )
 def test_default_app_name_is_a_valid_modal_name(served: str, app: str) -> None:
     assert make(served_model_name=served).default_app_name() == app
+
+
+def test_timeouts_say_what_modal_allows() -> None:
+    """request_s covers streams; a non-stream request gets Modal's 303 after 150 s, and the
+    schema (what `pulumi preview` users read) says so; startup_s is Modal's startup_timeout."""
+    from serving.spec import MODAL_WEB_RESPONSE_LIMIT_S, Timeouts
+
+    assert MODAL_WEB_RESPONSE_LIMIT_S == 150
+    fields = Timeouts.model_json_schema()["properties"]
+    assert "150 s" in fields["request_s"]["description"]
+    assert "streamed" in fields["request_s"]["description"]
+    assert "startup_timeout" in fields["startup_s"]["description"]
+    assert "150 s" in (Timeouts.__doc__ or "")
