@@ -8,7 +8,9 @@ import logging
 import sys
 from pathlib import Path
 
+from emulator.models.apps import DEFAULT_HEARTBEAT_TIMEOUT
 from emulator.server import Options, serve
+from emulator.store import StoreError
 
 DEFAULT_STATE = Path(".modal-emulator") / "state.sqlite3"
 
@@ -47,6 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workspace", default="emu-workspace", help="workspace name (web URLs)")
     s.add_argument("--token-id", default=None, help="require this token id (with --token-secret)")
     s.add_argument("--token-secret", default=None, help="require this token secret")
+    s.add_argument(
+        "--rbac",
+        action="store_true",
+        help="emulate a workspace with RBAC: proxy tokens are scoped to their environments",
+    )
+    s.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=DEFAULT_HEARTBEAT_TIMEOUT,
+        metavar="SECONDS",
+        help="stop an initializing/ephemeral app whose client sent no AppHeartbeat for this "
+        f"long (default {DEFAULT_HEARTBEAT_TIMEOUT:g})",
+    )
     s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -61,8 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for flag, value in (("--port", args.port), ("--http-port", args.http_port)):
+        if value is not None and not 0 <= value <= 65535:
+            print(f"error: {flag} {value} is not a TCP port (0-65535)", file=sys.stderr)
+            return 2
     http_port = args.http_port
     if http_port is None:
+        if args.port == 65535:
+            print(
+                "error: --port 65535 leaves no default HTTP port (PORT+1); pass --http-port",
+                file=sys.stderr,
+            )
+            return 2
         http_port = args.port + 1 if args.port else 0
     options = Options(
         host=args.host,
@@ -72,11 +97,16 @@ def main(argv: list[str] | None = None) -> int:
         workspace=args.workspace,
         token_id=args.token_id,
         token_secret=args.token_secret,
+        rbac=args.rbac,
+        heartbeat_timeout=args.heartbeat_timeout,
     )
     try:
         asyncio.run(serve(options))
     except KeyboardInterrupt:
         pass
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(
             f"error: cannot listen on {args.host} (gRPC port {args.port}, HTTP port {http_port}):"

@@ -12,15 +12,29 @@ Routes:
   Modal's edge decides for `Modal-Key`/`Modal-Secret` headers: 200 `{"allowed": true}`, or 401.
 - `GET /_emulator/health`: `{"ok": true}`.
 
+When the emulator was started with `--token-id/--token-secret`, every `/_emulator/*` route
+except health requires `Authorization: Bearer <token id>:<token secret>` (401 otherwise):
+the control surface can reset all state. Blob URLs stay open, like presigned S3 URLs (their
+ids are unguessable and only BlobCreate/BlobGet hand them out).
+
 A deliberately small server on asyncio streams (stdlib only), sharing the gRPC event loop.
+Blob bodies (up to MAX_BLOB_BYTES) are streamed to a temporary file while their md5 is
+computed, then copied into SQLite in chunks, so a large upload is never held in memory
+whole; control-surface bodies are capped at MAX_CONTROL_BODY_BYTES. A body over its cap is
+answered 413 (and the connection closed). Only single-PUT uploads exist: Modal's multipart
+upload (`upload_urls` with several parts) is not emulated; BlobCreate always hands out one URL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import io
 import json
 import logging
-from typing import Any
+import tempfile
+from typing import IO, Any
 
 from emulator.errors import EmulatorError
 from emulator.handlers.base import RpcCounter
@@ -28,7 +42,9 @@ from emulator.models import State
 
 log = logging.getLogger("emulator.http")
 
-MAX_BODY_BYTES = 1 << 30
+MAX_BLOB_BYTES = 1 << 30
+MAX_CONTROL_BODY_BYTES = 1 << 20
+_CHUNK = 1 << 20
 _HTTP_STATUS = {
     "NOT_FOUND": 404,
     "ALREADY_EXISTS": 409,
@@ -56,9 +72,17 @@ def _json(status: int, obj: Any) -> Response:
 class ControlServer:
     """Serves the routes above on (host, port); port 0 picks a free one."""
 
-    def __init__(self, state: State, counter: RpcCounter, host: str, port: int) -> None:
+    def __init__(
+        self,
+        state: State,
+        counter: RpcCounter,
+        host: str,
+        port: int,
+        credentials: tuple[str, str] | None = None,
+    ) -> None:
         self.state = state
         self.counter = counter
+        self._bearer = f"Bearer {credentials[0]}:{credentials[1]}" if credentials else None
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
@@ -97,42 +121,104 @@ class ControlServer:
                 if headers.get("expect", "").lower() == "100-continue":
                     writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     await writer.drain()
-                body = await self._read_body(reader, headers)
-                response = self._respond(method, target, body)
                 keep_alive = (
                     version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
                 )
+                try:
+                    response = await self._serve_one(method, target, headers, reader)
+                except HttpError as exc:  # the body could not be read: answer, then hang up
+                    await self._write(writer, _json(exc.status, {"error": str(exc)}), False)
+                    break
                 await self._write(writer, response, keep_alive)
                 if not keep_alive:
                     break
-        except (ConnectionError, asyncio.IncompleteReadError, HttpError):
+        except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except Exception:
             log.exception("HTTP connection handler crashed")
         finally:
             writer.close()
 
+    async def _serve_one(
+        self, method: str, target: str, headers: dict[str, str], reader: asyncio.StreamReader
+    ) -> Response:
+        path = target.split("?", 1)[0]
+        if method == "PUT" and path.startswith("/blobs/"):
+            with tempfile.TemporaryFile() as spool:
+                md5 = hashlib.md5()  # noqa: S324 (S3's ETag is an md5)
+                size = await self._read_body(reader, headers, MAX_BLOB_BYTES, spool, md5)
+                spool.seek(0)
+                return self._guarded(
+                    method, path, lambda: self._put_blob(path, spool, size, md5.hexdigest())
+                )
+        body = io.BytesIO()  # at most MAX_CONTROL_BODY_BYTES
+        await self._read_body(reader, headers, MAX_CONTROL_BODY_BYTES, body, None)
+        if not self._authorized(path, headers):
+            return _json(
+                401,
+                {
+                    "error": f"{method} {path} needs 'Authorization: Bearer <token id>:<token "
+                    "secret>' with the credentials the emulator was started with"
+                },
+            )
+        return self._respond(method, target, body.getvalue())
+
+    def _authorized(self, path: str, headers: dict[str, str]) -> bool:
+        if self._bearer is None or not path.startswith("/_emulator/"):
+            return True
+        if path == "/_emulator/health":
+            return True
+        given = headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), self._bearer.encode())
+
     @staticmethod
-    async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+    async def _read_body(
+        reader: asyncio.StreamReader,
+        headers: dict[str, str],
+        limit: int,
+        sink: IO[bytes],
+        md5: Any,
+    ) -> int:
+        """Copy the request body into `sink` (updating `md5`); its size. HttpError 413/400."""
+
+        def too_large(size: int) -> HttpError:
+            return HttpError(
+                413, f"request body of {size} bytes or more exceeds this route's {limit} bytes"
+            )
+
+        async def copy(n: int) -> None:
+            while n > 0:
+                chunk = await reader.readexactly(min(n, _CHUNK))
+                sink.write(chunk)
+                if md5 is not None:
+                    md5.update(chunk)
+                n -= len(chunk)
+
+        total = 0
         if headers.get("transfer-encoding", "").lower() == "chunked":
-            chunks: list[bytes] = []
-            total = 0
             while True:
                 size_line = await reader.readline()
-                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                try:
+                    size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                except ValueError:
+                    raise HttpError(400, "malformed chunk size in a chunked body") from None
                 if size == 0:
                     while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                         pass
-                    return b"".join(chunks)
+                    return total
                 total += size
-                if total > MAX_BODY_BYTES:
-                    raise HttpError(413, "body too large")
-                chunks.append(await reader.readexactly(size))
+                if total > limit:
+                    raise too_large(total)
+                await copy(size)
                 await reader.readline()
-        length = int(headers.get("content-length", "0") or "0")
-        if length > MAX_BODY_BYTES:
-            raise HttpError(413, "body too large")
-        return await reader.readexactly(length) if length else b""
+        try:
+            length = int(headers.get("content-length", "0") or "0")
+        except ValueError:
+            raise HttpError(400, "malformed Content-Length") from None
+        if length > limit:
+            raise too_large(length)
+        await copy(length)
+        return length
 
     @staticmethod
     async def _write(writer: asyncio.StreamWriter, response: Response, keep_alive: bool) -> None:
@@ -147,8 +233,14 @@ class ControlServer:
     # ---- routing --------------------------------------------------------------------------
     def _respond(self, method: str, target: str, body: bytes) -> Response:
         path = target.split("?", 1)[0]
+        return self._guarded(method, path, lambda: self._route(method, path, body))
+
+    @staticmethod
+    def _guarded(method: str, path: str, call: Any) -> Response:
+        """Run a route; model errors and crashes become JSON error responses."""
         try:
-            return self._route(method, path, body)
+            result: Response = call()
+            return result
         except HttpError as exc:
             return _json(exc.status, {"error": str(exc)})
         except EmulatorError as exc:
@@ -160,10 +252,6 @@ class ControlServer:
     def _route(self, method: str, path: str, body: bytes) -> Response:
         if path.startswith("/blobs/"):
             blob_id = path.removeprefix("/blobs/")
-            if method == "PUT":
-                md5_hex = self.state.blobs.put(blob_id, body)
-                log.info("blob %s uploaded (%d bytes)", blob_id, len(body))
-                return 200, {"ETag": f'"{md5_hex}"'}, b""
             if method == "GET":
                 return (
                     200,
@@ -185,6 +273,12 @@ class ControlServer:
         if handler is None:
             raise HttpError(404, f"no route for {method} {path}; see emulator/http.py")
         return handler()
+
+    def _put_blob(self, path: str, spool: IO[bytes], size: int, md5_hex: str) -> Response:
+        blob_id = path.removeprefix("/blobs/")
+        self.state.blobs.put_stream(blob_id, spool, size, md5_hex)
+        log.info("blob %s uploaded (%d bytes)", blob_id, size)
+        return 200, {"ETag": f'"{md5_hex}"'}, b""
 
     def _state(self) -> Response:
         dump: dict[str, Any] = {"workspace": self.state.workspace}

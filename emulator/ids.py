@@ -17,6 +17,11 @@ from emulator.errors import InvalidArgument
 ID_SUFFIX_LEN = 22
 _ALPHABET = string.ascii_letters + string.digits
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_.-]+$")
+_APP_ID_RE = re.compile(r"^ap-[a-zA-Z0-9]{22}$")
+#: New environment names: first character alphanumeric, then letters, digits, '-', '_'.
+_ENV_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$")
+#: Existing environment names may also hold '.', so lookups accept it.
+_ENV_LOOKUP_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 MAX_NAME_LEN = 64
 
 #: Prefix per kind, as Modal checks them when hydrating objects.
@@ -61,7 +66,10 @@ def check_id(kind: str, value: str) -> str:
 
 
 def check_name(kind: str, name: str) -> str:
-    """Modal object names: letters, digits, '-', '_', '.'; 1 to 64 characters."""
+    """Modal object names: letters, digits, '-', '_', '.'; 1 to 64 characters; not an app id.
+
+    The same rule as the client's `modal._utils.name_utils.is_valid_object_name`.
+    """
     if not name:
         raise InvalidArgument(f"{kind} name must not be empty.")
     if len(name) > MAX_NAME_LEN:
@@ -71,5 +79,31 @@ def check_name(kind: str, name: str) -> str:
     if not _NAME_RE.match(name):
         raise InvalidArgument(
             f"Invalid {kind} name {name!r}: use only letters, digits, '-', '_' and '.'."
+        )
+    if _APP_ID_RE.match(name):
+        raise InvalidArgument(
+            f"Invalid {kind} name {name!r}: it has the shape of an App ID ('ap-' + 22 letters or "
+            "digits), which Modal reserves; pick another name."
+        )
+    return name
+
+
+def check_environment_name(name: str, *, allow_periods: bool = False) -> str:
+    """Modal environment names (the client's `check_environment_name`).
+
+    1 to 64 characters, the first a letter or digit, then letters, digits, '-' and '_'; not
+    starting with 'en-' (reserved for environment ids). New names cannot hold '.', but lookups
+    accept it (`allow_periods=True`) because some existing environments have one.
+    """
+    pattern = _ENV_LOOKUP_RE if allow_periods else _ENV_NAME_RE
+    allowed = "letters, digits, '-', '_'" + (" and '.'" if allow_periods else "")
+    if not name or len(name) > MAX_NAME_LEN or not pattern.match(name):
+        raise InvalidArgument(
+            f"Invalid environment name {name[:80]!r}: use 1-{MAX_NAME_LEN} characters, starting "
+            f"with a letter or digit, then only {allowed}."
+        )
+    if name.lower().startswith("en-"):
+        raise InvalidArgument(
+            f"Invalid environment name {name!r}: the 'en-' prefix is reserved for environment ids."
         )
     return name

@@ -4,10 +4,22 @@ One connection guarded by a re-entrant lock, so gRPC handlers (event loop) and a
 (threads) serialize cleanly; every `tx()` is one `BEGIN IMMEDIATE ... COMMIT`. With a file path
 the database runs in WAL mode and each committed transaction survives a `kill -9`; with
 `path=None` it lives in memory and dies with the process.
+
+Rules that keep this safe:
+- Never `await` inside a transaction: handlers run on one event loop, and a transaction held
+  across an await would block (or interleave with) every other RPC. Models open and close
+  their transactions in plain synchronous code.
+- Helpers that run inside a caller's transaction take its connection (`db`) explicitly;
+  `read()` is for read-only work and takes no SQLite write lock.
+- One process per state file: `<state>.lock` is held with an exclusive `flock` for the
+  store's lifetime, so a second emulator on the same file is refused at once (StateLocked)
+  instead of stalling every RPC on SQLite's busy timeout.
+- The schema version is stored in `meta` and checked at open (SchemaMismatch on a mismatch).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import threading
@@ -17,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -28,7 +40,8 @@ CREATE TABLE IF NOT EXISTS environments (
     is_default INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
     budget_usd REAL,
-    usage_usd REAL NOT NULL DEFAULT 0
+    usage_usd REAL NOT NULL DEFAULT 0,
+    image_builder_version TEXT NOT NULL DEFAULT '2025.06'
 );
 CREATE TABLE IF NOT EXISTS secrets (
     id TEXT PRIMARY KEY,
@@ -44,13 +57,15 @@ CREATE TABLE IF NOT EXISTS volumes (
     env_id TEXT NOT NULL,
     name TEXT,
     created_at REAL NOT NULL,
+    version INTEGER NOT NULL DEFAULT 2,
     UNIQUE (env_id, name)
 );
 CREATE TABLE IF NOT EXISTS proxy_tokens (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
     secret_sha256 TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    scoped INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS proxy_token_envs (
     token_id TEXT NOT NULL,
@@ -67,7 +82,8 @@ CREATE TABLE IF NOT EXISTS apps (
     created_at REAL NOT NULL,
     deployed_at REAL,
     stopped_at REAL,
-    version INTEGER NOT NULL DEFAULT 0
+    version INTEGER NOT NULL DEFAULT 0,
+    last_heartbeat REAL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS apps_deployed_name ON apps (env_id, deployed_name);
 CREATE TABLE IF NOT EXISTS app_versions (
@@ -107,7 +123,8 @@ CREATE TABLE IF NOT EXISTS images (
     spec TEXT NOT NULL,
     built INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
-    built_at REAL
+    built_at REAL,
+    python_version TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS mounts (
     id TEXT PRIMARY KEY,
@@ -132,6 +149,11 @@ CREATE TABLE IF NOT EXISTS blobs (
     data BLOB,
     created_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS web_urls (
+    url TEXT PRIMARY KEY,
+    app_id TEXT NOT NULL,
+    function_id TEXT NOT NULL
+);
 """
 
 #: Tables in dependency-free order, for reset and dump.
@@ -150,6 +172,7 @@ TABLES = (
     "mounts",
     "files",
     "blobs",
+    "web_urls",
 )
 
 #: Columns never shown by `dump()`: secret values, token secrets, file and blob bytes.
@@ -162,27 +185,79 @@ _HIDDEN_COLUMNS = {
 }
 
 
+class StoreError(Exception):
+    """The state file cannot be used; the message says why and what to do."""
+
+
+class StateLocked(StoreError):
+    """Another process holds the state file."""
+
+
+class SchemaMismatch(StoreError):
+    """The state file was written by an emulator with another schema version."""
+
+
 class Store:
     """SQLite database behind one lock. `path=None` keeps everything in memory."""
 
     def __init__(self, path: str | os.PathLike[str] | None) -> None:
         self.path = Path(path) if path is not None else None
+        self._lock_file: Any = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._acquire_file_lock(self.path)
         target = str(self.path) if self.path is not None else ":memory:"
         self._conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
         self._lock = threading.RLock()
         self._last_ts = 0.0
-        with self._lock:
-            if self.path is not None:
-                self._conn.execute("PRAGMA journal_mode=WAL")
-                self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.execute("PRAGMA busy_timeout=5000")
-            self._conn.executescript(SCHEMA)
-            self._conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
+        try:
+            with self._lock:
+                self._check_schema_version()
+                if self.path is not None:
+                    self._conn.execute("PRAGMA journal_mode=WAL")
+                    self._conn.execute("PRAGMA synchronous=NORMAL")
+                self._conn.execute("PRAGMA busy_timeout=5000")
+                self._conn.executescript(SCHEMA)
+                self._conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def _acquire_file_lock(self, path: Path) -> None:
+        lock_path = path.with_name(path.name + ".lock")
+        handle = open(lock_path, "a+")  # noqa: SIM115 (held open for the store's lifetime)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise StateLocked(
+                f"State file {path} is in use by {holder} (lock {lock_path}). Stop that "
+                "emulator first, or start this one with another --state FILE or --memory."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"emulator pid {os.getpid()}\n")
+        handle.flush()
+        self._lock_file = handle
+
+    def _check_schema_version(self) -> None:
+        has_meta = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+        ).fetchone()
+        if not has_meta:
+            return
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is not None and row["value"] != str(SCHEMA_VERSION):
+            raise SchemaMismatch(
+                f"State file {self.path} has schema version {row['value']}, this emulator "
+                f"uses {SCHEMA_VERSION}. Move or delete the file (its state cannot be "
+                "migrated), or start with another --state FILE or --memory."
             )
 
     @contextmanager
@@ -197,6 +272,12 @@ class Store:
                 raise
             else:
                 self._conn.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A read-only view: consistent within the emulator's one connection, no write lock."""
+        with self._lock:
+            yield self._conn
 
     def now(self) -> float:
         """Wall-clock seconds, strictly increasing across calls (keeps pagination exact)."""
@@ -232,3 +313,6 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
+            self._lock_file = None

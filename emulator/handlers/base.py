@@ -52,6 +52,7 @@ class ServerConfig:
     http_url: str
     token_id: str | None = None
     token_secret: str | None = None
+    rbac: bool = False  # workspace with RBAC: proxy tokens are scoped to environments
 
 
 @dataclass

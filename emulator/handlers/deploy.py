@@ -9,7 +9,6 @@ already built so a redeploy streams no build.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import AsyncIterator
 
@@ -24,11 +23,13 @@ from emulator.ids import new_id
 from emulator.models.apps import App
 from emulator.models.artifacts import Image, MountFile
 from emulator.models.common import Creation
-from emulator.urls import WebUrl, web_url
+from emulator.models.functions import FunctionSpec, check_function_spec
+from emulator.urls import WebUrl
 
 SUCCESS = api_pb2.GenericResult.GENERIC_STATUS_SUCCESS
 DEFAULT_BUILDER_VERSION = "2025.06"
-_PY_FROM = re.compile(r"^FROM\s+python:(\d+\.\d+(?:\.\d+)?)", re.IGNORECASE)
+#: Reported for images whose Python version nothing names (e.g. a bare registry image).
+DEFAULT_PYTHON = "3.11.12"
 
 
 def _now_ts() -> Timestamp:
@@ -39,11 +40,7 @@ def _now_ts() -> Timestamp:
 
 # ---- images ---------------------------------------------------------------------------------
 def _image_metadata(image: Image, builder_version: str) -> api_pb2.ImageMetadata:
-    python = "3.11.12"
-    for cmd in image.commands:
-        m = _PY_FROM.match(cmd)
-        if m:
-            python = m.group(1)
+    python = image.python_version or DEFAULT_PYTHON
     return api_pb2.ImageMetadata(
         python_version_info=f"Python {python}",
         workdir="/root",
@@ -70,7 +67,10 @@ def ImageGetOrCreate(
         ]
     )
     image = ctx.state.images.get_or_create(
-        definition, list(req.image.dockerfile_commands), req.force_build or req.ignore_cache
+        definition,
+        list(req.image.dockerfile_commands),
+        req.force_build or req.ignore_cache,
+        [base.image_id for base in req.image.base_images],
     )
     resp = api_pb2.ImageGetOrCreateResponse(image_id=image.id)
     if image.built:
@@ -165,19 +165,8 @@ def BlobGet(ctx: Context, req: api_pb2.BlobGetRequest) -> api_pb2.BlobGetRespons
 
 
 # ---- functions and classes ------------------------------------------------------------------
-def _app_label(app: App) -> str:
-    return app.name or app.description or app.id
-
-
 def _url(ctx: Context, app: App, function_name: str, webhook: api_pb2.WebhookConfig) -> WebUrl:
-    env = ctx.state.environments.get_by_id(app.env_id)
-    return web_url(
-        ctx.config.workspace,
-        env.webhook_suffix,
-        _app_label(app),
-        function_name,
-        webhook.requested_suffix,
-    )
+    return ctx.state.web_url(app, function_name, webhook.requested_suffix, webhook.ephemeral_suffix)
 
 
 def _method_handles(
@@ -252,6 +241,37 @@ def _copy_common_fields(src: Message, dst: Message) -> None:
             setattr(dst, field.name, value)
 
 
+def _spec(fn: api_pb2.Function) -> FunctionSpec:
+    gpu = fn.resources.gpu_config
+    scaling = fn.autoscaler_settings
+    has_scaling = fn.HasField("autoscaler_settings")
+    min_containers = (
+        scaling.min_containers
+        if has_scaling and scaling.HasField("min_containers")
+        else (fn.warm_pool_size or None)
+    )
+    max_containers = (
+        scaling.max_containers
+        if has_scaling and scaling.HasField("max_containers")
+        else (fn.concurrency_limit or None)
+    )
+    return FunctionSpec(
+        name=fn.function_name,
+        gpu_type=gpu.gpu_type,
+        gpu_count=gpu.count,
+        min_containers=min_containers,
+        max_containers=max_containers,
+        max_concurrent_inputs=fn.max_concurrent_inputs,
+        target_concurrent_inputs=float(fn.target_concurrent_inputs),
+    )
+
+
+def _urls_of(fn: api_pb2.Function) -> list[str]:
+    urls = [fn.web_url] if fn.web_url else []
+    urls += [md.web_url for md in fn.method_definitions.values() if md.web_url]
+    return urls + list(fn.flash_service_urls)
+
+
 def _decorate(ctx: Context, app: App, fn: api_pb2.Function) -> list[str]:
     """Fill in web URLs on a function definition; returns its flash (server) URLs."""
     if fn.webhook_config.type != api_pb2.WEBHOOK_TYPE_UNSPECIFIED:
@@ -276,14 +296,12 @@ def _decorate(ctx: Context, app: App, fn: api_pb2.Function) -> list[str]:
 
 
 def _check_references(ctx: Context, fn: api_pb2.Function) -> None:
-    if fn.image_id:
-        ctx.state.images.get(fn.image_id)
-    for mount_id in fn.mount_ids:
-        ctx.state.mounts.check_exists(mount_id)
-    for secret_id in fn.secret_ids:
-        ctx.state.secrets.get(secret_id)
-    for vm in fn.volume_mounts:
-        ctx.state.volumes.get(vm.volume_id)
+    ctx.state.check_function_references(
+        fn.image_id,
+        list(fn.mount_ids),
+        list(fn.secret_ids),
+        [vm.volume_id for vm in fn.volume_mounts],
+    )
 
 
 @rpc
@@ -296,6 +314,7 @@ def FunctionCreate(
     if req.HasField("function"):
         fn = api_pb2.Function()
         fn.CopyFrom(req.function)
+        check_function_spec(_spec(fn))
         _check_references(ctx, fn)
         flash = _decorate(ctx, app, fn)
         _copy_common_fields(fn, function_data)
@@ -305,6 +324,7 @@ def FunctionCreate(
     elif req.HasField("function_data") and req.function_data.ranked_functions:
         function_data.CopyFrom(req.function_data)
         for ranked in function_data.ranked_functions:
+            check_function_spec(_spec(ranked.function))
             _check_references(ctx, ranked.function)
             flash = _decorate(ctx, app, ranked.function)
         first = function_data.ranked_functions[0].function
@@ -320,6 +340,8 @@ def FunctionCreate(
             "FunctionCreate needs `function` or `function_data` with at least one ranked function."
         )
     record = ctx.state.apps.precreate_function(app.id, tag, req.existing_function_id)
+    urls = sorted({u for r in function_data.ranked_functions for u in _urls_of(r.function)})
+    ctx.state.apps.claim_web_urls(app.id, record.id, urls)
     definition_id = new_id("definition")
     handle = api_pb2.FunctionHandleMetadata(
         function_name=tag,
@@ -381,7 +403,7 @@ def ClassGet(ctx: Context, req: api_pb2.ClassGetRequest) -> api_pb2.ClassGetResp
 def FunctionGetById(
     ctx: Context, req: api_pb2.FunctionGetByIdRequest
 ) -> api_pb2.FunctionGetByIdResponse:
-    definition = ctx.state.apps.latest_definition(req.function_id)
+    definition = ctx.state.apps.deployed_definition(req.function_id)
     return api_pb2.FunctionGetByIdResponse(
         handle_metadata=api_pb2.FunctionHandleMetadata.FromString(definition.handle),
         function=api_pb2.FunctionData.FromString(definition.data),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from google.protobuf.empty_pb2 import Empty
 from modal_proto import api_pb2
 
+from emulator.errors import InvalidArgument
 from emulator.handlers.base import Context, rpc
 from emulator.handlers.convert import creation
 from emulator.models.secrets import Secret
@@ -80,9 +81,25 @@ def SecretDelete(ctx: Context, req: api_pb2.SecretDeleteRequest) -> Empty:
     return Empty()
 
 
+_FS_VERSION: dict[int, api_pb2.VolumeFsVersion.ValueType] = {
+    1: api_pb2.VOLUME_FS_VERSION_V1,
+    2: api_pb2.VOLUME_FS_VERSION_V2,
+}
+
+
+def _requested_version(value: int) -> int:
+    """The VolumeFS version a request names (0: none); unknown values are INVALID_ARGUMENT."""
+    if value == api_pb2.VOLUME_FS_VERSION_UNSPECIFIED:
+        return 0
+    for number, proto in _FS_VERSION.items():
+        if proto == value:
+            return number
+    raise InvalidArgument(f"Unknown VolumeFS version {value}; use V1 or V2.")
+
+
 def _volume_metadata(ctx: Context, volume: Volume) -> api_pb2.VolumeMetadata:
     return api_pb2.VolumeMetadata(
-        version=api_pb2.VOLUME_FS_VERSION_V2,
+        version=_FS_VERSION[volume.version],
         name=volume.name or "",
         creation_info=api_pb2.CreationInfo(
             created_at=volume.created_at, created_by=ctx.config.workspace
@@ -95,11 +112,14 @@ def VolumeGetOrCreate(
     ctx: Context, req: api_pb2.VolumeGetOrCreateRequest
 ) -> api_pb2.VolumeGetOrCreateResponse:
     volume = ctx.state.volumes.get_or_create(
-        req.deployment_name, req.environment_name, creation(req.object_creation_type)
+        req.deployment_name,
+        req.environment_name,
+        creation(req.object_creation_type),
+        _requested_version(req.version),
     )
     return api_pb2.VolumeGetOrCreateResponse(
         volume_id=volume.id,
-        version=api_pb2.VOLUME_FS_VERSION_V2,
+        version=_FS_VERSION[volume.version],
         metadata=_volume_metadata(ctx, volume),
     )
 

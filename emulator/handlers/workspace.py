@@ -16,9 +16,6 @@ from emulator.models.common import Creation
 from emulator.models.environments import Environment
 from emulator.models.tokens import ProxyToken
 
-#: Image builder version reported for every environment (one the 1.6.4 client knows).
-IMAGE_BUILDER_VERSION = "2025.06"
-
 
 @rpc
 def ClientHello(ctx: Context, req: Empty) -> api_pb2.ClientHelloResponse:
@@ -52,7 +49,7 @@ def _env_item(env: Environment) -> api_pb2.EnvironmentListItem:
         environment_id=env.id,
         current_cycle_usage=env.usage_usd,
         spend_limit_reached=env.spend_limit_reached,
-        image_builder_version=IMAGE_BUILDER_VERSION,
+        image_builder_version=env.image_builder_version,
     )
     if env.budget_usd is not None:
         item.cycle_budget_dollars = env.budget_usd
@@ -73,7 +70,8 @@ def EnvironmentGetOrCreate(
         metadata=api_pb2.EnvironmentMetadata(
             name=env.name,
             settings=api_pb2.EnvironmentSettings(
-                image_builder_version=IMAGE_BUILDER_VERSION, webhook_suffix=env.webhook_suffix
+                image_builder_version=env.image_builder_version,
+                webhook_suffix=env.webhook_suffix,
             ),
         ),
     )
@@ -102,6 +100,7 @@ def EnvironmentUpdate(
         req.current_name,
         req.name.value if req.HasField("name") else None,
         req.web_suffix.value if req.HasField("web_suffix") else None,
+        req.image_builder_version if req.HasField("image_builder_version") else None,
     )
     return _env_item(env)
 
@@ -129,7 +128,7 @@ def EnvironmentSetBudget(ctx: Context, req: api_pb2.EnvironmentSetBudgetRequest)
 def EnvironmentGetBudget(
     ctx: Context, req: api_pb2.EnvironmentGetBudgetRequest
 ) -> api_pb2.EnvironmentGetBudgetResponse:
-    env = ctx.state.environments.get_by_id(req.environment_id)
+    env = ctx.state.environments.get(req.environment_id)
     resp = api_pb2.EnvironmentGetBudgetResponse(
         current_cycle_usage=env.usage_usd, spend_limit_reached=env.spend_limit_reached
     )
@@ -140,12 +139,12 @@ def EnvironmentGetBudget(
 
 
 # ---- proxy-auth tokens --------------------------------------------------------------------
-def _token(ctx: Context, token: ProxyToken, scoped: bool = False) -> api_pb2.WebhookToken:
+def _token(ctx: Context, token: ProxyToken) -> api_pb2.WebhookToken:
     return api_pb2.WebhookToken(
         token_id=token.id,
         created_at=token.created_at,
         name=token.name,
-        scoped=scoped,
+        scoped=token.scoped,
         created_by=api_pb2.UserIdentity(username=ctx.config.workspace),
     )
 
@@ -154,14 +153,14 @@ def _token(ctx: Context, token: ProxyToken, scoped: bool = False) -> api_pb2.Web
 def WebhookTokenCreate(
     ctx: Context, req: api_pb2.WebhookTokenCreateRequest
 ) -> api_pb2.TokenCreateResponse:
-    created = ctx.state.tokens.create(req.name)
+    created = ctx.state.tokens.create(req.name, scoped=ctx.config.rbac or req.scoped)
     return api_pb2.TokenCreateResponse(token_id=created.token.id, token_secret=created.secret)
 
 
 @rpc
 def WebhookTokenList(ctx: Context, req: Empty) -> api_pb2.WebhookTokenListResponse:
     return api_pb2.WebhookTokenListResponse(
-        tokens=[_token(ctx, t, bool(t.environment_ids)) for t in ctx.state.tokens.list()]
+        tokens=[_token(ctx, t) for t in ctx.state.tokens.list()]
     )
 
 
@@ -170,7 +169,7 @@ def WebhookTokenListForEnvironment(
     ctx: Context, req: api_pb2.WebhookTokenListForEnvironmentRequest
 ) -> api_pb2.WebhookTokenListResponse:
     tokens = ctx.state.tokens.list_for_environment(req.environment_name)
-    return api_pb2.WebhookTokenListResponse(tokens=[_token(ctx, t, True) for t in tokens])
+    return api_pb2.WebhookTokenListResponse(tokens=[_token(ctx, t) for t in tokens])
 
 
 @rpc
@@ -178,7 +177,7 @@ def WebhookTokenUpdate(
     ctx: Context, req: api_pb2.WebhookTokenUpdateRequest
 ) -> api_pb2.WebhookToken:
     token = ctx.state.tokens.rename(req.token_id, req.name)
-    return _token(ctx, token, bool(token.environment_ids))
+    return _token(ctx, token)
 
 
 @rpc

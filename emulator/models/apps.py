@@ -6,6 +6,11 @@ definition of each function) is kept for history and rollback; AppStop marks it 
 frees the name (lookups by name then report it as the previous app). Rollback publishes the
 layout of an older version as a new version.
 
+Clients heartbeat their apps (AppHeartbeat, every ~15 s). An app still initializing (a deploy
+in progress) or ephemeral whose client went silent for `heartbeat_timeout` seconds (default
+60) is stopped the next time apps are looked up or listed, as if the client had disconnected:
+a deploying client killed with -9 does not leave an app "initializing" forever.
+
 Function definitions are opaque bytes here (serialized protobuf owned by the handlers).
 """
 
@@ -34,6 +39,9 @@ STATES = (
     "detached_disconnected",
 )
 _LIVE_TRANSIENT = ("initializing", "ephemeral", "detached", "detached_disconnected")
+#: States that need a heartbeating client; the app is stopped when it goes silent.
+_NEEDS_CLIENT = ("initializing", "ephemeral")
+DEFAULT_HEARTBEAT_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -118,9 +126,24 @@ def _version(row: sqlite3.Row) -> AppVersion:
 
 
 class Apps:
-    def __init__(self, store: Store, environments: Environments) -> None:
+    def __init__(
+        self,
+        store: Store,
+        environments: Environments,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+    ) -> None:
         self.store = store
         self.environments = environments
+        self.heartbeat_timeout = heartbeat_timeout
+
+    def _expire_silent(self, db: sqlite3.Connection) -> None:
+        """Stop initializing/ephemeral apps whose client stopped heartbeating."""
+        now = self.store.now()
+        db.execute(
+            "UPDATE apps SET state = 'stopped', stopped_at = ? WHERE state IN (?, ?)"
+            " AND COALESCE(last_heartbeat, created_at) < ?",
+            (now, *_NEEDS_CLIENT, now - self.heartbeat_timeout),
+        )
 
     # ---- apps ----------------------------------------------------------------------------
     def _load(self, db: sqlite3.Connection, row: sqlite3.Row) -> App:
@@ -151,15 +174,17 @@ class Apps:
         with self.store.tx() as db:
             env = self.environments.resolve(environment, db)
             app_id = new_id("app")
+            now = self.store.now()
             db.execute(
-                "INSERT INTO apps (id, env_id, description, state, created_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (app_id, env.id, description[:500], state, self.store.now()),
+                "INSERT INTO apps (id, env_id, description, state, created_at, last_heartbeat)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (app_id, env.id, description[:500], state, now, now),
             )
             return self._load(db, self._row(db, app_id))
 
     def get(self, app_id: str) -> App:
         with self.store.tx() as db:
+            self._expire_silent(db)
             return self._load(db, self._row(db, app_id))
 
     def by_deployment_name(
@@ -167,6 +192,7 @@ class Apps:
     ) -> tuple[Environment, App | None, App | None]:
         """(environment, deployed app with that name, else the last stopped one)."""
         with self.store.tx() as db:
+            self._expire_silent(db)
             env = self.environments.resolve(environment, db)
             row = db.execute(
                 "SELECT * FROM apps WHERE env_id = ? AND deployed_name = ?", (env.id, name)
@@ -188,15 +214,12 @@ class Apps:
         client_version: str = "",
         deployed_by: str = "",
     ) -> App:
+        if not create_if_missing and re.fullmatch(r"ap-[a-zA-Z0-9]{22}", name):
+            return self.get(name)  # an app id instead of a name
         check_name("App", name)
         env, app, _ = self.by_deployment_name(name, environment)
         if app is not None:
             return app
-        if not create_if_missing and re.fullmatch(r"ap-[a-zA-Z0-9]{22}", name):
-            try:
-                return self.get(name)  # an app id instead of a name
-            except NotFound:
-                pass
         if not create_if_missing:
             raise NotFound(f"App {name!r} not found in environment {env.name!r}.")
         created = self.create(env.name, name, "initializing")
@@ -217,6 +240,9 @@ class Apps:
     def heartbeat(self, app_id: str) -> None:
         with self.store.tx() as db:
             self._row(db, app_id)
+            db.execute(
+                "UPDATE apps SET last_heartbeat = ? WHERE id = ?", (self.store.now(), app_id)
+            )
 
     def disconnect(self, app_id: str) -> App:
         """The client went away: an app that never got deployed is stopped."""
@@ -231,6 +257,7 @@ class Apps:
 
     def list(self, environment: str) -> tuple[Environment, list[App]]:
         with self.store.tx() as db:
+            self._expire_silent(db)
             env = self.environments.resolve(environment, db)
             rows = db.execute(
                 "SELECT * FROM apps WHERE env_id = ? ORDER BY created_at", (env.id,)
@@ -273,10 +300,21 @@ class Apps:
                     raise NotFound(
                         f"AppPublish: class {tag!r} ({cid}) was not created in app {app_id}."
                     )
+            for fid, def_id in req.definition_ids.items():
+                drow = db.execute(
+                    "SELECT function_id FROM function_definitions WHERE id = ?", (def_id,)
+                ).fetchone()
+                if drow is None or drow["function_id"] != fid:
+                    raise NotFound(
+                        f"AppPublish: definition {def_id!r} is not a definition of function "
+                        f"{fid!r} (unknown, or created for another function); send the "
+                        "definition_id FunctionCreate returned for it."
+                    )
             now = self.store.now()
             if req.state != "deployed":
                 db.execute("UPDATE apps SET state = ? WHERE id = ?", (req.state, app_id))
                 return self._load(db, self._row(db, app_id)), None
+            self._check_url_conflicts(db, app_id, list(req.function_ids.values()))
             clash = db.execute(
                 "SELECT id FROM apps WHERE env_id = ? AND deployed_name = ? AND id != ?",
                 (row["env_id"], req.name, app_id),
@@ -335,7 +373,7 @@ class Apps:
         return _version(row)
 
     def current_version(self, app_id: str) -> AppVersion | None:
-        with self.store.tx() as db:
+        with self.store.read() as db:
             row = self._row(db, app_id)
             if row["version"] == 0:
                 return None
@@ -343,7 +381,7 @@ class Apps:
 
     def history(self, app_id: str) -> builtins.list[AppVersion]:
         """Every deployed version, newest first."""
-        with self.store.tx() as db:
+        with self.store.read() as db:
             self._row(db, app_id)
             rows = db.execute(
                 "SELECT * FROM app_versions WHERE app_id = ? ORDER BY version DESC", (app_id,)
@@ -353,7 +391,11 @@ class Apps:
     def rollback(
         self, app_id: str, version: int, client_version: str, deployed_by: str
     ) -> tuple[App, AppVersion]:
-        """Publish the layout of `version` (-1 or 0: the one before the current) anew."""
+        """Publish the layout of `version` anew; a negative version goes back that many.
+
+        api.proto: "signed as we support negative 'roll back n versions' requests"; the CLI
+        sends -1 for `modal app rollback APP` without a version. Version 0 does not exist.
+        """
         with self.store.tx() as db:
             row = self._row(db, app_id)
             if row["state"] != "deployed":
@@ -362,7 +404,12 @@ class Apps:
                     "rolled back."
                 )
             current = row["version"]
-            target = current - 1 if version <= 0 else version
+            if version == 0:
+                raise InvalidArgument(
+                    f"AppRollback for {app_id}: version 0 does not exist; give a version "
+                    "(v1, v2, ...) or a negative number of versions to go back (-1: previous)."
+                )
+            target = current + version if version < 0 else version
             if target < 1:
                 raise FailedPrecondition(
                     f"App {app_id} has only version v{current}: nothing to roll back to."
@@ -440,8 +487,65 @@ class Apps:
                 (definition_id, function_id, self.store.now(), data, handle),
             )
 
-    def get_definition(self, definition_id: str) -> Definition:
+    def claim_web_urls(self, app_id: str, function_id: str, urls: builtins.list[str]) -> None:
+        """Record the web URLs of a function; another live app's URL is ALREADY_EXISTS."""
         with self.store.tx() as db:
+            db.execute(
+                "DELETE FROM web_urls WHERE app_id = ? AND function_id = ?", (app_id, function_id)
+            )
+            for url in urls:
+                self._check_url_free(db, url, app_id)
+                db.execute(
+                    "INSERT OR REPLACE INTO web_urls (url, app_id, function_id) VALUES (?, ?, ?)",
+                    (url, app_id, function_id),
+                )
+
+    @staticmethod
+    def _check_url_free(db: sqlite3.Connection, url: str, app_id: str) -> None:
+        row = db.execute(
+            "SELECT a.id, a.name, a.state FROM web_urls w JOIN apps a ON a.id = w.app_id"
+            " WHERE w.url = ? AND w.app_id != ? AND a.state IN ('deployed', 'ephemeral',"
+            " 'detached', 'detached_disconnected')",
+            (url, app_id),
+        ).fetchone()
+        if row is not None:
+            raise AlreadyExists(
+                f"Web URL {url} is already served by app {row['name'] or row['id']!r} "
+                f"({row['id']}, {row['state']}); choose another label (or app/function name), "
+                "or stop that app first."
+            )
+
+    def _check_url_conflicts(
+        self, db: sqlite3.Connection, app_id: str, function_ids: builtins.list[str]
+    ) -> None:
+        for fid in function_ids:
+            for r in db.execute(
+                "SELECT url FROM web_urls WHERE app_id = ? AND function_id = ?", (app_id, fid)
+            ).fetchall():
+                self._check_url_free(db, r["url"], app_id)
+
+    def deployed_definition(self, function_id: str) -> Definition:
+        """The definition of a function in its app's current version (after rollback too).
+
+        A function not in the current layout (never published yet) gets its latest one.
+        """
+        check_id("function", function_id)
+        with self.store.read() as db:
+            row = db.execute(
+                "SELECT a.id AS app_id, a.version FROM functions f JOIN apps a ON a.id = f.app_id"
+                " WHERE f.id = ?",
+                (function_id,),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"Function {function_id!r} not found (or never created).")
+            def_id = None
+            if row["version"]:
+                layout = self._get_version(db, row["app_id"], row["version"])
+                def_id = layout.definition_ids.get(function_id)
+        return self.get_definition(def_id) if def_id else self.latest_definition(function_id)
+
+    def get_definition(self, definition_id: str) -> Definition:
+        with self.store.read() as db:
             row = db.execute(
                 "SELECT * FROM function_definitions WHERE id = ?", (definition_id,)
             ).fetchone()
@@ -451,7 +555,7 @@ class Apps:
 
     def latest_definition(self, function_id: str) -> Definition:
         check_id("function", function_id)
-        with self.store.tx() as db:
+        with self.store.read() as db:
             row = db.execute(
                 "SELECT * FROM function_definitions WHERE function_id = ?"
                 " ORDER BY created_at DESC LIMIT 1",
@@ -494,7 +598,7 @@ class Apps:
         env, app, _ = self.by_deployment_name(app_name, environment)
         if app is None:
             raise NotFound(f"App {app_name!r} not found in environment {env.name!r}.")
-        with self.store.tx() as db:
+        with self.store.read() as db:
             layout = self._get_version(db, app.id, version or app.version)
         return app, layout
 

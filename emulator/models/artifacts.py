@@ -11,16 +11,36 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
+import io
 import json
+import re
 import sqlite3
 from dataclasses import dataclass
+from typing import IO
 
 from emulator.errors import FailedPrecondition, InvalidArgument, NotFound
 from emulator.ids import check_id, content_id, new_id
 from emulator.store import Store
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_PY_FROM = re.compile(r"^FROM\s+python:(\d+\.\d+(?:\.\d+)?)", re.IGNORECASE)
+
+
+def _check_b64_digest(field: str, value: str, size: int) -> None:
+    """`value` must be the base64 of a `size`-byte digest (empty: not given)."""
+    if not value:
+        return
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != size:
+        raise InvalidArgument(
+            f"BlobCreate: {field} {value[:80]!r} is not the base64 of a {size}-byte digest."
+        )
 
 
 @dataclass(frozen=True)
@@ -28,6 +48,7 @@ class Image:
     id: str
     commands: list[str]
     built: bool
+    python_version: str = ""  # "" when neither the image nor its bases name one
 
 
 @dataclass(frozen=True)
@@ -51,17 +72,44 @@ class Images:
 
     @staticmethod
     def _load(row: sqlite3.Row) -> Image:
-        return Image(id=row["id"], commands=json.loads(row["spec"]), built=bool(row["built"]))
+        return Image(
+            id=row["id"],
+            commands=json.loads(row["spec"]),
+            built=bool(row["built"]),
+            python_version=row["python_version"],
+        )
 
-    def get_or_create(self, definition: bytes, commands: list[str], force_build: bool) -> Image:
-        """Find the image with exactly this definition, or register it as not built yet."""
+    def get_or_create(
+        self,
+        definition: bytes,
+        commands: list[str],
+        force_build: bool,
+        base_image_ids: list[str] | None = None,
+    ) -> Image:
+        """Find the image with exactly this definition, or register it as not built yet.
+
+        Its Python version comes from its own `FROM python:X.Y` line, else from its first base
+        image that has one (a `pip_install` layer runs the Python of the image below it).
+        """
         image_id = content_id("image", definition)
         with self.store.tx() as db:
             row = db.execute("SELECT * FROM images WHERE id = ?", (image_id,)).fetchone()
             if row is None:
+                python = next(
+                    (m.group(1) for c in commands if (m := _PY_FROM.match(c))),
+                    "",
+                )
+                for base_id in base_image_ids or []:
+                    if python:
+                        break
+                    base = db.execute(
+                        "SELECT python_version FROM images WHERE id = ?", (base_id,)
+                    ).fetchone()
+                    python = base["python_version"] if base is not None else ""
                 db.execute(
-                    "INSERT INTO images (id, spec, built, created_at) VALUES (?, ?, 0, ?)",
-                    (image_id, json.dumps(commands), self.store.now()),
+                    "INSERT INTO images (id, spec, built, created_at, python_version)"
+                    " VALUES (?, ?, 0, ?, ?)",
+                    (image_id, json.dumps(commands), self.store.now(), python),
                 )
             elif force_build:
                 db.execute("UPDATE images SET built = 0 WHERE id = ?", (image_id,))
@@ -70,7 +118,7 @@ class Images:
 
     def get(self, image_id: str) -> Image:
         check_id("image", image_id)
-        with self.store.tx() as db:
+        with self.store.read() as db:
             row = db.execute("SELECT * FROM images WHERE id = ?", (image_id,)).fetchone()
         if row is None:
             raise NotFound(f"Image {image_id!r} not found; create it with ImageGetOrCreate first.")
@@ -94,6 +142,8 @@ class Blobs:
     def create(self, content_md5_b64: str, content_sha256_b64: str, length: int) -> str:
         if length < 0:
             raise InvalidArgument(f"BlobCreate: negative content_length {length}.")
+        _check_b64_digest("content_md5", content_md5_b64, 16)
+        _check_b64_digest("content_sha256_base64", content_sha256_b64, 32)
         blob_id = new_id("blob")
         with self.store.tx() as db:
             db.execute(
@@ -105,24 +155,33 @@ class Blobs:
 
     def put(self, blob_id: str, data: bytes) -> str:
         """Store the uploaded bytes; returns their md5 hex (the ETag S3 would answer)."""
+        md5_hex = hashlib.md5(data).hexdigest()  # noqa: S324 (S3's ETag is an md5)
+        self.put_stream(blob_id, io.BytesIO(data), len(data), md5_hex)
+        return md5_hex
+
+    def put_stream(self, blob_id: str, source: IO[bytes], size: int, md5_hex: str) -> None:
+        """Store `size` bytes read from `source` (md5 already computed) in chunks."""
         check_id("blob", blob_id)
-        md5 = hashlib.md5(data)  # noqa: S324 (S3's ETag is an md5)
         with self.store.tx() as db:
             row = db.execute("SELECT * FROM blobs WHERE id = ?", (blob_id,)).fetchone()
             if row is None:
                 raise NotFound(f"Blob {blob_id!r} not found: call BlobCreate before uploading.")
             expected_md5 = row["content_md5_b64"]
-            if expected_md5 and base64.b64encode(md5.digest()).decode() != expected_md5:
+            if expected_md5 and base64.b64encode(bytes.fromhex(md5_hex)).decode() != expected_md5:
                 raise InvalidArgument(
                     f"Blob {blob_id}: The Content-MD5 you specified did not match what we "
-                    f"received ({len(data)} bytes received, {row['content_length']} announced)."
+                    f"received ({size} bytes received, {row['content_length']} announced)."
                 )
-            db.execute("UPDATE blobs SET data = ? WHERE id = ?", (data, blob_id))
-        return md5.hexdigest()
+            db.execute("UPDATE blobs SET data = zeroblob(?) WHERE id = ?", (size, blob_id))
+            rowid = db.execute("SELECT rowid FROM blobs WHERE id = ?", (blob_id,)).fetchone()[0]
+            if size:
+                with db.blobopen("blobs", "data", rowid) as target:
+                    while chunk := source.read(1 << 20):
+                        target.write(chunk)
 
     def get(self, blob_id: str) -> bytes:
         check_id("blob", blob_id)
-        with self.store.tx() as db:
+        with self.store.read() as db:
             row = db.execute("SELECT data FROM blobs WHERE id = ?", (blob_id,)).fetchone()
         if row is None:
             raise NotFound(f"Blob {blob_id!r} not found.")
@@ -138,7 +197,7 @@ class Mounts:
 
     def missing(self, sha256_hashes: list[str]) -> list[str]:
         """The hashes (in request order) of files the emulator has not received yet."""
-        with self.store.tx() as db:
+        with self.store.read() as db:
             return [
                 h
                 for h in sha256_hashes
@@ -147,8 +206,10 @@ class Mounts:
 
     def put_file(self, sha256: str, data: bytes | None, blob_id: str | None) -> bool:
         """Register a file's bytes (inline or from a blob); True when the file now exists."""
-        if len(sha256) != 64:
-            raise InvalidArgument(f"MountPutFile: sha256_hex {sha256[:80]!r} is not 64 hex digits.")
+        if not _SHA256_HEX.match(sha256):
+            raise InvalidArgument(
+                f"MountPutFile: sha256_hex {sha256[:80]!r} is not 64 lowercase hex digits."
+            )
         if data is None and blob_id:
             data = self.blobs.get(blob_id)
         with self.store.tx() as db:
@@ -212,7 +273,7 @@ class Mounts:
 
     def check_exists(self, mount_id: str) -> None:
         check_id("mount", mount_id)
-        with self.store.tx() as db:
+        with self.store.read() as db:
             row = db.execute("SELECT 1 FROM mounts WHERE id = ?", (mount_id,)).fetchone()
         if row is None:
             raise NotFound(f"Mount {mount_id!r} not found; create it with MountGetOrCreate first.")

@@ -3,7 +3,13 @@
 The workspace always has one default environment ("main" unless configured otherwise); an
 empty environment name in any request means that default. Budgets are per environment:
 `current_cycle_usage` comes from a usage figure tests set over the control surface, and the
-spend limit is reached when usage >= budget.
+spend limit is reached when usage >= budget (so a budget of $0 is reached at once: nothing may
+be spent).
+
+Names follow the client's environment rule (`ids.check_environment_name`); wherever a request
+takes an environment name it also takes an environment id (`en-...`), as Modal resolves both.
+A new environment's web suffix is derived from its name; suffixes are unique, and at most one
+environment (the default, at first) has no suffix, since two would share every web URL.
 """
 
 from __future__ import annotations
@@ -13,10 +19,15 @@ import sqlite3
 from dataclasses import dataclass
 
 from emulator.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from emulator.ids import check_name, new_id
+from emulator.ids import ID_SUFFIX_LEN, check_environment_name, new_id
 from emulator.store import Store
 
 _SUFFIX_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_ENV_ID_RE = re.compile(rf"^en-[a-zA-Z0-9]{{{ID_SUFFIX_LEN}}}$")
+MAX_SUFFIX_LEN = 32
+#: Image builder versions the 1.6.4 client knows (modal._image.ImageBuilderVersion).
+IMAGE_BUILDER_VERSIONS = ("2023.12", "2024.04", "2024.10", "2025.06", "2026.10", "PREVIEW")
+DEFAULT_IMAGE_BUILDER_VERSION = "2025.06"
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,7 @@ class Environment:
     created_at: float
     budget_usd: float | None
     usage_usd: float
+    image_builder_version: str = DEFAULT_IMAGE_BUILDER_VERSION
 
     @property
     def spend_limit_reached(self) -> bool:
@@ -43,15 +55,23 @@ def _row(row: sqlite3.Row) -> Environment:
         created_at=row["created_at"],
         budget_usd=row["budget_usd"],
         usage_usd=row["usage_usd"],
+        image_builder_version=row["image_builder_version"],
     )
 
 
 def _check_suffix(suffix: str) -> str:
-    if len(suffix) > 32 or not _SUFFIX_RE.match(suffix):
+    if len(suffix) > MAX_SUFFIX_LEN or not _SUFFIX_RE.match(suffix):
         raise InvalidArgument(
-            f"Invalid web suffix {suffix!r}: use 1-32 lowercase letters, digits and inner '-'."
+            f"Invalid web suffix {suffix!r}: use 1-{MAX_SUFFIX_LEN} lowercase letters, digits "
+            "and inner '-'."
         )
     return suffix
+
+
+def derived_suffix(name: str) -> str:
+    """The web suffix a new environment gets from its (valid) name: `My_Env` -> `my-env`."""
+    text = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    return text[:MAX_SUFFIX_LEN].rstrip("-")
 
 
 class Environments:
@@ -74,13 +94,22 @@ class Environments:
                 row = db.execute("SELECT * FROM environments WHERE is_default = 1").fetchone()
         return _row(row)
 
-    def resolve(self, name: str, db: sqlite3.Connection | None = None) -> Environment:
-        """The environment called `name`, or the default one for an empty name."""
-        if db is None:
-            with self.store.tx() as conn:
-                return self.resolve(name, conn)
+    def lookup(self, name: str) -> Environment:
+        """`resolve()` in its own read: for callers outside a transaction."""
+        with self.store.read() as db:
+            return self.resolve(name, db)
+
+    def get(self, env_id: str) -> Environment:
+        """`get_by_id()` in its own read: for callers outside a transaction."""
+        with self.store.read() as db:
+            return self.get_by_id(env_id, db)
+
+    def resolve(self, name: str, db: sqlite3.Connection) -> Environment:
+        """The environment called `name` (or with id `name`), the default one for ""."""
         if not name:
             row = db.execute("SELECT * FROM environments WHERE is_default = 1").fetchone()
+        elif _ENV_ID_RE.match(name):  # an environment id where a name is expected
+            row = db.execute("SELECT * FROM environments WHERE id = ?", (name,)).fetchone()
         else:
             row = db.execute("SELECT * FROM environments WHERE name = ?", (name,)).fetchone()
         if row is None:
@@ -90,18 +119,15 @@ class Environments:
             )
         return _row(row)
 
-    def get_by_id(self, env_id: str, db: sqlite3.Connection | None = None) -> Environment:
-        if db is None:
-            with self.store.tx() as conn:
-                return self.get_by_id(env_id, conn)
+    def get_by_id(self, env_id: str, db: sqlite3.Connection) -> Environment:
         row = db.execute("SELECT * FROM environments WHERE id = ?", (env_id,)).fetchone()
         if row is None:
             raise NotFound(f"Environment with id {env_id!r} not found.")
         return _row(row)
 
     def create(self, name: str, web_suffix: str | None = None) -> Environment:
-        check_name("Environment", name)
-        suffix = _check_suffix(web_suffix if web_suffix else name.lower().replace("_", "-"))
+        check_environment_name(name)
+        suffix = _check_suffix(web_suffix if web_suffix else derived_suffix(name))
         with self.store.tx() as db:
             if db.execute("SELECT 1 FROM environments WHERE name = ?", (name,)).fetchone():
                 raise AlreadyExists(f"Environment {name!r} already exists.")
@@ -115,32 +141,43 @@ class Environments:
             return self.get_by_id(env_id, db)
 
     def get_or_create(self, name: str, create_if_missing: bool) -> Environment:
-        if name:
-            check_name("Environment", name)
+        if name and not _ENV_ID_RE.match(name):
+            check_environment_name(name, allow_periods=not create_if_missing)
         try:
-            return self.resolve(name)
+            return self.lookup(name)
         except NotFound:
             if not create_if_missing:
                 raise
         try:
             return self.create(name)
         except AlreadyExists:  # created concurrently
-            return self.resolve(name)
+            return self.lookup(name)
 
     def list(self) -> list[Environment]:
-        with self.store.tx() as db:
+        with self.store.read() as db:
             rows = db.execute(
                 "SELECT * FROM environments ORDER BY is_default DESC, created_at"
             ).fetchall()
         return [_row(r) for r in rows]
 
     def update(
-        self, current_name: str, new_name: str | None, web_suffix: str | None
+        self,
+        current_name: str,
+        new_name: str | None,
+        web_suffix: str | None,
+        image_builder_version: str | None = None,
     ) -> Environment:
+        if image_builder_version is not None and image_builder_version not in (
+            IMAGE_BUILDER_VERSIONS
+        ):
+            raise InvalidArgument(
+                f"Unknown image builder version {image_builder_version!r}; use one of "
+                f"{', '.join(IMAGE_BUILDER_VERSIONS)}."
+            )
         with self.store.tx() as db:
             env = self.resolve(current_name, db)
             if new_name is not None and new_name != env.name:
-                check_name("Environment", new_name)
+                check_environment_name(new_name)
                 if db.execute("SELECT 1 FROM environments WHERE name = ?", (new_name,)).fetchone():
                     raise AlreadyExists(
                         f"Cannot rename environment {env.name!r} to {new_name!r}: "
@@ -150,14 +187,23 @@ class Environments:
             if web_suffix is not None:
                 if web_suffix:  # empty means "no suffix", as `modal environment update` says
                     _check_suffix(web_suffix)
-                    self._check_suffix_free(db, web_suffix, env.id)
+                self._check_suffix_free(db, web_suffix, env.id)
                 db.execute(
                     "UPDATE environments SET webhook_suffix = ? WHERE id = ?", (web_suffix, env.id)
+                )
+            if image_builder_version is not None:
+                db.execute(
+                    "UPDATE environments SET image_builder_version = ? WHERE id = ?",
+                    (image_builder_version, env.id),
                 )
             return self.get_by_id(env.id, db)
 
     def delete(self, name: str) -> Environment:
-        """Delete an environment and everything scoped to it (secrets, volumes, apps)."""
+        """Delete an environment and everything scoped to it.
+
+        Secrets, volumes, apps with their versions, functions, definitions, classes and web
+        URL claims, and the environment's proxy-token allowlist entries.
+        """
         if not name:
             raise InvalidArgument("EnvironmentDelete needs an environment name.")
         with self.store.tx() as db:
@@ -167,6 +213,14 @@ class Environments:
                     f"Environment {name!r} is the workspace's default environment and cannot be "
                     "deleted."
                 )
+            apps = "SELECT id FROM apps WHERE env_id = ?"
+            db.execute(
+                "DELETE FROM function_definitions WHERE function_id IN (SELECT id FROM"
+                " functions WHERE app_id IN (SELECT id FROM apps WHERE env_id = ?))",
+                (env.id,),
+            )
+            for table in ("functions", "classes", "app_versions", "web_urls"):
+                db.execute(f"DELETE FROM {table} WHERE app_id IN ({apps})", (env.id,))  # noqa: S608
             for table in ("secrets", "volumes", "apps"):
                 db.execute(f"DELETE FROM {table} WHERE env_id = ?", (env.id,))  # noqa: S608
             db.execute("DELETE FROM proxy_token_envs WHERE env_id = ?", (env.id,))
@@ -198,6 +252,8 @@ class Environments:
             (suffix, own_id),
         ).fetchone()
         if row is not None:
+            what = f"Web suffix {suffix!r} is" if suffix else "No web suffix (empty) is"
             raise AlreadyExists(
-                f"Web suffix {suffix!r} is already used by environment {row['name']!r}."
+                f"{what} already used by environment {row['name']!r}: two environments with "
+                "the same suffix would share web URLs. Pick another suffix."
             )

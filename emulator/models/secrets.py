@@ -105,7 +105,7 @@ class Secrets:
 
     def get(self, secret_id: str) -> Secret:
         check_id("secret", secret_id)
-        with self.store.tx() as db:
+        with self.store.read() as db:
             row = db.execute("SELECT * FROM secrets WHERE id = ?", (secret_id,)).fetchone()
             if row is None:
                 raise NotFound(f"Secret with id {secret_id!r} not found.")
@@ -136,7 +136,7 @@ class Secrets:
         self, environment: str, max_objects: int = 0, created_before: float = 0.0
     ) -> tuple[Environment, list[Secret]]:
         limit, bound = page_bounds(max_objects, created_before)
-        with self.store.tx() as db:
+        with self.store.read() as db:
             env = self.environments.resolve(environment, db)
             rows = db.execute(
                 "SELECT * FROM secrets WHERE env_id = ? AND name IS NOT NULL AND created_at < ?"

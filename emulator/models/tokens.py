@@ -2,6 +2,11 @@
 
 The secret is generated at creation, returned once, and only its sha256 is stored; `verify()`
 checks a `Modal-Key`/`Modal-Secret` pair against an environment, the way Modal's edge does.
+
+Scoping follows Modal's CLI help ("On workspaces with RBAC enabled, tokens are scoped to
+specific environments"): a token created in an RBAC workspace (emulator `--rbac`) is `scoped`
+and valid only in the environments of its allowlist; without RBAC a token is workspace-wide,
+valid in every environment, and the allowlist is only recorded (and listed).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class ProxyToken:
     name: str
     created_at: float
     environment_ids: list[str]
+    scoped: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,11 @@ class ProxyTokens:
             ).fetchall()
         ]
         return ProxyToken(
-            id=row["id"], name=row["name"], created_at=row["created_at"], environment_ids=envs
+            id=row["id"],
+            name=row["name"],
+            created_at=row["created_at"],
+            environment_ids=envs,
+            scoped=bool(row["scoped"]),
         )
 
     def _row(self, db: sqlite3.Connection, token_id: str) -> sqlite3.Row:
@@ -71,26 +81,27 @@ class ProxyTokens:
             raise NotFound(f"Proxy token {token_id!r} not found (deleted, or never created).")
         return row
 
-    def create(self, name: str) -> CreatedToken:
+    def create(self, name: str, scoped: bool = False) -> CreatedToken:
+        """A new token; `scoped` (RBAC workspaces) limits it to its environment allowlist."""
         self._check_name(name)
         token_id = new_id("proxy_token")
         secret = new_id("proxy_token_secret")
         with self.store.tx() as db:
             db.execute(
-                "INSERT INTO proxy_tokens (id, name, secret_sha256, created_at)"
-                " VALUES (?, ?, ?, ?)",
-                (token_id, name, _digest(secret), self.store.now()),
+                "INSERT INTO proxy_tokens (id, name, secret_sha256, created_at, scoped)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (token_id, name, _digest(secret), self.store.now(), int(scoped)),
             )
             token = self._load(db, self._row(db, token_id))
         return CreatedToken(token=token, secret=secret)
 
     def list(self) -> builtins.list[ProxyToken]:
-        with self.store.tx() as db:
+        with self.store.read() as db:
             rows = db.execute("SELECT * FROM proxy_tokens ORDER BY created_at").fetchall()
             return [self._load(db, r) for r in rows]
 
     def list_for_environment(self, environment: str) -> builtins.list[ProxyToken]:
-        with self.store.tx() as db:
+        with self.store.read() as db:
             env = self.environments.resolve(environment, db)
             rows = db.execute(
                 "SELECT t.* FROM proxy_tokens t JOIN proxy_token_envs e ON e.token_id = t.id"
@@ -133,12 +144,18 @@ class ProxyTokens:
             db.execute("DELETE FROM proxy_tokens WHERE id = ?", (token_id,))
 
     def verify(self, token_id: str, secret: str, environment: str) -> bool:
-        """True when the id/secret pair is valid and allowed in `environment`."""
-        with self.store.tx() as db:
+        """True when the id/secret pair is valid and allowed in `environment`.
+
+        An unscoped token (no RBAC) is allowed in every environment; a scoped one only in
+        the environments of its allowlist.
+        """
+        with self.store.read() as db:
             row = db.execute("SELECT * FROM proxy_tokens WHERE id = ?", (token_id,)).fetchone()
             if row is None or not hmac.compare_digest(row["secret_sha256"], _digest(secret)):
                 return False
             env = self.environments.resolve(environment, db)
+            if not row["scoped"]:
+                return True
             allowed = db.execute(
                 "SELECT 1 FROM proxy_token_envs WHERE token_id = ? AND env_id = ?",
                 (token_id, env.id),

@@ -75,3 +75,15 @@ def raw_rpc(method: str, request: Any) -> Any:
         return await getattr(client._stub, method)(request)
 
     return synchronizer.create_blocking(_call)()
+
+
+def raw_stream(method: str, request: Any) -> list[Any]:
+    """Every message of a server-streaming RPC, through the SDK's client from sync code."""
+    from modal._utils.async_utils import synchronizer
+    from modal.client import _Client
+
+    async def _call() -> list[Any]:
+        client = await _Client.from_env()
+        return [m async for m in getattr(client._stub, method).unary_stream(request)]
+
+    return synchronizer.create_blocking(_call)()

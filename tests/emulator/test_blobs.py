@@ -5,10 +5,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import socket
 import urllib.error
 import urllib.request
 
 import pytest
+from modal.exception import InvalidError
 from modal_proto import api_pb2
 
 from tests.emulator.helpers import raw_rpc
@@ -58,3 +60,41 @@ def test_blob_put_rejects_bytes_that_do_not_match_the_announced_md5(
     with urllib.request.urlopen(ok, timeout=5) as answer:
         assert answer.status == 200
         assert answer.headers["ETag"] == f'"{hashlib.md5(good).hexdigest()}"'
+
+
+def test_oversized_bodies_are_answered_413(modal_env: EmulatorProcess) -> None:
+    blob_id = raw_rpc("BlobCreate", api_pb2.BlobCreateRequest(content_length=1)).blob_id
+    host, port = modal_env.control_url.removeprefix("http://").split(":")
+    for target, length in ((f"/blobs/{blob_id}", 2 << 30), ("/_emulator/usage", 2 << 20)):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                f"PUT {target} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode()
+                if target.startswith("/blobs")
+                else f"POST {target} HTTP/1.1\r\nContent-Length: {length}\r\n\r\n".encode()
+            )
+            answer = sock.makefile("rb").read()  # the server answers, then closes
+        assert answer.startswith(b"HTTP/1.1 413 Payload Too Large"), answer[:200]
+        assert b"exceeds this route's" in answer
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (api_pb2.BlobCreateRequest(content_md5="not base64!", content_length=1), "content_md5"),
+        (
+            api_pb2.BlobCreateRequest(content_sha256_base64="YWJj", content_length=1),
+            "32-byte digest",
+        ),
+    ],
+)
+def test_blob_create_checks_digests(
+    modal_env: EmulatorProcess, request_: api_pb2.BlobCreateRequest, message: str
+) -> None:
+    with pytest.raises(InvalidError, match=message):
+        raw_rpc("BlobCreate", request_)
+    assert modal_env.state()["blobs"] == []
+
+
+def test_mount_put_file_checks_the_hash_is_hex(modal_env: EmulatorProcess) -> None:
+    with pytest.raises(InvalidError, match="64 lowercase hex digits"):
+        raw_rpc("MountPutFile", api_pb2.MountPutFileRequest(sha256_hex="z" * 64, data=b"x"))

@@ -1,53 +1,67 @@
-"""8 concurrent clients (each with its own connection) creating and listing in parallel."""
+"""8 client processes (the real SDK, each its own interpreter and connection) in parallel.
+
+Separate processes, not threads: the emulator must serialize writes from independent
+connections whose calls really interleave, the way 8 CI jobs or Pulumi's parallel resource
+operations hit it.
+"""
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import modal
-from modal.exception import AlreadyExistsError
 
-from tests.harness.emulator import EmulatorProcess
+from tests.emulator.concurrent_client import SECRETS_EACH, VOLUMES_EACH
+from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
 
 WORKERS = 8
-SECRETS_EACH = 10
-VOLUMES_EACH = 3
 
 
-def test_eight_parallel_clients_leave_exact_state(modal_env: EmulatorProcess) -> None:
-    barrier = threading.Barrier(WORKERS)
-
-    def worker(i: int) -> tuple[int, bool, str]:
-        client = modal.Client.from_credentials(
-            modal_env.token_id or "", modal_env.token_secret or ""
+def test_eight_parallel_client_processes_leave_exact_state(
+    modal_env: EmulatorProcess, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.emulator.concurrent_client", str(i), str(go)],
+            env=modal_env.subprocess_env(),
+            cwd=PROJECT_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        barrier.wait()
-        for j in range(SECRETS_EACH):
-            modal.Secret.objects.create(f"w{i}-s{j}", {"K": str(j)}, client=client)
-        for j in range(VOLUMES_EACH):
-            modal.Volume.objects.create(f"w{i}-v{j}", client=client)
-        seen = {s.name for s in modal.Secret.objects.list(client=client)}
-        assert {f"w{i}-s{j}" for j in range(SECRETS_EACH)} <= seen
-        try:  # everyone races for the same name: exactly one wins
-            modal.Secret.objects.create("shared", {"WINNER": str(i)}, client=client)
-            won = True
-        except AlreadyExistsError:
-            won = False
-        vol = modal.Volume.from_name("shared-vol", create_if_missing=True, client=client)
-        vol.hydrate()
-        return i, won, vol.object_id
+        for i in range(WORKERS)
+    ]
+    try:
+        # Start everyone at once, after all of them have connected (one SecretList each).
+        while modal_env.rpc_counts().get("SecretList", 0) < WORKERS:
+            dead = [p for p in procs if p.poll() is not None]
+            assert not dead, dead[0].communicate()
+            time.sleep(0.05)
+        go.touch()
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = []
+    for p, (out, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
 
-    with ThreadPoolExecutor(WORKERS) as pool:
-        results = list(pool.map(worker, range(WORKERS)))
-
-    assert sum(won for _, won, _ in results) == 1
-    assert len({vol_id for _, _, vol_id in results}) == 1
+    for r in results:  # each client saw its own writes
+        assert {f"w{r['index']}-s{j}" for j in range(SECRETS_EACH)} <= set(r["seen"])
+    assert sum(r["won"] for r in results) == 1
+    assert len({r["shared_volume_id"] for r in results}) == 1
     state = modal_env.state()
     expected_secrets = {f"w{i}-s{j}" for i in range(WORKERS) for j in range(SECRETS_EACH)}
     assert sorted(s["name"] for s in state["secrets"]) == sorted(expected_secrets | {"shared"})
     expected_volumes = {f"w{i}-v{j}" for i in range(WORKERS) for j in range(VOLUMES_EACH)}
     assert sorted(v["name"] for v in state["volumes"]) == sorted(expected_volumes | {"shared-vol"})
-    listed = modal.Secret.objects.list()
-    assert len(listed) == WORKERS * SECRETS_EACH + 1
+    assert len(modal.Secret.objects.list()) == WORKERS * SECRETS_EACH + 1
     assert modal_env.rpc_counts()["SecretGetOrCreate"] == WORKERS * (SECRETS_EACH + 1)

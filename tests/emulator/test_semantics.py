@@ -90,13 +90,37 @@ def test_deleting_an_environment_drops_what_it_scopes(modal_env: EmulatorProcess
     modal.Environment.objects.create("tmp")
     modal.Secret.objects.create("s", {"K": "v"}, environment_name="tmp")
     modal.Volume.objects.create("v", environment_name="tmp")
-    _publish(_create_app("a", env="tmp"), "a")
+    app_id = _create_app("a", env="tmp")
+    fn = api_pb2.Function(
+        function_name="web",
+        webhook_config=api_pb2.WebhookConfig(type=api_pb2.WEBHOOK_TYPE_FUNCTION),
+    )
+    created = raw_rpc("FunctionCreate", api_pb2.FunctionCreateRequest(app_id=app_id, function=fn))
+    class_id = raw_rpc("ClassCreate", api_pb2.ClassCreateRequest(app_id=app_id)).class_id
+    raw_rpc(
+        "AppPublish",
+        api_pb2.AppPublishRequest(
+            app_id=app_id,
+            name="a",
+            app_state=api_pb2.APP_STATE_DEPLOYED,
+            function_ids={"web": created.function_id},
+            class_ids={"Cls": class_id},
+        ),
+    )
+    kept_app = _create_app("kept")  # in main: must survive
+    _publish(kept_app, "kept")
+    before = modal_env.state()
+    assert len(before["functions"]) == len(before["classes"]) == len(before["web_urls"]) == 1
     token = modal.Workspace.from_context().proxy_tokens.create("t")
     modal.Workspace.from_context().proxy_tokens.allow(token.token_id, "tmp")
     modal.Environment.objects.delete("tmp")
     state = modal_env.state()
     assert [e["name"] for e in state["environments"]] == ["main"]
-    assert state["secrets"] == state["volumes"] == state["apps"] == []
+    assert state["secrets"] == state["volumes"] == []
+    assert [a["id"] for a in state["apps"]] == [kept_app]
+    for table in ("functions", "function_definitions", "classes", "web_urls"):
+        assert state[table] == [], table
+    assert [v["app_id"] for v in state["app_versions"]] == [kept_app]
     assert state["proxy_token_envs"] == [] and len(state["proxy_tokens"]) == 1
     with pytest.raises(NotFoundError, match="Environment 'tmp' not found"):
         modal.Secret.objects.list(environment_name="tmp")

@@ -13,12 +13,16 @@ from modal_proto import api_pb2
 
 from tests.emulator.helpers import raw_rpc
 from tests.harness.emulator import EmulatorProcess
+from tests.harness.fixtures import modal_env_for, reset_modal_client_caches
 
 
 def _edge_allows(emu: EmulatorProcess, token_id: str, secret: str, env: str) -> bool:
     body = json.dumps({"token_id": token_id, "token_secret": secret, "environment": env})
     req = urllib.request.Request(
-        emu.control_url + "/_emulator/proxy-auth", data=body.encode(), method="POST"
+        emu.control_url + "/_emulator/proxy-auth",
+        data=body.encode(),
+        method="POST",
+        headers=emu.control_headers(),
     )
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
@@ -29,6 +33,7 @@ def _edge_allows(emu: EmulatorProcess, token_id: str, secret: str, env: str) -> 
 
 
 def test_proxy_tokens_lifecycle_and_allowlists(modal_env: EmulatorProcess) -> None:
+    """The fixtures' emulator runs with RBAC: tokens are scoped to their allowlist."""
     modal.Environment.objects.create("prod")
     tokens = modal.Workspace.from_context().proxy_tokens
     created = tokens.create("prod-webhooks")
@@ -66,6 +71,27 @@ def test_proxy_tokens_lifecycle_and_allowlists(modal_env: EmulatorProcess) -> No
     assert counts["WebhookTokenCreate"] == 1
     assert counts["WebhookTokenEnvironmentAdd"] == 1
     assert counts["WebhookTokenEnvironmentRemove"] == 1
+
+
+def test_without_rbac_tokens_are_workspace_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Modal's CLI help: only on workspaces with RBAC are tokens scoped to environments."""
+    with EmulatorProcess(rbac=False) as emu:
+        modal_env_for(emu, monkeypatch)
+        try:
+            modal.Environment.objects.create("prod")
+            tokens = modal.Workspace.from_context().proxy_tokens
+            created = tokens.create("edge")
+            assert [t.scoped for t in tokens.list()] == [False]
+            for env in ("main", "prod"):  # valid everywhere without any allowlist entry
+                assert _edge_allows(emu, created.token_id, created.token_secret, env)
+            assert not _edge_allows(emu, created.token_id, "ws-" + "x" * 22, "main")
+            tokens.allow(created.token_id, "prod")  # still recorded and listed
+            assert [t.token_id for t in tokens.list(environment_name="prod")] == [created.token_id]
+            assert _edge_allows(emu, created.token_id, created.token_secret, "main")
+            tokens.delete(created.token_id)
+            assert not _edge_allows(emu, created.token_id, created.token_secret, "main")
+        finally:
+            reset_modal_client_caches()
 
 
 def _env_id(name: str) -> str:
@@ -119,3 +145,17 @@ def test_budget_set_get_usage_and_clear(modal_env: EmulatorProcess) -> None:
     assert cleared.current_cycle_usage == 50.0
     items = {e.name: e for e in modal.environments.list_environments()}
     assert items["main"].current_cycle_usage == 50.0
+    # A budget of $0 means "spend nothing": reached at once, even with zero usage.
+    modal_env.set_usage("main", 0.0)
+    raw_rpc(
+        "EnvironmentSetBudget",
+        api_pb2.EnvironmentSetBudgetRequest(environment_id=env_id, cycle_budget_dollars=0.0),
+    )
+    zero = raw_rpc(
+        "EnvironmentGetBudget", api_pb2.EnvironmentGetBudgetRequest(environment_id=env_id)
+    )
+    assert zero.HasField("cycle_budget_dollars") and zero.spend_limit_reached
+    raw_rpc(
+        "EnvironmentSetBudget",
+        api_pb2.EnvironmentSetBudgetRequest(environment_id=env_id, clear_budget=True),
+    )

@@ -29,9 +29,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from enum import Enum
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,6 +40,16 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TOKEN_ID = "ak-emulatortest0000000000"
 DEFAULT_TOKEN_SECRET = "as-emulatortest0000000000"
 DEFAULT_WORKSPACE = "emu-workspace"
+
+
+class _Default(Enum):
+    """Sentinel type for `client_env()` arguments: 'use the emulator's own credentials'."""
+
+    TOKEN = "default"
+
+
+#: Default for `client_env(token_id=..., token_secret=...)`: hand out the emulator's token.
+DEFAULT: Final = _Default.TOKEN
 
 _READY_RE = re.compile(r"^MODAL EMULATOR READY grpc=(?P<grpc>\S+) http=(?P<http>\S+)")
 
@@ -55,6 +66,12 @@ class EmulatorProcess:
         workspace: workspace name the emulator reports (it appears in web URLs).
         token_id / token_secret: credentials the emulator requires; `client_env()` hands them
             out. Pass `token_id=None` to start an emulator that accepts any token.
+        rbac: emulate a workspace with RBAC (`--rbac`): proxy tokens are scoped to the
+            environments of their allowlist. On by default here, because the project's
+            `ProxyAuthToken` resource is built on those allowlists; the emulator's own
+            default (and real Modal's default workspace) is RBAC off.
+        heartbeat_timeout: seconds without AppHeartbeat after which an initializing or
+            ephemeral app is stopped (`--heartbeat-timeout`); None keeps the emulator's 60.
         port / http_port: fixed ports; 0 (default) lets the emulator pick free ones.
         cwd: working directory of the process (defaults to the project root).
         python: interpreter to run (defaults to the one running the tests).
@@ -67,6 +84,8 @@ class EmulatorProcess:
         workspace: str = DEFAULT_WORKSPACE,
         token_id: str | None = DEFAULT_TOKEN_ID,
         token_secret: str | None = DEFAULT_TOKEN_SECRET,
+        rbac: bool = True,
+        heartbeat_timeout: float | None = None,
         port: int = 0,
         http_port: int = 0,
         cwd: str | os.PathLike[str] | None = None,
@@ -76,6 +95,8 @@ class EmulatorProcess:
         self.workspace = workspace
         self.token_id = token_id
         self.token_secret = token_secret
+        self.rbac = rbac
+        self.heartbeat_timeout = heartbeat_timeout
         self._req_port = port
         self._req_http_port = http_port
         self.cwd = Path(cwd) if cwd is not None else PROJECT_ROOT
@@ -110,6 +131,10 @@ class EmulatorProcess:
             cmd += ["--memory"]
         if self.token_id is not None and self.token_secret is not None:
             cmd += ["--token-id", self.token_id, "--token-secret", self.token_secret]
+        if self.rbac:
+            cmd += ["--rbac"]
+        if self.heartbeat_timeout is not None:
+            cmd += ["--heartbeat-timeout", str(self.heartbeat_timeout)]
         return cmd
 
     def start(self, timeout: float = 30.0) -> EmulatorProcess:
@@ -230,7 +255,10 @@ class EmulatorProcess:
 
     # ---- pointing the modal client at it ----------------------------------------------
     def client_env(
-        self, *, token_id: str | None = None, token_secret: str | None = None
+        self,
+        *,
+        token_id: str | _Default | None = DEFAULT,
+        token_secret: str | _Default | None = DEFAULT,
     ) -> dict[str, str]:
         """Env vars that point the `modal` SDK/CLI at this emulator.
 
@@ -238,21 +266,32 @@ class EmulatorProcess:
         pointing into an empty temp dir so no `~/.modal.toml` interferes. Merge it over
         os.environ for subprocesses: `{**os.environ, **emu.client_env()}`; note that
         MODAL_ENVIRONMENT / MODAL_PROFILE from the outer environment would still apply
-        (`subprocess_env()` removes them). Override the token to test auth failures.
+        (`subprocess_env()` removes them). Override the token to test auth failures: a string
+        (even "") is handed out as is, None leaves the variable out (a missing token).
         """
-        return {
+        env = {
             "MODAL_SERVER_URL": self.url,
-            "MODAL_TOKEN_ID": token_id or self.token_id or DEFAULT_TOKEN_ID,
-            "MODAL_TOKEN_SECRET": token_secret or self.token_secret or DEFAULT_TOKEN_SECRET,
             "HOME": str(self.home),
             "MODAL_CONFIG_PATH": str(self.home / ".modal.toml"),
         }
+        own_id = self.token_id if self.token_id is not None else DEFAULT_TOKEN_ID
+        own_secret = self.token_secret if self.token_secret is not None else DEFAULT_TOKEN_SECRET
+        chosen_id = own_id if token_id is DEFAULT else token_id
+        chosen_secret = own_secret if token_secret is DEFAULT else token_secret
+        if isinstance(chosen_id, str):
+            env["MODAL_TOKEN_ID"] = chosen_id
+        if isinstance(chosen_secret, str):
+            env["MODAL_TOKEN_SECRET"] = chosen_secret
+        return env
 
     def subprocess_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """os.environ + client_env() (+ extra), without MODAL_ENVIRONMENT/MODAL_PROFILE."""
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("MODAL_ENVIRONMENT", "MODAL_PROFILE")
-        }
+        """os.environ + client_env() (+ extra), without MODAL_ENVIRONMENT/MODAL_PROFILE.
+
+        MODAL_TOKEN_ID/MODAL_TOKEN_SECRET of the outer environment are dropped too, so only
+        the token `client_env()` hands out (or `extra` sets) reaches the subprocess.
+        """
+        dropped = ("MODAL_ENVIRONMENT", "MODAL_PROFILE", "MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET")
+        env = {k: v for k, v in os.environ.items() if k not in dropped}
         env.update(self.client_env())
         env["PYTHONPATH"] = str(PROJECT_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         if extra:
@@ -268,7 +307,10 @@ class EmulatorProcess:
             self.control_url + path,
             data=data,
             method=method,
-            headers={"Content-Type": "application/json"} if data is not None else {},
+            headers={
+                **self.control_headers(),
+                **({"Content-Type": "application/json"} if data is not None else {}),
+            },
         )
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
@@ -283,6 +325,12 @@ class EmulatorProcess:
                 f" alive={self.alive}\nstderr tail:\n{self.stderr_tail()}"
             ) from None
         return json.loads(payload) if payload else None
+
+    def control_headers(self) -> dict[str, str]:
+        """Headers the control surface (`/_emulator/*`) needs: the emulator's own token."""
+        if self.token_id is None or self.token_secret is None:
+            return {}
+        return {"Authorization": f"Bearer {self.token_id}:{self.token_secret}"}
 
     def reset(self) -> None:
         """Drop every resource (default environment "main" is recreated) and zero rpc counts."""
