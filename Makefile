@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EMULATOR_PORT ?= 8790
 STACK ?= local
 
-.PHONY: setup test lint emulator up down bench-proxy bench-providers gateway-config clean
+.PHONY: setup test lint emulator up down plan offline-up offline-down bench-proxy bench-providers gateway-config clean
 
 setup: $(STAMP)
 
@@ -50,6 +50,18 @@ up: setup
 
 down: setup
 	./scripts/down.sh $(STACK)
+
+# Offline stand-in for `pulumi preview --diff` / `pulumi up` on machines without the Pulumi CLI:
+# the program under mocks + the SDK's dynamic-provider server + the emulator (docs/offline.md).
+# NOT the Pulumi engine. `plan` needs no emulator; `offline-up`/`offline-down` need `make emulator`.
+plan: setup
+	$(PY) scripts/offline_stack.py preview --stack $(STACK)
+
+offline-up: setup
+	$(PY) scripts/offline_stack.py up --stack $(STACK)
+
+offline-down: setup
+	$(PY) scripts/offline_stack.py destroy --stack $(STACK)
 
 gateway-config: setup
 	$(PY) scripts/gateway_config.py --stack $(STACK)

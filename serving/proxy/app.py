@@ -86,7 +86,7 @@ _DROP_RESPONSE_HEADERS = frozenset(
     }
 )  # fmt: skip
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
-_USAGE_RE = re.compile(rb'(?<!\\)"(prompt_tokens|completion_tokens)"\s*:\s*(\d+)')
+_USAGE_RE = re.compile(rb'(?<!\\)"(prompt_tokens|completion_tokens)"\s*:\s*(\d{1,15})(?![\d.eE])')
 KEEPALIVE_COMMENT = b": keep-alive\n\n"
 _STREAM_HEADERS = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 _JSON = (b"content-type", b"application/json")
@@ -101,6 +101,7 @@ class ProxyConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     keepalive_s: float = 15.0
     health_interval_s: float = 0.5
+    health_timeout_s: float = 2.0  # a /health poll slower than this counts as a failure
     upstream_timeout_s: float = 600.0  # wait for the engine's response head
     max_response_bytes: int = 64 * 1024 * 1024  # non-stream bodies are read whole
     connect_retries: int = 3
@@ -113,6 +114,7 @@ class ProxyConfig:
             ("max_body_bytes", self.max_body_bytes >= 1, "at least 1"),
             ("keepalive_s", self.keepalive_s >= 0, ">= 0 (0 turns keep-alives off)"),
             ("health_interval_s", self.health_interval_s > 0, "> 0"),
+            ("health_timeout_s", self.health_timeout_s > 0, "> 0"),
             ("upstream_timeout_s", self.upstream_timeout_s > 0, "> 0"),
             ("max_response_bytes", self.max_response_bytes >= 1, "at least 1"),
             ("connect_retries", self.connect_retries >= 0, ">= 0"),
@@ -128,6 +130,7 @@ class _Exchange:
     """Per-request facts gathered for the access log and metrics."""
 
     __slots__ = (
+        "body_unread",
         "client_gone",
         "completion_tokens",
         "error",
@@ -167,6 +170,7 @@ class _Exchange:
         self.client_gone = False
         self.resp: UpstreamResponse | None = None
         self.watch: _ClientWatch | None = None
+        self.body_unread = False  # the client announced a body the proxy has not read
 
 
 def _access_emitter() -> Callable[[str], None]:
@@ -305,11 +309,12 @@ class ProxyApp:
 
     async def _poll_health(self) -> None:
         interval = self.config.health_interval_s
+        timeout = self.config.health_timeout_s
         while True:
             try:
-                ready, reason = await asyncio.wait_for(self._check_health(), interval + 2.0)
+                ready, reason = await asyncio.wait_for(self._check_health(), timeout)
             except TimeoutError:
-                ready, reason = False, "engine /health did not answer in time"
+                ready, reason = False, f"engine /health did not answer within {timeout:g} s"
             except Exception as exc:  # never let the poller die: readiness would freeze
                 event_log.exception("engine health check failed unexpectedly")
                 ready, reason = False, f"health check error: {exc.__class__.__name__}"
@@ -318,12 +323,18 @@ class ProxyApp:
             await asyncio.sleep(interval)
 
     async def _check_health(self) -> tuple[bool, str]:
+        resp: UpstreamResponse | None = None
         try:
             resp = await self.client.request(b"GET", b"/health", [], retry_connect=False)
             await resp.head()
             await resp.read_all(1 << 16)
         except UpstreamError as exc:
             return False, str(exc)
+        finally:
+            # Cancelled by the poller's timeout: close the connection (an engine that never
+            # answers would otherwise collect one open connection per poll).
+            if resp is not None and not resp.finished:
+                resp.abort()
         if resp.status == 200:
             return True, "engine /health answered 200"
         return False, f"engine /health answered {resp.status}"
@@ -342,6 +353,7 @@ class ProxyApp:
         auth_count = 0
         request_id: bytes | None = None
         content_length: bytes | None = None
+        chunked = False
         forward: list[tuple[bytes, bytes]] = []
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -351,11 +363,15 @@ class ProxyApp:
                 request_id = value
             elif name == b"content-length":
                 content_length = value
+            elif name == b"transfer-encoding":
+                chunked = True
             elif name in _FORWARD_HEADERS:
                 forward.append((name, value))
         if request_id is None or not _REQUEST_ID_RE.fullmatch(request_id):
             request_id = b"%s%08x" % (self._id_prefix, next(self._id_counter))
         ex = _Exchange(t0, route, request_id, scope["method"], raw_path)
+        if chunked or (content_length is not None and content_length != b"0"):
+            ex.body_unread = True
         try:
             if route.kind < 0:
                 await self._error(
@@ -472,12 +488,13 @@ class ProxyApp:
                 return None
             parts.append(chunk)
             if not message.get("more_body", False):
+                ex.body_unread = False
                 return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _body_too_large(self, send: Send, ex: _Exchange) -> None:
         await self._error(
             send, ex, 413, f"request body larger than {self.config.max_body_bytes} bytes",
-            "invalid_request_error", "request_too_large", [(b"connection", b"close")],
+            "invalid_request_error", "request_too_large",
         )  # fmt: skip
 
     async def _validate(self, send: Send, ex: _Exchange, body: bytes) -> bool:
@@ -525,6 +542,11 @@ class ProxyApp:
         finally:
             ex.finished = True
             watch.stop()
+            resp = ex.resp
+            if resp is not None and not resp.finished:
+                # Only on an exception or cancellation (every normal path ends the response):
+                # close the engine connection so the engine stops generating for nobody.
+                resp.abort()
 
     async def _exchange(
         self,
@@ -686,18 +708,15 @@ class ProxyApp:
     ) -> None:
         ex.status = status
         ex.overhead = time.perf_counter() - ex.t0
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    content_type,
-                    (b"content-length", str(len(body)).encode()),
-                    (b"x-request-id", ex.request_id),
-                    (b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()),
-                ],
-            }
-        )
+        headers = [
+            content_type,
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", ex.request_id),
+            (b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()),
+        ]
+        if ex.body_unread:  # e.g. a GET /health with a body: see _error
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _error(
@@ -722,6 +741,10 @@ class ProxyApp:
         ]
         if extra:
             headers += extra
+        if ex.body_unread:
+            # Answered without reading the body the client announced (401, 404, 413, 429, ...):
+            # close the connection rather than let uvicorn read and discard it, whatever size.
+            headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 

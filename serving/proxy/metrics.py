@@ -38,13 +38,14 @@ class Histogram:
             base = ",".join(f'{k}="{v}"' for k, v in zip(label_names, labels, strict=True))
             sep = "," if base else ""
             cumulative = 0.0
+            # Counts as integers: "{:g}" would print 1234567 as 1.23457e+06 (lost increments).
             for bound, count in zip(self.buckets, row, strict=False):
                 cumulative += count
-                out.append(f'{name}_bucket{{{base}{sep}le="{bound:g}"}} {cumulative:g}')
+                out.append(f'{name}_bucket{{{base}{sep}le="{bound:g}"}} {int(cumulative)}')
             cumulative += row[len(self.buckets)]
-            out.append(f'{name}_bucket{{{base}{sep}le="+Inf"}} {cumulative:g}')
+            out.append(f'{name}_bucket{{{base}{sep}le="+Inf"}} {int(cumulative)}')
             out.append(f"{name}_sum{{{base}}} {row[-2]:.6f}")
-            out.append(f"{name}_count{{{base}}} {row[-1]:g}")
+            out.append(f"{name}_count{{{base}}} {int(row[-1])}")
 
 
 class Metrics:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import re
 import socket
 import time
 from typing import cast
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 _MAX_HEAD_BYTES = 64 * 1024
+_HEX_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk size (no sign, prefix or underscores)
 _PAUSE_AT = 1024 * 1024  # pause reading the engine socket above this many unread bytes
 _RESUME_AT = 64 * 1024
 
@@ -276,7 +278,7 @@ class _Conn(asyncio.Protocol):
         self.resp = None
         if resp is None:
             return
-        if self._state == _UNTIL_EOF:
+        if self._state == _UNTIL_EOF and exc is None:  # a clean close ends such a body
             resp._finish()
         else:
             why = f": {exc}" if exc else ""
@@ -299,10 +301,8 @@ class _Conn(asyncio.Protocol):
             if state == _CHUNK_SIZE:  # typical SSE: exactly one whole chunk per read
                 end = data.find(b"\r\n", 0, 20)
                 if end > 0 and data.endswith(b"\r\n"):
-                    try:
-                        size = int(data[:end], 16)
-                    except ValueError:
-                        size = -1
+                    size_line = data[:end]
+                    size = int(size_line, 16) if _HEX_RE.fullmatch(size_line) else -1
                     if size > 0 and end + 4 + size == len(data):
                         resp._push(data[end + 2 : end + 2 + size])
                         return
@@ -360,14 +360,11 @@ class _Conn(asyncio.Protocol):
                     if len(buf) > 1024:
                         raise UpstreamBroken("engine sent a malformed chunk size line")
                     break
-                line = bytes(buf[:end]).split(b";", 1)[0].strip()
+                line = bytes(buf[:end]).split(b";", 1)[0].strip(b" \t")
                 del buf[: end + 2]
-                try:
-                    size = int(line, 16)
-                except ValueError:
-                    raise UpstreamBroken("engine sent a malformed chunk size line") from None
-                if size < 0:
-                    raise UpstreamBroken("engine sent a negative chunk size")
+                if not _HEX_RE.fullmatch(line):
+                    raise UpstreamBroken("engine sent a malformed chunk size line")
+                size = int(line, 16)
                 if size == 0:
                     self._state = _TRAILERS
                 else:
@@ -409,11 +406,11 @@ class _Conn(asyncio.Protocol):
         parts = lines[0].split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
             raise UpstreamBroken("engine sent a malformed status line")
-        try:
-            status = int(parts[1])
-        except ValueError:
-            raise UpstreamBroken("engine sent a malformed status code") from None
-        if 100 <= status < 200:
+        code = parts[1]
+        if len(code) != 3 or not code.isdigit() or not b"100" <= code <= b"599":
+            raise UpstreamBroken("engine sent a malformed status code")
+        status = int(code)
+        if status < 200:
             return True
         headers: list[tuple[bytes, bytes]] = []
         length = -1
@@ -427,10 +424,9 @@ class _Conn(asyncio.Protocol):
             name = name.strip().lower()
             value = value.strip()
             if name == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise UpstreamBroken("engine sent a malformed Content-Length") from None
+                if not value.isdigit() or (length >= 0 and int(value) != length):
+                    raise UpstreamBroken("engine sent a malformed or conflicting Content-Length")
+                length = int(value)
             elif name == b"transfer-encoding":
                 chunked = value.lower().endswith(b"chunked")
             elif name == b"connection":
@@ -465,6 +461,13 @@ class _Conn(asyncio.Protocol):
         self._state = _IDLE
         self.resp = None
         leftover = bool(self._buf)
+        if resp._paused:
+            # The last piece pushed the unread backlog over _PAUSE_AT. The response owns no
+            # connection once finished, so resume here: a paused connection in the pool would
+            # never read the next response (it would hang until the head timeout).
+            resp._paused = False
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
         resp._finish()
         if self._keep_alive and not leftover and not self.closed:
             self.pool._release(self)

@@ -20,7 +20,8 @@ Behaviour is set at start (CLI flags / constructor keywords), changed at run tim
 ``POST /_stub/config`` / ``configure(**kw)``, or per request with a ``"stub"`` object in the
 JSON body, e.g. ``{"model": "m", "stream": true, "stub": {"fail": "die_mid_stream"}}``.
 
-Python API: ``StubEngine(**behaviour).start()`` runs it in-process (uvicorn in a thread);
+Python API: ``StubEngine(**behaviour).start()`` runs it in-process (uvicorn in a thread;
+``open_connections`` counts the TCP connections it holds, for leak checks);
 ``StubEngineProcess(**behaviour).start()`` runs ``python -m tests.harness.stub_engine`` as a
 subprocess. Both have ``.url``, ``.port``, ``.requests(path=None)``, ``.reset()``,
 ``.configure(**kw)``, ``.stop()``. Control endpoints: ``GET /_stub/log``,
@@ -516,6 +517,12 @@ class UvicornThread:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def open_connections(self) -> int:
+        """Client connections the server holds open right now (for leak checks)."""
+        server = self._server
+        return 0 if server is None else len(server.server_state.connections)
+
 
 class StubEngine:
     """The stub engine in-process (uvicorn thread). ``stop()``/``start()`` keep port and log."""
@@ -557,6 +564,11 @@ class StubEngine:
     @property
     def port(self) -> int:
         return self._server.port
+
+    @property
+    def open_connections(self) -> int:
+        """TCP connections open to the stub right now (a proxy's pool, or leaked ones)."""
+        return self._server.open_connections
 
     def requests(self, path: str | None = None) -> list[dict[str, Any]]:
         return [dict(r) for r in list(self.app.records) if path is None or r["path"] == path]

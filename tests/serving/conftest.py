@@ -6,6 +6,8 @@
 - ``proxy``: ``start_proxy()`` with the defaults the tests share.
 - ``raw_http(port, request_bytes)``: send bytes as-is over a socket (path tricks must not be
   normalised by a client library) and parse the response.
+- ``ScriptedEngine(answer)``: a bare socket server for engine misbehaviour the stub (a real
+  ASGI app) cannot produce, e.g. closing the connection before any response byte.
 
 Keys: ``alice`` → ``sk-alice-0123456789``, ``bob`` → ``sk-bob-0123456789``.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -99,6 +102,93 @@ def raw_request(
     if body or method == "POST":
         lines.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class ScriptedEngine:
+    """A raw TCP "engine" on loopback. ``/health`` gets ``200 ok`` (keep-alive); any other
+    request is recorded (request line) and then handled by ``answer``: ``"close"`` drops the
+    connection without a response byte, ``"silent"`` never answers. ``answer_health=False``
+    leaves ``/health`` unanswered too. Counts accepted and currently open connections."""
+
+    def __init__(self, answer: str = "close", answer_health: bool = True) -> None:
+        self.answer = answer
+        self.answer_health = answer_health
+        self.requests: list[str] = []
+        self.accepted = 0
+        self.open = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._stopped = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stopped:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.accepted += 1
+                self.open += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    piece = conn.recv(65536)
+                    if not piece:
+                        return  # the proxy closed the connection
+                    buf += piece
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                line = head.split(b"\r\n", 1)[0].decode("latin-1")
+                length = 0
+                for header in head.split(b"\r\n")[1:]:
+                    name, _, value = header.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(buf) < length:
+                    piece = conn.recv(65536)
+                    if not piece:
+                        return
+                    buf += piece
+                buf = buf[length:]
+                if line.startswith("GET /health ") and self.answer_health:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    continue
+                with self._lock:
+                    self.requests.append(line)
+                if self.answer == "close" and not line.startswith("GET /health "):
+                    return
+                while conn.recv(65536):  # "silent": wait for the proxy to hang up
+                    pass
+                return
+        except OSError:
+            return
+        finally:
+            conn.close()
+            with self._lock:
+                self.open -= 1
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._listener.close()
+
+
+@pytest.fixture
+def scripted_engine() -> Iterator[Callable[..., ScriptedEngine]]:
+    made: list[ScriptedEngine] = []
+
+    def make(**kw: Any) -> ScriptedEngine:
+        made.append(ScriptedEngine(**kw))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.stop()
 
 
 @pytest.fixture

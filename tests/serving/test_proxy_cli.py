@@ -54,6 +54,7 @@ def test_refuses_to_start_without_valid_keys(value: str | None, expect: str) -> 
     [
         (["--max-in-flight", "0"], "max_in_flight=0 is invalid"),
         (["--health-interval-s", "0"], "health_interval_s=0.0 is invalid"),
+        (["--health-timeout-s", "-1"], "health_timeout_s=-1.0 is invalid"),
         (["--upstream", "https://127.0.0.1:8001"], "upstream URL"),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 
 import pytest
@@ -103,3 +104,29 @@ def test_malformed_content_length_is_rejected_before_the_engine(
     response = raw_http(proxy.port, request)
     assert 400 <= response.status < 500
     assert engine.requests() == []
+
+
+@pytest.mark.parametrize(
+    ("path", "auth", "status"),
+    [
+        ("/tokenize", AUTH, 404),
+        ("/v1/chat/completions", {}, 401),
+        ("/v1/chat/completions", {"Authorization": "Bearer wrong-key"}, 403),
+        ("/v1/models", AUTH, 405),
+        ("/v1/chat/completions", AUTH, 413),
+    ],
+)
+def test_answer_without_reading_the_body_closes_the_connection(
+    small_proxy: RunningProxy, path: str, auth: dict[str, str], status: int
+) -> None:
+    # The client announces 10 MB but sends only the head. Keeping the connection alive would
+    # mean reading (and discarding) whatever it sends next; the proxy answers and closes.
+    lines = [f"POST {path} HTTP/1.1", "Host: x", "Content-Length: 10000000"]
+    lines += [f"{k}: {v}" for k, v in auth.items()]
+    with socket.create_connection(("127.0.0.1", small_proxy.port), timeout=5) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + b'{"model": ')
+        received = b""
+        while piece := sock.recv(65536):  # ends only when the proxy closes the connection
+            received += piece
+    assert received.startswith(b"HTTP/1.1 %d " % status)
+    assert b"\r\nconnection: close\r\n" in received.lower()

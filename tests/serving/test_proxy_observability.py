@@ -8,8 +8,10 @@ import re
 
 import pytest
 
+from serving.proxy.app import ROUTES, ProxyApp, _Exchange
+from serving.proxy.metrics import Metrics
 from tests.harness.stub_engine import StubEngine
-from tests.serving.conftest import AUTH, CHAT, RunningProxy, wait_until
+from tests.serving.conftest import ALICE, AUTH, BOB, CHAT, KEYS, RunningProxy, wait_until
 
 
 def test_request_id_is_accepted_propagated_and_echoed(
@@ -124,3 +126,37 @@ def test_a_bug_in_the_proxy_is_counted_and_logged_as_an_internal_error(
     assert proxy.app.metrics.in_flight == 0
     logged = [json.loads(x.getMessage()) for x in caplog.records if x.name.endswith("access")]
     assert logged[-1]["error"] == "proxy_internal_error: RuntimeError"
+
+
+def test_metric_counts_stay_exact_past_a_million() -> None:
+    metrics = Metrics()
+    for _ in range(1_000_003):
+        metrics.latency.observe(("chat_completions",), 0.003)
+    text = metrics.render().decode()
+    name = "proxy_request_duration_seconds"
+    assert f'{name}_count{{route="chat_completions"}} 1000003\n' in text
+    assert f'{name}_bucket{{route="chat_completions",le="+Inf"}} 1000003\n' in text
+    assert "e+06" not in text
+
+
+def test_no_key_or_digest_in_metrics_or_error_bodies(proxy: RunningProxy) -> None:
+    near_miss = ALICE + "x"
+    with proxy.client() as c:
+        wrong = {"Authorization": f"Bearer {near_miss}"}
+        bodies = [
+            c.post("/v1/chat/completions", json=CHAT, headers=wrong).text,
+            c.get("/v1/models", headers={"Authorization": f"Basic {ALICE}"}).text,
+            c.post("/v1/chat/completions", json=CHAT, headers=AUTH).text,
+        ]
+        metrics = c.get("/metrics", headers=AUTH).text
+    for secret in (ALICE, BOB, near_miss, *KEYS.values(), KEYS["alice"].removeprefix("sha256:")):
+        assert secret not in metrics
+        assert all(secret not in body for body in bodies)
+    assert 'key="alice"' in metrics and 'key="-"' in metrics
+
+
+def test_usage_numbers_that_are_not_token_counts_are_ignored() -> None:
+    ex = _Exchange(0.0, ROUTES[b"/v1/completions"], b"id", "POST", b"/v1/completions")
+    ProxyApp._scan_usage(b'{"usage": {"prompt_tokens": ' + b"9" * 5000 + b"}}", ex)  # no crash
+    ProxyApp._scan_usage(b'{"prompt_tokens": 1.5e3, "completion_tokens": 12}', ex)
+    assert (ex.prompt_tokens, ex.completion_tokens) == (None, 12)

@@ -90,6 +90,23 @@ def test_engine_silent_past_the_upstream_timeout_ends_the_stream_with_an_error(
     wait_until(lambda: stub_engine.requests()[0]["cancelled"], what="the engine to see the abort")
 
 
+def test_engine_stuck_half_way_through_an_event_gets_that_event_closed_before_the_error(
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine
+) -> None:
+    proxy = start_proxy(keepalive_s=0.1, upstream_timeout_s=0.35)
+    stuck = {**STREAM, "stub": {"fail": "pause_mid_event", "fail_after_tokens": 1, "pause_s": 30}}
+    with proxy.client(headers=AUTH) as c:
+        raw = c.post("/v1/chat/completions", json=stuck).content
+    parts = events(raw)
+    assert b"tok0" in parts[0]
+    assert parts[1].startswith(b"data: {") and b"tok1" not in parts[1]  # the engine's half
+    # the half event is terminated first, so the error is an event of its own
+    assert json.loads(parts[2].removeprefix(b"data: "))["error"]["code"] == "engine_stream_failed"
+    assert parts[3:] == [b"data: [DONE]"]
+    assert b"keep-alive" not in raw  # never inside the half-sent event
+    wait_until(lambda: stub_engine.requests()[0]["cancelled"], what="the engine to see the abort")
+
+
 def test_no_keepalive_when_the_engine_is_not_silent(
     start_proxy: Callable[..., RunningProxy],
 ) -> None:

@@ -4,11 +4,13 @@ into tiny pieces, so every parser state sees partial input."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 
 import pytest
 
-from serving.proxy.upstream import ConnectFailed, UpstreamBroken, UpstreamClient
+from serving.proxy.upstream import _PAUSE_AT, ConnectFailed, UpstreamBroken, UpstreamClient
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -38,10 +40,10 @@ def replying(*responses: bytes, piece: int = 1) -> Script:
     return script
 
 
-async def fetch(client: UpstreamClient) -> tuple[int, bytes]:
-    resp = await client.request(b"GET", b"/x", [])
+async def fetch(client: UpstreamClient, method: bytes = b"GET") -> tuple[int, bytes]:
+    resp = await client.request(method, b"/x", [])
     await resp.head()
-    return resp.status, await resp.read_all(1 << 20)
+    return resp.status, await resp.read_all(1 << 22)
 
 
 CHUNKED = (
@@ -93,9 +95,18 @@ def test_informational_head_is_skipped_and_close_delimited_body_is_read_to_eof()
         b"garbage\r\n\r\n",
         b"HTTP/1.1 2xx OK\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort",
+        b"HTTP/1.1 999 Odd\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 20 OK\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: -5\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello!",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n+5\r\nhello\r\n0\r\n\r\n",
     ],
-    ids=["bad-size", "bad-crlf", "bad-status-line", "bad-status", "truncated"],
-)
+    ids=[
+        "bad-size", "bad-crlf", "bad-status-line", "bad-status", "truncated", "status-999",
+        "status-2-digits", "negative-length", "conflicting-lengths", "hex-prefix", "signed-size",
+    ],
+)  # fmt: skip
 def test_malformed_or_truncated_responses_raise_upstream_broken(response: bytes) -> None:
     async def body(url: str) -> None:
         with pytest.raises(UpstreamBroken):
@@ -122,3 +133,65 @@ def test_upstream_url_must_be_plain_http_origin() -> None:
     for bad in ("https://127.0.0.1:8001", "http://127.0.0.1:8001/v1", "127.0.0.1:8001"):
         with pytest.raises(ValueError, match="upstream URL"):
             UpstreamClient(bad)
+
+
+def test_head_and_204_have_no_body_and_keep_the_connection() -> None:
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\n"  # the length of the GET body
+    no_content = b"HTTP/1.1 204 No Content\r\n\r\n"
+
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        assert await fetch(client, b"HEAD") == (200, b"")
+        assert await fetch(client) == (204, b"")
+        assert await fetch(client) == (200, b"hello world")  # still in step: same connection
+        assert client.idle_connections == 1
+
+    asyncio.run(with_server(replying(head, no_content, LENGTH, piece=5), body))
+
+
+def test_connection_close_with_a_length_is_read_whole_and_not_pooled() -> None:
+    closing = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello"
+
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        assert await fetch(client) == (200, b"hello")
+        assert client.idle_connections == 0
+
+    asyncio.run(with_server(replying(closing, piece=3), body))
+
+
+def test_reset_during_a_close_delimited_body_is_an_error_not_the_end() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\npart of a bo")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # RST, not FIN: the body was cut
+
+    async def body(url: str) -> None:
+        with pytest.raises(UpstreamBroken, match="mid-response"):
+            await fetch(UpstreamClient(url))
+
+    asyncio.run(with_server(script, body))
+
+
+def test_body_that_ends_past_the_pause_mark_leaves_a_working_pooled_connection() -> None:
+    """The last piece of a large body pushes the unread backlog over the pause mark: the
+    connection goes back to the pool and must still read the next response."""
+    big = b"x" * (_PAUSE_AT + 1)  # the pause can only happen with the very last byte
+    big_response = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(big) + big
+
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        resp = await client.request(b"GET", b"/x", [])
+        await resp.head()
+        while not resp.finished:  # let the whole body arrive before reading any of it
+            await asyncio.sleep(0.005)
+        assert client.idle_connections == 1
+        assert len(await resp.read_all(1 << 22)) == len(big)
+        # a paused pooled connection would wait here forever for bytes it never reads
+        assert await asyncio.wait_for(fetch(client), 10) == (200, b"hello world")
+
+    asyncio.run(with_server(replying(big_response, LENGTH, piece=1 << 20), body))
