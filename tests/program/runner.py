@@ -249,17 +249,20 @@ def run_program(
     preview: bool = False,
     program: Path = PROJECT_ROOT / "__main__.py",
     project: str = PROJECT,
+    monitor_factory: Callable[[pulumi.runtime.Mocks], RecordingMonitor] = RecordingMonitor,
 ) -> ProgramRun:
     """Run the program once under mocks and return what it registered and exported.
 
-    Exceptions raised by the program (config errors included) propagate to the caller.
+    `monitor_factory` builds the monitor (a `RecordingMonitor` subclass can see each request,
+    resource options included, before the mocks answer it). Exceptions raised by the program
+    (config errors included) propagate to the caller.
     """
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # before set_mocks: every RPC task must live on this loop
     try:
         pulumi.runtime.set_all_config(dict(config), list(secret_keys or []))
         the_mocks = mocks or ProgramMocks()
-        monitor = RecordingMonitor(the_mocks)
+        monitor = monitor_factory(the_mocks)
         # set_mocks registers a root Stack of its own unless one exists: give it a placeholder
         # so it does not, then let run_in_stack create the Stack that records the exports.
         settings.ROOT.set(_PlaceholderRoot())  # type: ignore[arg-type]
