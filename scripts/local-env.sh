@@ -88,7 +88,9 @@ How to get it, on a machine with internet access:
   or download pulumi-v$PULUMI_VERSION-linux-x64.tar.gz from
     https://github.com/pulumi/pulumi/releases/tag/v$PULUMI_VERSION
   and put its pulumi/ directory on PATH (or at ~/.pulumi/bin). Then run \`make up\` again.
-Without the CLI you can still run the program's tests: make test
+Without the CLI you can still run the program's tests (make test), or try the local stack
+through the offline stand-in (not the Pulumi engine; docs/offline.md): make plan, or
+make emulator in one terminal and make offline-up in another.
 MSG
     exit 1
 }
