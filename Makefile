@@ -27,14 +27,15 @@ $(LITELLM_STAMP): | $(STAMP)
 	$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==1.106.12'
 	touch $(LITELLM_STAMP)
 
-# The test command CI runs (.ci/run). pytest exits 5 when no test ran: that fails too.
-test: setup $(LITELLM_STAMP)
+# The test command CI runs (.ci/run): lint first (ruff + mypy must be clean), then pytest.
+# pytest exits 5 when no test ran: that fails too.
+test: setup $(LITELLM_STAMP) lint
 	$(PY) -m pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy emulator components serving bench tests
+	$(VENV)/bin/mypy emulator components serving bench tests scripts __main__.py
 
 # Modal's control plane on loopback, in the foreground (Ctrl-C stops it).
 emulator: setup
