@@ -8,11 +8,11 @@
   new token exists (and is allowed in every environment) before the old one is deleted, so a
   gateway that is updated in the same `up` always holds a valid token.
 - Create is transactional: if allowing an environment fails, the new token is deleted again.
-- Read (refresh/import by `wk-...`): missing → gone; the allowlist is read whole from Modal
-  (`WebhookTokenEnvironmentList(token_id)` → environment ids → names via `EnvironmentList`;
-  where the server does not implement that RPC, every environment's token list is asked), so
-  grants added outside Pulumi show as drift. An imported token has no `token_secret` (Modal
-  never returns it again): rotate it to get one.
+- Read (refresh/import by `wk-...`): missing (or deleted while being read) → gone; the
+  allowlist is read whole from Modal (`WebhookTokenEnvironmentList(token_id)` → environment
+  ids → names via `EnvironmentList`; where the server does not implement that RPC, every
+  environment's token list is asked), so grants added outside Pulumi show as drift. An
+  imported token has no `token_secret` (Modal never returns it again): rotate it to get one.
 """
 
 from __future__ import annotations
@@ -211,6 +211,8 @@ class ProxyAuthTokenProvider(ModalProvider):
                 )
                 ids = set(resp.environment_ids)
                 return token, sorted(e.name for e in envs if e.environment_id in ids)
+            except mexc.NotFoundError:
+                return None, []  # deleted since WebhookTokenList listed it: gone
             except (mexc.UnimplementedError, GRPCError) as e:
                 if isinstance(e, GRPCError) and e.status != Status.UNIMPLEMENTED:
                     raise

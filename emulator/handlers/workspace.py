@@ -197,6 +197,15 @@ def WebhookTokenEnvironmentRemove(
 
 
 @rpc
+def WebhookTokenEnvironmentList(
+    ctx: Context, req: api_pb2.WebhookTokenEnvironmentListRequest
+) -> api_pb2.WebhookTokenEnvironmentListResponse:
+    """The token's allowlist as environment ids (the ids EnvironmentList/GetOrCreate give)."""
+    ids = ctx.state.tokens.environment_ids(req.token_id)
+    return api_pb2.WebhookTokenEnvironmentListResponse(environment_ids=ids)
+
+
+@rpc
 def WebhookTokenDelete(ctx: Context, req: api_pb2.TokenDeleteRequest) -> Empty:
     ctx.state.tokens.delete(req.token_id)
     return Empty()

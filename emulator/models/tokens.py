@@ -6,7 +6,8 @@ checks a `Modal-Key`/`Modal-Secret` pair against an environment, the way Modal's
 Scoping follows Modal's CLI help ("On workspaces with RBAC enabled, tokens are scoped to
 specific environments"): a token created in an RBAC workspace (emulator `--rbac`) is `scoped`
 and valid only in the environments of its allowlist; without RBAC a token is workspace-wide,
-valid in every environment, and the allowlist is only recorded (and listed).
+valid in every environment, and the allowlist is only recorded (and listed, by environment
+or, with `environment_ids()`, by token).
 """
 
 from __future__ import annotations
@@ -109,6 +110,15 @@ class ProxyTokens:
                 (env.id,),
             ).fetchall()
             return [self._load(db, r) for r in rows]
+
+    def environment_ids(self, token_id: str) -> builtins.list[str]:
+        """Ids (`en-…`) of the environments on the token's allowlist, sorted.
+
+        INVALID_ARGUMENT for a malformed token id, NOT_FOUND for an unknown (or deleted) one.
+        Entries of a deleted environment are gone with it (see `Environments.delete`).
+        """
+        with self.store.read() as db:
+            return self._load(db, self._row(db, token_id)).environment_ids
 
     def rename(self, token_id: str, name: str) -> ProxyToken:
         self._check_name(name)

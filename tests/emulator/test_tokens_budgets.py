@@ -159,3 +159,48 @@ def test_budget_set_get_usage_and_clear(modal_env: EmulatorProcess) -> None:
         "EnvironmentSetBudget",
         api_pb2.EnvironmentSetBudgetRequest(environment_id=env_id, clear_budget=True),
     )
+
+
+def _token_env_ids(token_id: str) -> list[str]:
+    resp = raw_rpc(
+        "WebhookTokenEnvironmentList",
+        api_pb2.WebhookTokenEnvironmentListRequest(token_id=token_id),
+    )
+    return list(resp.environment_ids)
+
+
+def test_webhook_token_environment_list_by_token(modal_env: EmulatorProcess) -> None:
+    """The allowlist of one token, as environment ids: what the SDK's allow/revoke changed."""
+    modal.Environment.objects.create("prod")
+    modal.Environment.objects.create("staging")
+    ids = {e.name: e.environment_id for e in modal.environments.list_environments()}
+    assert set(ids) == {"main", "prod", "staging"}
+    tokens = modal.Workspace.from_context().proxy_tokens
+    created = tokens.create("edge")
+    other = tokens.create("other")
+    assert _token_env_ids(created.token_id) == []
+
+    for env in ("prod", "main", "staging"):
+        tokens.allow(created.token_id, env)
+    tokens.allow(other.token_id, "prod")
+    assert _token_env_ids(created.token_id) == sorted([ids["main"], ids["prod"], ids["staging"]])
+    assert _token_env_ids(other.token_id) == [ids["prod"]]  # per token, not workspace-wide
+    assert ids["prod"] == _env_id("prod")  # the ids EnvironmentGetOrCreate answers, too
+
+    tokens.revoke(created.token_id, "main")
+    assert _token_env_ids(created.token_id) == sorted([ids["prod"], ids["staging"]])
+    modal.Environment.objects.delete("staging")  # a deleted environment leaves the allowlist
+    assert _token_env_ids(created.token_id) == [ids["prod"]]
+
+    tokens.delete(created.token_id)
+    with pytest.raises(NotFoundError, match=created.token_id):
+        _token_env_ids(created.token_id)
+    unknown = "wk-" + "A" * 22
+    with pytest.raises(NotFoundError, match=unknown):
+        _token_env_ids(unknown)
+    with pytest.raises(InvalidError, match="Malformed proxy token id 'prod'"):
+        _token_env_ids("prod")
+    with pytest.raises(InvalidError, match=r"Malformed proxy token id '\(empty\)'"):
+        _token_env_ids("")
+    assert _token_env_ids(other.token_id) == [ids["prod"]]
+    assert modal_env.rpc_counts()["WebhookTokenEnvironmentList"] == 10

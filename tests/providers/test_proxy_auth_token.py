@@ -1,11 +1,34 @@
-"""ProxyAuthToken provider, driven through the engine protocol against the emulator."""
+"""ProxyAuthToken provider, driven through the engine protocol against the emulator.
+
+Read takes the allowlist from `WebhookTokenEnvironmentList`; its fallback for servers that
+answer UNIMPLEMENTED is shown against an in-process emulator with that RPC removed.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import modal
 import pytest
+from grpclib.server import Server
 
+import emulator.handlers  # noqa: F401  (registers the handlers _emulator_with swaps)
 from components.modal.proxy_auth_token import ProxyAuthTokenProvider
+from emulator.handlers.base import (
+    REGISTRY,
+    Context,
+    Handler,
+    RpcCounter,
+    ServerConfig,
+    build_servicer,
+)
+from emulator.models import State
+from emulator.store import Store
 from tests.harness.emulator import EmulatorProcess
 from tests.harness.provider_server import (
     Engine,
@@ -15,7 +38,7 @@ from tests.harness.provider_server import (
     lifecycle,
     reveal,
 )
-from tests.providers.helpers import rpc_delta
+from tests.providers.helpers import rpc_delta, server_env
 
 P = ProxyAuthTokenProvider()
 SECRET_OUT = ("token_secret",)  # the resource's additional_secret_outputs
@@ -115,13 +138,122 @@ def test_grants_added_outside_pulumi_show_on_refresh(
     engine: Engine, modal_env: EmulatorProcess
 ) -> None:
     """Review finding 13: read lists every environment the token is allowed in, not only the
-    declared ones (the emulator lacks WebhookTokenEnvironmentList: the fallback asks every
-    environment)."""
+    declared ones. The allowlist is read whole with one WebhookTokenEnvironmentList call, not
+    by asking every environment for its tokens (that fallback is for servers without it)."""
     modal.Environment.objects.create("dev")
+    modal.Environment.objects.create("staging")  # not allowed: must not show up
     engine.up("t", P, inputs(), secret_outputs=SECRET_OUT)
     modal.Workspace.from_context().proxy_tokens.allow(engine.states["t"].id, "dev")
+    before = modal_env.rpc_counts()
     assert engine.refresh("t") == "update"
+    read = rpc_delta(before, modal_env.rpc_counts())
+    assert read.get("WebhookTokenEnvironmentList") == 1
+    assert "WebhookTokenListForEnvironment" not in read  # the per-environment fallback
     assert engine.states["t"].outputs["allowed_environments"] == ["dev", "main"]
     assert engine.preview("t", P, inputs()) == "update"
     engine.up("t", P, inputs(), secret_outputs=SECRET_OUT)
     assert tokens_in("dev") == set() and tokens_in("main") == {engine.states["t"].id}
+
+
+@dataclass(frozen=True)
+class _OlderServer:
+    """An in-process emulator: its gRPC URL, its state (for setup) and its RPC counts."""
+
+    url: str
+    state: State
+    counter: RpcCounter
+
+
+@contextlib.contextmanager
+def _emulator_with(
+    monkeypatch: pytest.MonkeyPatch, handlers: Mapping[str, Handler | None]
+) -> Iterator[_OlderServer]:
+    """An in-process emulator (real gRPC over loopback, RBAC on, any token accepted) with some
+    RPC handlers swapped (for the test only): None removes one, so it answers UNIMPLEMENTED
+    like a Modal server that predates it. It serves from its own thread and event loop
+    (grpclib binds a server to the loop it is built in)."""
+    for method, handler in handlers.items():
+        if handler is None:
+            monkeypatch.delitem(REGISTRY, method)
+        else:
+            monkeypatch.setitem(REGISTRY, method, handler)
+    store = Store(None)
+    state = State(store, "emu-workspace")
+    counter = RpcCounter()
+    config = ServerConfig("emu-workspace", "http://127.0.0.1:1", rbac=True)
+    ready = threading.Event()
+    bound: dict[str, Any] = {}
+
+    async def serve() -> None:
+        server = Server([build_servicer(state, config, counter)])
+        await server.start("127.0.0.1", 0)
+        stop = asyncio.Event()
+        bound["port"] = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        bound["stop_event"], bound["loop"] = stop, asyncio.get_running_loop()
+        ready.set()
+        try:
+            await stop.wait()
+        finally:
+            server.close()
+            await asyncio.wait_for(server.wait_closed(), timeout=5)
+
+    thread = threading.Thread(
+        target=asyncio.run, args=(serve(),), name="older-emulator", daemon=True
+    )
+    thread.start()
+    try:
+        assert ready.wait(timeout=10), "the in-process emulator did not start within 10 s"
+        yield _OlderServer(f"http://127.0.0.1:{bound['port']}", state, counter)
+    finally:
+        if "loop" in bound:
+            bound["loop"].call_soon_threadsafe(bound["stop_event"].set)
+        thread.join(timeout=10)
+        store.close()
+
+
+def test_read_falls_back_to_per_environment_lists_on_unimplemented(
+    emulator: EmulatorProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server without WebhookTokenEnvironmentList (UNIMPLEMENTED): read asks every
+    environment for its tokens instead and still sees grants added outside Pulumi."""
+    with (
+        _emulator_with(monkeypatch, {"WebhookTokenEnvironmentList": None}) as older,
+        ProviderServer(env=server_env(emulator, MODAL_SERVER_URL=older.url)) as provider,
+    ):
+        engine = Engine(provider)
+        dev = older.state.environments.create("dev")
+        older.state.environments.create("staging")  # not allowed: must not show up
+        engine.up("t", P, inputs(), secret_outputs=SECRET_OUT)
+        token_id = engine.states["t"].id
+        older.state.tokens.allow(token_id, dev.id)
+        before = older.counter.snapshot()
+        assert engine.refresh("t") == "update"
+        read = rpc_delta(before, older.counter.snapshot())
+        assert read.get("WebhookTokenEnvironmentList") == 1  # tried once, UNIMPLEMENTED
+        assert read.get("WebhookTokenListForEnvironment") == 3  # main, dev, staging
+        assert engine.states["t"].outputs["allowed_environments"] == ["dev", "main"]
+        engine.up("t", P, inputs(), secret_outputs=SECRET_OUT)
+        assert [t.id for t in older.state.tokens.list_for_environment("dev")] == []
+        assert [t.id for t in older.state.tokens.list_for_environment("main")] == [token_id]
+
+
+def test_read_of_a_token_deleted_during_the_read_reports_it_gone(
+    emulator: EmulatorProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token is deleted outside Pulumi between WebhookTokenList (still listed) and
+    WebhookTokenEnvironmentList (NOT_FOUND): refresh must see it gone, not fail."""
+    real = REGISTRY["WebhookTokenEnvironmentList"]
+
+    def delete_then_list(ctx: Context, req: Any) -> Any:
+        ctx.state.tokens.delete(req.token_id)  # what a concurrent `modal` user would do
+        return real(ctx, req)
+
+    with (
+        _emulator_with(monkeypatch, {"WebhookTokenEnvironmentList": delete_then_list}) as emu,
+        ProviderServer(env=server_env(emulator, MODAL_SERVER_URL=emu.url)) as provider,
+    ):
+        engine = Engine(provider)
+        engine.up("t", P, inputs(), secret_outputs=SECRET_OUT)
+        assert engine.refresh("t") == "delete"
+        assert emu.state.tokens.list() == []
+        assert emu.counter.snapshot().get("WebhookTokenEnvironmentList") == 1

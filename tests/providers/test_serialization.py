@@ -7,6 +7,7 @@ after the provider was configured and used in this process.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -94,6 +95,10 @@ class _Recorder(pulumi.runtime.Mocks):
 
 
 def test_resources_register_with_their_type_tokens() -> None:
+    # pulumi.runtime.test needs a current event loop; a test that ran asyncio.run() before
+    # (e.g. tests/emulator/test_dispatch.py) leaves none in the main thread.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     rec = _Recorder()
     pulumi.runtime.set_mocks(rec, project="modal-llm-iac", stack="test", preview=False)
 
