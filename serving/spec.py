@@ -163,9 +163,16 @@ OVERRIDABLE_DEFAULTS: dict[str, dict[str, frozenset[str]]] = {
         ),
         "--async-scheduling": frozenset({"--async-scheduling", "--no-async-scheduling"}),
         "--generation-config": frozenset({"--generation-config"}),
+        "--enable-force-include-usage": frozenset(
+            {"--enable-force-include-usage", "--disable-force-include-usage"}
+        ),
     },
     "sglang": {
         "--enable-metrics": frozenset({"--enable-metrics"}),
+        # store_true without a negation: passing it only avoids a duplicate.
+        "--stream-response-default-include-usage": frozenset(
+            {"--stream-response-default-include-usage"}
+        ),
     },
 }
 
@@ -547,6 +554,10 @@ class ServingSpec(_Model):
             if self._default_wanted("--generation-config"):
                 # vLLM's own sampling defaults, not the checkpoint's generation_config.json
                 cmd += ["--generation-config", "vllm"]
+            if self._default_wanted("--enable-force-include-usage"):
+                # every stream ends with a usage chunk (and carries running usage on each
+                # chunk), so the proxy counts stream tokens without clients asking for them
+                cmd += ["--enable-force-include-usage"]
             if self.context_length is not None:
                 cmd += ["--max-model-len", str(self.context_length)]
             if self.snapshot:
@@ -565,6 +576,9 @@ class ServingSpec(_Model):
             ]  # fmt: skip
             if self._default_wanted("--enable-metrics"):
                 cmd += ["--enable-metrics"]  # Prometheus /metrics (the proxy guards it)
+            if self._default_wanted("--stream-response-default-include-usage"):
+                # every stream ends with a usage chunk, so the proxy counts stream tokens
+                cmd += ["--stream-response-default-include-usage"]
             if self.context_length is not None:
                 cmd += ["--context-length", str(self.context_length)]
             if self.snapshot:

@@ -3,7 +3,8 @@
 Run: ``python -m serving.proxy --upstream http://127.0.0.1:8001 --port 8000`` with
 ``SERVING_API_KEYS`` set. Modules: ``app`` (routing, auth, admission, forwarding),
 ``upstream`` (pooled HTTP/1.1 client to the engine), ``keys`` (key digests),
-``metrics`` (Prometheus text), ``__main__`` (CLI). Contract and figures: docs/proxy.md.
+``metrics`` (Prometheus text), ``sse`` (drops usage-only chunks nobody asked for),
+``__main__`` (CLI). Contract and figures: docs/proxy.md.
 """
 
 from serving.proxy.app import ROUTES, ProxyApp, ProxyConfig

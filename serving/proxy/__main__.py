@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-interval-s", type=float, default=d.health_interval_s,
                    help="how often to poll the engine's /health")  # fmt: skip
     p.add_argument("--health-timeout-s", type=float, default=d.health_timeout_s,
-                   help="a /health poll slower than this marks the engine not ready")  # fmt: skip
+                   help="a /health poll slower than this counts as a failed poll")  # fmt: skip
+    p.add_argument("--unready-after-failures", type=int, default=d.unready_after_failures,
+                   help="failed /health polls in a row before a ready engine is marked not "
+                   "ready")  # fmt: skip
     p.add_argument("--upstream-timeout-s", type=float, default=d.upstream_timeout_s,
                    help="how long to wait for the engine's response head (504 after)")  # fmt: skip
     p.add_argument("--connect-retries", type=int, default=d.connect_retries,
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             keepalive_s=args.keepalive_s,
             health_interval_s=args.health_interval_s,
             health_timeout_s=args.health_timeout_s,
+            unready_after_failures=args.unready_after_failures,
             upstream_timeout_s=args.upstream_timeout_s,
             connect_retries=args.connect_retries,
         )

@@ -7,8 +7,12 @@ Request path, in order (each step answers without touching the engine when it sa
 2. key: ``Authorization: Bearer <key>`` (401 missing/malformed, 403 unknown);
 3. readiness (503 + Retry-After) and the in-flight cap (429 + Retry-After);
 4. body: size (413) and JSON object check (400);
-5. forward over the pooled client; SSE is relayed piece by piece with keep-alive comments,
+5. forward over the pooled client; SSE is relayed piece by piece with keep-alive comments
+   (usage-only chunks the client did not ask for are counted, then dropped: ``sse.py``),
    other bodies are read whole (so usage can be counted and a broken body becomes a 502).
+
+The access log never holds an unmatched path's text (a client may have put its key in it):
+only ``path_fingerprint`` and the length.
 
 See docs/proxy.md for the behaviour contract and the measured overhead.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -31,6 +36,7 @@ from typing import Any
 from serving.proxy.keys import KeyRing, parse_bearer
 from serving.proxy.logs import BatchingStreamHandler
 from serving.proxy.metrics import Metrics
+from serving.proxy.sse import UsageChunkFilter, ends_event
 from serving.proxy.upstream import (
     ConnectFailed,
     UpstreamBroken,
@@ -73,6 +79,19 @@ ROUTES: dict[bytes, Route] = {
     )
 }
 _UNMATCHED = Route(b"", "unmatched", "", -1)
+# Access-log "path" fields per route: a matched path is one of ROUTES (a constant); an unmatched
+# one is never written out (a client may have put its key in it): see ``path_fingerprint``.
+_LOGGED_PATH = {
+    r.name: f'"path":"{r.path.decode()}","path_sha256":null,"path_len":{len(r.path)}'
+    for r in ROUTES.values()
+}
+
+
+def path_fingerprint(raw_path: bytes) -> str:
+    """What the access log keeps of an unmatched path: the first 16 hex digits of its sha256
+    (compare with ``printf %s PATH | sha256sum``), never the text."""
+    return hashlib.sha256(raw_path).hexdigest()[:16]
+
 
 # Client request headers passed to the engine; everything else (Authorization, cookies,
 # Modal-Key/Secret, hop-by-hop headers) stays at the proxy.
@@ -102,6 +121,9 @@ class ProxyConfig:
     keepalive_s: float = 15.0
     health_interval_s: float = 0.5
     health_timeout_s: float = 2.0  # a /health poll slower than this counts as a failure
+    # Once the engine has been ready, this many failed polls in a row make it not ready (one
+    # slow or failed poll alone does not turn requests away for a whole interval).
+    unready_after_failures: int = 2
     upstream_timeout_s: float = 600.0  # wait for the engine's response head
     max_response_bytes: int = 64 * 1024 * 1024  # non-stream bodies are read whole
     connect_retries: int = 3
@@ -115,6 +137,7 @@ class ProxyConfig:
             ("keepalive_s", self.keepalive_s >= 0, ">= 0 (0 turns keep-alives off)"),
             ("health_interval_s", self.health_interval_s > 0, "> 0"),
             ("health_timeout_s", self.health_timeout_s > 0, "> 0"),
+            ("unready_after_failures", self.unready_after_failures >= 1, "at least 1"),
             ("upstream_timeout_s", self.upstream_timeout_s > 0, "> 0"),
             ("max_response_bytes", self.max_response_bytes >= 1, "at least 1"),
             ("connect_retries", self.connect_retries >= 0, ">= 0"),
@@ -147,6 +170,7 @@ class _Exchange:
         "stream",
         "t0",
         "ttft",
+        "wants_usage",
         "watch",
     )
 
@@ -166,6 +190,7 @@ class _Exchange:
         self.completion_tokens: int | None = None
         self.error: str | None = None
         self.stream = False
+        self.wants_usage = False  # the client set stream_options.include_usage
         self.finished = False
         self.client_gone = False
         self.resp: UpstreamResponse | None = None
@@ -261,6 +286,7 @@ class ProxyApp:
         self.client = UpstreamClient(config.upstream, connect_retries=config.connect_retries)
         self.ready = False
         self._ready_reason = "engine health not checked yet"
+        self._failed_polls = 0  # consecutive failed /health polls
         self._poller: asyncio.Task[None] | None = None
         self._emit_access: Callable[[str], None] = _access_emitter()
         # Request ids: a random per-process prefix + a counter (no syscall per request).
@@ -318,9 +344,27 @@ class ProxyApp:
             except Exception as exc:  # never let the poller die: readiness would freeze
                 event_log.exception("engine health check failed unexpectedly")
                 ready, reason = False, f"health check error: {exc.__class__.__name__}"
-            self._set_ready(ready, reason)
+            self._poll_result(ready, reason)
             self.client.prune()
             await asyncio.sleep(interval)
+
+    def _poll_result(self, ready: bool, reason: str) -> None:
+        """Hysteresis: ready at the first good poll; not ready again only after
+        ``unready_after_failures`` failed polls in a row (at once if it never was ready)."""
+        if ready:
+            self._failed_polls = 0
+            self._set_ready(True, reason)
+            return
+        self._failed_polls += 1
+        self.metrics.health_failures += 1
+        if not self.ready or self._failed_polls >= self.config.unready_after_failures:
+            self._set_ready(False, reason)
+        else:
+            event_log.warning(
+                json.dumps({"event": "engine_health_failed", "reason": reason,
+                            "failed_in_a_row": self._failed_polls,
+                            "unready_after": self.config.unready_after_failures})
+            )  # fmt: skip
 
     async def _check_health(self) -> tuple[bool, str]:
         resp: UpstreamResponse | None = None
@@ -512,6 +556,10 @@ class ProxyApp:
                     problem = "'stream' must be true or false"
                 else:
                     ex.stream = stream
+                    options = data.get("stream_options")
+                    ex.wants_usage = (
+                        isinstance(options, dict) and options.get("include_usage") is True
+                    )
         if problem is None:
             return True
         await self._error(send, ex, 400, problem, "invalid_request_error", "invalid_json")
@@ -629,48 +677,68 @@ class ProxyApp:
         await send({"type": "http.response.start", "status": resp.status, "headers": out})
         resp.keepalive_ticks(self.config.keepalive_s)
         scan = ex.route.usage and resp.status == 200
+        # Usage chunks the engine sends unasked are counted (scan), then dropped: see sse.py.
+        strip = UsageChunkFilter() if scan and not ex.wants_usage else None
         tail = b""
         first = True
         at_boundary = True  # the last byte relayed ended an SSE event
         last_data = time.monotonic()
         idle_limit = self.config.upstream_timeout_s
-        while True:
-            try:
-                data = await resp.read()
-            except UpstreamBroken as exc:
-                if ex.client_gone:
-                    ex.status = 499
+        # Token counts are read from the last two reads that carried any (a usage object may
+        # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
+        # read would be wasted work): at the end, however the stream ends.
+        usage_prev: bytes | None = None
+        usage_last: bytes | None = None
+        try:
+            while True:
+                try:
+                    data = await resp.read()
+                except UpstreamBroken as exc:
+                    if ex.client_gone:
+                        ex.status = 499
+                        return
+                    if strip is not None:
+                        strip.discard()  # a half-received event is never sent
+                    await self._end_stream_with_error(send, ex, str(exc), at_boundary)
                     return
-                await self._end_stream_with_error(send, ex, str(exc), at_boundary)
-                return
-            if data is None:  # keep-alive tick: the engine has been silent for keepalive_s
-                if time.monotonic() - last_data > idle_limit:
-                    resp.abort()
-                    await self._end_stream_with_error(
-                        send, ex, f"engine sent nothing for {idle_limit:g} s", at_boundary
-                    )
-                    return
-                if at_boundary:  # never split an event the engine is half-way through
-                    await send(
-                        {"type": "http.response.body", "body": KEEPALIVE_COMMENT, "more_body": True}
-                    )
-                continue
-            if not data:
-                break
-            if first:
-                first = False
-                ex.ttft = time.perf_counter() - ex.t0
-            if idle_limit:
-                last_data = time.monotonic()
-            at_boundary = data.endswith(b"\n\n") or data.endswith(b"\r\n\r\n")
-            if scan:
-                window = tail + data
-                if b'_tokens"' in window:
-                    self._scan_usage(window, ex)
-                tail = window[-192:]
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        ex.finished = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if data is None:  # keep-alive tick: the engine has been silent for keepalive_s
+                    if time.monotonic() - last_data > idle_limit:
+                        resp.abort()
+                        await self._end_stream_with_error(
+                            send, ex, f"engine sent nothing for {idle_limit:g} s", at_boundary
+                        )
+                        return
+                    if at_boundary:  # never split an event the engine is half-way through
+                        await send(
+                            {"type": "http.response.body", "body": KEEPALIVE_COMMENT,
+                             "more_body": True}
+                        )  # fmt: skip
+                    continue
+                if not data:
+                    break
+                if first:
+                    first = False
+                    ex.ttft = time.perf_counter() - ex.t0
+                if idle_limit:
+                    last_data = time.monotonic()
+                if scan:
+                    window = tail + data
+                    if b'_tokens"' in window:
+                        usage_prev, usage_last = usage_last, window
+                    tail = window[-192:]
+                if strip is not None:
+                    data = strip.feed(data)
+                    if not data:
+                        continue  # held back: part of an event, or a dropped usage chunk
+                at_boundary = ends_event(data)
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            ex.finished = True
+            rest = b"" if strip is None else strip.flush()
+            await send({"type": "http.response.body", "body": rest, "more_body": False})
+        finally:
+            for seen in (usage_prev, usage_last):
+                if seen is not None:
+                    self._scan_usage(seen, ex)
 
     async def _end_stream_with_error(
         self, send: Send, ex: _Exchange, why: str, at_boundary: bool
@@ -748,6 +816,13 @@ class ProxyApp:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
+    @staticmethod
+    def _logged_path(ex: _Exchange) -> str:
+        logged = _LOGGED_PATH.get(ex.route.name)
+        if logged is not None:
+            return logged
+        return f'"path":null,"path_sha256":"{path_fingerprint(ex.path)}","path_len":{len(ex.path)}'
+
     def _account(self, ex: _Exchange) -> None:
         duration = time.perf_counter() - ex.t0
         status = ex.status or 499  # nothing sent: the client went away first
@@ -769,7 +844,7 @@ class ProxyApp:
             # several times cheaper than json.dumps of a dict on the hot path.
             self._emit_access(
                 f'{{"ts":{time.time():.3f},"request_id":"{ex.request_id.decode()}",'
-                f'"method":{_json_str(ex.method)},"path":{_json_str(ex.path[:200].decode("latin-1"))},'
+                f'"method":{_json_str(ex.method)},{self._logged_path(ex)},'
                 f'"route":"{route}","status":{status},"key":"{ex.key}",'
                 f'"stream":{"true" if ex.stream else "false"},"duration_ms":{duration * 1000:.3f},'
                 f'"ttft_ms":{"null" if ex.ttft is None else f"{ex.ttft * 1000:.3f}"},'

@@ -61,6 +61,7 @@ class Metrics:
         self.in_flight = 0
         self.engine_ready = False
         self.connect_retries = 0
+        self.health_failures = 0
 
     def render(self) -> bytes:
         out: list[str] = []
@@ -74,7 +75,7 @@ class Metrics:
             "# HELP proxy_in_flight Engine requests in progress (streams count until they end).",
             "# TYPE proxy_in_flight gauge",
             f"proxy_in_flight {self.in_flight}",
-            "# HELP proxy_engine_ready 1 when the engine's /health answered 200 at the last poll.",
+            "# HELP proxy_engine_ready 1 when the proxy sends requests to the engine (see /ready).",
             "# TYPE proxy_engine_ready gauge",
             f"proxy_engine_ready {int(self.engine_ready)}",
             "# HELP proxy_request_duration_seconds Time from request start to last byte sent.",
@@ -110,5 +111,9 @@ class Metrics:
             "(the engine was not reached).",
             "# TYPE proxy_upstream_connect_retries_total counter",
             f"proxy_upstream_connect_retries_total {self.connect_retries}",
+            "# HELP proxy_health_check_failures_total Engine /health polls that failed "
+            "(error, non-200 or too slow).",
+            "# TYPE proxy_health_check_failures_total counter",
+            f"proxy_health_check_failures_total {self.health_failures}",
         ]
         return ("\n".join(out) + "\n").encode()

@@ -3,7 +3,12 @@
 It serves what the real engines serve on localhost, with behaviour you set:
 - ``/v1/chat/completions``, ``/v1/completions`` (stream and non-stream, with ``usage``; streams
   honour ``stream_options.include_usage``), ``/v1/embeddings``, ``/v1/models``, ``/health``
-  (503 until ``startup_delay_s`` has passed), ``/metrics``;
+  (503 until ``startup_delay_s`` has passed, and for the next ``health_fail_next`` polls),
+  ``/metrics``;
+- the engines' "always report usage" switches: ``force_include_usage`` ends every stream with
+  the usage-only chunk (``choices: []``) whatever the client asked (SGLang's
+  ``--stream-response-default-include-usage``); add ``continuous_usage`` for running usage
+  on every chunk too, which is what vLLM's ``--enable-force-include-usage`` does;
 - the routes that must never be exposed (``/invocations``, ``/tokenize``, ``/sleep``,
   ``/wake_up``, ``/release_memory_occupation``, ``/resume_memory_occupation`` and a few more):
   they answer 200 so a test can prove the proxy never forwarded them (every hit is recorded);
@@ -11,7 +16,8 @@ It serves what the real engines serve on localhost, with behaviour you set:
 - failures on demand (``fail``): ``"500"``, ``"die_mid_stream"`` (drop the connection after
   ``fail_after_tokens`` tokens), ``"die_mid_body"`` (non-stream: drop the connection half-way
   through the body), ``"pause"`` (stop ``pause_s`` seconds after ``fail_after_tokens`` tokens),
-  ``"pause_mid_event"`` (same, but after sending half of the next event's bytes);
+  ``"pause_mid_event"`` (same, but after sending half of the next event's bytes; with
+  ``fail_after_tokens == tokens``, the usage chunk is cut inside its completion_tokens number);
   refusing connections is ``StubEngine.stop()`` / ``refuse_for(s)`` (nothing listens);
 - a record of every request (method, raw path, headers, body, status, tokens sent, and
   whether the client went away before the end: ``cancelled``).
@@ -71,6 +77,7 @@ DANGEROUS_ROUTES = (  # vLLM and SGLang routes (some dev-mode only) that must ne
 )  # fmt: skip
 _PER_REQUEST = (
     "tokens", "token_delay_ms", "first_token_delay_ms", "fail", "fail_after_tokens", "pause_s",
+    "force_include_usage", "continuous_usage",
 )  # fmt: skip
 
 
@@ -87,6 +94,11 @@ class Behaviour:
     fail_after_tokens: int = 2
     pause_s: float = 0.0
     health_status: int | None = None  # force /health to answer this (e.g. 503)
+    health_fail_next: int = 0  # the next N /health polls answer 503 (counts down per poll)
+    # Streams end with the usage-only chunk even when the client did not ask (stream_options).
+    force_include_usage: bool = False
+    # Running usage on every stream chunk (vLLM's force flag turns this on too).
+    continuous_usage: bool = False
     record: bool = True  # keep a log of requests (the bench turns it off)
 
     def update(self, values: dict[str, Any]) -> None:
@@ -143,6 +155,9 @@ class StubEngineApp:
     def _health_status(self) -> int:
         b = self.behaviour
         if time.monotonic() - self.started_at < b.startup_delay_s:
+            return 503
+        if b.health_fail_next > 0:
+            b.health_fail_next -= 1
             return 503
         return b.health_status or 200
 
@@ -326,7 +341,10 @@ class StubEngineApp:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         options = request.get("stream_options")
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        include_usage = b.force_include_usage or (
+            isinstance(options, dict) and bool(options.get("include_usage"))
+        )
+        prompt = _prompt_tokens(request)
         record["status"] = 200
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -354,6 +372,9 @@ class StubEngineApp:
             )
             chunk = {"id": rid, "object": obj, "created": created, "model": b.model,
                      "choices": [delta]}  # fmt: skip
+            if b.continuous_usage:
+                chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": i + 1,
+                                  "total_tokens": prompt + i + 1}  # fmt: skip
             event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
             if i == b.fail_after_tokens and b.fail == "pause_mid_event":
                 half = len(event) // 2
@@ -366,12 +387,19 @@ class StubEngineApp:
             record["tokens_sent"] = i + 1
         tail = b""
         if include_usage:
-            prompt = _prompt_tokens(request)
             usage = {"prompt_tokens": prompt, "completion_tokens": b.tokens,
                      "total_tokens": prompt + b.tokens}  # fmt: skip
             final = {"id": rid, "object": obj, "created": created, "model": b.model,
                      "choices": [], "usage": usage}  # fmt: skip
             tail = b"data: " + json.dumps(final).encode() + b"\n\n"
+            if b.fail == "pause_mid_event" and b.fail_after_tokens == b.tokens:
+                # split the usage chunk inside its completion_tokens number
+                cut = tail.index(b'"completion_tokens": ') + len(b'"completion_tokens": ') + 1
+                await send({"type": "http.response.body", "body": tail[:cut], "more_body": True})
+                await cancel.sleep(b.pause_s)
+                if cancel.cancelled:
+                    return
+                tail = tail[cut:]
         record["completed"] = True
         await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n",
                     "more_body": False})  # fmt: skip
@@ -612,6 +640,8 @@ class StubEngineProcess:
             if isinstance(value, bool):
                 if name == "record" and not value:
                     cmd.append("--no-record")
+                elif name != "record" and value:
+                    cmd.append(flag)
             elif value is not None:
                 cmd += [flag, str(value)]
         return cmd
@@ -704,6 +734,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fail-after-tokens", type=int, default=d.fail_after_tokens)
     p.add_argument("--pause-s", type=float, default=d.pause_s)
     p.add_argument("--health-status", type=int, default=None)
+    p.add_argument("--health-fail-next", type=int, default=d.health_fail_next,
+                   help="the first N /health polls answer 503")  # fmt: skip
+    p.add_argument("--force-include-usage", action="store_true",
+                   help="end every stream with a usage chunk, asked for or not")  # fmt: skip
+    p.add_argument("--continuous-usage", action="store_true",
+                   help="running usage on every stream chunk (with --force-include-usage: "
+                   "vLLM's --enable-force-include-usage)")  # fmt: skip
     p.add_argument("--no-record", action="store_true", help="keep no request log (benchmarks)")
     p.add_argument("--listen-delay-s", type=float, default=0.0,
                    help="refuse connections this long (port bound, not listening), like an "
@@ -714,6 +751,8 @@ def main(argv: list[str] | None = None) -> int:
         first_token_delay_ms=args.first_token_delay_ms, startup_delay_s=args.startup_delay_s,
         fail=args.fail, fail_after_tokens=args.fail_after_tokens, pause_s=args.pause_s,
         health_status=args.health_status, record=not args.no_record,
+        health_fail_next=args.health_fail_next, force_include_usage=args.force_include_usage,
+        continuous_usage=args.continuous_usage,
     )  # fmt: skip
     sock = bind_socket(args.host, args.port)
     port = sock.getsockname()[1]

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 
 import pytest
 
-from serving.proxy.app import ROUTES, ProxyApp, _Exchange
+from serving.proxy.app import ROUTES, ProxyApp, _Exchange, path_fingerprint
 from serving.proxy.metrics import Metrics
 from tests.harness.stub_engine import StubEngine
-from tests.serving.conftest import ALICE, AUTH, BOB, CHAT, KEYS, RunningProxy, wait_until
+from tests.serving.conftest import (
+    ALICE,
+    AUTH,
+    BOB,
+    CHAT,
+    KEYS,
+    RunningProxy,
+    raw_http,
+    raw_request,
+    wait_until,
+)
 
 
 def test_request_id_is_accepted_propagated_and_echoed(
@@ -160,3 +171,38 @@ def test_usage_numbers_that_are_not_token_counts_are_ignored() -> None:
     ProxyApp._scan_usage(b'{"usage": {"prompt_tokens": ' + b"9" * 5000 + b"}}", ex)  # no crash
     ProxyApp._scan_usage(b'{"prompt_tokens": 1.5e3, "completion_tokens": 12}', ex)
     assert (ex.prompt_tokens, ex.completion_tokens) == (None, 12)
+
+
+def test_unmatched_paths_are_logged_as_a_fingerprint_never_as_text(
+    proxy: RunningProxy, stub_engine: StubEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that puts its key in the URL path must not find it in the access log."""
+    caplog.set_level(logging.INFO, logger="serving.proxy.access")
+    leaky = [
+        f"/v1/{ALICE}/chat/completions",
+        f"/{ALICE}",
+        f"/v1/chat/completions/{ALICE}" + "x" * 300,  # past the old 200-character cut
+        f"/v1/chat/completions%2F{ALICE}",
+    ]
+    for path in leaky:
+        sent = raw_request("GET", path, headers=AUTH)
+        assert raw_http(proxy.port, sent).status == 404
+    with proxy.client(headers=AUTH) as c:
+        c.post("/v1/chat/completions", json=CHAT)
+        c.get("/v1/chat/completions")  # a known path with the wrong method: 405
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "serving.proxy.access"]
+    assert [(e["route"], e["status"]) for e in lines] == [("unmatched", 404)] * 4 + [
+        ("chat_completions", 200), ("chat_completions", 405),
+    ]  # fmt: skip
+    for entry, path in zip(lines, leaky, strict=False):
+        raw = path.encode()
+        assert entry["path"] is None and entry["path_len"] == len(raw)
+        assert entry["path_sha256"] == hashlib.sha256(raw).hexdigest()[:16]
+        assert entry["path_sha256"] == path_fingerprint(raw)
+    for entry in lines[4:]:
+        assert entry["path"] == "/v1/chat/completions" and entry["path_sha256"] is None
+    assert len({e["path_sha256"] for e in lines[:4]}) == 4
+    for secret in (ALICE, ALICE[3:], "sk-alice"):
+        assert secret not in caplog.text
+    # nothing unmatched went to the engine: it saw only the one valid request
+    assert [r["raw_path"] for r in stub_engine.requests()] == ["/v1/chat/completions"]

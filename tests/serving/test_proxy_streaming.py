@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import pytest
+
 from tests.harness.stub_engine import StubEngine
 from tests.serving.conftest import AUTH, CHAT, RunningProxy, wait_until
 
 STREAM = {**CHAT, "stream": True}
+WITH_USAGE = {**STREAM, "stream_options": {"include_usage": True}}
 
 
 def events(raw: bytes) -> list[bytes]:
@@ -65,15 +68,39 @@ def test_keepalive_comments_fill_long_silences(
 def test_keepalive_never_splits_an_event_the_engine_is_half_way_through(
     start_proxy: Callable[..., RunningProxy],
 ) -> None:
+    # A client that asked for usage gets the engine's bytes as they come, half event included,
+    # so no keep-alive may be sent in the pause.
+    proxy = start_proxy(keepalive_s=0.1)
+    split = {**WITH_USAGE, "stub": {"fail": "pause_mid_event", "fail_after_tokens": 1,
+                                    "pause_s": 0.5}}  # fmt: skip
+    with proxy.client(headers=AUTH) as c:
+        raw = c.post("/v1/chat/completions", json=split).content
+    parts = events(raw)
+    assert b"keep-alive" not in raw
+    chunks = [json.loads(p[6:]) for p in parts[:-1]]
+    assert [c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]] == [
+        "tok0 ", "tok1 ", "tok2 ", "tok3 ",
+    ]  # fmt: skip
+
+
+def test_half_events_are_held_back_while_usage_chunks_are_filtered(
+    start_proxy: Callable[..., RunningProxy],
+) -> None:
+    # Other clients go through the usage-chunk filter, which relays whole events only: the
+    # half event waits at the proxy (an SSE client could not use it before its blank line
+    # anyway), so a keep-alive in the pause falls between whole events.
     proxy = start_proxy(keepalive_s=0.1)
     split = {**STREAM, "stub": {"fail": "pause_mid_event", "fail_after_tokens": 1, "pause_s": 0.5}}
     with proxy.client(headers=AUTH) as c:
         raw = c.post("/v1/chat/completions", json=split).content
     parts = events(raw)
-    assert b"keep-alive" not in raw
-    assert [json.loads(p[6:])["choices"][0]["delta"]["content"] for p in parts[:-1]] == [
+    assert b": keep-alive" in parts
+    data = [json.loads(p[6:]) for p in parts if p.startswith(b"data: {")]
+    assert [c["choices"][0]["delta"]["content"] for c in data] == [
         "tok0 ", "tok1 ", "tok2 ", "tok3 ",
     ]  # fmt: skip
+    assert parts[parts.index(b": keep-alive") - 1].startswith(b"data: {")
+    assert parts[-1] == b"data: [DONE]"
 
 
 def test_engine_silent_past_the_upstream_timeout_ends_the_stream_with_an_error(
@@ -90,20 +117,27 @@ def test_engine_silent_past_the_upstream_timeout_ends_the_stream_with_an_error(
     wait_until(lambda: stub_engine.requests()[0]["cancelled"], what="the engine to see the abort")
 
 
+@pytest.mark.parametrize("asks_usage", [True, False], ids=["passthrough", "filtered"])
 def test_engine_stuck_half_way_through_an_event_gets_that_event_closed_before_the_error(
-    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine, asks_usage: bool
 ) -> None:
     proxy = start_proxy(keepalive_s=0.1, upstream_timeout_s=0.35)
-    stuck = {**STREAM, "stub": {"fail": "pause_mid_event", "fail_after_tokens": 1, "pause_s": 30}}
+    stub = {"fail": "pause_mid_event", "fail_after_tokens": 1, "pause_s": 30}
+    stuck = {**(WITH_USAGE if asks_usage else STREAM), "stub": stub}
     with proxy.client(headers=AUTH) as c:
         raw = c.post("/v1/chat/completions", json=stuck).content
     parts = events(raw)
     assert b"tok0" in parts[0]
-    assert parts[1].startswith(b"data: {") and b"tok1" not in parts[1]  # the engine's half
-    # the half event is terminated first, so the error is an event of its own
-    assert json.loads(parts[2].removeprefix(b"data: "))["error"]["code"] == "engine_stream_failed"
-    assert parts[3:] == [b"data: [DONE]"]
-    assert b"keep-alive" not in raw  # never inside the half-sent event
+    if asks_usage:  # the engine's bytes as they came: its half event, then the error
+        assert parts[1].startswith(b"data: {") and b"tok1" not in parts[1]  # the engine's half
+        # the half event is terminated first, so the error is an event of its own
+        assert b"keep-alive" not in raw  # never inside the half-sent event
+        parts = [parts[0], *parts[2:]]
+    else:  # the half event was held back and is dropped: the client sees whole events only
+        assert all(p == b": keep-alive" for p in parts[1:-2])
+        parts = [p for p in parts if p != b": keep-alive"]
+    assert json.loads(parts[1].removeprefix(b"data: "))["error"]["code"] == "engine_stream_failed"
+    assert parts[2:] == [b"data: [DONE]"]
     wait_until(lambda: stub_engine.requests()[0]["cancelled"], what="the engine to see the abort")
 
 

@@ -421,6 +421,7 @@ def test_vllm_command_defaults() -> None:
         "--enable-prefix-caching",
         "--async-scheduling",
         "--generation-config", "vllm",
+        "--enable-force-include-usage",
     ]  # fmt: skip
 
 
@@ -449,6 +450,7 @@ def test_sglang_command() -> None:
         "--mem-fraction-static", "0.88",
         "--download-dir", HF_HUB_PATH,
         "--enable-metrics",
+        "--stream-response-default-include-usage",
         "--context-length", "32768",
         "--enable-memory-saver", "--enable-weights-cpu-backup",
     ]  # fmt: skip
@@ -464,6 +466,24 @@ def test_extra_args_replace_overridable_defaults() -> None:
     assert "--enable-prefix-caching" in cmd
     cmd = make(extra_args=["--disable-prefix-caching"]).engine_command()
     assert "--enable-prefix-caching" not in cmd
+
+
+def test_streams_report_usage_by_default_and_that_can_be_turned_off() -> None:
+    """The proxy counts stream tokens from the engine's usage chunk: both engines are told to
+    send it whatever the client asked; vLLM's default can be switched off, SGLang's flag has
+    no negation (passing it only avoids a duplicate)."""
+    assert "--enable-force-include-usage" in make().engine_command()
+    off = make(extra_args=["--disable-force-include-usage"]).engine_command()
+    assert "--enable-force-include-usage" not in off
+    assert off[-1] == "--disable-force-include-usage"
+    off = make(extra_args=["--disable_force_include_usage"]).engine_command()
+    assert "--enable-force-include-usage" not in off
+    sglang = make(engine="sglang").engine_command()
+    assert sglang.count("--stream-response-default-include-usage") == 1
+    again = make(
+        engine="sglang", extra_args=["--stream-response-default-include-usage"]
+    ).engine_command()
+    assert again.count("--stream-response-default-include-usage") == 1
 
 
 def test_engine_env() -> None:

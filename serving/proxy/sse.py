@@ -1,0 +1,98 @@
+"""Drops the usage-only SSE chunk from a stream whose client did not ask for it.
+
+The engines are started so that every stream ends with a usage chunk (vLLM
+``--enable-force-include-usage``, SGLang ``--stream-response-default-include-usage``): that is
+how the proxy counts stream tokens. OpenAI sends that chunk (``"choices": []`` plus ``usage``)
+only to clients that set ``stream_options.include_usage``, and client code written against
+that contract reads ``chunk.choices[0]`` on every chunk, which fails on an empty list. So for
+the other clients the proxy counts the chunk, then removes it with ``UsageChunkFilter``.
+
+The filter is cheap on the hot path: a read that ends on an event boundary and has no empty
+``choices`` list passes through untouched (one regex search). Otherwise it holds back the
+incomplete last event (never sent half, so the relay stays on an event boundary) and drops
+complete events whose JSON is ``{"choices": [], "usage": {...}, ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+_EMPTY_CHOICES_RE = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+_BOUNDARY_RE = re.compile(rb"\r\n\r\n|\n\n")
+# An event that never ends is passed on unfiltered beyond this size (memory stays bounded).
+MAX_HELD_BYTES = 256 * 1024
+
+
+def ends_event(data: bytes) -> bool:
+    """True when ``data`` ends on an SSE event boundary (a blank line)."""
+    return data.endswith(b"\n\n") or data.endswith(b"\r\n\r\n")
+
+
+def is_usage_only_event(event: bytes) -> bool:
+    """True for one SSE event (without its blank line) whose data is a usage-only chunk."""
+    lines = event.replace(b"\r\n", b"\n").split(b"\n")
+    data = b"\n".join(line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:"))
+    if not data.startswith(b"{"):
+        return False
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return False
+    return (
+        isinstance(chunk, dict)
+        and chunk.get("choices") == []
+        and isinstance(chunk.get("usage"), dict)
+    )
+
+
+class UsageChunkFilter:
+    """Feed it the engine's bytes in order; it returns what to send on (maybe ``b""``)."""
+
+    __slots__ = ("_held", "dropped")
+
+    def __init__(self) -> None:
+        self._held = b""
+        self.dropped = 0  # usage-only events removed so far
+
+    def feed(self, data: bytes) -> bytes:
+        if not self._held and ends_event(data) and _EMPTY_CHOICES_RE.search(data) is None:
+            return data  # the common case: whole events, no usage-only chunk among them
+        buf = self._held + data
+        lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
+        end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if end == 0:  # no complete event yet
+            if len(buf) > MAX_HELD_BYTES:
+                self._held = b""
+                return buf
+            self._held = buf
+            return b""
+        complete, self._held = buf[:end], buf[end:]
+        if _EMPTY_CHOICES_RE.search(complete) is None:
+            return complete
+        return self._drop_usage_events(complete)
+
+    def flush(self) -> bytes:
+        """What is left at the end of the stream (an event without a final blank line)."""
+        held, self._held = self._held, b""
+        if held and _EMPTY_CHOICES_RE.search(held) and is_usage_only_event(held.rstrip()):
+            self.dropped += 1
+            return b""
+        return held
+
+    def discard(self) -> None:
+        """Forget a half-received event (the stream failed; it is never sent)."""
+        self._held = b""
+
+    def _drop_usage_events(self, complete: bytes) -> bytes:
+        out: list[bytes] = []
+        start = 0
+        for sep in _BOUNDARY_RE.finditer(complete):
+            event = complete[start : sep.start()]
+            if _EMPTY_CHOICES_RE.search(event) and is_usage_only_event(event):
+                self.dropped += 1
+            else:
+                out.append(complete[start : sep.end()])
+            start = sep.end()
+        out.append(complete[start:])
+        return b"".join(out)
