@@ -17,7 +17,6 @@ from emulator.errors import InvalidArgument
 ID_SUFFIX_LEN = 22
 _ALPHABET = string.ascii_letters + string.digits
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_.-]+$")
-_APP_ID_RE = re.compile(r"^ap-[a-zA-Z0-9]{22}$")
 #: New environment names: first character alphanumeric, then letters, digits, '-', '_'.
 _ENV_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$")
 #: Existing environment names may also hold '.', so lookups accept it.
@@ -53,10 +52,15 @@ def content_id(kind: str, digest_source: bytes) -> str:
     return f"{PREFIXES[kind]}-{digest[:ID_SUFFIX_LEN]}"
 
 
+def looks_like_id(kind: str, value: str) -> bool:
+    """Whether `value` has the shape of an id of `kind`: '<prefix>-' + 22 letters or digits."""
+    return re.fullmatch(rf"{PREFIXES[kind]}-[a-zA-Z0-9]{{{ID_SUFFIX_LEN}}}", value) is not None
+
+
 def check_id(kind: str, value: str) -> str:
     """Raise InvalidArgument unless `value` looks like an id of `kind`."""
     prefix = PREFIXES[kind]
-    if not re.fullmatch(rf"{prefix}-[a-zA-Z0-9]{{{ID_SUFFIX_LEN}}}", value or ""):
+    if not looks_like_id(kind, value or ""):
         shown = value if value else "(empty)"
         raise InvalidArgument(
             f"Malformed {kind.replace('_', ' ')} id {shown!r}: expected '{prefix}-' followed by "
@@ -76,11 +80,11 @@ def check_name(kind: str, name: str) -> str:
         raise InvalidArgument(
             f"Invalid {kind} name {name[:80]!r}: {len(name)} characters, at most {MAX_NAME_LEN}."
         )
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise InvalidArgument(
             f"Invalid {kind} name {name!r}: use only letters, digits, '-', '_' and '.'."
         )
-    if _APP_ID_RE.match(name):
+    if looks_like_id("app", name):
         raise InvalidArgument(
             f"Invalid {kind} name {name!r}: it has the shape of an App ID ('ap-' + 22 letters or "
             "digits), which Modal reserves; pick another name."
@@ -97,7 +101,7 @@ def check_environment_name(name: str, *, allow_periods: bool = False) -> str:
     """
     pattern = _ENV_LOOKUP_RE if allow_periods else _ENV_NAME_RE
     allowed = "letters, digits, '-', '_'" + (" and '.'" if allow_periods else "")
-    if not name or len(name) > MAX_NAME_LEN or not pattern.match(name):
+    if not name or len(name) > MAX_NAME_LEN or not pattern.fullmatch(name):
         raise InvalidArgument(
             f"Invalid environment name {name[:80]!r}: use 1-{MAX_NAME_LEN} characters, starting "
             f"with a letter or digit, then only {allowed}."

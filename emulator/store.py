@@ -305,11 +305,6 @@ class Store:
                 ]
         return out
 
-    def get_meta(self, key: str) -> str | None:
-        with self._lock:
-            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row["value"])
-
     def close(self) -> None:
         with self._lock:
             self._conn.close()

@@ -7,9 +7,8 @@ from modal_proto import api_pb2
 
 from emulator.errors import InvalidArgument
 from emulator.handlers.base import Context, rpc
-from emulator.handlers.convert import app_state_to_model, app_state_to_proto, creation
+from emulator.handlers.convert import app_state_to_model, app_state_to_proto, create_if_missing
 from emulator.models.apps import App, PublishRequest
-from emulator.models.common import Creation
 
 
 def lifecycle(ctx: Context, app: App) -> api_pb2.AppLifecycle:
@@ -68,13 +67,10 @@ def AppGetByDeploymentName(
 def AppGetOrCreate(
     ctx: Context, req: api_pb2.AppGetOrCreateRequest
 ) -> api_pb2.AppGetOrCreateResponse:
-    mode = creation(req.object_creation_type)
-    if mode not in (Creation.LOOKUP, Creation.IF_MISSING):
-        raise InvalidArgument("AppGetOrCreate supports lookup or create-if-missing only.")
     app = ctx.state.apps.get_or_create(
         req.app_name,
         req.environment_name,
-        mode is Creation.IF_MISSING,
+        create_if_missing("AppGetOrCreate", req.object_creation_type),
         ctx.client_version,
         ctx.config.workspace,
     )

@@ -24,6 +24,14 @@ def creation(value: int) -> Creation:
         raise InvalidArgument(f"Unknown object_creation_type {value}.") from None
 
 
+def create_if_missing(rpc_name: str, value: int) -> bool:
+    """For RPCs that only look up or create-if-missing: True to create; other modes rejected."""
+    mode = creation(value)
+    if mode not in (Creation.LOOKUP, Creation.IF_MISSING):
+        raise InvalidArgument(f"{rpc_name} supports lookup or create-if-missing only.")
+    return mode is Creation.IF_MISSING
+
+
 def app_state_to_model(value: int) -> str:
     if value == api_pb2.APP_STATE_UNSPECIFIED:
         raise InvalidArgument("app_state is unspecified.")

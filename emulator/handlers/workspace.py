@@ -11,8 +11,7 @@ from modal_proto import api_pb2
 
 from emulator.errors import InvalidArgument
 from emulator.handlers.base import Context, rpc
-from emulator.handlers.convert import creation
-from emulator.models.common import Creation
+from emulator.handlers.convert import create_if_missing
 from emulator.models.environments import Environment
 from emulator.models.tokens import ProxyToken
 
@@ -61,10 +60,8 @@ def _env_item(env: Environment) -> api_pb2.EnvironmentListItem:
 def EnvironmentGetOrCreate(
     ctx: Context, req: api_pb2.EnvironmentGetOrCreateRequest
 ) -> api_pb2.EnvironmentGetOrCreateResponse:
-    mode = creation(req.object_creation_type)
-    if mode not in (Creation.LOOKUP, Creation.IF_MISSING):
-        raise InvalidArgument("EnvironmentGetOrCreate supports lookup or create-if-missing only.")
-    env = ctx.state.environments.get_or_create(req.deployment_name, mode is Creation.IF_MISSING)
+    create = create_if_missing("EnvironmentGetOrCreate", req.object_creation_type)
+    env = ctx.state.environments.get_or_create(req.deployment_name, create)
     return api_pb2.EnvironmentGetOrCreateResponse(
         environment_id=env.id,
         metadata=api_pb2.EnvironmentMetadata(

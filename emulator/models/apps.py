@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import builtins
 import json
-import re
 import sqlite3
 from dataclasses import dataclass, field
 
 from emulator.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from emulator.ids import check_id, check_name, new_id
+from emulator.ids import check_id, check_name, looks_like_id, new_id
 from emulator.models.environments import Environment, Environments
 from emulator.store import Store
 
@@ -125,6 +124,10 @@ def _version(row: sqlite3.Row) -> AppVersion:
     )
 
 
+def _definition(row: sqlite3.Row) -> Definition:
+    return Definition(row["id"], row["function_id"], bytes(row["data"]), bytes(row["handle"]))
+
+
 class Apps:
     def __init__(
         self,
@@ -214,7 +217,7 @@ class Apps:
         client_version: str = "",
         deployed_by: str = "",
     ) -> App:
-        if not create_if_missing and re.fullmatch(r"ap-[a-zA-Z0-9]{22}", name):
+        if not create_if_missing and looks_like_id("app", name):
             return self.get(name)  # an app id instead of a name
         check_name("App", name)
         env, app, _ = self.by_deployment_name(name, environment)
@@ -542,7 +545,13 @@ class Apps:
             if row["version"]:
                 layout = self._get_version(db, row["app_id"], row["version"])
                 def_id = layout.definition_ids.get(function_id)
-        return self.get_definition(def_id) if def_id else self.latest_definition(function_id)
+        return self._published_or_latest(function_id, def_id)
+
+    def _published_or_latest(self, function_id: str, definition_id: str | None) -> Definition:
+        """The definition a version layout names, else the function's latest one."""
+        if definition_id:
+            return self.get_definition(definition_id)
+        return self.latest_definition(function_id)
 
     def get_definition(self, definition_id: str) -> Definition:
         with self.store.read() as db:
@@ -551,7 +560,7 @@ class Apps:
             ).fetchone()
         if row is None:
             raise NotFound(f"Function definition {definition_id!r} not found.")
-        return Definition(row["id"], row["function_id"], bytes(row["data"]), bytes(row["handle"]))
+        return _definition(row)
 
     def latest_definition(self, function_id: str) -> Definition:
         check_id("function", function_id)
@@ -563,7 +572,7 @@ class Apps:
             ).fetchone()
         if row is None:
             raise NotFound(f"Function {function_id!r} not found (or never created).")
-        return Definition(row["id"], row["function_id"], bytes(row["data"]), bytes(row["handle"]))
+        return _definition(row)
 
     def lookup_function(
         self, app_name: str, environment: str, tag: str, version: int = 0
@@ -576,9 +585,7 @@ class Apps:
                 f"Function {tag!r} not found in app {app_name!r} (environment "
                 f"{app.env_name!r}); it has: {', '.join(sorted(layout.function_ids)) or 'none'}."
             )
-        def_id = layout.definition_ids.get(fid)
-        definition = self.get_definition(def_id) if def_id else self.latest_definition(fid)
-        return app, definition
+        return app, self._published_or_latest(fid, layout.definition_ids.get(fid))
 
     def lookup_class(
         self, app_name: str, environment: str, tag: str, version: int = 0

@@ -19,11 +19,10 @@ import sqlite3
 from dataclasses import dataclass
 
 from emulator.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from emulator.ids import ID_SUFFIX_LEN, check_environment_name, new_id
+from emulator.ids import check_environment_name, looks_like_id, new_id
 from emulator.store import Store
 
 _SUFFIX_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
-_ENV_ID_RE = re.compile(rf"^en-[a-zA-Z0-9]{{{ID_SUFFIX_LEN}}}$")
 MAX_SUFFIX_LEN = 32
 #: Image builder versions the 1.6.4 client knows (modal._image.ImageBuilderVersion).
 IMAGE_BUILDER_VERSIONS = ("2023.12", "2024.04", "2024.10", "2025.06", "2026.10", "PREVIEW")
@@ -60,7 +59,7 @@ def _row(row: sqlite3.Row) -> Environment:
 
 
 def _check_suffix(suffix: str) -> str:
-    if len(suffix) > MAX_SUFFIX_LEN or not _SUFFIX_RE.match(suffix):
+    if len(suffix) > MAX_SUFFIX_LEN or not _SUFFIX_RE.fullmatch(suffix):
         raise InvalidArgument(
             f"Invalid web suffix {suffix!r}: use 1-{MAX_SUFFIX_LEN} lowercase letters, digits "
             "and inner '-'."
@@ -108,7 +107,7 @@ class Environments:
         """The environment called `name` (or with id `name`), the default one for ""."""
         if not name:
             row = db.execute("SELECT * FROM environments WHERE is_default = 1").fetchone()
-        elif _ENV_ID_RE.match(name):  # an environment id where a name is expected
+        elif looks_like_id("environment", name):  # an environment id where a name is expected
             row = db.execute("SELECT * FROM environments WHERE id = ?", (name,)).fetchone()
         else:
             row = db.execute("SELECT * FROM environments WHERE name = ?", (name,)).fetchone()
@@ -141,7 +140,7 @@ class Environments:
             return self.get_by_id(env_id, db)
 
     def get_or_create(self, name: str, create_if_missing: bool) -> Environment:
-        if name and not _ENV_ID_RE.match(name):
+        if name and not looks_like_id("environment", name):
             check_environment_name(name, allow_periods=not create_if_missing)
         try:
             return self.lookup(name)

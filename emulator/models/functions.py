@@ -98,7 +98,7 @@ def check_function_spec(spec: FunctionSpec) -> None:
 
 def check_web_label(label: str) -> str:
     """A custom web endpoint label (`label=`): a DNS label of [a-z0-9-], else InvalidArgument."""
-    if not _LABEL_RE.match(label):
+    if not _LABEL_RE.fullmatch(label):
         raise InvalidArgument(
             f"Invalid web endpoint label {label[:80]!r}: use 1-63 lowercase letters, digits "
             "and '-' (not first or last, not digits only)."

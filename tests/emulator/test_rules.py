@@ -40,7 +40,9 @@ def _env_names() -> list[str]:
     return [i.name for i in items]
 
 
-@pytest.mark.parametrize("bad", ["en-foo", "EN-bar", "my.env", "-lead", "_x", "a b", "x" * 65])
+@pytest.mark.parametrize(
+    "bad", ["en-foo", "EN-bar", "my.env", "-lead", "_x", "a b", "x" * 65, "dev\n"]
+)
 def test_environment_create_refuses_names_modal_refuses(
     modal_env: EmulatorProcess, bad: str
 ) -> None:
@@ -124,6 +126,11 @@ def test_names_shaped_like_app_ids_are_refused(modal_env: EmulatorProcess) -> No
     ):
         with pytest.raises(InvalidError, match=f"Invalid {kind} name .*App ID"):
             call()
+    with pytest.raises(InvalidError, match=r"Invalid Volume name .*use only letters"):
+        raw_rpc(  # a trailing newline is not a name character ('$' alone would let it pass)
+            "VolumeGetOrCreate",
+            api_pb2.VolumeGetOrCreateRequest(deployment_name="vol\n", object_creation_type=ifm),
+        )
     app_id = modal.App.lookup("real-app", create_if_missing=True).app_id
     assert modal.App.lookup(app_id or "").app_id == app_id  # lookup by id still works
     with pytest.raises(NotFoundError, match=APP_ID_SHAPED):
