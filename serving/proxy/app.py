@@ -30,7 +30,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from json.encoder import encode_basestring_ascii as _encode_json_str
+from json.encoder import encode_basestring_ascii as _json_str  # quoted, escaped, ASCII
 from typing import Any
 
 from serving.proxy.keys import KeyRing, parse_bearer
@@ -262,11 +262,6 @@ def _error_body(message: str, type_: str, code: str) -> bytes:
     ).encode()
 
 
-def _json_str(value: str) -> str:
-    """A JSON string literal (quoted, escaped, ASCII-only)."""
-    return _encode_json_str(value)
-
-
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -444,7 +439,7 @@ class ProxyApp:
                         (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
                     )  # fmt: skip
                 else:
-                    await self._admit(scope, receive, send, ex, content_length, forward)
+                    await self._admit(receive, send, ex, content_length, forward)
         except Exception as exc:  # a bug of ours: uvicorn answers 500 (or drops the stream)
             ex.status = ex.status or 500
             ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
@@ -477,7 +472,6 @@ class ProxyApp:
 
     async def _admit(
         self,
-        scope: Scope,
         receive: Receive,
         send: Send,
         ex: _Exchange,
@@ -500,7 +494,7 @@ class ProxyApp:
             return
         metrics.in_flight += 1
         try:
-            await self._forward(scope, receive, send, ex, content_length, forward)
+            await self._forward(receive, send, ex, content_length, forward)
         finally:
             metrics.in_flight -= 1
 
@@ -567,7 +561,6 @@ class ProxyApp:
 
     async def _forward(
         self,
-        scope: Scope,
         receive: Receive,
         send: Send,
         ex: _Exchange,
@@ -680,9 +673,7 @@ class ProxyApp:
         # Usage chunks the engine sends unasked are counted (scan), then dropped: see sse.py.
         strip = UsageChunkFilter() if scan and not ex.wants_usage else None
         tail = b""
-        first = True
         at_boundary = True  # the last byte relayed ended an SSE event
-        last_data = time.monotonic()
         idle_limit = self.config.upstream_timeout_s
         # Token counts are read from the last two reads that carried any (a usage object may
         # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
@@ -697,12 +688,11 @@ class ProxyApp:
                     if ex.client_gone:
                         ex.status = 499
                         return
-                    if strip is not None:
-                        strip.discard()  # a half-received event is never sent
+                    # What ``strip`` holds back (half an event) is never sent.
                     await self._end_stream_with_error(send, ex, str(exc), at_boundary)
                     return
                 if data is None:  # keep-alive tick: the engine has been silent for keepalive_s
-                    if time.monotonic() - last_data > idle_limit:
+                    if resp.idle_s() > idle_limit:
                         resp.abort()
                         await self._end_stream_with_error(
                             send, ex, f"engine sent nothing for {idle_limit:g} s", at_boundary
@@ -716,11 +706,8 @@ class ProxyApp:
                     continue
                 if not data:
                     break
-                if first:
-                    first = False
+                if ex.ttft is None:
                     ex.ttft = time.perf_counter() - ex.t0
-                if idle_limit:
-                    last_data = time.monotonic()
                 if scan:
                     window = tail + data
                     if b'_tokens"' in window:
@@ -773,6 +760,7 @@ class ProxyApp:
         status: int,
         body: bytes,
         content_type: tuple[bytes, bytes] = _JSON,
+        extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         ex.status = status
         ex.overhead = time.perf_counter() - ex.t0
@@ -782,7 +770,12 @@ class ProxyApp:
             (b"x-request-id", ex.request_id),
             (b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()),
         ]
-        if ex.body_unread:  # e.g. a GET /health with a body: see _error
+        if extra:
+            headers += extra
+        if ex.body_unread:
+            # Answered without reading the body the client announced (401, 404, 413, 429, or
+            # a GET /health with a body): close the connection rather than let uvicorn read and
+            # discard it, whatever its size.
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -798,23 +791,7 @@ class ProxyApp:
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         ex.error = code
-        body = _error_body(message, type_, code)
-        ex.status = status
-        ex.overhead = time.perf_counter() - ex.t0
-        headers = [
-            _JSON,
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", ex.request_id),
-            (b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()),
-        ]
-        if extra:
-            headers += extra
-        if ex.body_unread:
-            # Answered without reading the body the client announced (401, 404, 413, 429, ...):
-            # close the connection rather than let uvicorn read and discard it, whatever size.
-            headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await self._plain(send, ex, status, _error_body(message, type_, code), _JSON, extra)
 
     @staticmethod
     def _logged_path(ex: _Exchange) -> str:

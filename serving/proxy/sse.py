@@ -80,10 +80,6 @@ class UsageChunkFilter:
             return b""
         return held
 
-    def discard(self) -> None:
-        """Forget a half-received event (the stream failed; it is never sent)."""
-        self._held = b""
-
     def _drop_usage_events(self, complete: bytes) -> bytes:
         out: list[bytes] = []
         start = 0

@@ -74,6 +74,7 @@ class UpstreamResponse:
         "_head_future",
         "_head_timer",
         "_last_data",
+        "_last_tick",
         "_loop",
         "_paused",
         "_tick_fired",
@@ -96,7 +97,8 @@ class UpstreamResponse:
         self._done = False
         self._error: UpstreamError | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._last_data = 0.0
+        self._last_data = 0.0  # loop time of the last body bytes (kept while ticks are on)
+        self._last_tick = 0.0
         self._tick_interval = 0.0
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_fired = False
@@ -162,6 +164,11 @@ class UpstreamResponse:
         self._tick_interval = interval
         self._last_data = self._loop.time()
         self._tick_handle = self._loop.call_at(self._last_data + interval, self._on_tick)
+
+    def idle_s(self) -> float:
+        """Seconds since the last body bytes arrived (or ``keepalive_ticks`` was called);
+        only meaningful while keep-alive ticks are on."""
+        return self._loop.time() - self._last_data
 
     def abort(self) -> None:
         """Drop the engine connection at once (the engine sees a disconnect and aborts)."""
@@ -237,9 +244,9 @@ class UpstreamResponse:
         if self._done:
             return
         now = self._loop.time()
-        due = self._last_data + self._tick_interval
+        due = max(self._last_data, self._last_tick) + self._tick_interval
         if now >= due - 1e-3:
-            self._last_data = now
+            self._last_tick = now
             waiter = self._waiter
             if waiter is not None and not waiter.done():
                 self._tick_fired = True

@@ -71,8 +71,8 @@ def wait_until(
         time.sleep(0.01)
 
 
-def raw_http(port: int, request: bytes, timeout: float = 5.0) -> RawResponse:
-    """Send ``request`` verbatim, read until the server closes, parse one response."""
+def send_until_close(port: int, request: bytes, timeout: float = 5.0) -> bytes:
+    """Send ``request`` verbatim; return every byte received until the server closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(request)
         data = b""
@@ -84,6 +84,12 @@ def raw_http(port: int, request: bytes, timeout: float = 5.0) -> RawResponse:
             if not piece:
                 break
             data += piece
+    return data
+
+
+def raw_http(port: int, request: bytes, timeout: float = 5.0) -> RawResponse:
+    """Send ``request`` verbatim, read until the server closes, parse one response."""
+    data = send_until_close(port, request, timeout)
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ")[1]) if lines and lines[0] else 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 
 from serving.proxy import KeyRing, ProxyApp, ProxyConfig
 from tests.harness.stub_engine import StubEngine, UvicornThread
-from tests.serving.conftest import ALICE, CHAT, KEYS, wait_until
+from tests.serving.conftest import ALICE, CHAT, KEYS, send_until_close, wait_until
 
 AUTH_LINE = f"Authorization: Bearer {ALICE}\r\n".encode()
 BODY = json.dumps(CHAT).encode()
@@ -41,17 +40,7 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[int, StubEngine]]:
 
 def exchange(port: int, data: bytes) -> tuple[list[int], bytes]:
     """Send bytes verbatim; read until the proxy closes; return every status line's code."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(data)
-        received = b""
-        while True:
-            try:
-                piece = sock.recv(65536)
-            except (ConnectionResetError, TimeoutError):
-                break
-            if not piece:
-                break
-            received += piece
+    received = send_until_close(port, data)
     return [int(code) for code in re.findall(rb"HTTP/1\.[01] (\d{3}) ", received)], received
 
 
