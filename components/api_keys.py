@@ -33,7 +33,8 @@ from pulumi.dynamic import (
 from pulumi.runtime import rpc
 
 KEY_PREFIX = "sk-"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+#: A valid API key name (also checked in the stack config: modal-llm:apiKeyNames).
+KEY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _REPLACE_ON = ("name", "rotation")
 
 
@@ -58,7 +59,7 @@ class ApiKeyProvider(ResourceProvider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         name = news.get("name")
         failures: list[CheckFailure] = []
-        if isinstance(name, str) and not _NAME.match(name):
+        if isinstance(name, str) and not KEY_NAME.match(name):
             failures.append(
                 CheckFailure(
                     "name",

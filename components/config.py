@@ -24,6 +24,7 @@ import pulumi
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from components import cost
+from components.api_keys import KEY_NAME
 from serving.spec import ServingSpec
 
 PROJECT = "modal-llm"  # the default namespace; programs use pulumi.get_project()
@@ -53,7 +54,6 @@ PROVIDER_SECRET_KEYS = ("modal:tokenSecret",)
 
 _SERVICE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 _ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_KEY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Fields the component fills in itself: users must not set them per service.
 _MANAGED_SPEC_FIELDS = ("volumes", "secrets", "require_pinned_revision")
@@ -419,7 +419,7 @@ def parse_stack_config(
         raise ConfigError(f"stack {stack!r}: {exc}") from exc
 
     app_file = r.string("appFile") or DEFAULT_APP_FILE
-    key_names = _string_list(r, "apiKeyNames", _KEY_NAME, "key names", "[gateway, ci]")
+    key_names = _string_list(r, "apiKeyNames", KEY_NAME, "key names", "[gateway, ci]")
     return StackConfig(
         project=ns,
         stack=stack,

@@ -4,8 +4,8 @@ Reads `pulumi stack output --json --show-secrets --stack STACK` (or a saved copy
 with `--outputs-json FILE`), takes the `gateway_config` output (LiteLLM YAML) or, with
 `--format json`, `gateway_config_json`, and writes it with mode 0600 to
 `.gateway/litellm-<stack>.yaml` (or `--out`). The file holds API keys and the Modal proxy
-token: keep it out of git (`.gateway/` carries its own `.gitignore`; the root .gitignore should
-list `.gateway/` too) and out of logs.
+token: keep it out of git (`.gateway/` carries its own `.gitignore`, and the root .gitignore
+lists `.gateway/` too) and out of logs.
 
 For the `local` stack the file backend and passphrase of scripts/local-env.sh are used unless
 PULUMI_BACKEND_URL / PULUMI_CONFIG_PASSPHRASE are already set.

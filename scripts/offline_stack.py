@@ -89,6 +89,8 @@ from tests.program.runner import (  # noqa: E402
     RecordingMonitor,
     run_program,
     stack_config,
+    to_harness,
+    to_program,
 )
 
 NOT_THE_ENGINE = "offline stand-in built from the test harness, NOT the Pulumi engine"
@@ -306,33 +308,6 @@ class StackState:
             json.dump(doc, fh, indent=1)
             fh.write("\n")
         os.replace(tmp, self.path)
-
-
-# ---- program <-> harness values --------------------------------------------------------------
-
-
-def to_harness(value: Any) -> Any:
-    """Program-side values (rpc secret envelopes, Unknown) -> harness values."""
-    if isinstance(value, Unknown):
-        return UNKNOWN
-    if rpc.is_rpc_secret(value):
-        return Secret(to_harness(rpc.unwrap_rpc_secret(value)))
-    if isinstance(value, dict):
-        return {k: to_harness(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_harness(v) for v in value]
-    return value
-
-
-def to_program(value: Any) -> Any:
-    """Harness values -> what the engine hands the program (secrets re-marked)."""
-    if isinstance(value, Secret):
-        return rpc.wrap_rpc_secret(reveal(value.value))
-    if isinstance(value, dict):
-        return {k: to_program(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_program(v) for v in value]
-    return value
 
 
 # ---- showing values without secrets ---------------------------------------------------------

@@ -13,6 +13,10 @@ keys (the mocks cannot decrypt them).
 The mocks answer each dynamic resource with its inputs plus plausible outputs
 (`fake_outputs`), so components can wire outputs into other inputs; they never call a
 provider (the end-to-end test does that through the provider server).
+
+`to_harness` / `to_program` convert values between the program's side (rpc secret envelopes,
+`Unknown`) and the provider-server harness (`Secret`, `UNKNOWN`), for mocks that do drive the
+real providers (the end-to-end test, scripts/offline_stack.py).
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ from typing import Any
 
 import pulumi
 import yaml
+from pulumi.output import Unknown
 from pulumi.runtime import mocks as pmocks
 from pulumi.runtime import rpc, settings
 from pulumi.runtime.stack import run_in_stack
+
+from tests.harness.provider_server import UNKNOWN, Secret, reveal
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "modal-llm"
@@ -120,6 +127,30 @@ def fake_outputs(typ: str, name: str, inputs: Mapping[str, Any]) -> dict[str, An
     elif short == "llm:ApiKey":
         outs.update(key=rpc.wrap_rpc_secret(f"sk-test-{name}"), digest="sha256:" + "3" * 64)
     return outs
+
+
+def to_harness(value: Any) -> Any:
+    """Program-side values (rpc secret envelopes, Unknown) -> harness values."""
+    if isinstance(value, Unknown):
+        return UNKNOWN
+    if rpc.is_rpc_secret(value):
+        return Secret(to_harness(rpc.unwrap_rpc_secret(value)))
+    if isinstance(value, dict):
+        return {k: to_harness(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_harness(v) for v in value]
+    return value
+
+
+def to_program(value: Any) -> Any:
+    """Harness values -> what the engine hands the program (secrets re-marked)."""
+    if isinstance(value, Secret):
+        return rpc.wrap_rpc_secret(reveal(value.value))
+    if isinstance(value, dict):
+        return {k: to_program(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_program(v) for v in value]
+    return value
 
 
 class ProgramMocks(pulumi.runtime.Mocks):
@@ -225,10 +256,6 @@ def stack_config(
         if isinstance(value, dict) and set(value) == {"secure"}:
             config[key] = TEST_SECRETS.get(key, f"test-secret-for-{key}")
             secret_keys.append(key)
-        elif isinstance(value, str):
-            config[key] = value
-        elif isinstance(value, bool):
-            config[key] = "true" if value else "false"
         else:
             config[key] = _cli_string(value)
         if key in TEST_SECRETS and key not in secret_keys:

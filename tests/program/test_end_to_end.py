@@ -21,7 +21,6 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 import pytest
@@ -30,7 +29,14 @@ from pulumi.runtime import rpc
 
 from tests.harness.emulator import EmulatorProcess
 from tests.harness.provider_server import Engine, ProviderServer, Secret, reveal, scan_for_leaks
-from tests.program.runner import PROJECT, ProgramRun, run_program, stack_config
+from tests.program.runner import (
+    PROJECT,
+    ProgramRun,
+    run_program,
+    stack_config,
+    to_harness,
+    to_program,
+)
 from tests.providers.helpers import mutating_calls, server_env
 
 pytestmark = pytest.mark.slow
@@ -43,28 +49,6 @@ CASES = {
         "qwen-small",
     ),
 }
-
-
-def _to_harness(value: Any) -> Any:
-    """Program-side values (rpc secret envelopes) -> harness values (Secret wrappers)."""
-    if rpc.is_rpc_secret(value):
-        return Secret(_to_harness(rpc.unwrap_rpc_secret(value)))
-    if isinstance(value, dict):
-        return {k: _to_harness(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_to_harness(v) for v in value]
-    return value
-
-
-def _to_program(value: Any) -> Any:
-    """Harness values -> what a real engine hands the program (secrets re-marked)."""
-    if isinstance(value, Secret):
-        return rpc.wrap_rpc_secret(reveal(value.value))
-    if isinstance(value, dict):
-        return {k: _to_program(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_to_program(v) for v in value]
-    return value
 
 
 class ProviderMocks(pulumi.runtime.Mocks):
@@ -83,13 +67,13 @@ class ProviderMocks(pulumi.runtime.Mocks):
         inputs = dict(args.inputs)
         blob = rpc.unwrap_rpc_secret(inputs.pop("__provider"))
         with self.lock:
-            step = self.engine.up(args.name, blob, _to_harness(inputs))
+            step = self.engine.up(args.name, blob, to_harness(inputs))
             self.steps[args.name] = step
             self.types[args.name] = args.typ
             if args.name not in self.order:
                 self.order.append(args.name)
             state = self.engine.states[args.name]
-            return state.id, _to_program(state.outputs)
+            return state.id, to_program(state.outputs)
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
         return {}, None
