@@ -48,8 +48,6 @@ CONFIG_TOKEN_ID = "modal:tokenId"  # noqa: S105 (a config key name)
 CONFIG_TOKEN_SECRET = "modal:tokenSecret"  # noqa: S105 (a config key name, not a secret)
 CONFIG_SERVER_URL = "modal:serverUrl"
 
-DEFAULT_SERVER_URL = "https://api.modal.com"
-
 
 @dataclass(frozen=True)
 class Credentials:
@@ -262,15 +260,9 @@ class ModalProvider(ResourceProvider):
     type_token: ClassVar[str] = ""
     serialize_as_secret_always = True
 
-    def __init__(self) -> None:
-        super().__init__()
-
     # Providers are pickled into the `__provider` blob: never carry runtime state.
     def __getstate__(self) -> dict[str, Any]:
         return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Nothing to restore: `__getstate__` keeps no state (pickle skips this for `{}`)."""
 
     def configure(self, req: ConfigureRequest) -> None:
         cfg: dict[str, str] = {}
@@ -283,7 +275,12 @@ class ModalProvider(ResourceProvider):
     # ---- credentials ---------------------------------------------------------------------
     def credentials(self) -> Credentials:
         """Credentials for this call: stack config first, then env; read now, never cached."""
+        from modal.config import DEFAULT_SERVER_URL  # api.modal.com plus its fail-over URL
+
         cfg: dict[str, str] = getattr(self, "_stack_config", {})
+        server_url = (
+            cfg.get(CONFIG_SERVER_URL) or os.environ.get("MODAL_SERVER_URL") or DEFAULT_SERVER_URL
+        )
         _require_pair(
             self.kind,
             (CONFIG_TOKEN_ID, cfg.get(CONFIG_TOKEN_ID, "")),
@@ -294,9 +291,7 @@ class ModalProvider(ResourceProvider):
             return Credentials(
                 cfg[CONFIG_TOKEN_ID],
                 cfg[CONFIG_TOKEN_SECRET],
-                cfg.get(CONFIG_SERVER_URL)
-                or os.environ.get("MODAL_SERVER_URL")
-                or DEFAULT_SERVER_URL,
+                server_url,
                 "stack config",
             )
         token_id = os.environ.get("MODAL_TOKEN_ID", "")
@@ -311,9 +306,7 @@ class ModalProvider(ResourceProvider):
             return Credentials(
                 token_id,
                 token_secret,
-                cfg.get(CONFIG_SERVER_URL)
-                or os.environ.get("MODAL_SERVER_URL")
-                or DEFAULT_SERVER_URL,
+                server_url,
                 "environment",
             )
         raise CredentialsMissingError(

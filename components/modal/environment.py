@@ -108,23 +108,13 @@ class EnvironmentProvider(ModalProvider):
         return f"'{props.get('name')}'"
 
     @staticmethod
-    async def _lookup(client: Any, name: str) -> Any:
-        """The EnvironmentListItem named `name`, or None."""
+    async def _find(client: Any, field: str, value: str) -> Any:
+        """The listed environment whose `field` ("name"/"environment_id") is `value`, or None."""
         from google.protobuf.empty_pb2 import Empty
 
         resp = await client._stub.EnvironmentList(Empty())
         for item in resp.items:
-            if item.name == name:
-                return item
-        return None
-
-    @staticmethod
-    async def _by_id(client: Any, env_id: str) -> Any:
-        from google.protobuf.empty_pb2 import Empty
-
-        resp = await client._stub.EnvironmentList(Empty())
-        for item in resp.items:
-            if item.environment_id == env_id:
+            if getattr(item, field) == value:
                 return item
         return None
 
@@ -150,7 +140,7 @@ class EnvironmentProvider(ModalProvider):
 
         async def go(client: Any) -> tuple[Any, bool]:
             adopted = False
-            existing = await self._lookup(client, name) if adopt else None
+            existing = await self._find(client, "name", name) if adopt else None
             if existing is None:
                 await client._stub.EnvironmentCreate(api_pb2.EnvironmentCreateRequest(name=name))
             else:
@@ -169,7 +159,7 @@ class EnvironmentProvider(ModalProvider):
                                 api_pb2.EnvironmentDeleteRequest(name=name)
                             )
                     raise
-            item = await self._lookup(client, name)
+            item = await self._find(client, "name", name)
             if item is None:
                 raise mexc.NotFoundError(f"environment {name!r} vanished right after creation")
             return item, adopted
@@ -205,7 +195,7 @@ class EnvironmentProvider(ModalProvider):
                         current_name=name, web_suffix=StringValue(value=suffix)
                     )
                 )
-            item = await self._by_id(client, id_)
+            item = await self._find(client, "environment_id", id_)
             if item is None:
                 raise mexc.NotFoundError(f"environment {id_} not found")
             return item
@@ -224,7 +214,7 @@ class EnvironmentProvider(ModalProvider):
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         async def go(client: Any) -> Any:
-            return await self._by_id(client, id_)
+            return await self._find(client, "environment_id", id_)
 
         item = self.run("read", f"{id_} ({self._target(props)})", go)
         if item is None:
@@ -250,7 +240,7 @@ class EnvironmentProvider(ModalProvider):
             return  # released, not deleted: Pulumi adopted it, it did not create it
 
         async def go(client: Any) -> list[str]:
-            item = await self._by_id(client, id_)
+            item = await self._find(client, "environment_id", id_)
             if item is None:
                 return []
             apps = await client._stub.AppList(api_pb2.AppListRequest(environment_name=item.name))

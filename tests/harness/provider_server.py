@@ -85,7 +85,8 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.emulator import PROJECT_ROOT
+
 UNKNOWN = rpc.UNKNOWN
 PROVIDER_KEY = "__provider"
 DEFAULT_PROJECT = "modal-llm-iac"
