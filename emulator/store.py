@@ -11,10 +11,18 @@ Rules that keep this safe:
   their transactions in plain synchronous code.
 - Helpers that run inside a caller's transaction take its connection (`db`) explicitly;
   `read()` is for read-only work and takes no SQLite write lock.
-- One process per state file: `<state>.lock` is held with an exclusive `flock` for the
-  store's lifetime, so a second emulator on the same file is refused at once (StateLocked)
-  instead of stalling every RPC on SQLite's busy timeout.
-- The schema version is stored in `meta` and checked at open (SchemaMismatch on a mismatch).
+- One process per state file: the state file itself is held with an exclusive `flock` for
+  the store's lifetime, so a second emulator on the same file, also through a symlink or a
+  hard link (a lock is on the inode, not the name), is refused at once (StateLocked) instead
+  of stalling every RPC on SQLite's busy timeout. (SQLite's own locks are POSIX `fcntl`
+  locks, which Linux keeps apart from `flock`; the descriptor stays open until after the
+  connection is closed, so closing it never drops SQLite's locks.)
+- Nothing is written to a file before it is known to be an emulator state file of this
+  schema: an empty file (or none) becomes a fresh state; anything else must be SQLite, have
+  `meta` with this schema version, every table and index of SCHEMA, and pass `PRAGMA
+  quick_check`. Otherwise StoreError says what is wrong and what to do, and the file is left
+  untouched (no emulator table is added to an unrelated database, a dropped table is not
+  re-created empty).
 """
 
 from __future__ import annotations
@@ -197,6 +205,47 @@ class SchemaMismatch(StoreError):
     """The state file was written by an emulator with another schema version."""
 
 
+class StateDamaged(StoreError):
+    """The state file is not SQLite, not an emulator state file, or is damaged."""
+
+
+def _expected_objects() -> set[tuple[str, str]]:
+    """(type, name) of every table and index SCHEMA creates."""
+    db = sqlite3.connect(":memory:")
+    try:
+        db.executescript(SCHEMA)
+        return {
+            (str(row[0]), str(row[1]))
+            for row in db.execute(
+                "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+            )
+        }
+    finally:
+        db.close()
+
+
+_WHAT_TO_DO = (
+    "Restore it from a backup, or move it away (the emulator then starts with an empty "
+    "state), or start with another --state FILE or --memory."
+)
+
+
+def _lock_holder(fd: int) -> str:
+    """Who holds the flock on the file open as `fd`: its pid from /proc/locks (Linux)."""
+    st = os.fstat(fd)
+    identity = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                if "FLOCK" in fields and identity in fields:
+                    pid = fields[fields.index(identity) - 1]
+                    return f"emulator pid {pid}" if pid.isdigit() else "another process"
+    except OSError:
+        pass
+    return "another process"
+
+
 class Store:
     """SQLite database behind one lock. `path=None` keeps everything in memory."""
 
@@ -206,45 +255,106 @@ class Store:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._acquire_file_lock(self.path)
-        target = str(self.path) if self.path is not None else ":memory:"
+        # SQLite names its -wal/-shm files after the path it opens: open the resolved path so
+        # a symlink and its target share them.
+        target = str(self.path.resolve()) if self.path is not None else ":memory:"
         self._conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
         self._lock = threading.RLock()
         self._last_ts = 0.0
         try:
             with self._lock:
-                self._check_schema_version()
+                fresh = self._check_existing()
                 if self.path is not None:
                     self._conn.execute("PRAGMA journal_mode=WAL")
                     self._conn.execute("PRAGMA synchronous=NORMAL")
                 self._conn.execute("PRAGMA busy_timeout=5000")
-                self._conn.executescript(SCHEMA)
-                self._conn.execute(
-                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
-                )
+                if fresh:
+                    self._conn.executescript(SCHEMA)
+                    self._conn.execute(
+                        "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
+                        (str(SCHEMA_VERSION),),
+                    )
+        except sqlite3.Error as exc:
+            self.close()
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise StateLocked(
+                    f"State file {self.path} is locked by another program (SQLite says {exc}). "
+                    "Close it there, or start with another --state FILE or --memory."
+                ) from None
+            if "not a database" in str(exc):
+                raise StateDamaged(
+                    f"State file {self.path} is not a SQLite database (SQLite says {exc}), so "
+                    "not an emulator state file. Pass another --state FILE (a new path is "
+                    "created) or --memory."
+                ) from None
+            raise StateDamaged(
+                f"State file {self.path} is damaged: SQLite says {exc}. {_WHAT_TO_DO}"
+            ) from None
         except BaseException:
             self.close()
             raise
 
     def _acquire_file_lock(self, path: Path) -> None:
-        lock_path = path.with_name(path.name + ".lock")
-        handle = open(lock_path, "a+")  # noqa: SIM115 (held open for the store's lifetime)
+        # The lock is taken on the state file itself (created empty if missing): flock locks
+        # the inode, so every name of the file (symlink, hard link) contends for one lock.
+        try:
+            handle = open(path, "ab")  # noqa: SIM115 (held open for the store's lifetime)
+        except OSError as exc:
+            raise StoreError(
+                f"State file {path} cannot be opened ({exc.strerror}). Pass another --state "
+                "FILE or --memory."
+            ) from None
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            holder = _lock_holder(handle.fileno())
             handle.close()
             raise StateLocked(
-                f"State file {path} is in use by {holder} (lock {lock_path}). Stop that "
-                "emulator first, or start this one with another --state FILE or --memory."
+                f"State file {path} is in use by {holder}. Stop that emulator first, or start "
+                "this one with another --state FILE or --memory."
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"emulator pid {os.getpid()}\n")
-        handle.flush()
         self._lock_file = handle
+
+    def _check_existing(self) -> bool:
+        """True for a fresh (empty) database; StoreError unless it is a usable state file."""
+        tables = {
+            str(row[0])
+            for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        if not tables:
+            return True
+        if "meta" not in tables:
+            if tables & set(TABLES):  # ours, with its meta table dropped
+                raise StateDamaged(
+                    f"State file {self.path} is damaged: its table meta is missing. {_WHAT_TO_DO}"
+                )
+            shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+            raise StateDamaged(
+                f"State file {self.path} is a SQLite database but not a Modal emulator state "
+                f"file (it has the tables {shown} and no meta); the emulator will not add its "
+                "tables to it. Pass another --state FILE (a new path is created) or --memory."
+            )
+        self._check_schema_version()
+        present = {
+            (str(row[0]), str(row[1]))
+            for row in self._conn.execute(
+                "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+            )
+        }
+        missing = sorted(f"{kind} {name}" for kind, name in _expected_objects() - present)
+        if missing:
+            raise StateDamaged(
+                f"State file {self.path} is damaged: {', '.join(missing)} missing (an emptied "
+                f"table is not the same state). {_WHAT_TO_DO}"
+            )
+        problems = [str(row[0]) for row in self._conn.execute("PRAGMA quick_check(3)")]
+        if problems != ["ok"]:
+            raise StateDamaged(
+                f"State file {self.path} is damaged: SQLite's quick_check says "
+                f"{'; '.join(problems)}. {_WHAT_TO_DO}"
+            )
+        return False
 
     def _check_schema_version(self) -> None:
         has_meta = self._conn.execute(
@@ -253,7 +363,12 @@ class Store:
         if not has_meta:
             return
         row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is not None and row["value"] != str(SCHEMA_VERSION):
+        if row is None:
+            raise StateDamaged(
+                f"State file {self.path} is damaged: its meta table has no schema_version. "
+                f"{_WHAT_TO_DO}"
+            )
+        if row["value"] != str(SCHEMA_VERSION):
             raise SchemaMismatch(
                 f"State file {self.path} has schema version {row['value']}, this emulator "
                 f"uses {SCHEMA_VERSION}. Move or delete the file (its state cannot be "
