@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -106,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         pass
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as exc:  # damage the start-up checks could not see
+        print(
+            f"error: state file {options.state_path} failed: SQLite says {exc}. Restore it from "
+            "a backup, or move it away, or start with another --state FILE or --memory.",
+            file=sys.stderr,
+        )
         return 1
     except OSError as exc:
         print(

@@ -33,6 +33,7 @@ import hmac
 import io
 import json
 import logging
+import math
 import tempfile
 from typing import IO, Any
 
@@ -298,6 +299,8 @@ class ControlServer:
             usd = float(payload["usd"])
         except (ValueError, KeyError, TypeError):
             raise HttpError(400, 'expected JSON {"environment": NAME, "usd": FLOAT}') from None
+        if not math.isfinite(usd):  # json reads NaN/Infinity/1e999, float() reads "inf"
+            raise HttpError(400, f"usd must be a finite number of dollars, got {usd!r}")
         env = self.state.environments.set_usage(environment, usd)
         return _json(
             200,
