@@ -18,6 +18,7 @@ import asyncio
 import hmac
 import inspect
 import logging
+import struct
 import threading
 import time
 from collections import Counter
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from grpclib import GRPCError, Status
 from grpclib.server import Stream
 from modal_proto.api_grpc import ModalClientBase
@@ -34,6 +36,14 @@ from emulator.models import State
 
 log = logging.getLogger("emulator.rpc")
 
+#: Largest request message accepted. Neither grpclib nor the modal 1.6.4 client sets a message
+#: size limit (modal/_utils/grpc_utils.py `create_channel_config` sets only keepalive and 64 MiB
+#: flow-control windows), so Modal's limit is inferred: the client sends `modal.Dict` values
+#: inline (modal/dict.py `put`/`update`: DictUpdateRequest, no blob path) and Modal documents a
+#: 100 MiB per-object Dict limit (modal.com/docs/guide/dicts-and-queues), while a larger
+#: request comes back as HTTP status 413, which modal/dict.py and modal/queue.py turn into
+#: `RequestSizeError` (they match "status = '413'"). So: 100 MiB, answered with :status 413.
+MAX_MESSAGE_BYTES = 100 << 20
 Handler = Callable[..., Any]
 REGISTRY: dict[str, Handler] = {}
 
@@ -53,6 +63,7 @@ class ServerConfig:
     token_id: str | None = None
     token_secret: str | None = None
     rbac: bool = False  # workspace with RBAC: proxy tokens are scoped to environments
+    max_message_bytes: int = MAX_MESSAGE_BYTES  # larger requests: HTTP 413, body unread
 
 
 @dataclass
@@ -137,7 +148,7 @@ class ServicerBase(ModalClientBase):
                 f"{method} is not implemented by the Modal emulator; see docs/emulator.md for "
                 "the RPCs it serves.",
             )
-        request = await stream.recv_message()
+        request = await self._recv_request(method, stream)
         ctx = Context(state=self.state, config=self.config, method=method, metadata=metadata)
         started = time.perf_counter()
         try:
@@ -162,6 +173,76 @@ class ServicerBase(ModalClientBase):
                 "the emulator log has the traceback.",
             ) from None
         log.debug("%s: OK in %.1f ms", method, (time.perf_counter() - started) * 1000)
+
+    async def _recv_request(self, method: str, stream: Stream[Any, Any]) -> Any:
+        """The request message, read like grpclib's `recv_message` but defensively.
+
+        grpclib reads a message's 5-byte prefix and then buffers as many bytes as the prefix
+        claims, with no limit, and turns a truncated frame, a compressed flag or bytes that
+        are not the RPC's protobuf into "Internal Server Error" (UNKNOWN), which the modal
+        client retries as a server fault. Here the prefix is checked first: a message over
+        `max_message_bytes` is answered HTTP 413 before its body is read (what Modal's front
+        end answers, see MAX_MESSAGE_BYTES), and every malformed request is INVALID_ARGUMENT
+        naming the RPC. Uses grpclib's stream internals (`_stream`, `_codec`, `_recv_type`),
+        pinned with grpclib 0.4.x; tests/emulator/test_14_12_grpc_messages.py covers them.
+        """
+        raw = stream._stream
+
+        def refuse(message: str) -> GRPCError:
+            log.info("%s: INVALID_ARGUMENT: %s", method, message)
+            return GRPCError(Status.INVALID_ARGUMENT, message)
+
+        try:
+            prefix = await raw.recv_data(5)
+        except AssertionError:  # grpclib: "Received less data than expected"
+            prefix = b""
+        if len(prefix) < 5:
+            raise refuse(
+                f"{method} request has no complete message (the stream ended before a whole "
+                "5-byte gRPC message prefix arrived); send one protobuf message.",
+            )
+        compressed, length = struct.unpack(">?I", prefix)
+        if compressed:
+            raise refuse(
+                f"{method} request is compressed, which the emulator does not support (and no "
+                "grpc-encoding was negotiated); send it uncompressed.",
+            )
+        limit = self.config.max_message_bytes
+        if length > limit:
+            message = (
+                f"{method} request of {length} bytes exceeds the emulator's message size limit "
+                f"of {limit} bytes (like Modal, which answers HTTP 413); send large data as a "
+                "blob (BlobCreate) instead."
+            )
+            log.warning("%s", message)
+            await raw.send_headers(
+                [
+                    (":status", "413"),
+                    ("grpc-status", str(Status.RESOURCE_EXHAUSTED.value)),
+                    ("grpc-message", message),
+                ],
+                end_stream=True,
+            )
+            if raw.closable:
+                raw.reset_nowait()  # stop the client sending the rest of the body
+            stream._send_trailing_metadata_done = True  # the answer is complete
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, message)
+        try:
+            body = await raw.recv_data(length)
+        except AssertionError:  # grpclib: "Received less data than expected"
+            body = b""
+        if len(body) != length:
+            raise refuse(
+                f"{method} request is truncated: its prefix announces {length} bytes but the "
+                "stream ended before all of them arrived.",
+            )
+        try:
+            return stream._codec.decode(body, stream._recv_type)
+        except DecodeError as exc:
+            raise refuse(
+                f"{method} request is not a valid {stream._recv_type.__name__} protobuf "
+                f"({exc}); the emulator serves the modal 1.6.4 API.",
+            ) from None
 
 
 def _make_method(name: str) -> Callable[..., Any]:
