@@ -51,7 +51,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 
@@ -500,16 +500,21 @@ def read_engine_argv(argv: Sequence[str], settings: Settings) -> tuple[str, int]
             "`vllm serve MODEL ...` or `python3 -m sglang.launch_server --model-path MODEL ...`"
         )
     flags = engine_flags(engine)
-    unknown = []
+    unknown, ambiguous = [], []
     for token in args[flags_from:]:
         if token.startswith("--") or (token.startswith("-") and not token[1:2].isdigit()):
-            option, _ = flags.resolve(parser_name(engine, token))
-            if option is None:
+            option, matches = flags.resolve(parser_name(engine, token))
+            actions = {flags.aliases(m) for m in matches}
+            if option is None and not actions:
                 unknown.append(token)
-    if unknown:
+            elif option is None and len(actions) > 1:  # argparse takes a unique prefix only
+                ambiguous.append(f"{token} could match {', '.join(matches[:4])}")
+    if unknown or ambiguous:
+        said = [f"unrecognized arguments: {' '.join(unknown)}"] if unknown else []
+        said += [f"ambiguous option: {a}" for a in ambiguous]
         raise EngineArgvError(
-            f"unrecognized arguments: {' '.join(unknown)} (not flags of {engine}=="
-            f"{flags.version}; the pinned parser's flags are in {flags.source})"
+            f"{'; '.join(said)} ({engine}=={flags.version}; the pinned parser's flags are in "
+            f"{flags.source})"
         )
     present = set(args)
     settings.engine = engine
@@ -681,7 +686,7 @@ class StandinEngineProcess:
                "--listen-delay-s", str(self.listen_delay_s), *self.options()]  # fmt: skip
         return cmd + (["--", *self.engine_argv] if self.engine_argv else [])
 
-    def start(self, wait_listening: bool = True) -> StandinEngineProcess:
+    def start(self, wait_listening: bool = True) -> Self:
         """Start it; return once it listens (or, with ``wait_listening=False``, once its port
         is known: connections are refused until ``listen_delay_s`` has passed)."""
         self.proc = subprocess.Popen(
@@ -721,7 +726,7 @@ class StandinEngineProcess:
             self.proc.wait()
         self.proc = None
 
-    def __enter__(self) -> StandinEngineProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

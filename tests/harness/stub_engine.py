@@ -437,13 +437,6 @@ class StubEngineProcess(StandinEngineProcess):
     def configure(self, **values: Any) -> None:
         self._call("POST", "/_stub/config", values)
 
-    def start(self, wait_listening: bool = True) -> StubEngineProcess:
-        super().start(wait_listening)
-        return self
-
-    def __enter__(self) -> StubEngineProcess:
-        return self.start()
-
 
 @contextlib.contextmanager
 def running_stub(**behaviour: Any) -> Iterator[StubEngine]:
