@@ -332,7 +332,7 @@ class StandinEngineApp:
         include_usage = s.force_include_usage or (
             isinstance(options, dict) and bool(options.get("include_usage"))
         )
-        pieces, _ = self.pieces(request, s)
+        pieces, finish = self.pieces(request, s)
         prompt = prompt_tokens(request)
         call["status"] = 200
         await send({"type": "http.response.start", "status": 200, "headers": [
@@ -346,10 +346,11 @@ class StandinEngineApp:
                 await cancel.sleep(delay)
             if cancel.cancelled:
                 return
+            done = finish if i == len(pieces) - 1 else None  # the engines mark the last chunk
             delta: dict[str, Any] = (
-                {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                {"index": 0, "delta": {"content": piece}, "finish_reason": done}
                 if chat
-                else {"index": 0, "text": piece, "finish_reason": None}
+                else {"index": 0, "text": piece, "finish_reason": done}
             )
             chunk = {"id": rid, "object": obj, "created": created, "model": s.model,
                      "choices": [delta]}  # fmt: skip

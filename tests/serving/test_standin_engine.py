@@ -99,6 +99,7 @@ def test_vllm_standin_answers_like_vllm(standin: Any) -> None:
         "[stand-in ", "engine] ", "No ", "model",
     ]  # fmt: skip
     assert [ch["usage"]["completion_tokens"] for ch in chunks[:-1]] == [1, 2, 3, 4]
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks[:-1]] == [None, None, None, "length"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
 
     # errors in vLLM's shape; a model name it does not serve is 404
