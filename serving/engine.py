@@ -7,8 +7,10 @@ Used by serving/app.py inside the Modal container, and runnable locally (no moda
 What it does, in order (`Container`):
 1. start the proxy at once (`python -m serving.proxy --upstream http://127.0.0.1:ENGINE_PORT`),
    so Modal's port answers while the engine loads (the proxy says 503 + Retry-After until ready);
-2. start the engine beside it on 127.0.0.1 (command and env rendered by the spec), in its own
-   process group, its output forwarded line by line and the last lines kept;
+2. start the engine beside it on 127.0.0.1 (command and env rendered by the spec: vLLM or
+   SGLang, or serving/standin_engine.py given their command line when the spec has
+   `engine_standin`), in its own process group, its output forwarded line by line and the
+   last lines kept;
 3. poll the engine's /health until 200, then send the warm-up prompts (chat completions;
    completions for a base model without a chat template; embeddings for an embedding model),
    all within the startup budget: timeouts.startup_s minus a margin, so that a slow start
@@ -16,7 +18,9 @@ What it does, in order (`Container`):
    container without them;
 4. with snapshots: put the engine to sleep before the snapshot (vLLM `POST /sleep?level=1`,
    SGLang `POST /release_memory_occupation`) and wake it after restore (`POST /wake_up`,
-   `POST /resume_memory_occupation`);
+   `POST /resume_memory_occupation`); serving/app.py then starts the proxy only after the
+   restore (`start(proxy=False)`, `after_restore()`), so the API keys are read then and never
+   kept in the snapshot;
 5. watch both processes: if one dies unexpectedly, print its last log lines and exit the
    container non-zero so Modal replaces it;
 6. on exit, stop both (SIGTERM to the process group, SIGKILL after a grace period).
