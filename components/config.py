@@ -15,10 +15,12 @@ project schema has no object type), the optional maps `gpuPricesUsdPerHour` and
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import pulumi
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -45,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "hfToken": "",  # secrets: "" means unset
     "alertWebhookUrl": "",
     "costOverheadPct": 15,
+    "engineStandin": False,
 }
 SECRET_KEYS = ("hfToken", "alertWebhookUrl")
 MAP_KEYS = ("gpuPricesUsdPerHour", "apiKeyRotation")
@@ -59,6 +62,9 @@ _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _MANAGED_SPEC_FIELDS = ("volumes", "secrets", "require_pinned_revision")
 # Per-service keys that are not ServingSpec fields: consumed by the program.
 _SERVICE_ONLY_FIELDS = ("name", "gated")
+# Where a Modal server counts as local (the emulator): the stand-in engine runs only there.
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+MODAL_SERVER_URL_KEY = "modal:serverUrl"  # components/modal/_base.py CONFIG_SERVER_URL
 
 
 class ConfigError(ValueError):
@@ -105,6 +111,7 @@ class StackConfig(BaseModel):
     services: list[ServiceSettings]
     cost: cost.StackCost
     budget_warning: str | None = None
+    engine_standin: bool = False  # serving/standin_engine.py instead of vLLM/SGLang (local only)
 
 
 @dataclass(frozen=True)
@@ -280,6 +287,7 @@ def _build_spec(
     *,
     has_hf_token: bool,
     require_pinned: bool,
+    standin: bool = False,
 ) -> tuple[str, ServingSpec, bool]:
     where = f"{ns}:services[{index}]"
     name = entry.get("name")
@@ -328,6 +336,13 @@ def _build_spec(
         "api_keys": f"{name}-api-keys",
     }
     fields["require_pinned_revision"] = require_pinned
+    if "engine_standin" in fields and not standin:
+        raise ConfigError(
+            f"{where}.engine_standin is set, but the stack does not run the stand-in engine. "
+            f"Set {ns}:engineStandin: true (local stacks only) or remove {where}.engine_standin."
+        )
+    if standin:  # {} = the plain stand-in; a service may add e.g. {fail: never-ready}
+        fields["engine_standin"] = fields.get("engine_standin") or {}
     try:
         # JSON mode: nested models from plain dicts, exactly as the container reads the spec.
         spec = ServingSpec.model_validate_json(json.dumps(fields))
@@ -342,13 +357,35 @@ def _build_spec(
     return name, spec, gated
 
 
+def _check_standin_server(ns: str, stack: str, modal_server_url: str | None) -> None:
+    """engineStandin only where the Modal server is local: the stand-in answers every request
+    with fixed text, which must never be what a real endpoint serves."""
+    urls = [u.strip() for u in (modal_server_url or "").split(",") if u.strip()]
+    if urls and all(urlsplit(u).hostname in LOCAL_HOSTS for u in urls):
+        return
+    where = modal_server_url or "Modal itself (modal:serverUrl is not set)"
+    raise ConfigError(
+        f"stack {stack!r}: {ns}:engineStandin is true, but this stack's Modal server is "
+        f"{where}, not a local one. The stand-in engine (serving/standin_engine.py) runs no "
+        f"model and answers with fixed text: it is only for a stack on the local emulator "
+        f"(modal:serverUrl: http://127.0.0.1:PORT, e.g. the local stack). To deploy the real "
+        f"engine here: pulumi config rm {ns}:engineStandin --stack {stack}"
+    )
+
+
 def parse_stack_config(
-    values: Mapping[str, str | None], *, stack: str, namespace: str = PROJECT
+    values: Mapping[str, str | None],
+    *,
+    stack: str,
+    namespace: str = PROJECT,
+    modal_server_url: str | None = None,
 ) -> StackConfig:
     """Validate raw config strings (keys without namespace) into a StackConfig.
 
     `values` holds what `pulumi.Config(namespace).get(key)` returns: strings, with objects and
     lists as JSON. Secret keys only need to be present (their values are not looked at).
+    `modal_server_url` is the Modal server the providers will talk to (modal:serverUrl, else
+    env MODAL_SERVER_URL); `engineStandin` is refused unless it is local.
     """
     ns = namespace
     unknown = sorted(set(values) - KNOWN_KEYS)
@@ -367,6 +404,9 @@ def parse_stack_config(
             f"pulumi config set {ns}:environment dev"
         )
     require_pinned = r.boolean("requirePinnedRevision")
+    standin = r.boolean("engineStandin")
+    if standin:
+        _check_standin_server(ns, stack, modal_server_url)
     has_hf_token = values.get("hfToken") is not None
     prices = _gpu_prices(r)
     overhead_pct = r.number("costOverheadPct")
@@ -383,8 +423,9 @@ def parse_stack_config(
         if not isinstance(entry, dict):
             raise ConfigError(f"{ns}:services[{i}] must be a map; got {entry!r}")
         name, spec, gated = _build_spec(
-            ns, i, entry, has_hf_token=has_hf_token, require_pinned=require_pinned
-        )
+            ns, i, entry, has_hf_token=has_hf_token, require_pinned=require_pinned,
+            standin=standin,
+        )  # fmt: skip
         if any(s.name == name for s in settings):
             raise ConfigError(f"{ns}:services[{i}].name {name!r} is used twice; names are unique")
         if any(s.spec.served_model_name == spec.served_model_name for s in settings):
@@ -441,6 +482,7 @@ def parse_stack_config(
         services=settings,
         cost=stack_cost,
         budget_warning=warning,
+        engine_standin=standin,
     )
 
 
@@ -496,8 +538,16 @@ def load_stack_config(
         prefix, _, key = str(full_key).partition(":")
         if prefix == ns and key not in values:
             values[key] = "<set>"
+    # The server the providers use: modal:serverUrl, else env MODAL_SERVER_URL
+    # (components/modal/_base.py reads them in the same order).
+    server_url = pulumi.runtime.get_config(MODAL_SERVER_URL_KEY) or os.environ.get(
+        "MODAL_SERVER_URL"
+    )
     parsed = parse_stack_config(
-        {k: v for k, v in values.items() if v is not None}, stack=pulumi.get_stack(), namespace=ns
+        {k: v for k, v in values.items() if v is not None},
+        stack=pulumi.get_stack(),
+        namespace=ns,
+        modal_server_url=server_url,
     )
     if parsed.budget_warning:
         (on_warning or pulumi.log.warn)(parsed.budget_warning)

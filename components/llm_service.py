@@ -13,9 +13,16 @@ engine creates the environment first and deletes it last; the App also `depends_
 secrets and volumes it mounts (serving/app.py does not create volumes itself).
 
 Key changes roll the containers: the serving proxy reads `SERVING_API_KEYS` only when a
-container starts, so the App gets the sha256 of the digests JSON as its extra env
-`SERVING_API_KEYS_SHA256`. Adding, removing or rotating a key changes it, and the App provider
-redeploys on an extra-env change (new containers with the new secret; old ones are drained).
+container starts (after restore, with snapshots), so the App gets the sha256 of the digests
+JSON as its extra env `SERVING_API_KEYS_SHA256`. Adding, removing or rotating a key changes it;
+the App provider redeploys on an extra-env change, and serving/app.py puts the value into the
+image ENV, so the deployed function definition changes and Modal replaces the containers (the
+Secret keeps its id, so without that the deploy would be a no-op and old containers would keep
+the old keys).
+
+The stand-in engine (`modal-llm:engineStandin`, local stacks only) is part of the rendered spec
+(`engine_standin`), so the App's `spec_json` input shows it in `pulumi preview --diff`; the
+service also reports it as the `engine_standin` output.
 No Modal calls here: only resources (components/modal/).
 """
 
@@ -36,11 +43,13 @@ from components.modal.proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs
 from components.modal.secret import Secret, SecretArgs
 from components.modal.spend_alert import SpendAlert, SpendAlertArgs
 from components.modal.volume import Volume, VolumeArgs
+from serving.spec import KEY_VERSION_ENV
 
 ENVIRONMENT_TYPE = "modal-llm:serving:ServingEnvironment"
 SERVICE_TYPE = "modal-llm:serving:LLMService"
 API_KEYS_ENV_VAR = "SERVING_API_KEYS"
-API_KEYS_VERSION_ENV_VAR = "SERVING_API_KEYS_SHA256"
+# serving/app.py bakes it into the image ENV, so a key change changes the deployed definition.
+API_KEYS_VERSION_ENV_VAR = KEY_VERSION_ENV
 HF_TOKEN_ENV_VAR = "HF_TOKEN"  # noqa: S105 (an env var name)
 
 
@@ -193,6 +202,7 @@ class LLMService(pulumi.ComponentResource):
                 "endpoint_url": self.endpoint_url,
                 "served_model_name": spec.served_model_name,
                 "app_id": self.app.app_id,
+                "engine_standin": spec.engine_standin is not None,
             }
         )
 
@@ -211,6 +221,8 @@ class LLMService(pulumi.ComponentResource):
             "endpoint_url": self.endpoint_url,
             "served_model_name": self.served_model_name,
             "app_id": self.app.app_id,
+            # True: serving/standin_engine.py answers (fixed text, no model), local stacks only
+            "engine_standin": self.settings.spec.engine_standin is not None,
             "gpu": c.gpu,
             "gpu_count": c.gpu_count,
             "min_containers": c.min_containers,

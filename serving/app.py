@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 import modal
 
@@ -27,8 +29,10 @@ import serving
 from serving.engine import Container, proxy_command
 from serving.spec import (
     ENGINE_PORT,
+    KEY_VERSION_ENV,
     PROXY_PORT,
     SERVER_NAME,
+    SPEC_DIGEST_ENV,
     SPEC_ENV,
     SPEC_IN_IMAGE,
     ServingSpec,
@@ -50,6 +54,30 @@ else:
     SPEC_PATH = Path(os.environ.get(SPEC_ENV) or SPEC_IN_IMAGE)
 SPEC = ServingSpec.load(SPEC_PATH)
 APP_NAME = check_app_name(os.environ.get("SERVING_APP_NAME") or SPEC.default_app_name())
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+if modal.is_local() and SPEC.engine_standin is not None:
+    # The stand-in engine answers with fixed text: never on real Modal (the stack config
+    # refuses it too; this catches a hand-made spec).
+    servers = str(modal.config.config.get("server_url") or "").split(",")
+    if not all(urlsplit(u.strip()).hostname in LOOPBACK_HOSTS for u in servers):
+        raise SpecError(
+            f"the spec asks for the stand-in engine (engine_standin), which only runs on a "
+            f"local Modal (the emulator), but the Modal server is {','.join(servers)}; remove "
+            "engine_standin from the spec to deploy the real engine"
+        )
+
+# What must reach the container is part of the function definition, so that a change makes
+# Modal replace the containers: modal 1.6.4's deploy is a no-op when the definition is
+# unchanged (modal/runner.py: a falsy `deployed_at`, "Deployment skipped: no changes"), and
+# the API key Secret keeps its id across a rotation. The image is content-addressed, so its
+# ENV is that place: the key digests' version (set by the App resource at deploy time) and the
+# spec digest. Not Secret.from_dict (`env=`): an ephemeral secret with a new id every deploy
+# would make every deploy a change. The keys themselves stay in the Secret.
+DEFINITION_ENV = {SPEC_DIGEST_ENV: SPEC.digest()}
+if os.environ.get(KEY_VERSION_ENV):
+    if not re.fullmatch(r"[0-9a-f]{64}", os.environ[KEY_VERSION_ENV]):
+        raise SpecError(f"env {KEY_VERSION_ENV} must be a sha256 hex digest (64 hex characters)")
+    DEFINITION_ENV[KEY_VERSION_ENV] = os.environ[KEY_VERSION_ENV]
 
 EXIT_GRACE_S = 30  # in-flight requests may finish when Modal scales a container down
 # The proxy's own dependencies go into a separate directory so they never change the packages
@@ -67,6 +95,7 @@ image = (
     )
     .env({**SPEC.engine_env(), SPEC_ENV: SPEC_IN_IMAGE, "SERVING_APP_NAME": APP_NAME})
     .add_local_file(SPEC_PATH, SPEC_IN_IMAGE, copy=True)  # the identical spec, baked in
+    .env(DEFINITION_ENV)  # last of the built layers: a key rotation rebuilds only this
     .add_local_python_source("serving")  # proxy + lifecycle code (mounted, so it comes last)
 )
 
@@ -87,6 +116,8 @@ def _container() -> Container:
     # The proxy runs with the image's python and its own dependency directory.
     source_root = str(Path(serving.__file__).resolve().parent.parent)  # where `serving` lives
     proxy_env = {"PYTHONPATH": os.pathsep.join([PROXY_DEPS, source_root])}
+    # The stand-in engine (local stack) is our code too: same packages as the proxy.
+    engine_env = proxy_env if SPEC.engine_standin is not None else None
     # Local runs only (tests, debugging): another engine command and other ports.
     engine_cmd = os.environ.get("SERVING_ENGINE_CMD")
     proxy_port = int(os.environ.get("SERVING_PROXY_PORT", PROXY_PORT))
@@ -98,6 +129,7 @@ def _container() -> Container:
         engine_argv=shlex.split(engine_cmd) if engine_cmd else None,
         proxy_argv=proxy_command(SPEC, port=proxy_port, engine_port=engine_port),
         proxy_env=proxy_env,
+        engine_env=engine_env,
     )
 
 
@@ -133,15 +165,20 @@ class Serving:
 
         @modal.enter(snap=True)
         def start(self) -> None:
-            """Before the snapshot: start, wait healthy, warm up, then free the GPU."""
+            """Before the snapshot: start the engine, wait healthy, warm up, free the GPU.
+
+            The proxy is not started yet: it would keep the API key digests it read here in
+            the snapshot, and a key rotation would not reach restored containers.
+            """
             self.container = _container()
-            self.container.start()
+            self.container.start(proxy=False)
             self.container.ready()
             self.container.before_snapshot()
 
         @modal.enter(snap=False)
         def restore(self) -> None:
-            """After restore: take the GPU memory back and check health again."""
+            """After restore: take the GPU memory back, start the proxy (it reads the keys now,
+            from the env Modal updated at restore), check health and readiness."""
             self.container.after_restore()
 
     else:

@@ -7,8 +7,10 @@ Used by serving/app.py inside the Modal container, and runnable locally (no moda
 What it does, in order (`Container`):
 1. start the proxy at once (`python -m serving.proxy --upstream http://127.0.0.1:ENGINE_PORT`),
    so Modal's port answers while the engine loads (the proxy says 503 + Retry-After until ready);
-2. start the engine beside it on 127.0.0.1 (command and env rendered by the spec), in its own
-   process group, its output forwarded line by line and the last lines kept;
+2. start the engine beside it on 127.0.0.1 (command and env rendered by the spec: vLLM or
+   SGLang, or serving/standin_engine.py given their command line when the spec has
+   `engine_standin`), in its own process group, its output forwarded line by line and the
+   last lines kept;
 3. poll the engine's /health until 200, then send the warm-up prompts (chat completions;
    completions for a base model without a chat template; embeddings for an embedding model),
    all within the startup budget: timeouts.startup_s minus a margin, so that a slow start
@@ -16,7 +18,9 @@ What it does, in order (`Container`):
    container without them;
 4. with snapshots: put the engine to sleep before the snapshot (vLLM `POST /sleep?level=1`,
    SGLang `POST /release_memory_occupation`) and wake it after restore (`POST /wake_up`,
-   `POST /resume_memory_occupation`);
+   `POST /resume_memory_occupation`); serving/app.py then starts the proxy only after the
+   restore (`start(proxy=False)`, `after_restore()`), so the API keys are read then and never
+   kept in the snapshot;
 5. watch both processes: if one dies unexpectedly, print its last log lines and exit the
    container non-zero so Modal replaces it;
 6. on exit, stop both (SIGTERM to the process group, SIGKILL after a grace period).
@@ -41,7 +45,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from serving.spec import ENGINE_PORT, PROXY_PORT, ServingSpec
+from serving.spec import ENGINE_PORT, KEY_VERSION_ENV, PROXY_PORT, ServingSpec
 
 log = logging.getLogger("serving.engine")
 
@@ -254,7 +258,7 @@ class Engine:
         self.base_url = f"http://127.0.0.1:{port}"
         self.process = ManagedProcess(
             spec.engine,
-            argv if argv is not None else spec.engine_command(port),
+            argv if argv is not None else spec.launch_command(port, python=sys.executable),
             env={**_engine_base_env(), **spec.engine_env(), **(env or {})},
             out=out,
         )
@@ -456,17 +460,19 @@ class Container:
         engine_argv: Sequence[str] | None = None,
         proxy_argv: Sequence[str] | None = None,
         proxy_env: dict[str, str] | None = None,
+        engine_env: dict[str, str] | None = None,
         with_proxy: bool = True,
         on_death: Callable[[ManagedProcess, int], None] = exit_on_death,
     ) -> None:
         self.spec = spec
-        self.engine = Engine(spec, port=engine_port, argv=engine_argv)
+        self.engine = Engine(spec, port=engine_port, argv=engine_argv, env=engine_env)
         self.proxy_url = f"http://127.0.0.1:{proxy_port}"
-        self.proxy: ManagedProcess | None = None
-        if with_proxy:
-            argv = proxy_argv or proxy_command(spec, port=proxy_port, engine_port=engine_port)
-            env = {**_proxy_base_env(), **(proxy_env or {})}
-            self.proxy = ManagedProcess("proxy", argv, env=env)
+        self.proxy: ManagedProcess | None = None  # created by start_proxy()
+        self._with_proxy = with_proxy
+        self._proxy_argv = list(
+            proxy_argv or proxy_command(spec, port=proxy_port, engine_port=engine_port)
+        )
+        self._proxy_env = dict(proxy_env or {})
         self._on_death = on_death
         self._died = threading.Event()
         self._started_at: float | None = None
@@ -478,13 +484,28 @@ class Container:
                 p.stop(grace_s=5)  # the dead one: reap what is left of its process group
         self._on_death(proc, returncode)
 
-    def start(self) -> None:
-        """Start the proxy at once, then the engine beside it; watch both."""
+    def start(self, *, proxy: bool = True) -> None:
+        """Start the proxy at once, then the engine beside it; watch both.
+
+        `proxy=False` starts the engine only; `start_proxy()` (or `after_restore()`) starts the
+        proxy later. With memory snapshots the proxy starts after the restore, so it reads the
+        API key digests then, never from the snapshot.
+        """
         self._started_at = time.monotonic()  # the startup budget counts from here
-        if self.proxy is not None:
-            self.proxy.start().watch(self._death)
+        if proxy:
+            self.start_proxy()
         self.engine.start()
         self.engine.process.watch(self._death)
+
+    def start_proxy(self) -> None:
+        """Start the auth proxy; it reads SERVING_API_KEYS from the container env now."""
+        if not self._with_proxy or self.proxy is not None:
+            return
+        env = {**_proxy_base_env(), **self._proxy_env}  # read at this moment, not earlier
+        version = os.environ.get(KEY_VERSION_ENV, "")
+        log.info("API key digests version %s", version[:12] or "(not set)")
+        self.proxy = ManagedProcess("proxy", self._proxy_argv, env=env)
+        self.proxy.start().watch(self._death)
 
     def ready(self) -> None:
         """Block until the engine is healthy and warmed up and the proxy says ready.
@@ -505,8 +526,12 @@ class Container:
         self.engine.sleep()
 
     def after_restore(self) -> None:
+        """Wake the engine; start the proxy if it was not (snapshots: keys read after restore,
+        when Modal has updated the env: modal/_runtime/task_lifecycle_manager.py
+        memory_restore), then wait until it is ready."""
         self.engine.wake()
         self.engine.wait_ready(timeout_s=PROXY_READY_TIMEOUT_S)
+        self.start_proxy()
         self.wait_proxy_ready()
 
     def wait_proxy_ready(self, timeout_s: float = PROXY_READY_TIMEOUT_S) -> None:

@@ -56,6 +56,12 @@ ENGINE_CACHE_PATHS: dict[str, str] = {"vllm": "/root/.cache/vllm", "sglang": "/r
 SPEC_IN_IMAGE = "/opt/serving/spec.json"  # the spec bundled into the image (copy=True)
 SPEC_ENV = "SERVING_SPEC"  # env var naming the spec file (deploy time; optional in container)
 SERVER_NAME = "Serving"  # the @app.server class: modal.Server.from_name(app_name, SERVER_NAME)
+# What must reach the container goes into the deployed function definition (image ENV, see
+# serving/app.py), so that a change makes Modal replace the containers: the version of the API
+# key digests (sha256 of the Secret's SERVING_API_KEYS JSON, set at deploy time by the App
+# resource) and the spec's digest.
+KEY_VERSION_ENV = "SERVING_API_KEYS_SHA256"
+SPEC_DIGEST_ENV = "SERVING_SPEC_SHA256"
 # Modal answers a web request whose response has not started after this long with a 303
 # redirect (modal.com/docs/guide/webhook-timeouts): non-stream requests must finish sooner.
 MODAL_WEB_RESPONSE_LIMIT_S = 150
@@ -287,6 +293,22 @@ class Timeouts(_Model):
     ] = 600
 
 
+class EngineStandin(_Model):
+    """Run serving/standin_engine.py in the engine's place (the local stack: no GPU there).
+
+    The real engine's command line is still rendered and checked (`engine_command`); the
+    stand-in is started with it (`standin_command`) and serves on its host, port and model
+    name. Chosen by the stack config (`modal-llm:engineStandin: true`), which refuses it for a
+    stack whose Modal server is not local.
+    """
+
+    # Fail on purpose, to test what a bad release does: "start" exits 1 before listening,
+    # "never-ready" listens but /health answers 503 for ever.
+    fail: Literal["start", "never-ready"] | None = None
+    # /health answers 503 this long after start (a model loading its weights).
+    startup_delay_s: Annotated[float, Field(ge=0, le=3600)] = 0.0
+
+
 class ProxySettings(_Model):
     """Settings of the auth proxy in front of the engine (serving/proxy.py)."""
 
@@ -322,6 +344,9 @@ class ServingSpec(_Model):
     routing_region: str = "us-east"
     # Share of GPU memory the engine may take; None = the engine default above.
     gpu_memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    # The stand-in engine instead of vLLM/SGLang (local stack only); None = the real engine.
+    # Left out of to_json() when None, so specs from before the field keep their digest.
+    engine_standin: EngineStandin | None = None
 
     # ---- field checks ----------------------------------------------------------------------
 
@@ -533,6 +558,23 @@ class ServingSpec(_Model):
 
     # ---- rendering -------------------------------------------------------------------------
 
+    def launch_command(self, port: int = ENGINE_PORT, *, python: str = "python3") -> list[str]:
+        """What the container starts as its engine: the engine command, or the stand-in's."""
+        if self.engine_standin is None:
+            return self.engine_command(port)
+        return self.standin_command(port, python=python)
+
+    def standin_command(self, port: int = ENGINE_PORT, *, python: str = "python3") -> list[str]:
+        """serving/standin_engine.py given the real engine command line after `--` (it checks
+        that line's flags against the pinned parser and serves on its host/port/model name)."""
+        standin = self.engine_standin or EngineStandin()
+        cmd = [python, "-m", "serving.standin_engine"]
+        if standin.fail is not None:
+            cmd += ["--fail", standin.fail]
+        if standin.startup_delay_s:
+            cmd += ["--startup-delay-s", _fmt_float(standin.startup_delay_s)]
+        return [*cmd, "--", *self.engine_command(port)]
+
     def engine_command(self, port: int = ENGINE_PORT) -> list[str]:
         """The engine's command line, listening on 127.0.0.1:port (only the proxy talks to it)."""
         if self.engine == "vllm":
@@ -620,8 +662,11 @@ class ServingSpec(_Model):
     # ---- serialization ---------------------------------------------------------------------
 
     def to_json(self) -> str:
-        """Canonical JSON: sorted keys, compact separators, every field written out."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Canonical JSON: sorted keys, compact separators, every field written out (but
+        `engine_standin` when unset: specs from before that field keep their digest)."""
+        unset = {"engine_standin"} if self.engine_standin is None else set()
+        data = self.model_dump(mode="json", exclude=unset)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> str:
         """sha256 hex of `to_json()`: equal specs have equal digests."""

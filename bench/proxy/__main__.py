@@ -38,7 +38,7 @@ from bench.proxy.procs import (
     machine_cpu,
 )
 from bench.proxy.report import TOKEN_DELAY_MS, TOKENS, render
-from tests.harness.stub_engine import PROJECT_ROOT, StubEngineProcess
+from bench.standin import PROJECT_ROOT, StubEngineProcess
 
 
 def loadgen(job: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from serving.proxy.keys import digest_of
-from tests.harness.stub_engine import PROJECT_ROOT
+from serving.standin_engine import PROJECT_ROOT
 
 BENCH_KEY = "sk-bench-0123456789"  # what bench/proxy/loadgen.py sends
 

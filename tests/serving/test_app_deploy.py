@@ -261,3 +261,78 @@ def test_deploy_with_bad_app_name(emulator: EmulatorProcess, tmp_path: Path) -> 
     result = modal_deploy(emulator, write_spec(tmp_path, SPECS["vllm"]), SERVING_APP_NAME="a b")
     assert result.returncode != 0
     assert "not a valid Modal app name" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_a_key_rotation_changes_the_function_definition(
+    modal_env: EmulatorProcess, tmp_path: Path
+) -> None:
+    """The key digests' version (SERVING_API_KEYS_SHA256, set by the App resource) reaches the
+    container through the image ENV, so it is part of the deployed definition: the same keys
+    give the same definition (modal's no-op deploy), other keys another one (Modal replaces
+    the containers). The API key Secret keeps its id across a rotation, so without this the
+    definition would not change. Deployed with the stand-in engine, as the local stack is."""
+    data = {**SPECS["sglang"], "engine_standin": {}}
+    spec = ServingSpec.model_validate(data)
+    create_mounted_objects(spec)
+    path = write_spec(tmp_path, data)
+    versions = [hashlib.sha256(keys.encode()).hexdigest() for keys in ("{a}", "{b}")]
+
+    def deploy(version: str) -> api_pb2.Function:
+        result = modal_deploy(
+            modal_env, path, SERVING_APP_NAME="rotating", SERVING_API_KEYS_SHA256=version
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return function_definition("rotating")
+
+    def canonical(fn: api_pb2.Function, image_id: str | None = None) -> api_pb2.Function:
+        out = api_pb2.Function()
+        out.CopyFrom(fn)
+        # the client lists mounts and dependencies in no fixed order (gathered concurrently)
+        out.ClearField("mount_ids")
+        out.mount_ids.extend(sorted(fn.mount_ids))
+        out.image_id = image_id or fn.image_id
+        deps = sorted(out.image_id if d.object_id == fn.image_id else d.object_id
+                      for d in fn.object_dependencies)  # fmt: skip
+        out.ClearField("object_dependencies")
+        out.object_dependencies.extend(api_pb2.ObjectDependency(object_id=d) for d in deps)
+        return out
+
+    first, same, rotated = deploy(versions[0]), deploy(versions[0]), deploy(versions[1])
+    assert canonical(same) == canonical(first)
+    assert rotated.image_id != first.image_id
+    # the image ENV is the only difference: same secrets (by id), volumes, scaling, ...
+    changed = [
+        f.name
+        for f in api_pb2.Function.DESCRIPTOR.fields
+        if getattr(canonical(rotated, image_id=first.image_id), f.name)
+        != getattr(canonical(first), f.name)
+    ]
+    assert changed == []
+    flat = [line for img in modal_env.state()["images"] for line in json.loads(img["spec"])]
+    for version in versions:
+        assert f"ENV SERVING_API_KEYS_SHA256={version}" in flat
+    assert f"ENV SERVING_SPEC_SHA256={spec.digest()}" in flat
+
+
+def test_a_malformed_key_version_fails_the_deploy(
+    emulator: EmulatorProcess, tmp_path: Path
+) -> None:
+    result = modal_deploy(
+        emulator, write_spec(tmp_path, SPECS["sglang"]), SERVING_API_KEYS_SHA256="not-a-digest"
+    )
+    assert result.returncode != 0
+    assert "SERVING_API_KEYS_SHA256 must be a sha256 hex digest" in result.stdout + result.stderr
+    assert emulator.state()["apps"] == []
+
+
+def test_a_standin_spec_is_refused_for_real_modal(
+    emulator: EmulatorProcess, tmp_path: Path
+) -> None:
+    """Before anything is sent: serving/app.py checks the Modal server the CLI would use."""
+    path = write_spec(tmp_path, {**SPECS["sglang"], "engine_standin": {}})
+    result = modal_deploy(emulator, path, MODAL_SERVER_URL="https://api.modal.com")
+    out = " ".join((result.stdout + result.stderr).split())  # rich wraps long lines
+    assert result.returncode != 0
+    assert "only runs on a local Modal" in out and "https://api.modal.com" in out
+    assert emulator.state()["apps"] == []

@@ -352,7 +352,14 @@ def test_to_json_is_canonical_and_complete() -> None:
     data = json.loads(text)
     assert list(data) == sorted(data)
     assert list(data["scaling"]) == sorted(data["scaling"])
-    assert set(data) == set(ServingSpec.model_fields)  # defaults written out too
+    # defaults written out too, but engine_standin when unset (specs from before the field
+    # keep their text and digest, so existing apps see no change)
+    assert set(data) == set(ServingSpec.model_fields) - {"engine_standin"}
+    with_standin = make(engine_standin={"fail": "start"})
+    assert json.loads(with_standin.to_json())["engine_standin"] == {
+        "fail": "start",
+        "startup_delay_s": 0.0,
+    }
     # field order in the input does not change the canonical text or the digest
     reordered = ServingSpec.model_validate(dict(reversed(list(data.items()))))
     assert reordered.to_json() == text and reordered.digest() == s.digest()
@@ -530,3 +537,33 @@ def test_timeouts_say_what_modal_allows() -> None:
     assert "streamed" in fields["request_s"]["description"]
     assert "startup_timeout" in fields["startup_s"]["description"]
     assert "150 s" in (Timeouts.__doc__ or "")
+
+
+# ---- the stand-in engine ------------------------------------------------------------------
+
+
+def test_a_spec_written_before_engine_standin_keeps_its_text() -> None:
+    old = make().model_dump(mode="json")
+    del old["engine_standin"]
+    text = json.dumps(old, sort_keys=True, separators=(",", ":"))
+    assert ServingSpec.from_json(text).to_json() == text
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_standin_command_wraps_the_real_engine_command(engine: str) -> None:
+    spec = make(engine=engine, engine_standin={"fail": "never-ready", "startup_delay_s": 2})
+    real = spec.engine_command(8001)
+    assert spec.launch_command(8001, python="py") == [
+        "py", "-m", "serving.standin_engine", "--fail", "never-ready",
+        "--startup-delay-s", "2.0", "--", *real,
+    ]  # fmt: skip
+    assert make(engine=engine).launch_command(8001) == real  # no stand-in: the engine itself
+    assert make(engine=engine, engine_standin={}).launch_command(8001, python="py") == [
+        "py", "-m", "serving.standin_engine", "--", *real,
+    ]  # fmt: skip
+
+
+def test_engine_standin_fields_are_checked() -> None:
+    assert "engine_standin.fail" in problems(engine_standin={"fail": "sometimes"})
+    assert "engine_standin.startup_delay_s" in problems(engine_standin={"startup_delay_s": -1})
+    assert "engine_standin.nope" in problems(engine_standin={"nope": 1})
