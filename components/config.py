@@ -205,17 +205,24 @@ def _string_list(
 
 
 def _thresholds(r: _Reader) -> list[float]:
+    """Whole percentages in config; the rule itself is the provider's (`threshold_problem`):
+    one rule in one place (issue 14.6)."""
+    from components.modal.spend_alert import MAX_THRESHOLD, threshold_problem
+
     key = "alertThresholdsPct"
     value = r.json_value(key, "[50, 80, 100]")
     ok = (
         isinstance(value, list)
         and value
-        and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1000 for v in value)
+        and all(
+            isinstance(v, int) and not isinstance(v, bool) and threshold_problem(v / 100) is None
+            for v in value
+        )
     )
     if not ok:
         raise ConfigError(
             f"{_key(r.ns, key)} = {value!r} must be a non-empty list of whole percentages of "
-            f"the budget between 1 and 1000, e.g. {key}: [50, 80, 100]"
+            f"the budget between 1 and {MAX_THRESHOLD * 100:g}, e.g. {key}: [50, 80, 100]"
         )
     return [v / 100 for v in sorted(set(value))]
 

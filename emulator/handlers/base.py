@@ -30,6 +30,7 @@ from grpclib.server import Stream
 from modal_proto.api_grpc import ModalClientBase
 
 from emulator.errors import EmulatorError
+from emulator.faults import FAULTS
 from emulator.models import State
 
 log = logging.getLogger("emulator.rpc")
@@ -138,6 +139,7 @@ class ServicerBase(ModalClientBase):
                 "the RPCs it serves.",
             )
         request = await stream.recv_message()
+        _inject_fault(method, "before")
         ctx = Context(state=self.state, config=self.config, method=method, metadata=metadata)
         started = time.perf_counter()
         try:
@@ -148,6 +150,7 @@ class ServicerBase(ModalClientBase):
                 result = fn(ctx, request)
                 if inspect.isawaitable(result):
                     result = await result
+                _inject_fault(method, "after")  # applied, then the answer is lost
                 await stream.send_message(result)
         except EmulatorError as exc:
             log.info("%s: %s: %s", method, exc.status_name, exc)
@@ -162,6 +165,14 @@ class ServicerBase(ModalClientBase):
                 "the emulator log has the traceback.",
             ) from None
         log.debug("%s: OK in %.1f ms", method, (time.perf_counter() - started) * 1000)
+
+
+def _inject_fault(method: str, when: str) -> None:
+    """Fail this call as a test armed it (emulator/faults.py); no-op otherwise."""
+    status = FAULTS.take(method, when)
+    if status is not None:
+        log.info("%s: injected fault %s (%s the handler)", method, status, when)
+        raise GRPCError(Status[status], f"injected fault: {status} {when} {method} ran")
 
 
 def _make_method(name: str) -> Callable[..., Any]:
