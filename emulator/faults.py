@@ -9,6 +9,9 @@ A test arms a fault through the control port (`POST /_emulator/faults`, JSON
   client sees when Modal applied a request and the connection failed before the answer
   arrived (the case that makes blind retries of creates unsafe).
 
+`"delay_s": S` (0-60) waits S seconds at that point first; with `"status": "NONE"` the call
+then proceeds normally (a slow Modal, to make a client's attempt time out mid-call).
+
 One emulator per process, so the armed faults are module state (`FAULTS`).
 """
 
@@ -18,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-STATUSES = ("UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED", "UNKNOWN")
+STATUSES = ("UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED", "UNKNOWN", "NONE")
 WHEN = ("before", "after")
 
 
@@ -28,6 +31,7 @@ class Fault:
     when: str
     status: str
     remaining: int
+    delay_s: float = 0.0
 
 
 class Faults:
@@ -51,13 +55,16 @@ class Faults:
             raise ValueError(f"status must be one of {STATUSES}")
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
             raise ValueError("count must be a whole number from 1 to 1000")
-        fault = Fault(method, str(when), str(status), count)
+        delay = payload.get("delay_s", 0)
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 60:
+            raise ValueError("delay_s must be a number of seconds from 0 to 60")
+        fault = Fault(method, str(when), str(status), count, float(delay))
         with self._lock:
             self._armed[(method, fault.when)] = fault
         return fault
 
-    def take(self, method: str, when: str) -> str | None:
-        """The status to fail this call with (consuming one count), or None."""
+    def take(self, method: str, when: str) -> Fault | None:
+        """The fault armed for this call (consuming one count), or None."""
         with self._lock:
             fault = self._armed.get((method, when))
             if fault is None:
@@ -65,7 +72,7 @@ class Faults:
             fault.remaining -= 1
             if fault.remaining <= 0:
                 del self._armed[(method, when)]
-            return fault.status
+            return fault
 
     def clear(self) -> None:
         with self._lock:

@@ -139,7 +139,7 @@ class ServicerBase(ModalClientBase):
                 "the RPCs it serves.",
             )
         request = await stream.recv_message()
-        _inject_fault(method, "before")
+        await _inject_fault(method, "before")
         ctx = Context(state=self.state, config=self.config, method=method, metadata=metadata)
         started = time.perf_counter()
         try:
@@ -150,7 +150,7 @@ class ServicerBase(ModalClientBase):
                 result = fn(ctx, request)
                 if inspect.isawaitable(result):
                     result = await result
-                _inject_fault(method, "after")  # applied, then the answer is lost
+                await _inject_fault(method, "after")  # applied, then the answer is lost
                 await stream.send_message(result)
         except EmulatorError as exc:
             log.info("%s: %s: %s", method, exc.status_name, exc)
@@ -167,12 +167,16 @@ class ServicerBase(ModalClientBase):
         log.debug("%s: OK in %.1f ms", method, (time.perf_counter() - started) * 1000)
 
 
-def _inject_fault(method: str, when: str) -> None:
-    """Fail this call as a test armed it (emulator/faults.py); no-op otherwise."""
-    status = FAULTS.take(method, when)
-    if status is not None:
-        log.info("%s: injected fault %s (%s the handler)", method, status, when)
-        raise GRPCError(Status[status], f"injected fault: {status} {when} {method} ran")
+async def _inject_fault(method: str, when: str) -> None:
+    """Delay and/or fail this call as a test armed it (emulator/faults.py); no-op otherwise."""
+    fault = FAULTS.take(method, when)
+    if fault is None:
+        return
+    log.info("%s: injected fault %s (%s the handler)", method, fault, when)
+    if fault.delay_s:
+        await asyncio.sleep(fault.delay_s)
+    if fault.status != "NONE":
+        raise GRPCError(Status[fault.status], f"injected fault: {fault.status} {when} {method}")
 
 
 def _make_method(name: str) -> Callable[..., Any]:

@@ -5,6 +5,8 @@ Each test is named after the item it covers (test_14_<item>_...) and failed befo
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,3 +151,136 @@ def test_14_4_environment_update_acts_on_the_id_not_the_name(
     assert "no longer exists" in ei.value.details and "pulumi refresh" in ei.value.details
     live = {e["name"]: e["webhook_suffix"] for e in modal_env.state()["environments"]}
     assert live["dev"] == by_hand  # the hand-made environment was not touched
+
+
+def _arm(emu: EmulatorProcess, method: str, **kw: object) -> None:
+    """Arm an injected fault (emulator/faults.py) through the control port."""
+    emu._request("POST", "/_emulator/faults", {"method": method, **kw})
+
+
+def _token_accepted(emu: EmulatorProcess, token_id: str, secret: str) -> bool:
+    from tests.harness.emulator import EmulatorError
+
+    try:
+        emu._request(
+            "POST",
+            "/_emulator/proxy-auth",
+            {"token_id": token_id, "token_secret": secret, "environment": "main"},
+        )
+    except EmulatorError:
+        return False
+    return True
+
+
+def test_14_2_token_create_committed_then_unavailable_leaves_one_token(
+    engine: Engine, emulator: EmulatorProcess
+) -> None:
+    """WebhookTokenCreate applied, answer lost (UNAVAILABLE): the retry must not leave two
+    tokens (one orphaned, a live credential nobody holds)."""
+    from components.modal.proxy_auth_token import ProxyAuthTokenProvider
+    from tests.harness.provider_server import reveal
+
+    _arm(emulator, "WebhookTokenCreate", when="after", status="UNAVAILABLE")
+    engine.up("t", ProxyAuthTokenProvider(), {"name": "gw", "environments": ["main"]})
+    st = engine.states["t"]
+    tokens = emulator.state()["proxy_tokens"]
+    assert [t["id"] for t in tokens] == [st.id]
+    assert _token_accepted(emulator, st.id, reveal(st.outputs["token_secret"]))
+
+
+@pytest.mark.parametrize(
+    ("method", "provider", "props", "table"),
+    [
+        ("SecretGetOrCreate", SecretProvider(), _secret("keys"), "secrets"),
+        ("VolumeGetOrCreate", VolumeProvider(), {"name": "v", "environment": "main"}, "volumes"),
+        ("EnvironmentCreate", EnvironmentProvider(), {"name": "dev"}, "environments"),
+    ],
+)
+def test_14_2_create_committed_then_unavailable_is_not_reported_as_foreign(
+    engine: Engine,
+    emulator: EmulatorProcess,
+    method: str,
+    provider: object,
+    props: dict[str, object],
+    table: str,
+) -> None:
+    """Applied, answer lost: the retry finds the object it made (same idempotency key, or
+    "already exists" resolved to it), never "already exists, not managed"."""
+    _arm(emulator, method, when="after", status="UNAVAILABLE")
+    engine.up("r", provider, props)  # type: ignore[arg-type]
+    st = engine.states["r"]
+    rows = [r for r in emulator.state()[table] if r["name"] == props["name"]]
+    assert [r["id"] for r in rows] == [st.id]
+
+
+def test_14_2_refused_after_a_sent_attempt_never_claims_nothing_changed(
+    own_emulator: EmulatorProcess,
+) -> None:
+    """Attempt 1 is applied but its answer never comes (Modal stalls, the attempt times
+    out); Modal then dies, so later attempts are refused. A refused connection after an
+    earlier sent attempt proves nothing: the error must say the create may have been
+    applied, never "never reached Modal: nothing was changed"."""
+    _arm(own_emulator, "SecretGetOrCreate", when="after", status="NONE", delay_s=5)
+    with ProviderServer(env=server_env(own_emulator)) as srv:
+        errors: list[ProviderCallError] = []
+
+        def create() -> None:
+            try:
+                srv.create(SecretProvider(), _secret("keys"))
+            except ProviderCallError as e:
+                errors.append(e)
+
+        worker = threading.Thread(target=create)
+        worker.start()
+        deadline = time.monotonic() + 10
+        while not own_emulator.state()["secrets"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        own_emulator.kill()  # applied, unanswered; from now on: connection refused
+        worker.join()
+    (err,) = errors
+    assert "may have been applied" in err.details and "adopt" in err.details
+    assert "never reached Modal" not in err.details
+    assert "nothing was changed" not in err.details
+
+
+def test_14_2_cancelled_token_create_deletes_its_token(
+    own_emulator: EmulatorProcess,
+) -> None:
+    """The attempt times out while the new token is being allowed into its environment (a
+    cancellation, not an Exception): the token must be deleted, not orphaned."""
+    from components.modal.proxy_auth_token import ProxyAuthTokenProvider
+
+    env = server_env(own_emulator, MODAL_PROVIDER_RETRY_ATTEMPTS="1")
+    _arm(own_emulator, "WebhookTokenEnvironmentAdd", when="before", status="NONE", delay_s=3)
+    with (
+        ProviderServer(env=env) as srv,
+        pytest.raises(ProviderCallError, match="did not answer within 1s"),
+    ):
+        srv.create(ProxyAuthTokenProvider(), {"name": "gw", "environments": ["main"]})
+    assert own_emulator.state()["proxy_tokens"] == []
+
+
+def test_14_2_connection_refused_after_sending_proves_nothing(
+    modal_env: EmulatorProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """modal's own retries may have sent a create before the connection was refused, so a
+    ConnectionRefusedError is no proof that nothing was sent: an unkeyed create is not
+    repeated and the error does not claim that nothing changed."""
+    from components.modal._base import ModalProvider, ModalProviderError
+
+    monkeypatch.setenv("MODAL_PROVIDER_RETRY_ATTEMPTS", "3")
+    monkeypatch.setenv("MODAL_PROVIDER_RETRY_BASE_DELAY", "0.01")
+    calls: list[int] = []
+
+    async def go(client: object) -> None:
+        calls.append(1)
+        raise ConnectionRefusedError(111, "Connect call failed")
+
+    class Probe(ModalProvider):
+        kind = "Probe"
+
+    with pytest.raises(ModalProviderError) as ei:
+        Probe().run("create", "'x'", go, idempotent=False)
+    assert len(calls) == 1
+    assert "may have been applied" in str(ei.value)
+    assert "nothing was changed" not in str(ei.value)
