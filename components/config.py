@@ -58,7 +58,7 @@ _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Fields the component fills in itself: users must not set them per service.
 _MANAGED_SPEC_FIELDS = ("volumes", "secrets", "require_pinned_revision")
 # Per-service keys that are not ServingSpec fields: consumed by the program.
-_SERVICE_ONLY_FIELDS = ("name", "gated")
+_SERVICE_ONLY_FIELDS = ("name", "gated", "adopt")
 
 
 class ConfigError(ValueError):
@@ -74,6 +74,9 @@ class ServiceSettings(BaseModel):
     spec: ServingSpec
     cost: cost.ServiceCost
     gated: bool = False
+    #: Take over this service's Modal objects that already exist (its App, cache volumes,
+    #: API-key secret) instead of failing with "already exists"; destroy leaves them.
+    adopt: bool = False
 
     @property
     def gpus(self) -> tuple[str, ...]:
@@ -415,7 +418,16 @@ def parse_stack_config(
             )
         except cost.UnknownGpuPrice as exc:
             raise ConfigError(f"{ns}:services[{i}].gpu: {exc}") from exc
-        settings.append(ServiceSettings(name=name, spec=spec, cost=svc_cost, gated=gated))
+        adopt = entry.get("adopt", False)
+        if not isinstance(adopt, bool):
+            raise ConfigError(
+                f"{ns}:services[{i}].adopt = {adopt!r} must be true or false (true: take over "
+                f"this service's Modal app, volumes and key secret if they already exist). "
+                + _fix_hint(ns, f"[{i}].adopt")
+            )
+        settings.append(
+            ServiceSettings(name=name, spec=spec, cost=svc_cost, gated=gated, adopt=adopt)
+        )
 
     stack_cost = cost.StackCost(services=tuple(s.cost for s in settings))
     budget = r.number("monthlyBudgetUsd")
