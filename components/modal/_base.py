@@ -515,9 +515,9 @@ def _probed(fn: Callable[[Any], Awaitable[T]], sent: list[bool]) -> Callable[[An
     `sent` is filled means the real call never went out (safe to retry)."""
 
     async def go(client: Any) -> T:
-        from google.protobuf.empty_pb2 import Empty
+        from . import _rpc
 
-        await client._stub.ClientHello(Empty())
+        await _rpc.hello(client)
         sent.append(True)
         return await fn(client)
 
