@@ -11,6 +11,9 @@
 - Create never deploys over an app that is already deployed under that name: it refuses,
   naming the app, unless `adopt=True`; then it deploys over it, records `adopted`, and
   destroy leaves the app deployed (it existed before Pulumi).
+- A failed create leaves nothing deployed: a deploy can fail after Modal published the app
+  (its answer lost), so an app found under the name afterwards (there was none before) is
+  stopped again, and the error says so.
 - Read-back after a successful deploy (web URL, version) is best effort: the runner retries
   it, then the provider retries it; if it still fails, the create/update succeeds anyway
   (Modal completed the deploy) with `read_back_error` saying what failed, and the next
@@ -465,11 +468,45 @@ class AppProvider(ModalProvider):
                 f" {name} -e {env or '<env>'}`), or choose another name."
             )
         digests = self._digests(props)
-        result = self._deploy(props, "create")
+        try:
+            result = self._deploy(props, "create")
+        except ModalProviderError as e:
+            if found:
+                raise  # adopted: it was deployed before; never stop it
+            raise type(e)(f"{e} {self._undo_failed_create(props)}") from None
         self._complete_read_back(props, result)
         return CreateResult(
             str(result["app_id"]), self._outputs(props, result, digests, bool(found))
         )
+
+    def _undo_failed_create(self, props: Mapping[str, Any]) -> str:
+        """A failed create must leave nothing behind (it is not in state, so destroy would
+        never stop it): a deploy can fail after Modal published the app (the answer was
+        lost). No app was deployed under this name before the create, so one there now is
+        this create's: stop it. Returns what to add to the error."""
+        from modal import exception as mexc
+
+        name, env = str(props["name"]), environment_name(props)
+
+        async def go(client: Any) -> str:
+            try:
+                app_id = await _rpc.app_by_name(client, name, env)
+            except mexc.NotFoundError:
+                return ""
+            if app_id:
+                await _rpc.app_stop(client, app_id)
+            return app_id
+
+        try:
+            stopped = self.run("clean up after a failed create", self._target(props), go)
+        except ModalProviderError:
+            return (
+                "The deploy may have reached Modal and the clean-up could not check: look for"
+                f" the app with `modal app list -e {env or '<env>'}` and stop it before rerunning."
+            )
+        if stopped:
+            return f"The app this create had deployed ({stopped}) was stopped again."
+        return "Nothing was left deployed."
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         adopted = bool(olds.get("adopted") or False)

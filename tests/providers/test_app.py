@@ -275,3 +275,20 @@ def test_transient_deploy_failure_is_retried_once(
         assert "Modal is unreachable or failing" in ei.value.details
         assert apps(emulator) == {}
     assert app_file.with_suffix(".attempts").read_text() == "2"
+
+
+def test_failed_create_leaves_nothing_deployed(engine: Engine, emulator: EmulatorProcess) -> None:
+    """Issue 11: Modal published the app but every answer was lost, so the deploy failed. A
+    failed create is not in state (destroy would never stop it): it must stop its app."""
+    emulator._request(
+        "POST",
+        "/_emulator/faults",
+        {"method": "AppPublish", "when": "after", "status": "UNAVAILABLE", "count": 1000},
+    )
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("a", P, inputs())
+    assert "was stopped again" in ei.value.details
+    assert apps(emulator) and set(apps(emulator).values()) == {"stopped"}
+    assert "a" not in engine.states
+    emulator._request("POST", "/_emulator/faults", {"clear": True})
+    assert engine.up("a", P, inputs()) == "create"  # the rerun is not blocked
