@@ -511,7 +511,11 @@ class AppProvider(ModalProvider):
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         adopted = bool(olds.get("adopted") or False)
         digests = self._digests(news)
-        if not self._inputs_changed(olds, news) and olds.get("app_id"):
+        if (
+            flag_changed(olds, news, "adopt")
+            and not self._inputs_changed(olds, news)
+            and olds.get("app_id")
+        ):
             # Only `adopt` changed: nothing to deploy.
             return UpdateResult(self._outputs(news, olds, digests, adopted))
         result = self._deploy(news, "update")

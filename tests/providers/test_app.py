@@ -139,6 +139,11 @@ def test_adopt_an_app_deployed_outside_pulumi(engine: Engine, emulator: Emulator
     assert st.id == app_id and st.outputs["adopted"] is True and st.outputs["version"] == 2
     assert st.outputs["web_url"] == "https://emu-workspace--echo-echo.modal.run"
     assert engine.preview("a", P, {**inputs(), "adopt": True}) == "same"
+    before = emulator.rpc_counts()
+    assert engine.up("a", P, inputs()) == "update"  # the flag alone: no redeploy
+    assert rpc_delta(before, emulator.rpc_counts()).get("AppPublish") is None
+    assert engine.states["a"].outputs["version"] == 2
+    assert engine.states["a"].outputs["adopted"] is True  # recorded at create, kept
     engine.destroy("a")
     assert apps(emulator) == {app_id: "deployed"}  # adopted: left in place
 
