@@ -289,6 +289,8 @@ class ModalProvider(ResourceProvider):
     #: `pulumi-python:dynamic/modal:<Name>`; the harness reads it to build URNs.
     type_token: ClassVar[str] = ""
     serialize_as_secret_always = True
+    #: Has an `adopt` input (an existing object can be taken over): named in error hints.
+    adoptable: ClassVar[bool] = False
 
     # Providers are pickled into the `__provider` blob: never carry runtime state.
     def __getstate__(self) -> dict[str, Any]:
@@ -403,11 +405,16 @@ class ModalProvider(ResourceProvider):
                 hint = self._hint(exc, creds, hints or {}, attempt, time.monotonic() - started)
                 if not idempotent and transient:
                     if ever_sent:
+                        way_out = (
+                            f"set adopt on the resource ({ADOPT_HOWTO}) or delete it"
+                            if self.adoptable
+                            else "delete it (it cannot be adopted)"
+                        )
                         hint = (
-                            f"The request was sent ({attempt} attempt(s)) and may have been"
+                            f"The request was sent (in {attempt} attempt(s)) and may have been"
                             f" applied by Modal. Check whether the {self.kind.lower()} exists"
-                            " (`modal` CLI list) before rerunning `pulumi up`: if it does, set"
-                            f" adopt on the resource ({ADOPT_HOWTO}) or delete it, then rerun."
+                            " (`modal` CLI list) before rerunning `pulumi up`: if it does,"
+                            f" {way_out}, then rerun."
                         )
                     else:
                         hint += " (This call never reached Modal: nothing was changed.)"

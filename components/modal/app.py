@@ -213,6 +213,7 @@ def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
 class AppProvider(ModalProvider):
     kind = "App"
     type_token = TYPE_TOKEN
+    adoptable = True
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_name(news, "name", "App") + check_environment(news)

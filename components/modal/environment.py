@@ -69,6 +69,7 @@ def _valid_suffix(value: str) -> bool:
 class EnvironmentProvider(ModalProvider):
     kind = "Environment"
     type_token = TYPE_TOKEN
+    adoptable = True
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_environment(news, "name")

@@ -90,6 +90,7 @@ class SecretArgs:
 class SecretProvider(ModalProvider):
     kind = "Secret"
     type_token = TYPE_TOKEN
+    adoptable = True
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_name(news, "name", "Secret") + check_environment(news)

@@ -57,6 +57,7 @@ class VolumeArgs:
 class VolumeProvider(ModalProvider):
     kind = "Volume"
     type_token = TYPE_TOKEN
+    adoptable = True
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_name(news, "name", "Volume") + check_environment(news)
