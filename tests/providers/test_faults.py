@@ -71,6 +71,12 @@ def test_14_5_salt_is_secret_and_short_values_do_not_mangle_messages(
         salt = engine.states["s"].outputs["values_salt"]
         assert isinstance(salt, Secret)
         assert salt.value not in str(stored)  # only the ciphertext marker is stored
+        # A state written before this fix holds the salt in clear: a refresh re-records it
+        # as a secret.
+        old = {**engine.states["s"].outputs, "values_salt": salt.value}
+        read = srv.read(SecretProvider(), engine.states["s"].id, state=old)
+        assert isinstance(read.outputs["values_salt"], Secret)
+        assert read.outputs["values_digest"] == engine.states["s"].outputs["values_digest"]
 
 
 def test_14_6_one_threshold_rule_for_config_and_provider(srv: ProviderServer) -> None:
