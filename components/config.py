@@ -61,7 +61,7 @@ _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Fields the component fills in itself: users must not set them per service.
 _MANAGED_SPEC_FIELDS = ("volumes", "secrets", "require_pinned_revision")
 # Per-service keys that are not ServingSpec fields: consumed by the program.
-_SERVICE_ONLY_FIELDS = ("name", "gated")
+_SERVICE_ONLY_FIELDS = ("name", "gated", "adopt")
 # Where a Modal server counts as local (the emulator): the stand-in engine runs only there.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MODAL_SERVER_URL_KEY = "modal:serverUrl"  # components/modal/_base.py CONFIG_SERVER_URL
@@ -80,6 +80,9 @@ class ServiceSettings(BaseModel):
     spec: ServingSpec
     cost: cost.ServiceCost
     gated: bool = False
+    #: Take over this service's Modal objects that already exist (its App, cache volumes,
+    #: API-key secret) instead of failing with "already exists"; destroy leaves them.
+    adopt: bool = False
 
     @property
     def gpus(self) -> tuple[str, ...]:
@@ -212,17 +215,24 @@ def _string_list(
 
 
 def _thresholds(r: _Reader) -> list[float]:
+    """Whole percentages in config; the rule itself is the provider's (`threshold_problem`):
+    one rule in one place (issue 14.6)."""
+    from components.modal.spend_alert import MAX_THRESHOLD, threshold_problem
+
     key = "alertThresholdsPct"
     value = r.json_value(key, "[50, 80, 100]")
     ok = (
         isinstance(value, list)
         and value
-        and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1000 for v in value)
+        and all(
+            isinstance(v, int) and not isinstance(v, bool) and threshold_problem(v / 100) is None
+            for v in value
+        )
     )
     if not ok:
         raise ConfigError(
             f"{_key(r.ns, key)} = {value!r} must be a non-empty list of whole percentages of "
-            f"the budget between 1 and 1000, e.g. {key}: [50, 80, 100]"
+            f"the budget between 1 and {MAX_THRESHOLD * 100:g}, e.g. {key}: [50, 80, 100]"
         )
     return [v / 100 for v in sorted(set(value))]
 
@@ -449,7 +459,16 @@ def parse_stack_config(
             )
         except cost.UnknownGpuPrice as exc:
             raise ConfigError(f"{ns}:services[{i}].gpu: {exc}") from exc
-        settings.append(ServiceSettings(name=name, spec=spec, cost=svc_cost, gated=gated))
+        adopt = entry.get("adopt", False)
+        if not isinstance(adopt, bool):
+            raise ConfigError(
+                f"{ns}:services[{i}].adopt = {adopt!r} must be true or false (true: take over "
+                f"this service's Modal app, volumes and key secret if they already exist). "
+                + _fix_hint(ns, f"[{i}].adopt")
+            )
+        settings.append(
+            ServiceSettings(name=name, spec=spec, cost=svc_cost, gated=gated, adopt=adopt)
+        )
 
     stack_cost = cost.StackCost(services=tuple(s.cost for s in settings))
     budget = r.number("monthlyBudgetUsd")

@@ -72,11 +72,15 @@ class ServingEnvironment(pulumi.ComponentResource):
         super().__init__(ENVIRONMENT_TYPE, name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
-        # An adopted environment (e.g. Modal's `main`) is never deleted by a destroy.
+        # An adopted environment (e.g. Modal's `main`) is never deleted by a destroy, and
+        # neither is one holding retained caches (protectCaches): deleting an environment
+        # deletes every volume in it (the provider refuses that too, naming what remains).
         self.environment = Environment(
             f"{name}-environment",
             EnvironmentArgs(name=cfg.environment, adopt=cfg.adopt_environment),
-            pulumi.ResourceOptions(parent=self, retain_on_delete=cfg.adopt_environment),
+            pulumi.ResourceOptions(
+                parent=self, retain_on_delete=cfg.adopt_environment or cfg.protect_caches
+            ),
         )
         self.environment_name = self.environment.name
         env = self.environment_name
@@ -89,6 +93,8 @@ class ServingEnvironment(pulumi.ComponentResource):
                     name=HF_TOKEN_SECRET_NAME,
                     values={HF_TOKEN_ENV_VAR: secrets.hf_token},
                     environment=env,
+                    # An adopted environment may hold the token secret already: claim it.
+                    adopt=cfg.adopt_environment,
                 ),
                 child,
             )
@@ -160,7 +166,10 @@ class LLMService(pulumi.ComponentResource):
         self.api_keys_secret = Secret(
             f"{name}-api-keys",
             SecretArgs(
-                name=spec.secrets.api_keys, values={API_KEYS_ENV_VAR: digests}, environment=env
+                name=spec.secrets.api_keys,
+                values={API_KEYS_ENV_VAR: digests},
+                environment=env,
+                adopt=settings.adopt,
             ),
             pulumi.ResourceOptions(parent=self),
         )
@@ -169,11 +178,13 @@ class LLMService(pulumi.ComponentResource):
             parent=self, protect=cfg.protect_caches, retain_on_delete=cfg.protect_caches
         )
         self.hf_cache = Volume(
-            f"{name}-hf-cache", VolumeArgs(name=spec.volumes.hf_cache, environment=env), cache_opts
+            f"{name}-hf-cache",
+            VolumeArgs(name=spec.volumes.hf_cache, environment=env, adopt=settings.adopt),
+            cache_opts,
         )
         self.engine_cache = Volume(
             f"{name}-engine-cache",
-            VolumeArgs(name=spec.volumes.engine_cache, environment=env),
+            VolumeArgs(name=spec.volumes.engine_cache, environment=env, adopt=settings.adopt),
             cache_opts,
         )
 
@@ -186,7 +197,11 @@ class LLMService(pulumi.ComponentResource):
                 name=name,
                 environment=env,
                 app_file=cfg.app_file,
+                # The spec is validated here (a ServingSpec); the App takes it rendered, with
+                # its digest (components/modal never imports serving/).
                 spec_json=spec.to_json(),
+                spec_digest=spec.digest(),
+                adopt=settings.adopt,
                 # Not secret: a hash of hashes of random keys. Changes whenever a key does.
                 extra_env={
                     API_KEYS_VERSION_ENV_VAR: digests.apply(

@@ -10,6 +10,7 @@ Routes:
 - `GET /_emulator/rpc-counts`: `{"Method": count, ...}` since the last reset.
 - `POST /_emulator/proxy-auth` with `{"token_id", "token_secret", "environment"}`: what
   Modal's edge decides for `Modal-Key`/`Modal-Secret` headers: 200 `{"allowed": true}`, or 401.
+- `POST /_emulator/faults`: arm an injected RPC failure for tests (emulator/faults.py).
 - `GET /_emulator/health`: `{"ok": true}`.
 
 When the emulator was started with `--token-id/--token-secret`, every `/_emulator/*` route
@@ -38,6 +39,7 @@ import tempfile
 from typing import IO, Any
 
 from emulator.errors import EmulatorError
+from emulator.faults import FAULTS
 from emulator.handlers.base import RpcCounter
 from emulator.models import State
 
@@ -58,6 +60,19 @@ _REASONS |= {405: "Method Not Allowed"}
 _REASONS |= {409: "Conflict", 413: "Payload Too Large", 500: "Internal Server Error"}
 
 Response = tuple[int, dict[str, str], bytes]
+
+
+def _faults(body: bytes) -> Response:
+    """Arm a fault (emulator/faults.py) or, with {"clear": true}, disarm all."""
+    try:
+        payload = json.loads(body or b"{}")
+        if isinstance(payload, dict) and payload.get("clear") is True:
+            FAULTS.clear()
+            return _json(200, {"ok": True})
+        fault = FAULTS.arm(payload)
+    except ValueError as exc:  # also malformed JSON
+        raise HttpError(400, f"fault: {exc}") from None
+    return _json(200, {"armed": fault.__dict__})
 
 
 class HttpError(Exception):
@@ -270,6 +285,8 @@ class ControlServer:
             return self._usage(body)
         if (method, path) == ("POST", "/_emulator/proxy-auth"):
             return self._proxy_auth(body)
+        if (method, path) == ("POST", "/_emulator/faults"):
+            return _faults(body)
         handler = routes.get((method, path))
         if handler is None:
             raise HttpError(404, f"no route for {method} {path}; see emulator/http.py")
@@ -289,6 +306,7 @@ class ControlServer:
     def _reset(self) -> Response:
         self.state.reset()
         self.counter.reset()
+        FAULTS.clear()
         log.info("state reset")
         return _json(200, {"ok": True})
 

@@ -137,6 +137,27 @@ def check_environment(props: Mapping[str, Any], key: str = "environment") -> lis
     return []
 
 
+def check_flag(props: Mapping[str, Any], key: str) -> list[CheckFailure]:
+    """CheckFailure list for a true/false input (absent = false; unknown passes)."""
+    value = props.get(key)
+    if value is not None and not is_unknown(value) and not isinstance(value, bool):
+        return [CheckFailure(key, f"{key} must be true or false")]
+    return []
+
+
+def normalize_flag(props: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """`props` with `key` as a real bool (absent → False), unknown values kept."""
+    out = dict(props)
+    if not is_unknown(out.get(key)):
+        out[key] = bool(out.get(key) or False)
+    return out
+
+
+def flag_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
+    new = news.get(key)
+    return is_unknown(new) or bool(new or False) != bool(olds.get(key) or False)
+
+
 def canonical_json(value: Any) -> str:
     """Sorted-keys, compact JSON: the form digests are computed over."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -156,9 +177,16 @@ def plain(value: Any) -> Any:
     return rpc.unwrap_rpc_secret(value)
 
 
+#: Shorter values are not redacted: replacing a 1-3 character value everywhere mangles ids and
+#: words in the message, and a value that short is no secret worth the name (issue 14.5).
+MIN_REDACTED_LENGTH = 8
+
+
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """Replace every non-empty secret value found in `text` (longest first)."""
-    for s in sorted({s for s in secrets if isinstance(s, str) and s}, key=len, reverse=True):
+    """Replace every occurrence of each secret value of at least MIN_REDACTED_LENGTH
+    characters, whole (longest first, so a value containing another is replaced entire)."""
+    values = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_REDACTED_LENGTH}
+    for s in sorted(values, key=len, reverse=True):
         text = text.replace(s, "[secret]")
     return text
 
@@ -183,8 +211,15 @@ async def _call_with_client(
             client = _Client(
                 creds.server_url, api_pb2.CLIENT_TYPE_CLIENT, (creds.token_id, creds.token_secret)
             )
+            try:
+                await client._open()
+            except BaseException:  # incl. the cancellation of a timed-out attempt
+                with contextlib.suppress(Exception):
+                    await client.close()
+                raise
+            # Cached only once fully open: a half-opened client (an open cancelled by the
+            # attempt timeout during an outage) answered every later call with AssertionError.
             _CLIENTS[key] = client
-            await client._open()
         return await fn(client)
 
     # modal itself keeps reconnecting for ~63 s; bound one attempt so our backoff takes over.
@@ -238,11 +273,6 @@ def _is_transient(exc: BaseException) -> bool:
     return False
 
 
-def _never_sent(exc: BaseException) -> bool:
-    """True when the failed request certainly never reached Modal (connection refused)."""
-    return isinstance(exc, ConnectionRefusedError)
-
-
 def _answer(exc: BaseException) -> str:
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
@@ -259,6 +289,8 @@ class ModalProvider(ResourceProvider):
     #: `pulumi-python:dynamic/modal:<Name>`; the harness reads it to build URNs.
     type_token: ClassVar[str] = ""
     serialize_as_secret_always = True
+    #: Has an `adopt` input (an existing object can be taken over): named in error hints.
+    adoptable: ClassVar[bool] = False
 
     # Providers are pickled into the `__provider` blob: never carry runtime state.
     def __getstate__(self) -> dict[str, Any]:
@@ -326,6 +358,7 @@ class ModalProvider(ResourceProvider):
         secrets: Iterable[str] | Callable[[], Iterable[str]] = (),
         hints: Mapping[type[BaseException], str] | None = None,
         idempotent: bool = True,
+        keyed: bool = False,
     ) -> T:
         """Run `fn(client)` against Modal, retrying transient failures.
 
@@ -333,8 +366,14 @@ class ModalProvider(ResourceProvider):
         (e.g. "secret 'api-keys' in environment 'dev'"), `secrets` are values to redact from
         any error (iterated only when an error is built, so a live view or a callable sees
         values `fn` produced), `hints` map modal exception types to what the user should do.
-        `idempotent=False` marks a call that must not be repeated once Modal may have applied
-        it (e.g. minting a token): it is retried only when it was certainly never sent.
+
+        `idempotent=False` marks a call that must not simply be repeated once Modal may have
+        applied it (a create). A `ClientHello` probe goes first, so an attempt that failed
+        before the probe answered certainly sent nothing and is retried. Once an attempt got
+        past the probe, the call is repeated only when it is `keyed`: `fn` sends the same
+        `x-idempotency-key` on every attempt (see `_rpc.idempotency_key`) and resolves what an
+        earlier attempt may have applied (e.g. "already exists" for the object it made). An
+        unkeyed sent call is never repeated; the error then says it may have been applied.
         """
         from modal import exception as mexc
 
@@ -344,6 +383,7 @@ class ModalProvider(ResourceProvider):
         timeout = float(os.environ.get("MODAL_PROVIDER_ATTEMPT_TIMEOUT", "90"))
         started = time.monotonic()
         call = _blocking(_call_with_client)
+        ever_sent = False  # any attempt got past the probe: Modal may have applied it
         for attempt in range(1, attempts + 1):
             sent: list[bool] = []  # set by the probe once the real call is about to go out
             try:
@@ -351,21 +391,33 @@ class ModalProvider(ResourceProvider):
             except ModalProviderError:
                 raise
             except Exception as exc:
-                maybe_applied = not idempotent and bool(sent) and not _never_sent(exc)
-                if _is_transient(exc) and attempt < attempts and not maybe_applied:
+                ever_sent = ever_sent or bool(sent)
+                transient = _is_transient(exc)
+                if transient or not isinstance(exc, mexc.Error):
+                    # The connection may be half-broken (an attempt cancelled mid-call): never
+                    # reuse it, also after the last attempt (the next resource's call needs a
+                    # working client once Modal is back).
                     _blocking(_drop_client)(creds)
+                may_repeat = idempotent or keyed or not sent
+                if transient and attempt < attempts and may_repeat:
                     time.sleep(min(delay * 2 ** (attempt - 1), 4.0))
                     continue
                 hint = self._hint(exc, creds, hints or {}, attempt, time.monotonic() - started)
-                if not idempotent and not maybe_applied and _is_transient(exc):
-                    hint += " (This call never reached Modal: nothing was changed.)"
-                if maybe_applied and _is_transient(exc):
-                    hint = (
-                        "The request was sent and may have been applied by Modal, so it was not"
-                        f" repeated. Check whether the {self.kind.lower()} exists (`modal` CLI"
-                        " list) before rerunning `pulumi up`: if it does, adopt it with the"
-                        " `import_` resource option (or delete it), then rerun."
-                    )
+                if not idempotent and transient:
+                    if ever_sent:
+                        way_out = (
+                            f"set adopt on the resource ({ADOPT_HOWTO}) or delete it"
+                            if self.adoptable
+                            else "delete it (it cannot be adopted)"
+                        )
+                        hint = (
+                            f"The request was sent (in {attempt} attempt(s)) and may have been"
+                            f" applied by Modal. Check whether the {self.kind.lower()} exists"
+                            " (`modal` CLI list) before rerunning `pulumi up`: if it does,"
+                            f" {way_out}, then rerun."
+                        )
+                    else:
+                        hint += " (This call never reached Modal: nothing was changed.)"
                 import asyncio
 
                 answer = (
@@ -384,7 +436,7 @@ class ModalProvider(ResourceProvider):
                     err_type = ModalAlreadyExistsError
                 elif isinstance(exc, mexc.NotFoundError):
                     err_type = ModalNotFoundError
-                elif _is_transient(exc):
+                elif transient:
                     err_type = ModalUnavailableError
                 secret_values = [*(secrets() if callable(secrets) else secrets)]
                 raise err_type(redact(message, [*secret_values, creds.token_secret])) from None
@@ -414,10 +466,7 @@ class ModalProvider(ResourceProvider):
                 "It does not exist (any more): run `pulumi refresh` to forget it, then `pulumi up`."
             )
         if isinstance(exc, mexc.AlreadyExistsError):
-            return (
-                "It already exists: adopt it with the `import_` resource option"
-                f" ({IMPORT_HOWTO}) or choose another name."
-            )
+            return f"It already exists: adopt it ({ADOPT_HOWTO}) or choose another name."
         if isinstance(exc, mexc.InvalidError):
             return "Modal rejected the request: fix the input named above and rerun."
         if _is_transient(exc):
@@ -446,10 +495,15 @@ class ModalUnavailableError(ModalProviderError):
     """Modal stayed unreachable/failing through every retry."""
 
 
-#: How to adopt an existing object. `pulumi import <type> <name> <id>` fails for Python
-#: dynamic providers (pulumi #16175: the CLI's Read carries no `__provider`), the
-#: `import_` resource option works (the program's inputs carry it).
-IMPORT_HOWTO = "pulumi.ResourceOptions(import_='<id>') on the resource, then `pulumi up`"
+#: How to take over an object that already exists. `import_` cannot work for dynamic
+#: resources under the real engine: its import calls Read with the id only, without the
+#: `__provider` the SDK's dynamic-provider server needs (pulumi/pulumi
+#: pkg/resource/deploy/step.go, ImportStep.Apply; docs/providers.md "Adopting").
+ADOPT_HOWTO = (
+    "set the resource's `adopt=True` input (stack config: see docs/providers.md, 'Adopting"
+    " existing objects'), then `pulumi up`: the existing object is validated, claimed, and"
+    " left in place on destroy"
+)
 
 
 def _require_pair(kind: str, first: tuple[str, str], second: tuple[str, str], where: str) -> None:
@@ -468,9 +522,9 @@ def _probed(fn: Callable[[Any], Awaitable[T]], sent: list[bool]) -> Callable[[An
     `sent` is filled means the real call never went out (safe to retry)."""
 
     async def go(client: Any) -> T:
-        from google.protobuf.empty_pb2 import Empty
+        from . import _rpc
 
-        await client._stub.ClientHello(Empty())
+        await _rpc.hello(client)
         sent.append(True)
         return await fn(client)
 

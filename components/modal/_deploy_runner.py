@@ -9,7 +9,12 @@ It does what `modal deploy F --name N -e E` does (same import path, `modal.runne
 then reads back what the provider needs and prints, as the LAST stdout line:
 
     {"ok": true, "app_id": "ap-...", "web_url": "https://..." | "", "version": 3}
+    {"ok": true, "app_id": "ap-...", "web_url": "", "version": 0, "read_back_error": "..."}
     {"ok": false, "error": "<type>: <message>", "transient": false}
+
+Once `deploy_app` returned, the deploy is done: the read-back is retried (READ_BACK_ATTEMPTS)
+and, if it still fails, reported in `read_back_error` with `ok: true`, never as a failed
+deploy (issue 11 item 5: a create that Modal completed must not fail).
 
 `web_url`: the first flash URL of an `@app.server` (what `modal.Server.from_name(...).get_url()`
 returns), else the first web endpoint URL (`Function.get_web_url()`), by function tag order.
@@ -40,10 +45,14 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
+READ_BACK_ATTEMPTS = 3
+
+
 async def _read_back(app: Any, app_id: str) -> dict[str, Any]:
     """Web URL and deployed version, from the hydrated app and the control plane."""
     from modal.client import _Client
-    from modal_proto import api_pb2
+
+    from components.modal import _rpc
 
     flash: list[str] = []
     web: list[str] = []
@@ -55,14 +64,31 @@ async def _read_back(app: Any, app_id: str) -> dict[str, Any]:
         if url:
             web.append(url)
     client = await _Client.from_env()
-    hist = await client._stub.AppDeploymentHistory(
-        api_pb2.AppDeploymentHistoryRequest(app_id=app_id)
-    )
-    versions = [h.version for h in hist.app_deployment_histories]
     return {
         "web_url": (flash or web or [""])[0],
-        "version": max(versions) if versions else 0,
+        "version": await _rpc.app_version(client, app_id),
     }
+
+
+def _error(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}"
+
+
+def _read_back_retried(app: Any, app_id: str) -> dict[str, Any]:
+    import time
+
+    from modal._utils.async_utils import synchronizer
+
+    read_back = synchronizer.create_blocking(_read_back)
+    error = ""
+    for attempt in range(READ_BACK_ATTEMPTS):
+        try:
+            return dict(read_back(app, app_id))
+        except Exception as e:  # reported, never a failed deploy
+            error = _error(e)
+            time.sleep(0.5 * 2**attempt)
+    return {"web_url": "", "version": 0, "read_back_error": error}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--environment", default="")
     args = parser.parse_args(argv)
     try:
-        from modal._utils.async_utils import synchronizer
         from modal.cli.import_refs import import_app_from_ref, parse_import_ref
         from modal.config import config
         from modal.runner import deploy_app
@@ -81,13 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         ref = parse_import_ref(args.app_file, command="modal deploy")
         app = import_app_from_ref(ref, base_cmd="modal deploy")
         result = deploy_app(app, name=args.name, environment_name=env)
-        info = synchronizer.create_blocking(_read_back)(app, result.app_id)
-        out = {"ok": True, "app_id": result.app_id, **info}
+        out = {"ok": True, "app_id": result.app_id, **_read_back_retried(app, result.app_id)}
     except SystemExit as e:
         out = {"ok": False, "error": f"app import exited with {e.code}", "transient": False}
     except Exception as e:  # reported to the provider, which raises a clear error
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        out = {"ok": False, "error": f"{type(e).__name__}: {msg}", "transient": _transient(e)}
+        out = {"ok": False, "error": _error(e), "transient": _transient(e)}
     sys.stdout.write("\n" + json.dumps(out) + "\n")
     sys.stdout.flush()
     return 0 if out["ok"] else 1

@@ -4,11 +4,25 @@
   (`python -m components.modal._deploy_runner`, see that module), with SERVING_SPEC naming a
   temp file that holds `spec_json`, plus `extra_env` and the provider's Modal credentials.
   A transient failure (Modal unreachable) is retried once; deploys are idempotent.
+- The spec is opaque here: the App takes the rendered `spec_json` and its `spec_digest`
+  (sha256 of `spec_json`, which is `ServingSpec.digest()` for `ServingSpec.to_json()`; when
+  not given it is computed so). The caller (`LLMService`) validates the spec; this package
+  never imports `serving/` (issue 9 item 4).
+- Create never deploys over an app that is already deployed under that name: it refuses,
+  naming the app, unless `adopt=True`; then it deploys over it, records `adopted`, and
+  destroy leaves the app deployed (it existed before Pulumi).
+- A failed create leaves nothing deployed: a deploy can fail after Modal published the app
+  (its answer lost), so an app found under the name afterwards (there was none before) is
+  stopped again, and the error says so.
+- Read-back after a successful deploy (web URL, version) is best effort: the runner retries
+  it, then the provider retries it; if it still fails, the create/update succeeds anyway
+  (Modal completed the deploy) with `read_back_error` saying what failed, and the next
+  refresh fills `web_url`/`version` in (issue 11 item 5).
 - Outputs: `app_id` (also the resource id), `web_url`, `version` (deployment history),
-  `spec_digest` (sha256 of the canonical spec JSON, `ServingSpec.digest()`), `source_digest`
-  (sha256 over every file the app ships: the app file plus what it adds with
-  `add_local_python_source(...)`, `add_local_dir(...)`, `add_local_file(...)` given as string
-  literals; `.py` files only for python sources, like modal's default `ignore`).
+  `spec_digest`, `source_digest` (sha256 over every file the app ships: the app file plus
+  what it adds with `add_local_python_source(...)`, `add_local_dir(...)`,
+  `add_local_file(...)` given as string literals; `.py` files only for python sources, like
+  modal's default `ignore`), `adopted`, `read_back_error`.
 - Diff: spec, source, app file or extra env changed → update (redeploy); name or environment
   changed → replace; nothing changed → no change, so no deploy at all. Diff reads the local
   files (side-effect free), so an edit to serving/ shows up in `pulumi preview`.
@@ -17,10 +31,10 @@
   live id (the engine keeps the resource id). Read and delete therefore act on
   `app_id`; delete also stops the resource id when it differs, so destroy never leaves a
   deployed app (GPU spend) behind.
-- Delete stops the app (`AppStop`). Read (refresh/import by `ap-...`) looks the name up
-  (`AppGetByDeploymentName`): stopped, missing (also: the environment is gone) or redeployed
-  under another id → gone, so refresh shows the drift and the next `up` deploys again. Modal
-  does not keep our spec or source digest, so an import trusts the declared ones.
+- Delete stops the app (`AppStop`), unless it was adopted. Read (refresh) looks the name up
+  (`AppGetByDeploymentName`): stopped, missing (also: the environment is gone) or
+  redeployed under another id → gone, so refresh shows the drift and the next `up` deploys
+  again. Modal does not keep our spec or source digest: read keeps the recorded ones.
 - Both digests are computed before the deploy, from the files that were shipped.
 """
 
@@ -47,14 +61,20 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
+from . import _rpc
 from ._base import (
+    ADOPT_HOWTO,
+    ModalAlreadyExistsError,
     ModalProvider,
     ModalProviderError,
     ModalUnavailableError,
     check_environment,
+    check_flag,
     check_name,
     environment_name,
+    flag_changed,
     is_unknown,
+    normalize_flag,
     redact,
     sha256_hex,
 )
@@ -73,16 +93,18 @@ class AppArgs:
     app_file: pulumi.Input[str]
     spec_json: pulumi.Input[str]
     extra_env: pulumi.Input[Mapping[str, pulumi.Input[str]]] = field(default_factory=dict)
+    #: sha256 of `spec_json` (`ServingSpec.digest()`); computed from `spec_json` when None.
+    spec_digest: pulumi.Input[str] | None = None
+    adopt: pulumi.Input[bool] = False
 
 
 # ---- digests -------------------------------------------------------------------------------
 
 
 def spec_digest(spec_json: str) -> str:
-    """`ServingSpec.digest()` of the spec (sha256 of its canonical JSON)."""
-    from serving.spec import ServingSpec
-
-    return str(ServingSpec.model_validate_json(spec_json).digest())
+    """The digest of a rendered spec: sha256 of the JSON text as given (for
+    `ServingSpec.to_json()`, which is canonical, this is `ServingSpec.digest()`)."""
+    return sha256_hex(spec_json)
 
 
 def _literal_strings(node: ast.Call) -> list[str]:
@@ -191,6 +213,7 @@ def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
 class AppProvider(ModalProvider):
     kind = "App"
     type_token = TYPE_TOKEN
+    adoptable = True
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_name(news, "name", "App") + check_environment(news)
@@ -213,9 +236,8 @@ class AppProvider(ModalProvider):
                     shipped_files(app_file)
                 except SyntaxError as e:
                     failures.append(CheckFailure("app_file", f"app_file does not parse: {e}"))
-        spec = news.get("spec_json")
-        if not is_unknown(spec):
-            failures += self._check_spec(spec)
+        failures += self._check_spec(news.get("spec_json"), news.get("spec_digest"))
+        failures += check_flag(news, "adopt")
         env = news.get("extra_env")
         if env is not None and not is_unknown(env):
             if not isinstance(env, Mapping):
@@ -230,45 +252,50 @@ class AppProvider(ModalProvider):
                                 "extra_env", f"{k!r} is not a valid environment variable name"
                             )
                         )
-        news = dict(news)
+        news = normalize_flag(news, "adopt")
         if news.get("extra_env") is None:
             news["extra_env"] = {}
+        spec = news.get("spec_json")
+        if news.get("spec_digest") is None and isinstance(spec, str):
+            news["spec_digest"] = spec_digest(spec)
         return CheckResult(news, failures)
 
     @staticmethod
-    def _check_spec(spec: Any) -> list[CheckFailure]:
+    def _check_spec(spec: Any, digest: Any) -> list[CheckFailure]:
+        """The spec is the caller's to validate (LLMService); here only its shape and that
+        the digest given belongs to it."""
+        if is_unknown(spec):
+            return []
         if not isinstance(spec, str):
-            return [
-                CheckFailure("spec_json", "spec_json must be a JSON string (ServingSpec.to_json())")
-            ]
-        from pydantic import ValidationError
-
-        from serving.spec import ServingSpec
-
+            return [CheckFailure("spec_json", "spec_json must be a JSON string (rendered spec)")]
         try:
-            ServingSpec.model_validate_json(spec)
-        except ValidationError as e:
+            parsed = json.loads(spec)
+        except ValueError as e:
+            return [CheckFailure("spec_json", f"spec_json is not valid JSON: {e}")]
+        if not isinstance(parsed, dict):
+            return [CheckFailure("spec_json", "spec_json must be a JSON object")]
+        if digest is not None and not is_unknown(digest) and digest != spec_digest(spec):
             return [
                 CheckFailure(
-                    "spec_json",
-                    f"spec_json.{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}",
+                    "spec_digest",
+                    f"spec_digest {digest!r} is not the sha256 of spec_json: pass the digest of"
+                    " the spec you render (ServingSpec.digest() of that spec), or leave it unset",
                 )
-                for err in e.errors()
             ]
-        except ValueError as e:
-            return [CheckFailure("spec_json", f"spec_json is invalid: {e}")]
         return []
 
     @staticmethod
     def _inputs_changed(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
         """True when a redeploy is due: spec, shipped source, app file or extra env changed."""
-        if any(is_unknown(news.get(k)) for k in ("spec_json", "app_file", "extra_env")):
+        keys = ("spec_json", "spec_digest", "app_file", "extra_env")
+        if any(is_unknown(news.get(k)) for k in keys):
             return True
         if _extra_env(news) != _extra_env(olds) or news.get("app_file") != olds.get("app_file"):
             return True
         try:
+            new_spec = news.get("spec_digest") or spec_digest(str(news["spec_json"]))
             return bool(
-                spec_digest(str(news["spec_json"])) != olds.get("spec_digest")
+                new_spec != olds.get("spec_digest")
                 or source_digest(str(news["app_file"])) != olds.get("source_digest")
             )
         except (OSError, ValueError, SyntaxError):
@@ -280,7 +307,9 @@ class AppProvider(ModalProvider):
             for k in ("name", "environment")
             if is_unknown(news.get(k)) or news.get(k) != olds.get(k)
         ]
-        changes = bool(replaces) or self._inputs_changed(olds, news)
+        changes = (
+            bool(replaces) or self._inputs_changed(olds, news) or flag_changed(olds, news, "adopt")
+        )
         return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     @staticmethod
@@ -367,12 +396,16 @@ class AppProvider(ModalProvider):
         """spec and source digests of what is about to be deployed (taken before the deploy,
         so an edit made while it runs is seen by the next Diff)."""
         return {
-            "spec_digest": spec_digest(str(props["spec_json"])),
+            "spec_digest": str(props.get("spec_digest") or spec_digest(str(props["spec_json"]))),
             "source_digest": source_digest(str(props["app_file"])),
         }
 
     def _outputs(
-        self, props: Mapping[str, Any], result: Mapping[str, Any], digests: Mapping[str, str]
+        self,
+        props: Mapping[str, Any],
+        result: Mapping[str, Any],
+        digests: Mapping[str, str],
+        adopted: bool,
     ) -> dict[str, Any]:
         return {
             "name": props.get("name"),
@@ -380,21 +413,114 @@ class AppProvider(ModalProvider):
             "app_file": props.get("app_file"),
             "spec_json": props.get("spec_json"),
             "extra_env": _extra_env(props),
+            "adopt": bool(props.get("adopt") or False),
             "app_id": result.get("app_id"),
             "web_url": result.get("web_url") or "",
             "version": int(result.get("version") or 0),
             "spec_digest": digests["spec_digest"],
             "source_digest": digests["source_digest"],
+            "adopted": adopted,
+            "read_back_error": str(result.get("read_back_error") or ""),
         }
 
+    def _complete_read_back(self, props: Mapping[str, Any], result: dict[str, Any]) -> None:
+        """The runner deployed but could not read the URL/version back: try again from here
+        (retried); if that fails too, keep the deploy and report it (issue 11 item 5)."""
+        if not result.get("read_back_error"):
+            return
+        name, env, app_id = str(props["name"]), environment_name(props), str(result["app_id"])
+
+        async def go(client: Any) -> tuple[str, int]:
+            url = await _rpc.app_web_url(client, app_id, name, env)
+            return url, await _rpc.app_version(client, app_id)
+
+        try:
+            result["web_url"], result["version"] = self.run(
+                "read back after deploy", f"{app_id} ({self._target(props)})", go
+            )
+            result["read_back_error"] = ""
+        except ModalProviderError as e:
+            result["read_back_error"] = (
+                f"deployed as {app_id}, but its URL/version could not be read back: {e}"
+                " `pulumi refresh` fills them in."
+            )
+            warning = f"warning: App {self._target(props)}: {result['read_back_error']}"
+            print(warning, file=sys.stderr)
+
     def create(self, props: dict[str, Any]) -> CreateResult:
+        from modal import exception as mexc
+
+        name, env = str(props["name"]), environment_name(props)
+        adopt = bool(props.get("adopt") or False)
+
+        async def existing(client: Any) -> str:
+            try:
+                return await _rpc.app_by_name(client, name, env)
+            except mexc.NotFoundError:
+                return ""  # no such environment: the deploy reports it
+
+        found = self.run("look up before deploy", self._target(props), existing)
+        if found and not adopt:
+            raise ModalAlreadyExistsError(
+                f"App {self._target(props)}: create refused: an app is already deployed under"
+                f" this name ({found}) and Pulumi does not manage it; deploying would take it"
+                f" over and destroy would stop it. To manage it, {ADOPT_HOWTO} (the serving"
+                " stack: `adopt: true` on the service); or stop it (`modal app stop"
+                f" {name} -e {env or '<env>'}`), or choose another name."
+            )
         digests = self._digests(props)
-        result = self._deploy(props, "create")
-        return CreateResult(str(result["app_id"]), self._outputs(props, result, digests))
+        try:
+            result = self._deploy(props, "create")
+        except ModalProviderError as e:
+            if found:
+                raise  # adopted: it was deployed before; never stop it
+            raise type(e)(f"{e} {self._undo_failed_create(props)}") from None
+        self._complete_read_back(props, result)
+        return CreateResult(
+            str(result["app_id"]), self._outputs(props, result, digests, bool(found))
+        )
+
+    def _undo_failed_create(self, props: Mapping[str, Any]) -> str:
+        """A failed create must leave nothing behind (it is not in state, so destroy would
+        never stop it): a deploy can fail after Modal published the app (the answer was
+        lost). No app was deployed under this name before the create, so one there now is
+        this create's: stop it. Returns what to add to the error."""
+        from modal import exception as mexc
+
+        name, env = str(props["name"]), environment_name(props)
+
+        async def go(client: Any) -> str:
+            try:
+                app_id = await _rpc.app_by_name(client, name, env)
+            except mexc.NotFoundError:
+                return ""
+            if app_id:
+                await _rpc.app_stop(client, app_id)
+            return app_id
+
+        try:
+            stopped = self.run("clean up after a failed create", self._target(props), go)
+        except ModalProviderError:
+            return (
+                "The deploy may have reached Modal and the clean-up could not check: look for"
+                f" the app with `modal app list -e {env or '<env>'}` and stop it before rerunning."
+            )
+        if stopped:
+            return f"The app this create had deployed ({stopped}) was stopped again."
+        return "Nothing was left deployed."
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        adopted = bool(olds.get("adopted") or False)
         digests = self._digests(news)
+        if (
+            flag_changed(olds, news, "adopt")
+            and not self._inputs_changed(olds, news)
+            and olds.get("app_id")
+        ):
+            # Only `adopt` changed: nothing to deploy.
+            return UpdateResult(self._outputs(news, olds, digests, adopted))
         result = self._deploy(news, "update")
+        self._complete_read_back(news, result)
         if result.get("app_id") != _live_id(id_, olds):
             # The app was stopped behind Pulumi's back and the deploy made a new one: the
             # output app_id follows it (read/delete use it).
@@ -403,59 +529,31 @@ class AppProvider(ModalProvider):
                 f" {result.get('app_id')}",
                 file=sys.stderr,
             )
-        return UpdateResult(self._outputs(news, result, digests))
-
-    @staticmethod
-    async def _live_web_url(client: Any, app_id: str, name: str, env: str) -> str:
-        """The URL the runner reports, re-read from Modal: first `@app.server` flash URL by
-        function tag, else the first web endpoint URL (what Function/Server.from_name see)."""
-        from modal import exception as mexc
-        from modal_proto import api_pb2
-
-        layout = await client._stub.AppGetLayout(api_pb2.AppGetLayoutRequest(app_id=app_id))
-        flash: list[str] = []
-        web: list[str] = []
-        for tag in sorted(layout.app_layout.function_ids):
-            try:
-                fn = await client._stub.FunctionGet(
-                    api_pb2.FunctionGetRequest(app_name=name, object_tag=tag, environment_name=env)
-                )
-            except mexc.NotFoundError:
-                continue
-            flash.extend(fn.handle_metadata._experimental_flash_urls)
-            if fn.handle_metadata.web_url:
-                web.append(fn.handle_metadata.web_url)
-        return (flash or web or [""])[0]
+        return UpdateResult(self._outputs(news, result, digests, adopted))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from modal import exception as mexc
-        from modal_proto import api_pb2
 
         name, env = str(props.get("name") or ""), environment_name(props)
         live_id = _live_id(id_, props)
 
         async def go(client: Any) -> tuple[str, int, str]:
             try:
-                resp = await client._stub.AppGetByDeploymentName(
-                    api_pb2.AppGetByDeploymentNameRequest(name=name, environment_name=env)
-                )
+                app_id = await _rpc.app_by_name(client, name, env)
             except mexc.NotFoundError:  # e.g. the environment itself was deleted
                 return "", 0, ""
-            if not resp.app_id or resp.app_id != live_id:
+            if not app_id or app_id != live_id:
                 return "", 0, ""
-            hist = await client._stub.AppDeploymentHistory(
-                api_pb2.AppDeploymentHistoryRequest(app_id=live_id)
-            )
-            versions = [h.version for h in hist.app_deployment_histories]
-            url = await self._live_web_url(client, live_id, name, env)
-            return str(resp.app_id), max(versions) if versions else 0, url
+            version = await _rpc.app_version(client, live_id)
+            return app_id, version, await _rpc.app_web_url(client, live_id, name, env)
 
         app_id, version, url = self.run("read", f"{id_} ({self._target(props)})", go)
         if not app_id:
             return ReadResult("", {})
         outs: dict[str, Any] = {k: v for k, v in props.items() if k != "__provider"}
-        outs.update({"app_id": app_id, "version": version, "web_url": url})
+        outs.update({"app_id": app_id, "version": version, "web_url": url, "read_back_error": ""})
         outs.setdefault("extra_env", _extra_env(props))
+        outs.setdefault("adopted", False)
         if "spec_digest" not in outs and isinstance(props.get("spec_json"), str):
             outs["spec_digest"] = spec_digest(props["spec_json"])
         if "source_digest" not in outs and isinstance(props.get("app_file"), str):
@@ -463,18 +561,20 @@ class AppProvider(ModalProvider):
         return ReadResult(id_, outs)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        import contextlib
-
-        from modal import exception as mexc
-        from modal_proto import api_pb2
-
+        if props.get("adopted"):
+            # It was deployed before Pulumi adopted it: left deployed (stop it by hand with
+            # `modal app stop` if it should go).
+            print(
+                f"App {self._target(props)}: adopted, so left deployed ({_live_id(id_, props)})",
+                file=sys.stderr,
+            )
+            return
         # The live app (output app_id) and, if an update redeployed, the original id too.
         ids = list(dict.fromkeys([_live_id(id_, props), id_]))
 
         async def go(client: Any) -> None:
             for app_id in ids:
-                with contextlib.suppress(mexc.NotFoundError):
-                    await client._stub.AppStop(api_pb2.AppStopRequest(app_id=app_id))
+                await _rpc.app_stop(client, app_id)
 
         self.run("stop", f"{' and '.join(ids)} ({self._target(props)})", go)
 
@@ -512,6 +612,9 @@ class App(pulumi.dynamic.Resource, module="modal", name="App"):
     version: pulumi.Output[int]
     spec_digest: pulumi.Output[str]
     source_digest: pulumi.Output[str]
+    adopt: pulumi.Output[bool]
+    adopted: pulumi.Output[bool]
+    read_back_error: pulumi.Output[str]
 
     def __init__(
         self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
@@ -522,11 +625,14 @@ class App(pulumi.dynamic.Resource, module="modal", name="App"):
             "app_file": args.app_file,
             "spec_json": args.spec_json,
             "extra_env": args.extra_env,
+            "spec_digest": args.spec_digest,
+            "adopt": args.adopt,
             "app_id": None,
             "web_url": None,
             "version": None,
-            "spec_digest": None,
             "source_digest": None,
+            "adopted": None,
+            "read_back_error": None,
         }
         super().__init__(AppProvider(), resource_name, props, opts)
 

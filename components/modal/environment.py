@@ -10,9 +10,15 @@
   (the live value is reported in the `web_suffix` output). A `name` change replaces: every
   Secret/Volume/App takes the environment *name* as input, and their environment change is a
   replace, which would collide with the objects an in-place rename had moved along.
-- Delete refuses while apps are deployed in the environment, naming them, unless
-  `force_delete=True` (Modal deletes everything scoped to an environment with it).
-- Read (refresh/import by `en-...` id) looks the id up in `EnvironmentList`: missing → gone;
+- Create sends `EnvironmentCreate` with one idempotency key for all attempts (see `_rpc`);
+  "already exists" answered to a retry of a create that was sent is the environment it made.
+- Update acts on the id: the live name of this `en-...` id is looked up first, so a
+  same-named environment someone recreated by hand is never modified (the update fails:
+  refresh, then up), and an out-of-band rename is followed.
+- Delete refuses while apps are deployed in the environment, or while secrets or volumes
+  remain in it (Modal deletes everything scoped to an environment with it, so a retained
+  cache volume would die with it), naming them, unless `force_delete=True`.
+- Read (refresh by `en-...` id) looks the id up in `EnvironmentList`: missing → gone;
   a suffix changed behind Pulumi's back shows as drift.
 """
 
@@ -33,8 +39,8 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
+from . import _rpc
 from ._base import (
-    IMPORT_HOWTO,
     ModalProvider,
     ModalProviderError,
     check_environment,
@@ -63,6 +69,7 @@ def _valid_suffix(value: str) -> bool:
 class EnvironmentProvider(ModalProvider):
     kind = "Environment"
     type_token = TYPE_TOKEN
+    adoptable = True
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_environment(news, "name")
@@ -108,17 +115,6 @@ class EnvironmentProvider(ModalProvider):
         return f"'{props.get('name')}'"
 
     @staticmethod
-    async def _find(client: Any, field: str, value: str) -> Any:
-        """The listed environment whose `field` ("name"/"environment_id") is `value`, or None."""
-        from google.protobuf.empty_pb2 import Empty
-
-        resp = await client._stub.EnvironmentList(Empty())
-        for item in resp.items:
-            if getattr(item, field) == value:
-                return item
-        return None
-
-    @staticmethod
     def _outputs(props: Mapping[str, Any], item: Any, adopted: bool) -> dict[str, Any]:
         return {
             "name": item.name,
@@ -130,36 +126,33 @@ class EnvironmentProvider(ModalProvider):
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        from google.protobuf.wrappers_pb2 import StringValue
         from modal import exception as mexc
-        from modal_proto import api_pb2
 
         name = str(props["name"])
         adopt = bool(props.get("adopt") or False)
         suffix = props.get("web_suffix")
+        memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
 
         async def go(client: Any) -> tuple[Any, bool]:
-            adopted = False
-            existing = await self._find(client, "name", name) if adopt else None
-            if existing is None:
-                await client._stub.EnvironmentCreate(api_pb2.EnvironmentCreateRequest(name=name))
-            else:
-                adopted = True
+            existing = await _rpc.environment_find(client, "name", name) if adopt else None
+            adopted = existing is not None
+            if not adopted:
+                await _rpc.create_once(
+                    memo,
+                    lambda: _rpc.environment_create(client, name, memo["key"]),
+                    lambda: _rpc.environment_find(client, "name", name),
+                )
             if suffix is not None:
                 try:
-                    await client._stub.EnvironmentUpdate(
-                        api_pb2.EnvironmentUpdateRequest(
-                            current_name=name, web_suffix=StringValue(value=suffix)
-                        )
-                    )
-                except BaseException:
+                    await _rpc.environment_set_suffix(client, name, str(suffix))
+                except BaseException:  # also a cancelled (timed-out) attempt
                     if not adopted:  # undo our own create; never delete an adopted env
                         with contextlib.suppress(Exception):
-                            await client._stub.EnvironmentDelete(
-                                api_pb2.EnvironmentDeleteRequest(name=name)
-                            )
+                            await _rpc.environment_delete(client, name)
+                        memo.clear()  # a retry creates afresh, under a new key
+                        memo["key"] = _rpc.idempotency_key()
                     raise
-            item = await self._find(client, "name", name)
+            item = await _rpc.environment_find(client, "name", name)
             if item is None:
                 raise mexc.NotFoundError(f"environment {name!r} vanished right after creation")
             return item, adopted
@@ -171,33 +164,32 @@ class EnvironmentProvider(ModalProvider):
             hints={
                 mexc.AlreadyExistsError: (
                     "An environment with this name (or this web suffix) already exists: set"
-                    " adopt=True to manage the existing environment, import it with"
-                    f" {IMPORT_HOWTO} (its en-id: `modal environment list`), or pick another"
-                    " name/suffix."
+                    " adopt=True to manage the existing environment (stack config"
+                    " `modal-llm:adoptEnvironment: true`; destroy then leaves it in place), or"
+                    " pick another name/suffix."
                 )
             },
             idempotent=False,
+            keyed=True,
         )
         return CreateResult(item.environment_id, self._outputs(props, item, adopted))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        from google.protobuf.wrappers_pb2 import StringValue
         from modal import exception as mexc
-        from modal_proto import api_pb2
 
-        name = str(news["name"])
         suffix = news.get("web_suffix")
 
         async def go(client: Any) -> Any:
-            if suffix is not None and suffix != olds.get("web_suffix"):
-                await client._stub.EnvironmentUpdate(
-                    api_pb2.EnvironmentUpdateRequest(
-                        current_name=name, web_suffix=StringValue(value=suffix)
-                    )
-                )
-            item = await self._find(client, "environment_id", id_)
+            # By id: the live name of THIS environment (a same-named one recreated by hand has
+            # another id and is never touched; an out-of-band rename is followed).
+            item = await _rpc.environment_find(client, "environment_id", id_)
             if item is None:
                 raise mexc.NotFoundError(f"environment {id_} not found")
+            if suffix is not None and suffix != item.webhook_suffix:
+                await _rpc.environment_set_suffix(client, item.name, str(suffix))
+                item = await _rpc.environment_find(client, "environment_id", id_)
+                if item is None:
+                    raise mexc.NotFoundError(f"environment {id_} not found")
             return item
 
         item = self.run(
@@ -207,14 +199,19 @@ class EnvironmentProvider(ModalProvider):
             hints={
                 mexc.AlreadyExistsError: (
                     "That web suffix is used by another environment: pick another."
-                )
+                ),
+                mexc.NotFoundError: (
+                    f"Environment {id_} no longer exists (an environment of the same name made"
+                    " by hand is a different one and was not touched). Run `pulumi refresh`"
+                    " (drops it from the state), then `pulumi up`."
+                ),
             },
         )
         return UpdateResult(self._outputs(news, item, bool(olds.get("adopted") or False)))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         async def go(client: Any) -> Any:
-            return await self._find(client, "environment_id", id_)
+            return await _rpc.environment_find(client, "environment_id", id_)
 
         item = self.run("read", f"{id_} ({self._target(props)})", go)
         if item is None:
@@ -232,38 +229,42 @@ class EnvironmentProvider(ModalProvider):
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         from modal import exception as mexc
-        from modal_proto import api_pb2
 
         name = str(props.get("name"))
         force = bool(props.get("force_delete") or False)
         if props.get("adopted"):
             return  # released, not deleted: Pulumi adopted it, it did not create it
 
-        async def go(client: Any) -> list[str]:
-            item = await self._find(client, "environment_id", id_)
+        async def go(client: Any) -> dict[str, list[str]]:
+            item = await _rpc.environment_find(client, "environment_id", id_)
             if item is None:
-                return []
-            apps = await client._stub.AppList(api_pb2.AppListRequest(environment_name=item.name))
-            deployed = [
-                a.description or a.name or a.app_id
-                for a in apps.apps
-                if a.state == api_pb2.APP_STATE_DEPLOYED
-            ]
-            if deployed and not force:
-                return deployed
+                return {}
+            if not force:
+                remaining = {
+                    "apps deployed": await _rpc.deployed_apps(client, item.name),
+                    "secrets": await _rpc.secret_names(client, item.name),
+                    "volumes": [n for n, _ in await _rpc.volume_list(client, item.name)],
+                }
+                remaining = {k: v for k, v in remaining.items() if v}
+                if remaining:
+                    return remaining
             with contextlib.suppress(mexc.NotFoundError):
-                await client._stub.EnvironmentDelete(
-                    api_pb2.EnvironmentDeleteRequest(name=item.name)
-                )
-            return []
+                await _rpc.environment_delete(client, item.name)
+            return {}
 
         blocking = self.run("delete", f"{self._target(props)} ({id_})", go)
         if blocking:
+            what = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in blocking.items())
             raise ModalProviderError(
-                f"Environment '{name}' ({id_}): delete refused: apps are still deployed in it:"
-                f" {', '.join(sorted(blocking))}. Stop them first (`modal app stop <name> -e"
-                f" {name}`, or destroy their App resources), or set force_delete=True to delete"
-                " the environment with everything in it."
+                f"Environment '{name}' ({id_}): delete refused: it still holds {what}. Deleting"
+                " an environment deletes everything in it, so this would also delete objects"
+                " Pulumi retained (e.g. cache volumes kept by protectCaches) or never managed."
+                f" Either keep the environment (stack config `modal-llm:protectCaches: true`"
+                " retains it with its caches; or `pulumi state delete` this resource), or"
+                f" remove what is listed first (`modal app stop <name> -e {name}`,"
+                f" `modal volume delete <name> -e {name}`, `modal secret delete <name> -e"
+                f" {name}`), or set force_delete=True to delete the environment with"
+                " everything in it."
             )
 
 

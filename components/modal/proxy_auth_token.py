@@ -7,7 +7,14 @@
 - Changing `rotation` (any string, e.g. a date) replaces the token create-before-delete: the
   new token exists (and is allowed in every environment) before the old one is deleted, so a
   gateway that is updated in the same `up` always holds a valid token.
-- Create is transactional: if allowing an environment fails, the new token is deleted again.
+- Create is transactional: if allowing an environment fails (or the attempt is cancelled by
+  its timeout), the new token is deleted again. `WebhookTokenCreate` is sent once per
+  attempt with one idempotency key for all attempts (see `_rpc`), so a retry after "applied
+  but answered UNAVAILABLE" gets the same token back from a server that honours the key;
+  for one that does not, tokens of this name that appeared during this create and are not
+  the one it returns are deleted (the token list is taken before the first attempt), so no
+  orphaned credential is left behind. There is no `adopt`: Modal never returns a token's
+  secret after its creation, so an existing token could not be used by a gateway.
 - Read (refresh/import by `wk-...`): missing (or deleted while being read) → gone; the
   allowlist is read whole from Modal (`WebhookTokenEnvironmentList(token_id)` → environment
   ids → names via `EnvironmentList`; where the server does not implement that RPC, every
@@ -17,6 +24,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +40,7 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
+from . import _rpc
 from ._base import ModalProvider, is_unknown, plain, secret_output, valid_environment_name
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ProxyAuthToken"  # noqa: S105 (a Pulumi type token)
@@ -112,58 +121,45 @@ class ProxyAuthTokenProvider(ModalProvider):
         return outs
 
     @staticmethod
-    async def _env_id(client: Any, name: str) -> str:
-        from modal_proto import api_pb2
-
-        resp = await client._stub.EnvironmentGetOrCreate(
-            api_pb2.EnvironmentGetOrCreateRequest(
-                deployment_name=name,
-                object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED,
-            )
-        )
-        return str(resp.environment_id)
-
-    async def _allow(self, client: Any, token_id: str, envs: list[str]) -> None:
-        from modal_proto import api_pb2
-
+    async def _allow(client: Any, token_id: str, envs: list[str]) -> None:
         for env in envs:
-            await client._stub.WebhookTokenEnvironmentAdd(
-                api_pb2.WebhookTokenEnvironmentAddRequest(
-                    token_id=token_id, environment_id=await self._env_id(client, env)
-                )
-            )
+            await _rpc.token_allow(client, token_id, env)
 
-    async def _revoke(self, client: Any, token_id: str, envs: list[str]) -> None:
-        from modal_proto import api_pb2
-
+    @staticmethod
+    async def _revoke(client: Any, token_id: str, envs: list[str]) -> None:
         for env in envs:
-            await client._stub.WebhookTokenEnvironmentRemove(
-                api_pb2.WebhookTokenEnvironmentRemoveRequest(
-                    token_id=token_id, environment_id=await self._env_id(client, env)
-                )
-            )
+            await _rpc.token_revoke(client, token_id, env)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        from modal_proto import api_pb2
-
         name = str(props["name"])
         envs = _envs(props)
         created: dict[str, str] = {}
+        memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
 
         async def go(client: Any) -> tuple[str, str]:
-            if "token_id" not in created:  # a retry after a transient failure must not mint twice
-                resp = await client._stub.WebhookTokenCreate(
-                    api_pb2.WebhookTokenCreateRequest(name=name)
+            if "before" not in memo:  # tokens of this name that are not this create's
+                memo["before"] = {t.token_id for t in await _rpc.token_list(client)}
+            if "token_id" not in created:
+                memo["sent"] = memo.get("sent", 0) + 1
+                created["token_id"], created["token_secret"] = await _rpc.token_create(
+                    client, name, memo["key"]
                 )
-                created["token_id"], created["token_secret"] = resp.token_id, resp.token_secret
             try:
                 await self._allow(client, created["token_id"], envs)
-            except Exception:
-                await client._stub.WebhookTokenDelete(
-                    api_pb2.TokenDeleteRequest(token_id=created["token_id"])
-                )
+            except BaseException:  # also a cancelled (timed-out) attempt: no orphan token
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(_rpc.token_delete(client, created["token_id"]), 10)
                 created.clear()
+                memo["key"] = _rpc.idempotency_key()  # the next attempt mints afresh
                 raise
+            if memo["sent"] > 1:  # an earlier attempt may have minted a token we never saw
+                for token in await _rpc.token_list(client):
+                    if (
+                        token.name == name
+                        and token.token_id not in memo["before"]
+                        and token.token_id != created["token_id"]
+                    ):
+                        await _rpc.token_delete(client, token.token_id)
             return created["token_id"], created["token_secret"]
 
         token_id, token_secret = self.run(
@@ -172,20 +168,17 @@ class ProxyAuthTokenProvider(ModalProvider):
             go,
             secrets=lambda: list(created.values()),  # read when an error is built
             idempotent=False,
+            keyed=True,
         )
         return CreateResult(token_id, self._outputs(props, token_id, token_secret, envs))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        from modal_proto import api_pb2
-
         name = str(news["name"])
         old_envs, new_envs = set(_envs(olds)), set(_envs(news))
 
         async def go(client: Any) -> None:
             if name != olds.get("name"):
-                await client._stub.WebhookTokenUpdate(
-                    api_pb2.WebhookTokenUpdateRequest(token_id=id_, name=name)
-                )
+                await _rpc.token_rename(client, id_, name)
             await self._allow(client, id_, sorted(new_envs - old_envs))
             await self._revoke(client, id_, sorted(old_envs - new_envs))
 
@@ -194,22 +187,16 @@ class ProxyAuthTokenProvider(ModalProvider):
         return UpdateResult(self._outputs(news, id_, old_secret, sorted(new_envs)))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        from google.protobuf.empty_pb2 import Empty
         from grpclib import GRPCError, Status
         from modal import exception as mexc
-        from modal_proto import api_pb2
 
         async def go(client: Any) -> tuple[Any, list[str]]:
-            tokens = await client._stub.WebhookTokenList(Empty())
-            token = next((t for t in tokens.tokens if t.token_id == id_), None)
+            token = next((t for t in await _rpc.token_list(client) if t.token_id == id_), None)
             if token is None:
                 return None, []
-            envs = (await client._stub.EnvironmentList(Empty())).items
+            envs = await _rpc.environment_list(client)
             try:
-                resp = await client._stub.WebhookTokenEnvironmentList(
-                    api_pb2.WebhookTokenEnvironmentListRequest(token_id=id_)
-                )
-                ids = set(resp.environment_ids)
+                ids = set(await _rpc.token_environment_ids(client, id_))
                 return token, sorted(e.name for e in envs if e.environment_id in ids)
             except mexc.NotFoundError:
                 return None, []  # deleted since WebhookTokenList listed it: gone
@@ -219,12 +206,10 @@ class ProxyAuthTokenProvider(ModalProvider):
             allowed = []  # older servers: ask every environment for its tokens
             for env in envs:
                 try:
-                    listed = await client._stub.WebhookTokenListForEnvironment(
-                        api_pb2.WebhookTokenListForEnvironmentRequest(environment_name=env.name)
-                    )
+                    listed = await _rpc.tokens_of_environment(client, env.name)
                 except mexc.NotFoundError:
                     continue  # deleted meanwhile
-                if any(t.token_id == id_ for t in listed.tokens):
+                if id_ in listed:
                     allowed.append(env.name)
             return token, sorted(allowed)
 
@@ -244,12 +229,8 @@ class ProxyAuthTokenProvider(ModalProvider):
         return ReadResult(id_, outs, dict(live))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        from modal import exception as mexc
-        from modal_proto import api_pb2
-
         async def go(client: Any) -> None:
-            with contextlib.suppress(mexc.NotFoundError):
-                await client._stub.WebhookTokenDelete(api_pb2.TokenDeleteRequest(token_id=id_))
+            await _rpc.token_delete(client, id_)
 
         self.run("delete", f"{id_} ('{props.get('name')}')", go)
 

@@ -2,8 +2,14 @@
 
 - `values` is a Pulumi secret; it is stored in outputs only as a wire secret (encrypted in
   state). Plain outputs: `secret_id`, `key_names` (sorted), `values_digest` (HMAC-SHA256 of
-  the canonical JSON of the values keyed with `values_salt`, a random per-resource salt also
-  in outputs: a change detector that cannot be used to confirm guessed values offline).
+  the canonical JSON of the values keyed with `values_salt`, a random per-resource salt that
+  is itself a secret output: whoever reads the state without its key cannot test guesses of
+  a low-entropy value against the digest).
+- Create sends `SecretGetOrCreate(CREATE_FAIL_IF_EXISTS)` once per attempt with one
+  idempotency key for all attempts (see `_rpc`); an "already exists" answered to a retry of a
+  create that was sent before is the secret that create made. An existing secret of that
+  name is refused unless `adopt=True`: then it is claimed (its values are set to the
+  declared ones, by id), `adopted` is recorded, and destroy leaves it in place.
 - Changing values updates in place, by id: `SecretUpdate(secret_id, updates)` sets every new
   value and unsets (an `Update` without `value`) every live key not declared, so the result
   holds exactly the new keys and keeps the id. A secret deleted outside Pulumi fails the
@@ -17,7 +23,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import re
@@ -36,14 +41,19 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
+from . import _rpc
 from ._base import (
-    IMPORT_HOWTO,
+    ADOPT_HOWTO,
     ModalProvider,
     canonical_json,
     check_environment,
+    check_flag,
     check_name,
     environment_name,
+    flag_changed,
     is_unknown,
+    normalize_flag,
+    plain,
     secret_output,
     sha256_hex,
 )
@@ -74,11 +84,13 @@ class SecretArgs:
     name: pulumi.Input[str]
     values: pulumi.Input[Mapping[str, pulumi.Input[str]]]
     environment: pulumi.Input[str]
+    adopt: pulumi.Input[bool] = False
 
 
 class SecretProvider(ModalProvider):
     kind = "Secret"
     type_token = TYPE_TOKEN
+    adoptable = True
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_name(news, "name", "Secret") + check_environment(news)
@@ -98,7 +110,8 @@ class SecretProvider(ModalProvider):
                         )
                     elif not is_unknown(v) and not isinstance(v, str):
                         failures.append(CheckFailure("values", f"value of {k!r} must be a string"))
-        return CheckResult(news, failures)
+        failures += check_flag(news, "adopt")
+        return CheckResult(normalize_flag(news, "adopt"), failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         replaces = [
@@ -107,11 +120,11 @@ class SecretProvider(ModalProvider):
             if is_unknown(news.get(k)) or olds.get(k) != news.get(k)
         ]
         values = news.get("values")
-        salt = str(olds.get("values_salt") or "")
+        salt = str(plain(olds.get("values_salt")) or "")
         values_changed = is_unknown(values) or values_digest(values or {}, salt) != olds.get(
             "values_digest"
         )
-        changes = bool(replaces) or values_changed
+        changes = bool(replaces) or values_changed or flag_changed(olds, news, "adopt")
         return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     def _target(self, props: Mapping[str, Any]) -> str:
@@ -119,39 +132,49 @@ class SecretProvider(ModalProvider):
         return f"'{props.get('name')}' in environment '{env or '<default>'}'"
 
     def _outputs(
-        self, props: Mapping[str, Any], secret_id: str, keys: list[str], digest: str, salt: str
+        self,
+        props: Mapping[str, Any],
+        secret_id: str,
+        keys: list[str],
+        digest: str,
+        salt: str,
+        adopted: bool,
     ) -> dict[str, Any]:
         return {
             "name": props.get("name"),
             "environment": props.get("environment"),
             "values": secret_output(dict(props.get("values") or {})),
+            "adopt": bool(props.get("adopt") or False),
             "secret_id": secret_id,
             "key_names": sorted(keys),
             "values_digest": digest,
-            "values_salt": salt,
+            "values_salt": secret_output(salt),
+            "adopted": adopted,
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        from modal_proto import api_pb2
+        from modal import exception as mexc
 
         values = {k: str(v) for k, v in (props.get("values") or {}).items()}
         name = str(props["name"])
         env = environment_name(props)
+        adopt = bool(props.get("adopt") or False)
+        memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
 
-        async def go(client: Any) -> str:
-            resp = await client._stub.SecretGetOrCreate(
-                api_pb2.SecretGetOrCreateRequest(
-                    deployment_name=name,
-                    environment_name=env,
-                    object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_FAIL_IF_EXISTS,
-                    env_dict=values,
-                )
+        async def go(client: Any) -> tuple[str, bool]:
+            if adopt:
+                existing = await _rpc.secret_lookup(client, name, env)
+                if existing is not None:  # claim it: exactly the declared values, by id
+                    await _rpc.secret_set_values(client, existing, values)
+                    return existing, True
+            secret_id = await _rpc.create_once(
+                memo,
+                lambda: _rpc.secret_create(client, name, env, values, memo["key"]),
+                lambda: _rpc.secret_lookup(client, name, env),
             )
-            return str(resp.secret_id)
+            return secret_id, False
 
-        from modal import exception as mexc
-
-        secret_id = self.run(
+        secret_id, adopted = self.run(
             "create",
             self._target(props),
             go,
@@ -159,35 +182,31 @@ class SecretProvider(ModalProvider):
             hints={
                 mexc.AlreadyExistsError: (
                     "A secret with this name already exists there and Pulumi does not manage it:"
-                    f" adopt it with {IMPORT_HOWTO} (its st-id: `modal secret list`), delete"
-                    " it, or choose another name."
+                    f" {ADOPT_HOWTO} (its values are then set to the declared ones), delete it"
+                    " (`modal secret delete`), or choose another name."
                 )
             },
             idempotent=False,
+            keyed=True,
         )
         salt = new_salt()
         return CreateResult(
             secret_id,
-            self._outputs(props, secret_id, list(values), values_digest(values, salt), salt),
+            self._outputs(
+                props, secret_id, list(values), values_digest(values, salt), salt, adopted
+            ),
         )
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         from modal import exception as mexc
-        from modal_proto import api_pb2
 
         values = {k: str(v) for k, v in (news.get("values") or {}).items()}
-        Update = api_pb2.SecretUpdateRequest.Update
+        salt = str(plain(olds.get("values_salt")) or "") or new_salt()
+        rewrite = values_digest(values, salt) != olds.get("values_digest")  # not just `adopt`
 
-        # By id: set every declared value, unset (no `value`: api.proto "If not set, the key
-        # is removed") every live key not declared, so exactly `values` remain.
         async def go(client: Any) -> None:
-            info = await client._stub.SecretGetInfo(api_pb2.SecretGetInfoRequest(secret_id=id_))
-            removed = sorted(set(info.metadata.keys) - set(values))
-            updates = [Update(key=k, value=v) for k, v in values.items()]
-            updates += [Update(key=k) for k in removed]
-            await client._stub.SecretUpdate(
-                api_pb2.SecretUpdateRequest(secret_id=id_, updates=updates)
-            )
+            if rewrite:
+                await _rpc.secret_set_values(client, id_, values)
 
         self.run(
             "update values of",
@@ -202,47 +221,45 @@ class SecretProvider(ModalProvider):
                 )
             },
         )
-        salt = str(olds.get("values_salt") or "") or new_salt()
+        adopted = bool(olds.get("adopted") or False)
         return UpdateResult(
-            self._outputs(news, id_, list(values), values_digest(values, salt), salt)
+            self._outputs(news, id_, list(values), values_digest(values, salt), salt, adopted)
         )
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        from modal import exception as mexc
-        from modal_proto import api_pb2
-
         async def go(client: Any) -> Any:
-            try:
-                return await client._stub.SecretGetInfo(api_pb2.SecretGetInfoRequest(secret_id=id_))
-            except mexc.NotFoundError:
-                return None
+            return await _rpc.secret_info(client, id_)
 
         declared = {k: str(v) for k, v in (props.get("values") or {}).items()}
-        info = self.run("read", f"{id_} ({self._target(props)})", go, secrets=declared.values())
-        if info is None:
+        md = self.run("read", f"{id_} ({self._target(props)})", go, secrets=declared.values())
+        if md is None:
             return ReadResult("", {})
-        md = info.metadata
         live_keys = sorted(md.keys)
         env = props.get("environment")
         if env is None or (env and md.environment_name and env != md.environment_name):
             env = md.environment_name
         name = md.name or props.get("name")
-        live = {"name": name, "environment": env, "values": declared}
-        salt = str(props.get("values_salt") or "") or new_salt()
+        live = {
+            "name": name,
+            "environment": env,
+            "values": declared,
+            "adopt": bool(props.get("adopt") or False),
+        }
+        salt = str(plain(props.get("values_salt")) or "") or new_salt()
         digest = values_digest(declared, salt) if live_keys == sorted(declared) else STALE_DIGEST
-        outs = self._outputs(live, id_, live_keys, digest, salt)
-        inputs: dict[str, Any] = {"name": name, "environment": env}
+        adopted = bool(props.get("adopted") or False)
+        outs = self._outputs(live, id_, live_keys, digest, salt, adopted)
+        inputs: dict[str, Any] = {"name": name, "environment": env, "adopt": live["adopt"]}
         if props.get("values") is not None:
             inputs["values"] = secret_output(declared)
         return ReadResult(id_, outs, inputs)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        from modal import exception as mexc
-        from modal_proto import api_pb2
+        if props.get("adopted"):
+            return  # released, not deleted: it existed before Pulumi adopted it
 
         async def go(client: Any) -> None:
-            with contextlib.suppress(mexc.NotFoundError):  # already gone: deleting is done
-                await client._stub.SecretDelete(api_pb2.SecretDeleteRequest(secret_id=id_))
+            await _rpc.secret_delete(client, id_)  # already gone: deleting is done
 
         self.run("delete", f"{id_} ({self._target(props)})", go)
 
@@ -257,6 +274,8 @@ class Secret(pulumi.dynamic.Resource, module="modal", name="Secret"):
     key_names: pulumi.Output[list[str]]
     values_digest: pulumi.Output[str]
     values_salt: pulumi.Output[str]
+    adopt: pulumi.Output[bool]
+    adopted: pulumi.Output[bool]
 
     def __init__(
         self,
@@ -268,13 +287,15 @@ class Secret(pulumi.dynamic.Resource, module="modal", name="Secret"):
             "name": args.name,
             "values": pulumi.Output.secret(args.values),
             "environment": args.environment,
+            "adopt": args.adopt,
             "secret_id": None,
             "key_names": None,
             "values_digest": None,
             "values_salt": None,
+            "adopted": None,
         }
         opts = pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(additional_secret_outputs=["values"])
+            opts, pulumi.ResourceOptions(additional_secret_outputs=["values", "values_salt"])
         )
         super().__init__(SecretProvider(), resource_name, props, opts)
 

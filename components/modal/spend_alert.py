@@ -46,6 +46,7 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
+from . import _rpc
 from ._base import (
     ModalProvider,
     check_environment,
@@ -70,6 +71,26 @@ class SpendAlertArgs:
         default_factory=lambda: list(DEFAULT_THRESHOLDS)
     )
     webhook_url: pulumi.Input[str] | None = None
+
+
+#: The one threshold rule (issue 14.6): a fraction of the budget in (0, MAX_THRESHOLD].
+#: Stack config (`alertThresholdsPct`, whole percentages) applies this same rule.
+MAX_THRESHOLD = 1.5
+
+
+def threshold_problem(t: Any) -> str | None:
+    """Why `t` is not a valid alert threshold (a fraction of the budget), or None."""
+    if (
+        isinstance(t, bool)
+        or not isinstance(t, int | float)
+        or not math.isfinite(t)
+        or not 0 < t <= MAX_THRESHOLD
+    ):
+        return (
+            f"threshold {t!r} is outside (0, {MAX_THRESHOLD:g}]: thresholds are fractions of"
+            " the budget, e.g. 0.5, 0.8, 1.0"
+        )
+    return None
 
 
 def _thresholds(props: Mapping[str, Any]) -> list[float]:
@@ -120,19 +141,9 @@ class SpendAlertProvider(ModalProvider):
                 )
             else:
                 for t in thresholds:
-                    if (
-                        isinstance(t, bool)
-                        or not isinstance(t, int | float)
-                        or not math.isfinite(t)
-                        or not 0 < t <= 1.5
-                    ):
-                        failures.append(
-                            CheckFailure(
-                                "thresholds",
-                                f"threshold {t!r} is outside (0, 1.5]: thresholds are fractions of"
-                                " the budget, e.g. 0.5, 0.8, 1.0",
-                            )
-                        )
+                    problem = threshold_problem(t)
+                    if problem:
+                        failures.append(CheckFailure("thresholds", problem))
                 if len({float(t) for t in thresholds if isinstance(t, int | float)}) != len(
                     thresholds
                 ):
@@ -169,17 +180,6 @@ class SpendAlertProvider(ModalProvider):
     def _target(props: Mapping[str, Any]) -> str:
         return f"budget of environment '{environment_name(props) or '<default>'}'"
 
-    @staticmethod
-    async def _env_id(client: Any, env: str) -> str:
-        from modal_proto import api_pb2
-
-        resp = await client._stub.EnvironmentGetOrCreate(
-            api_pb2.EnvironmentGetOrCreateRequest(
-                deployment_name=env, object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED
-            )
-        )
-        return str(resp.environment_id)
-
     def _apply(
         self,
         props: Mapping[str, Any],
@@ -189,29 +189,20 @@ class SpendAlertProvider(ModalProvider):
     ) -> tuple[str, Any]:
         """Set the budget (looking the env id up if needed) and read it back; with
         `previous`, first record the budget the environment had (None = none)."""
-        from modal_proto import api_pb2
-
         env = environment_name(props)
         budget = float(props["monthly_budget_usd"])
 
         async def go(client: Any) -> tuple[str, Any]:
-            eid = env_id or await self._env_id(client, env)
+            eid = env_id or await _rpc.environment_id(client, env)
             if previous is not None and not previous:
-                before = await client._stub.EnvironmentGetBudget(
-                    api_pb2.EnvironmentGetBudgetRequest(environment_id=eid)
-                )
+                before = await _rpc.environment_get_budget(client, eid)
                 previous.append(
                     float(before.cycle_budget_dollars)
                     if before.HasField("cycle_budget_dollars")
                     else None
                 )
-            await client._stub.EnvironmentSetBudget(
-                api_pb2.EnvironmentSetBudgetRequest(environment_id=eid, cycle_budget_dollars=budget)
-            )
-            status = await client._stub.EnvironmentGetBudget(
-                api_pb2.EnvironmentGetBudgetRequest(environment_id=eid)
-            )
-            return eid, status
+            await _rpc.environment_set_budget(client, eid, budget)
+            return eid, await _rpc.environment_get_budget(client, eid)
 
         return self.run(
             action, self._target(props), go, secrets=[str(plain(props.get("webhook_url")) or "")]
@@ -299,22 +290,17 @@ class SpendAlertProvider(ModalProvider):
         return UpdateResult(outs)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        from google.protobuf.empty_pb2 import Empty
         from modal import exception as mexc
-        from modal_proto import api_pb2
 
         async def go(client: Any) -> tuple[Any, str]:
-            envs = await client._stub.EnvironmentList(Empty())
-            name = next((e.name for e in envs.items if e.environment_id == id_), None)
-            if name is None:
+            item = await _rpc.environment_find(client, "environment_id", id_)
+            if item is None:
                 return None, ""
             try:
-                status = await client._stub.EnvironmentGetBudget(
-                    api_pb2.EnvironmentGetBudgetRequest(environment_id=id_)
-                )
+                status = await _rpc.environment_get_budget(client, id_)
             except mexc.NotFoundError:
                 return None, ""
-            return status, name
+            return status, item.name
 
         status, env = self.run(
             "read",
@@ -341,21 +327,18 @@ class SpendAlertProvider(ModalProvider):
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         from modal import exception as mexc
-        from modal_proto import api_pb2
 
         previous = props.get("previous_budget_usd")
+        restore: float | None = None
         if isinstance(previous, int | float) and not isinstance(previous, bool):
-            req = api_pb2.EnvironmentSetBudgetRequest(
-                environment_id=id_, cycle_budget_dollars=float(previous)
-            )
-            action = f"restore (to the previous ${float(previous):g})"
+            restore = float(previous)
+            action = f"restore (to the previous ${restore:g})"
         else:
-            req = api_pb2.EnvironmentSetBudgetRequest(environment_id=id_, clear_budget=True)
             action = "clear"
 
         async def go(client: Any) -> None:
             with contextlib.suppress(mexc.NotFoundError):  # env gone: its budget went with it
-                await client._stub.EnvironmentSetBudget(req)
+                await _rpc.environment_set_budget(client, id_, restore)
 
         self.run(action, f"{self._target(props)} ({id_})", go)
 
@@ -399,4 +382,10 @@ class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
         super().__init__(SpendAlertProvider(), resource_name, props, opts)
 
 
-__all__ = ["SpendAlert", "SpendAlertArgs", "SpendAlertProvider"]
+__all__ = [
+    "MAX_THRESHOLD",
+    "SpendAlert",
+    "SpendAlertArgs",
+    "SpendAlertProvider",
+    "threshold_problem",
+]

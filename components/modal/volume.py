@@ -5,11 +5,17 @@
   not copied. The provider never deletes except when the engine asks it to (destroy or a
   replacement the preview showed); protection/retention (`protect`, `retain_on_delete`) is
   the component's decision.
-- Read (refresh/import by `vo-...` id): a deleted volume reads as gone; a rename behind
-  Pulumi's back shows up as a changed `name` (the next `up` renames it back). Modal's volume
-  metadata carries no environment, so read looks the live name up in the declared
-  environment and fails unless that answers the same id: importing a volume into the wrong
-  environment (whose next replace would delete it) is refused.
+- Create sends `VolumeGetOrCreate(CREATE_FAIL_IF_EXISTS)` with one idempotency key for all
+  attempts (see `_rpc`); "already exists" answered to a retry of a create that was sent is
+  the volume it made. An existing volume of that name is refused unless `adopt=True`: then
+  it is claimed with its data (`adopted` recorded) and destroy leaves it in place.
+- Read (refresh by `vo-...` id): a deleted volume reads as gone; a rename behind Pulumi's
+  back shows up as a changed `name` (the next `up` renames it back). Modal's volume metadata
+  carries no environment, so read looks the live name up in the declared environment. When
+  that environment no longer exists (renamed out of band), the environments are searched
+  for this id and the one holding it is reported as drift (like Secret). When the declared
+  environment exists but holds another volume of that name (or none), read fails: managing
+  the volume under the wrong environment would delete it at its next replacement.
 """
 
 from __future__ import annotations
@@ -22,14 +28,18 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
+from . import _rpc
 from ._base import (
-    IMPORT_HOWTO,
+    ADOPT_HOWTO,
     ModalProvider,
     ModalProviderError,
     check_environment,
+    check_flag,
     check_name,
     environment_name,
+    flag_changed,
     is_unknown,
+    normalize_flag,
 )
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:Volume"  # noqa: S105 (a Pulumi type token)
@@ -41,22 +51,25 @@ class VolumeArgs:
 
     name: pulumi.Input[str]
     environment: pulumi.Input[str]
+    adopt: pulumi.Input[bool] = False
 
 
 class VolumeProvider(ModalProvider):
     kind = "Volume"
     type_token = TYPE_TOKEN
+    adoptable = True
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return CheckResult(news, check_name(news, "name", "Volume") + check_environment(news))
+        failures = check_name(news, "name", "Volume") + check_environment(news)
+        failures += check_flag(news, "adopt")
+        return CheckResult(normalize_flag(news, "adopt"), failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         env = news.get("environment")
         replaces = ["environment"] if is_unknown(env) or olds.get("environment") != env else []
         renamed = is_unknown(news.get("name")) or olds.get("name") != news.get("name")
-        return DiffResult(
-            changes=bool(replaces) or renamed, replaces=replaces, delete_before_replace=False
-        )
+        changes = bool(replaces) or renamed or flag_changed(olds, news, "adopt")
+        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:
@@ -64,83 +77,88 @@ class VolumeProvider(ModalProvider):
 
     @staticmethod
     def _outputs(
-        props: Mapping[str, Any], volume_id: str, name: str | None = None
+        props: Mapping[str, Any],
+        volume_id: str,
+        adopted: bool,
+        name: str | None = None,
+        environment: str | None = None,
     ) -> dict[str, Any]:
         return {
             "name": name if name is not None else props.get("name"),
-            "environment": props.get("environment"),
+            "environment": environment if environment is not None else props.get("environment"),
+            "adopt": bool(props.get("adopt") or False),
             "volume_id": volume_id,
+            "adopted": adopted,
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         from modal import exception as mexc
-        from modal_proto import api_pb2
 
         name, env = str(props["name"]), environment_name(props)
+        adopt = bool(props.get("adopt") or False)
+        memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
 
-        async def go(client: Any) -> str:
-            resp = await client._stub.VolumeGetOrCreate(
-                api_pb2.VolumeGetOrCreateRequest(
-                    deployment_name=name,
-                    environment_name=env,
-                    object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_FAIL_IF_EXISTS,
-                    version=api_pb2.VOLUME_FS_VERSION_UNSPECIFIED,
-                )
+        async def go(client: Any) -> tuple[str, bool]:
+            if adopt:
+                existing = await _rpc.volume_lookup(client, name, env)
+                if existing is not None:
+                    return existing, True  # claimed with its data
+            volume_id = await _rpc.create_once(
+                memo,
+                lambda: _rpc.volume_create(client, name, env, memo["key"]),
+                lambda: _rpc.volume_lookup(client, name, env),
             )
-            return str(resp.volume_id)
+            return volume_id, False
 
-        volume_id = self.run(
+        volume_id, adopted = self.run(
             "create",
             self._target(props),
             go,
             hints={
                 mexc.AlreadyExistsError: (
-                    "A volume with this name already exists there: adopt it (and its data) with"
-                    f" {IMPORT_HOWTO} (its vo-id: `modal volume list`), or choose another name."
+                    "A volume with this name already exists there: take it over with its data"
+                    f" ({ADOPT_HOWTO}; the serving stack: `adopt: true` on the service), delete"
+                    " it (`modal volume delete`), or choose another name."
                 )
             },
             idempotent=False,
+            keyed=True,
         )
-        return CreateResult(volume_id, self._outputs(props, volume_id))
+        return CreateResult(volume_id, self._outputs(props, volume_id, adopted))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        from modal_proto import api_pb2
-
         new_name = str(news["name"])
 
         async def go(client: Any) -> None:
             if olds.get("name") != new_name:
-                await client._stub.VolumeRename(
-                    api_pb2.VolumeRenameRequest(volume_id=id_, name=new_name)
-                )
+                await _rpc.volume_rename(client, id_, new_name)
 
         self.run(f"rename to '{new_name}' of", f"{id_} ({self._target(olds)})", go)
-        return UpdateResult(self._outputs(news, id_))
+        return UpdateResult(self._outputs(news, id_, bool(olds.get("adopted") or False)))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        from modal import exception as mexc
-        from modal_proto import api_pb2
-
         env = environment_name(props)
 
-        async def go(client: Any) -> tuple[Any, str]:
-            try:
-                resp = await client._stub.VolumeGetById(api_pb2.VolumeGetByIdRequest(volume_id=id_))
-            except mexc.NotFoundError:
-                return None, ""
-            try:  # is this id the volume of that name in the declared environment?
-                found = await client._stub.VolumeGetOrCreate(
-                    api_pb2.VolumeGetOrCreateRequest(
-                        deployment_name=resp.metadata.name,
-                        environment_name=env,
-                        object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED,
-                    )
-                )
-            except mexc.NotFoundError:
-                return resp, ""
-            return resp, str(found.volume_id)
+        async def go(client: Any) -> tuple[Any, str, str | None]:
+            """(volume, id of that name in the declared env, live env if it moved)."""
+            resp = await _rpc.volume_get(client, id_)
+            if resp is None:
+                return None, "", None
+            in_env = await _rpc.volume_lookup(client, resp.metadata.name, env)
+            if in_env is not None or not env:
+                return resp, in_env or "", None
+            if await _rpc.environment_find(client, "name", env) is not None:
+                return resp, "", None  # the environment exists but does not hold it
+            # The declared environment is gone (e.g. renamed out of band): where is it now?
+            for item in await _rpc.environment_list(client):
+                with contextlib.suppress(mexc.NotFoundError):
+                    if any(vid == id_ for _, vid in await _rpc.volume_list(client, item.name)):
+                        return resp, id_, item.name
+            return resp, "", None
 
-        resp, in_env = self.run("read", f"{id_} ({self._target(props)})", go)
+        from modal import exception as mexc
+
+        resp, in_env, moved_to = self.run("read", f"{id_} ({self._target(props)})", go)
         if resp is None:
             return ReadResult("", {})
         if in_env != id_:
@@ -148,21 +166,23 @@ class VolumeProvider(ModalProvider):
                 f"Volume {id_} ('{resp.metadata.name}'): read failed: it is not the volume of"
                 f" that name in environment '{env or '<default>'}'"
                 + (f" (that is {in_env})" if in_env else "")
-                + ". Declare the environment the volume lives in (`modal volume list -e <env>`)"
-                " and import again; a volume managed in the wrong environment would be deleted"
-                " by its next replacement."
+                + ". Declare the environment the volume lives in (`modal volume list -e <env>`);"
+                " a volume managed in the wrong environment would be deleted by its next"
+                " replacement."
             )
         name = resp.metadata.name or props.get("name")
-        outs = self._outputs(props, id_, name)
-        return ReadResult(id_, outs, {"name": name, "environment": props.get("environment")})
+        environment = moved_to if moved_to is not None else props.get("environment")
+        adopted = bool(props.get("adopted") or False)
+        outs = self._outputs(props, id_, adopted, name, environment)
+        inputs = {"name": name, "environment": environment, "adopt": outs["adopt"]}
+        return ReadResult(id_, outs, inputs)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        from modal import exception as mexc
-        from modal_proto import api_pb2
+        if props.get("adopted"):
+            return  # released, not deleted: it existed before Pulumi adopted it
 
         async def go(client: Any) -> None:
-            with contextlib.suppress(mexc.NotFoundError):
-                await client._stub.VolumeDelete(api_pb2.VolumeDeleteRequest(volume_id=id_))
+            await _rpc.volume_delete(client, id_)
 
         self.run("delete", f"{id_} ({self._target(props)})", go)
 
@@ -172,7 +192,9 @@ class Volume(pulumi.dynamic.Resource, module="modal", name="Volume"):
 
     name: pulumi.Output[str]
     environment: pulumi.Output[str]
+    adopt: pulumi.Output[bool]
     volume_id: pulumi.Output[str]
+    adopted: pulumi.Output[bool]
 
     def __init__(
         self, resource_name: str, args: VolumeArgs, opts: pulumi.ResourceOptions | None = None
@@ -180,7 +202,9 @@ class Volume(pulumi.dynamic.Resource, module="modal", name="Volume"):
         props: dict[str, Any] = {
             "name": args.name,
             "environment": args.environment,
+            "adopt": args.adopt,
             "volume_id": None,
+            "adopted": None,
         }
         super().__init__(VolumeProvider(), resource_name, props, opts)
 

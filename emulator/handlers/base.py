@@ -32,6 +32,7 @@ from grpclib.server import Stream
 from modal_proto.api_grpc import ModalClientBase
 
 from emulator.errors import EmulatorError
+from emulator.faults import FAULTS
 from emulator.models import State
 
 log = logging.getLogger("emulator.rpc")
@@ -149,6 +150,7 @@ class ServicerBase(ModalClientBase):
                 "the RPCs it serves.",
             )
         request = await self._recv_request(method, stream)
+        await _inject_fault(method, "before")
         ctx = Context(state=self.state, config=self.config, method=method, metadata=metadata)
         started = time.perf_counter()
         try:
@@ -159,6 +161,7 @@ class ServicerBase(ModalClientBase):
                 result = fn(ctx, request)
                 if inspect.isawaitable(result):
                     result = await result
+                await _inject_fault(method, "after")  # applied, then the answer is lost
                 await stream.send_message(result)
         except EmulatorError as exc:
             log.info("%s: %s: %s", method, exc.status_name, exc)
@@ -243,6 +246,18 @@ class ServicerBase(ModalClientBase):
                 f"{method} request is not a valid {stream._recv_type.__name__} protobuf "
                 f"({exc}); the emulator serves the modal 1.6.4 API.",
             ) from None
+
+
+async def _inject_fault(method: str, when: str) -> None:
+    """Delay and/or fail this call as a test armed it (emulator/faults.py); no-op otherwise."""
+    fault = FAULTS.take(method, when)
+    if fault is None:
+        return
+    log.info("%s: injected fault %s (%s the handler)", method, fault, when)
+    if fault.delay_s:
+        await asyncio.sleep(fault.delay_s)
+    if fault.status != "NONE":
+        raise GRPCError(Status[fault.status], f"injected fault: {fault.status} {when} {method}")
 
 
 def _make_method(name: str) -> Callable[..., Any]:

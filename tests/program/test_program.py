@@ -342,6 +342,28 @@ def test_two_services_in_one_stack() -> None:
         assert run.output("services")[svc]["endpoint_url"].endswith(f"--{svc}.modal.run")
 
 
+def test_adopt_and_cache_retention_wiring() -> None:
+    """Issue 9.3: `adopt: true` on a service reaches its App, volumes and key secret (what can
+    pre-exist); adoptEnvironment covers the environment and the stack's HF token secret.
+    Issue 14.3: with protectCaches the environment is retained too (deleting it would delete
+    the retained volumes). The App gets the spec's digest from the validated ServingSpec."""
+    services = [{**_stack_yaml("dev")[NS + "services"][0], "adopt": True}]
+    config, secret_keys = _with_secrets(
+        "dev", services=services, adoptEnvironment=True, protectCaches=True
+    )
+    run = run_program("dev", config, secret_keys)
+    (env,) = run.of_type("modal:Environment")
+    assert env.inputs["adopt"] is True and env.retain_on_delete
+    for r in run.resources:
+        if r.short_type in ("modal:App", "modal:Volume", "modal:Secret"):
+            assert r.inputs["adopt"] is True, r.name
+    (app,) = run.of_type("modal:App")
+    assert app.inputs["spec_digest"] == ServingSpec.from_json(app.inputs["spec_json"]).digest()
+    bad = [{**services[0], "adopt": "yes"}]
+    message = _error("dev", *_with_secrets("dev", services=bad))
+    assert "modal-llm:services[0].adopt = 'yes' must be true or false" in message
+
+
 # ---- config errors ---------------------------------------------------------------------------
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -124,27 +123,68 @@ def test_drift_stopped_app_reads_as_gone_then_redeploys(
     assert engine.refresh("a") == "same"
 
 
-def test_import_by_id(engine: Engine, emulator: EmulatorProcess) -> None:
+def test_adopt_an_app_deployed_outside_pulumi(engine: Engine, emulator: EmulatorProcess) -> None:
+    """Issue 9.3 / 11.5: create never deploys over an existing app unless adopted; adopted,
+    it deploys over it, records it, and destroy leaves it deployed."""
     modal_cli(emulator, "deploy", APP_FILE, "--name", "echo")
     app_id = next(iter(apps(emulator)))
-    st = Engine(engine.server).import_("a", P, app_id, inputs())
-    assert st.id == app_id and st.outputs["version"] == 1
-    assert st.outputs["web_url"] == "https://emu-workspace--echo-echo.modal.run"
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("a", P, inputs())
+    msg = ei.value.details
+    assert "App 'echo' in environment 'main': create refused" in msg and app_id in msg
+    assert "adopt=True" in msg and "import" not in msg
+    assert rpc_delta({}, emulator.rpc_counts()).get("AppPublish") == 1  # only the CLI's
+    assert engine.up("a", P, {**inputs(), "adopt": True}) == "create"
+    st = engine.states["a"]
+    assert st.id == app_id and st.outputs["adopted"] is True and st.outputs["version"] == 2
+    assert st.outputs["web_url"]  # the live URL (its form is the emulator's business)
+    assert engine.preview("a", P, {**inputs(), "adopt": True}) == "same"
+    before = emulator.rpc_counts()
+    assert engine.up("a", P, inputs()) == "update"  # the flag alone: no redeploy
+    assert rpc_delta(before, emulator.rpc_counts()).get("AppPublish") is None
+    assert engine.states["a"].outputs["version"] == 2
+    assert engine.states["a"].outputs["adopted"] is True  # recorded at create, kept
+    engine.destroy("a")
+    assert apps(emulator) == {app_id: "deployed"}  # adopted: left in place
+
+
+def test_read_back_failure_after_a_deploy_does_not_fail_the_create(
+    engine: Engine, emulator: EmulatorProcess
+) -> None:
+    """Issue 11.5: Modal completed the deploy; the URL/version read-back keeps failing. The
+    create succeeds (the app is in state, so destroy can stop it), the outputs say what
+    failed, and a refresh fills the values in."""
+    emulator._request(
+        "POST",
+        "/_emulator/faults",
+        {"method": "AppDeploymentHistory", "when": "before", "status": "INTERNAL", "count": 1000},
+    )
+    assert engine.up("a", P, inputs()) == "create"
+    st = engine.states["a"]
+    assert apps(emulator) == {st.id: "deployed"}
+    assert "could not be read back" in st.outputs["read_back_error"]
+    assert st.outputs["version"] == 0
+    emulator._request("POST", "/_emulator/faults", {"clear": True})
+    assert engine.refresh("a") == "update"
+    assert engine.states["a"].outputs["version"] == 1
+    assert engine.states["a"].outputs["read_back_error"] == ""
+    engine.destroy("a")
+    assert apps(emulator) == {st.id: "stopped"}
 
 
 def test_check_failures(srv: ProviderServer) -> None:
-    raw = json.loads(spec())
-    raw["gpu"] = "H9000"
-    bad_gpu = {**inputs(), "spec_json": json.dumps(raw)}
-    f = srv.check(P, bad_gpu).failures
-    assert f and all(p == "spec_json" for p, _ in f)
-    assert any("gpu" in r.lower() for _, r in f)
+    # The spec is opaque to the App (LLMService validates it): only its shape and digest.
+    f = srv.check(P, {**inputs(), "spec_digest": "0" * 64}).failures
+    assert [p for p, _ in f] == ["spec_digest"]
     f = srv.check(
         P, {**inputs(name="bad name", app_file="nope.py"), "extra_env": {"1X": "v"}}
     ).failures
     assert sorted({p for p, _ in f}) == ["app_file", "extra_env", "name"]
     assert srv.check(P, {**inputs(), "spec_json": "{not json"}).failures
-    assert srv.check(P, inputs()).failures == []
+    assert srv.check(P, {**inputs(), "spec_json": "[1]"}).failures
+    ok = srv.check(P, inputs())
+    assert ok.failures == []
+    assert ok.inputs["spec_digest"] == ServingSpec.model_validate_json(spec()).digest()
 
 
 def test_broken_app_fails_with_a_clear_error(engine: Engine, tmp_path: Path) -> None:
@@ -240,3 +280,20 @@ def test_transient_deploy_failure_is_retried_once(
         assert "Modal is unreachable or failing" in ei.value.details
         assert apps(emulator) == {}
     assert app_file.with_suffix(".attempts").read_text() == "2"
+
+
+def test_failed_create_leaves_nothing_deployed(engine: Engine, emulator: EmulatorProcess) -> None:
+    """Issue 11: Modal published the app but every answer was lost, so the deploy failed. A
+    failed create is not in state (destroy would never stop it): it must stop its app."""
+    emulator._request(
+        "POST",
+        "/_emulator/faults",
+        {"method": "AppPublish", "when": "after", "status": "UNAVAILABLE", "count": 1000},
+    )
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("a", P, inputs())
+    assert "was stopped again" in ei.value.details
+    assert apps(emulator) and set(apps(emulator).values()) == {"stopped"}
+    assert "a" not in engine.states
+    emulator._request("POST", "/_emulator/faults", {"clear": True})
+    assert engine.up("a", P, inputs()) == "create"  # the rerun is not blocked

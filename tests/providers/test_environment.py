@@ -64,18 +64,17 @@ def test_adopt_flag(engine: Engine, modal_env: EmulatorProcess) -> None:
     assert "shared" in envs(modal_env)  # released, not deleted: Pulumi did not create it
 
 
-def test_import_and_drift(engine: Engine, modal_env: EmulatorProcess) -> None:
+def test_adopt_and_drift(engine: Engine, modal_env: EmulatorProcess) -> None:
     modal.Environment.objects.create("prod")
-    env_id = next(e["id"] for e in modal_env.state()["environments"] if e["name"] == "prod")
     suffix = envs(modal_env)["prod"]
-    engine.import_("e", P, env_id, inputs("prod", web_suffix=suffix))
+    engine.up("e", P, inputs("prod", web_suffix=suffix, adopt=True))
     before = modal_env.rpc_counts()
-    assert engine.preview("e", P, inputs("prod", web_suffix=suffix)) == "same"
+    assert engine.preview("e", P, inputs("prod", web_suffix=suffix, adopt=True)) == "same"
     assert rpc_delta(before, modal_env.rpc_counts()) == {}
     modal.environments.update_environment("prod", new_web_suffix="drifted")
     assert engine.refresh("e") == "update"
-    assert engine.preview("e", P, inputs("prod", web_suffix=suffix)) == "update"
-    engine.up("e", P, inputs("prod", web_suffix=suffix))
+    assert engine.preview("e", P, inputs("prod", web_suffix=suffix, adopt=True)) == "update"
+    engine.up("e", P, inputs("prod", web_suffix=suffix, adopt=True))
     assert envs(modal_env)["prod"] == suffix
     modal.environments.delete_environment("prod")
     assert engine.refresh("e") == "delete"

@@ -102,21 +102,21 @@ def test_rotation_replaces_create_before_delete(
     assert set(all_tokens()) == {new.id}
 
 
-def test_import_drift_and_noop(engine: Engine, modal_env: EmulatorProcess) -> None:
+def test_drift_and_noop(engine: Engine, modal_env: EmulatorProcess) -> None:
+    """Grants revoked or the token deleted behind Pulumi's back show on refresh. (There is no
+    adopt/import for tokens: Modal never returns a token's secret after its creation.)"""
     ws = modal.Workspace.from_context()
-    tok = ws.proxy_tokens.create(name="external")
-    ws.proxy_tokens.allow(tok.token_id, "main")
-    st = engine.import_("t", P, tok.token_id, inputs("external"))
-    assert st.outputs["allowed_environments"] == ["main"]
-    assert "token_secret" not in st.outputs  # Modal never returns it again: rotate to get one
+    engine.up("t", P, inputs("external"), secret_outputs=SECRET_OUT)
+    token_id = engine.states["t"].id
+    assert engine.states["t"].outputs["allowed_environments"] == ["main"]
     before = modal_env.rpc_counts()
     assert engine.preview("t", P, inputs("external")) == "same"
     assert rpc_delta(before, modal_env.rpc_counts()) == {}
-    ws.proxy_tokens.revoke(tok.token_id, "main")
+    ws.proxy_tokens.revoke(token_id, "main")
     assert engine.refresh("t") == "update"
-    assert engine.up("t", P, inputs("external")) == "update"
-    assert tokens_in("main") == {tok.token_id}
-    ws.proxy_tokens.delete(tok.token_id)
+    assert engine.up("t", P, inputs("external"), secret_outputs=SECRET_OUT) == "update"
+    assert tokens_in("main") == {token_id}
+    ws.proxy_tokens.delete(token_id)
     assert engine.refresh("t") == "delete"
 
 

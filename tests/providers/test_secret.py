@@ -11,7 +11,6 @@ from tests.harness.emulator import EmulatorProcess
 from tests.harness.provider_server import (
     UNKNOWN,
     Engine,
-    ImportFailed,
     ProviderCallError,
     ProviderServer,
     Secret,
@@ -43,7 +42,8 @@ def test_lifecycle_create_refresh_noop_update_delete(
     assert st.id.startswith("st-")
     assert st.outputs["secret_id"] == st.id
     assert st.outputs["key_names"] == ["A", "C"]
-    salt = st.outputs["values_salt"]
+    assert isinstance(st.outputs["values_salt"], Secret)  # issue 14.5: the salt is secret
+    salt = reveal(st.outputs["values_salt"])
     assert len(salt) == 32
     assert st.outputs["values_digest"] == values_digest({"A": "a2", "C": "c1"}, salt)
     assert isinstance(st.outputs["values"], Secret)  # stored encrypted
@@ -102,19 +102,27 @@ def test_noop_diff_makes_no_modal_call(
     assert rpc_delta(before, after) == {}  # check+diff never talk to Modal
 
 
-def test_import_by_id(engine: Engine, modal_env: EmulatorProcess) -> None:
-    modal.Secret.objects.create("imported", {"A": "a1", "B": "b1"}, environment_name="main")
-    sid = modal.Secret.from_name("imported", environment_name="main").hydrate().object_id
-    st = engine.import_("s", P, sid, inputs(name="imported"))
-    assert st.id == sid
-    assert st.outputs["key_names"] == ["A", "B"]
-    assert engine.preview("s", P, inputs(name="imported")) == "same"
-    # Declaring other keys than Modal holds cannot import cleanly.
-    with pytest.raises(ImportFailed):
-        Engine(engine.server).import_("t", P, sid, inputs(name="imported", X="1"))
-    # Wrong id: nothing there.
-    with pytest.raises(ImportFailed, match="not found"):
-        Engine(engine.server).import_("u", P, "st-doesnotexist0000000000", inputs(name="imported"))
+def test_adopt_claims_an_existing_secret_and_destroy_leaves_it(
+    engine: Engine, srv: ProviderServer, modal_env: EmulatorProcess
+) -> None:
+    """Issue 9.3: `import_` cannot work under the real engine (Read gets the id only), so an
+    existing secret is taken over with `adopt=True`: claimed by id (exactly the declared
+    values), recorded as adopted, left in place by destroy."""
+    modal.Secret.objects.create("adopted", {"OLD": "o", "A": "x"}, environment_name="main")
+    sid = modal.Secret.from_name("adopted", environment_name="main").hydrate().object_id
+    assert engine.up("s", P, {**inputs(name="adopted"), "adopt": True}) == "create"
+    st = engine.states["s"]
+    assert st.id == sid and st.outputs["adopted"] is True
+    assert live_keys("adopted") == ["A", "B"]
+    assert engine.preview("s", P, {**inputs(name="adopted"), "adopt": True}) == "same"
+    assert engine.refresh("s") == "same"
+    engine.destroy("s")
+    assert live_keys("adopted") == ["A", "B"]  # released, not deleted
+    # adopt=True where nothing exists: an ordinary create, deleted by destroy.
+    assert engine.up("n", P, {**inputs(name="fresh"), "adopt": True}) == "create"
+    assert engine.states["n"].outputs["adopted"] is False
+    engine.destroy("n")
+    assert [x["name"] for x in modal_env.state()["secrets"]] == ["adopted"]
 
 
 def test_drift_deleted_behind_pulumis_back(engine: Engine, modal_env: EmulatorProcess) -> None:
@@ -147,8 +155,8 @@ def test_already_exists_names_the_secret_and_what_to_do(
     msg = ei.value.details
     assert "Secret 'api-keys' in environment 'main': create failed" in msg
     assert "AlreadyExistsError" in msg
-    # `pulumi import <type> <name> <id>` fails for Python dynamic providers (pulumi #16175).
-    assert "ResourceOptions(import_='<id>')" in msg and "pulumi import" not in msg
+    # Import cannot work for dynamic resources under the real engine: adopt is what works.
+    assert "adopt=True" in msg and "import" not in msg
     assert live_keys("api-keys") == ["OTHER"]  # untouched
 
 

@@ -56,14 +56,16 @@ def test_no_secret_in_any_recorded_surface(emulator: EmulatorProcess, webhook: W
         def sec(name: str, **values: str) -> dict[str, object]:
             return {"name": name, "environment": "main", "values": Secret(values)}
 
-        # Secret: create, refresh, update (a key removed), replace (rename), import, failure.
+        # Secret: create, refresh, update (a key removed), replace (rename), adopt, failure.
         eng.up("s", sp, sec("api-keys", A=VALUE_1, B=VALUE_2))
         eng.refresh("s")
         eng.preview("s", sp, sec("api-keys", A=VALUE_1, B=VALUE_2))
         eng.up("s", sp, sec("api-keys", A=VALUE_3))
         eng.up("s", sp, sec("api-keys-2", A=VALUE_3))
         sid = eng.states["s"].id
-        Engine(srv).import_("s-imported", sp, sid, sec("api-keys-2", A=VALUE_3))
+        adopted = Engine(srv)
+        adopted.up("s-adopted", sp, {**sec("api-keys-2", A=VALUE_3), "adopt": True})
+        assert adopted.states["s-adopted"].id == sid
         with pytest.raises(ProviderCallError):  # already exists: the values travel, not leak
             Engine(srv).up("dup", sp, sec("api-keys-2", A=VALUE_1))
         failures = srv.check(

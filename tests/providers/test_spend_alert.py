@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import modal
-import pytest
 from modal._utils.async_utils import synchronizer
 from modal.client import _Client
 from modal_proto import api_pb2
@@ -12,7 +11,6 @@ from components.modal.spend_alert import SpendAlertProvider
 from tests.harness.emulator import EmulatorProcess
 from tests.harness.provider_server import (
     Engine,
-    ImportFailed,
     ProviderServer,
     Secret,
     lifecycle,
@@ -151,23 +149,26 @@ def test_destroy_restores_a_budget_set_before_pulumi(
     assert budget_of(modal_env) == 7.0
 
 
-def test_import_takes_the_environment_from_the_id(
-    engine: Engine, modal_env: EmulatorProcess
+def test_refresh_takes_the_environment_from_the_id(
+    engine: Engine, srv: ProviderServer, modal_env: EmulatorProcess
 ) -> None:
-    """Review finding 7: main's id imported as `dev` must not read as dev's budget."""
+    """Review finding 7: the id decides the environment; a state that declares `dev` for
+    main's id reads back as main (a replace at the next up), never as dev's budget."""
     modal.Environment.objects.create("dev")
-    env_id = next(e["id"] for e in modal_env.state()["environments"] if e["name"] == "main")
-    synchronizer.create_blocking(_set_budget)(env_id, 40.0)
-    with pytest.raises(ImportFailed, match="replaces=\\['environment'\\]"):
-        engine.import_("b", P, env_id, inputs(40, env="dev"))
-    assert engine.import_("b", P, env_id, inputs(40)).outputs["environment"] == "main"
+    engine.up("b", P, inputs(40))
+    env_id = engine.states["b"].id
+    read = srv.read(P, env_id, state={**engine.states["b"].outputs, "environment": "dev"})
+    assert read.outputs["environment"] == "main"
 
 
-def test_import_drift_and_noop(engine: Engine, modal_env: EmulatorProcess) -> None:
+def test_existing_budget_drift_and_noop(engine: Engine, modal_env: EmulatorProcess) -> None:
+    """A budget set before Pulumi is taken over by create (and restored by destroy, see
+    above): no import needed. Drift behind Pulumi's back shows on refresh."""
     env_id = next(e["id"] for e in modal_env.state()["environments"] if e["name"] == "main")
     synchronizer.create_blocking(_set_budget)(env_id, 40.0)
-    st = engine.import_("b", P, env_id, inputs(40))
-    assert st.outputs["monthly_budget_usd"] == 40
+    assert engine.up("b", P, inputs(40)) == "create"
+    assert engine.states["b"].outputs["monthly_budget_usd"] == 40
+    assert engine.states["b"].outputs["previous_budget_usd"] == 40
     before = modal_env.rpc_counts()
     assert engine.preview("b", P, inputs(40)) == "same"
     assert rpc_delta(before, modal_env.rpc_counts()) == {}
@@ -178,7 +179,7 @@ def test_import_drift_and_noop(engine: Engine, modal_env: EmulatorProcess) -> No
     assert budget_of(modal_env) == 40
     modal.Environment.objects.create("dev")
     assert engine.up("b", P, inputs(40, env="dev")) == "replace"
-    assert budget_of(modal_env, "dev") == 40 and budget_of(modal_env) is None
+    assert budget_of(modal_env, "dev") == 40 and budget_of(modal_env) == 40  # restored
     # Budget cleared behind Pulumi's back: gone.
     dev_id = engine.states["b"].id
 

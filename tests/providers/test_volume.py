@@ -54,20 +54,27 @@ def test_environment_change_replaces(
     assert list(live_volumes(modal_env).values()) == ["hf-cache"]
 
 
-def test_noop_and_import_and_drift(engine: Engine, modal_env: EmulatorProcess) -> None:
+def test_adopt_noop_and_drift(engine: Engine, modal_env: EmulatorProcess) -> None:
+    """Issue 9.3: an existing volume is taken over (with its data) by `adopt=True`, not by
+    `import_` (which the real engine cannot do for dynamic resources); destroy leaves it."""
     modal.Volume.objects.create("weights", environment_name="main")
     vid = modal.Volume.from_name("weights", environment_name="main").hydrate().object_id
-    engine.import_("v", P, vid, inputs(name="weights"))
+    adopt = {**inputs(name="weights"), "adopt": True}
+    assert engine.up("v", P, adopt) == "create"
+    assert engine.states["v"].id == vid and engine.states["v"].outputs["adopted"] is True
     before = modal_env.rpc_counts()
-    assert engine.preview("v", P, inputs(name="weights")) == "same"
+    assert engine.preview("v", P, adopt) == "same"
     assert rpc_delta(before, modal_env.rpc_counts()) == {}
     # Renamed behind Pulumi's back: refresh sees it, up renames it back (same id).
     modal.Volume.rename("weights", "weights-x", environment_name="main")
     assert engine.refresh("v") == "update"
     assert engine.states["v"].outputs["name"] == "weights-x"
-    assert engine.up("v", P, inputs(name="weights")) == "update"
+    assert engine.up("v", P, adopt) == "update"
     assert live_volumes(modal_env) == {vid: "weights"}
+    engine.destroy("v")
+    assert live_volumes(modal_env) == {vid: "weights"}  # adopted: released, not deleted
     # Deleted behind Pulumi's back: refresh drops it.
+    assert engine.up("v", P, adopt) == "create"
     modal.Volume.objects.delete("weights", environment_name="main")
     assert engine.refresh("v") == "delete"
 
@@ -79,28 +86,26 @@ def test_already_exists_and_check_failures(
     with pytest.raises(ProviderCallError) as ei:
         engine.up("v", P, inputs())
     assert "Volume 'hf-cache' in environment 'main': create failed" in ei.value.details
-    assert "ResourceOptions(import_='<id>')" in ei.value.details
-    assert "pulumi import" not in ei.value.details
+    assert "adopt=True" in ei.value.details and "import" not in ei.value.details
     failures = srv.check(P, {"name": "a/b", "environment": ""}).failures
     assert sorted(p for p, _ in failures) == ["environment", "name"]
 
 
-def test_import_into_the_wrong_environment_is_refused(
-    engine: Engine, modal_env: EmulatorProcess
+def test_read_under_the_wrong_environment_is_refused(
+    srv: ProviderServer, modal_env: EmulatorProcess
 ) -> None:
-    """Review finding 6: the volume lives in `main`; importing it as a `dev` volume would let
-    the next replace delete it."""
+    """Review finding 6: the volume lives in `main`; managing it as a `dev` volume would let
+    the next replace delete it, so a read that declares `dev` fails."""
     modal.Environment.objects.create("dev")
     modal.Volume.objects.create("weights", environment_name="main")
     vid = modal.Volume.from_name("weights", environment_name="main").hydrate().object_id
     with pytest.raises(ProviderCallError) as ei:
-        engine.import_("v", P, vid, inputs(name="weights", env="dev"))
+        srv.read(P, vid, state=inputs(name="weights", env="dev"))
     msg = ei.value.details
     assert f"Volume {vid} ('weights')" in msg and "not the volume of that name" in msg
     assert "'dev'" in msg
-    assert "v" not in engine.states
     # Same name in dev, another volume: still refused, naming the one that is there.
     modal.Volume.objects.create("weights", environment_name="dev")
     with pytest.raises(ProviderCallError, match="that is vo-"):
-        engine.import_("v", P, vid, inputs(name="weights", env="dev"))
-    assert engine.import_("v", P, vid, inputs(name="weights")).id == vid
+        srv.read(P, vid, state=inputs(name="weights", env="dev"))
+    assert srv.read(P, vid, state=inputs(name="weights")).id == vid

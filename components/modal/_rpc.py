@@ -1,0 +1,450 @@
+"""Every raw Modal RPC the providers make, in one place (issue 9 item 4).
+
+Each function takes a `modal.client._Client` (the providers get one from `ModalProvider.run`)
+and speaks the request shapes the `modal` 1.6.4 SDK/CLI send; the resource modules hold only
+their lifecycle. Nothing here imports pulumi, so the App's deploy runner (a fresh process per
+deploy) can use it cheaply.
+
+Creates that must happen once are sent with `retry=None` (modal's own three quick retries of
+INTERNAL/UNAVAILABLE/timeouts would repeat a create that Modal may have applied: modal
+1.6.4 `_grpc_client.UnaryUnaryWrapper.__call__` → `grpc_utils._retry_transient_errors`) and
+with an explicit `x-idempotency-key` that the caller keeps the same across its own retries.
+The modal client sends that header itself, one uuid4 per logical call kept across its
+retries (`_retry_transient_errors`: `idempotency_key = str(uuid.uuid4())`, sent as
+`x-idempotency-key` on every attempt), which only makes sense if the server executes a key
+once; that the real server does so is an inference from that client code (no public
+server source). The emulator honours it (same key: executed once, first answer replayed).
+Where a server might not, the callers also resolve what an earlier attempt applied
+(see `create_once` and ProxyAuthToken's orphan sweep).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+IDEMPOTENCY_HEADER = "x-idempotency-key"
+
+
+def idempotency_key() -> str:
+    """A fresh key for one logical create (keep it across the retries of that create)."""
+    return str(uuid.uuid4())
+
+
+def _once(key: str) -> dict[str, Any]:
+    """Call options for a create sent exactly as asked: no modal-internal retries, our key."""
+    return {"retry": None, "metadata": [(IDEMPOTENCY_HEADER, key)]}
+
+
+async def create_once(
+    memo: dict[str, Any],
+    create: Callable[[], Awaitable[T]],
+    lookup: Callable[[], Awaitable[T | None]],
+) -> T:
+    """Run a keyed create inside a retried attempt, resolving what an earlier attempt did.
+
+    `memo` lives across the attempts of one provider call. The first attempt's "already
+    exists" is genuine (the object existed before: the caller reports it). A later
+    attempt's "already exists" after an earlier one was sent means the earlier attempt was
+    applied and its answer lost (a server that did not replay the idempotency key): the
+    object found by `lookup` is the one this create made.
+    """
+    from modal import exception as mexc
+
+    sent_before = bool(memo.get("sent"))
+    memo["sent"] = True
+    try:
+        return await create()
+    except mexc.AlreadyExistsError:
+        if sent_before:
+            found = await lookup()
+            if found is not None:
+                return found
+        raise
+
+
+# ---- environments --------------------------------------------------------------------------
+
+
+async def environment_list(client: Any) -> list[Any]:
+    from google.protobuf.empty_pb2 import Empty
+
+    return list((await client._stub.EnvironmentList(Empty())).items)
+
+
+async def environment_find(client: Any, field: str, value: str) -> Any:
+    """The listed environment whose `field` ("name"/"environment_id") is `value`, or None."""
+    for item in await environment_list(client):
+        if getattr(item, field) == value:
+            return item
+    return None
+
+
+async def environment_create(client: Any, name: str, key: str) -> None:
+    from modal_proto import api_pb2
+
+    await client._stub.EnvironmentCreate(api_pb2.EnvironmentCreateRequest(name=name), **_once(key))
+
+
+async def environment_set_suffix(client: Any, current_name: str, suffix: str) -> None:
+    from google.protobuf.wrappers_pb2 import StringValue
+    from modal_proto import api_pb2
+
+    await client._stub.EnvironmentUpdate(
+        api_pb2.EnvironmentUpdateRequest(
+            current_name=current_name, web_suffix=StringValue(value=suffix)
+        )
+    )
+
+
+async def environment_delete(client: Any, name: str) -> None:
+    from modal_proto import api_pb2
+
+    await client._stub.EnvironmentDelete(api_pb2.EnvironmentDeleteRequest(name=name))
+
+
+async def environment_id(client: Any, name: str) -> str:
+    """Id of an existing environment by name (NotFoundError if missing)."""
+    from modal_proto import api_pb2
+
+    resp = await client._stub.EnvironmentGetOrCreate(
+        api_pb2.EnvironmentGetOrCreateRequest(
+            deployment_name=name,
+            object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED,
+        )
+    )
+    return str(resp.environment_id)
+
+
+async def environment_get_budget(client: Any, env_id: str) -> Any:
+    """`EnvironmentGetBudgetResponse` of the environment with that id."""
+    from modal_proto import api_pb2
+
+    return await client._stub.EnvironmentGetBudget(
+        api_pb2.EnvironmentGetBudgetRequest(environment_id=env_id)
+    )
+
+
+async def environment_set_budget(client: Any, env_id: str, budget: float | None) -> None:
+    """Set the environment's cycle budget in dollars; None clears it."""
+    from modal_proto import api_pb2
+
+    if budget is None:
+        req = api_pb2.EnvironmentSetBudgetRequest(environment_id=env_id, clear_budget=True)
+    else:
+        req = api_pb2.EnvironmentSetBudgetRequest(
+            environment_id=env_id, cycle_budget_dollars=budget
+        )
+    await client._stub.EnvironmentSetBudget(req)
+
+
+async def deployed_apps(client: Any, environment: str) -> list[str]:
+    """Names of the apps deployed in an environment."""
+    from modal_proto import api_pb2
+
+    apps = await client._stub.AppList(api_pb2.AppListRequest(environment_name=environment))
+    return [
+        a.description or a.name or a.app_id
+        for a in apps.apps
+        if a.state == api_pb2.APP_STATE_DEPLOYED
+    ]
+
+
+# ---- secrets -------------------------------------------------------------------------------
+
+
+async def secret_create(
+    client: Any, name: str, environment: str, values: dict[str, str], key: str
+) -> str:
+    from modal_proto import api_pb2
+
+    resp = await client._stub.SecretGetOrCreate(
+        api_pb2.SecretGetOrCreateRequest(
+            deployment_name=name,
+            environment_name=environment,
+            object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_FAIL_IF_EXISTS,
+            env_dict=values,
+        ),
+        **_once(key),
+    )
+    return str(resp.secret_id)
+
+
+async def secret_lookup(client: Any, name: str, environment: str) -> str | None:
+    """Id of the secret of that name in the environment (as `Secret.from_name` hydrates)."""
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    try:
+        resp = await client._stub.SecretGetOrCreate(
+            api_pb2.SecretGetOrCreateRequest(
+                deployment_name=name,
+                environment_name=environment,
+                object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED,
+            )
+        )
+    except mexc.NotFoundError:
+        return None
+    return str(resp.secret_id)
+
+
+async def secret_info(client: Any, secret_id: str) -> Any:
+    """`SecretGetInfoResponse.metadata` (name, environment, key names), or None if gone."""
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    try:
+        resp = await client._stub.SecretGetInfo(api_pb2.SecretGetInfoRequest(secret_id=secret_id))
+    except mexc.NotFoundError:
+        return None
+    return resp.metadata
+
+
+async def secret_set_values(client: Any, secret_id: str, values: dict[str, str]) -> None:
+    """Make the secret hold exactly `values`, by id: set each, unset every other live key
+    (an Update without `value`: api.proto "If not set, the key is removed")."""
+    from modal_proto import api_pb2
+
+    update = api_pb2.SecretUpdateRequest.Update
+    info = await client._stub.SecretGetInfo(api_pb2.SecretGetInfoRequest(secret_id=secret_id))
+    removed = sorted(set(info.metadata.keys) - set(values))
+    updates = [update(key=k, value=v) for k, v in values.items()]
+    updates += [update(key=k) for k in removed]
+    await client._stub.SecretUpdate(
+        api_pb2.SecretUpdateRequest(secret_id=secret_id, updates=updates)
+    )
+
+
+async def secret_delete(client: Any, secret_id: str) -> None:
+    """Delete by id; already gone is fine."""
+    import contextlib
+
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    with contextlib.suppress(mexc.NotFoundError):
+        await client._stub.SecretDelete(api_pb2.SecretDeleteRequest(secret_id=secret_id))
+
+
+async def secret_names(client: Any, environment: str) -> list[str]:
+    from modal_proto import api_pb2
+
+    resp = await client._stub.SecretList(api_pb2.SecretListRequest(environment_name=environment))
+    return sorted(item.label for item in resp.items)
+
+
+# ---- volumes -------------------------------------------------------------------------------
+
+
+async def volume_create(client: Any, name: str, environment: str, key: str) -> str:
+    from modal_proto import api_pb2
+
+    resp = await client._stub.VolumeGetOrCreate(
+        api_pb2.VolumeGetOrCreateRequest(
+            deployment_name=name,
+            environment_name=environment,
+            object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_FAIL_IF_EXISTS,
+            version=api_pb2.VOLUME_FS_VERSION_UNSPECIFIED,
+        ),
+        **_once(key),
+    )
+    return str(resp.volume_id)
+
+
+async def volume_lookup(client: Any, name: str, environment: str) -> str | None:
+    """Id of the volume of that name in the environment, or None (also: no such env)."""
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    try:
+        resp = await client._stub.VolumeGetOrCreate(
+            api_pb2.VolumeGetOrCreateRequest(
+                deployment_name=name,
+                environment_name=environment,
+                object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED,
+            )
+        )
+    except mexc.NotFoundError:
+        return None
+    return str(resp.volume_id)
+
+
+async def volume_get(client: Any, volume_id: str) -> Any:
+    """`VolumeGetByIdResponse` (metadata.name), or None if gone."""
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    try:
+        return await client._stub.VolumeGetById(api_pb2.VolumeGetByIdRequest(volume_id=volume_id))
+    except mexc.NotFoundError:
+        return None
+
+
+async def volume_rename(client: Any, volume_id: str, name: str) -> None:
+    from modal_proto import api_pb2
+
+    await client._stub.VolumeRename(api_pb2.VolumeRenameRequest(volume_id=volume_id, name=name))
+
+
+async def volume_delete(client: Any, volume_id: str) -> None:
+    import contextlib
+
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    with contextlib.suppress(mexc.NotFoundError):
+        await client._stub.VolumeDelete(api_pb2.VolumeDeleteRequest(volume_id=volume_id))
+
+
+async def volume_list(client: Any, environment: str) -> list[tuple[str, str]]:
+    """(name, volume id) of every volume in the environment (NotFoundError: no such env)."""
+    from modal_proto import api_pb2
+
+    resp = await client._stub.VolumeList(api_pb2.VolumeListRequest(environment_name=environment))
+    return sorted((item.label, item.volume_id) for item in resp.items)
+
+
+# ---- proxy-auth tokens ---------------------------------------------------------------------
+
+
+async def token_create(client: Any, name: str, key: str) -> tuple[str, str]:
+    """(token id, token secret): the secret is returned only here, never again."""
+    from modal_proto import api_pb2
+
+    resp = await client._stub.WebhookTokenCreate(
+        api_pb2.WebhookTokenCreateRequest(name=name), **_once(key)
+    )
+    return str(resp.token_id), str(resp.token_secret)
+
+
+async def token_list(client: Any) -> list[Any]:
+    from google.protobuf.empty_pb2 import Empty
+
+    return list((await client._stub.WebhookTokenList(Empty())).tokens)
+
+
+async def token_delete(client: Any, token_id: str) -> None:
+    import contextlib
+
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    with contextlib.suppress(mexc.NotFoundError):
+        await client._stub.WebhookTokenDelete(api_pb2.TokenDeleteRequest(token_id=token_id))
+
+
+async def token_rename(client: Any, token_id: str, name: str) -> None:
+    from modal_proto import api_pb2
+
+    await client._stub.WebhookTokenUpdate(
+        api_pb2.WebhookTokenUpdateRequest(token_id=token_id, name=name)
+    )
+
+
+async def token_allow(client: Any, token_id: str, environment: str) -> None:
+    from modal_proto import api_pb2
+
+    await client._stub.WebhookTokenEnvironmentAdd(
+        api_pb2.WebhookTokenEnvironmentAddRequest(
+            token_id=token_id, environment_id=await environment_id(client, environment)
+        )
+    )
+
+
+async def token_revoke(client: Any, token_id: str, environment: str) -> None:
+    from modal_proto import api_pb2
+
+    await client._stub.WebhookTokenEnvironmentRemove(
+        api_pb2.WebhookTokenEnvironmentRemoveRequest(
+            token_id=token_id, environment_id=await environment_id(client, environment)
+        )
+    )
+
+
+async def token_environment_ids(client: Any, token_id: str) -> list[str]:
+    """Environment ids in the token's allowlist (UNIMPLEMENTED on older servers)."""
+    from modal_proto import api_pb2
+
+    resp = await client._stub.WebhookTokenEnvironmentList(
+        api_pb2.WebhookTokenEnvironmentListRequest(token_id=token_id)
+    )
+    return list(resp.environment_ids)
+
+
+async def tokens_of_environment(client: Any, environment: str) -> list[str]:
+    """Ids of the tokens allowed in an environment (the fallback of the read above)."""
+    from modal_proto import api_pb2
+
+    listed = await client._stub.WebhookTokenListForEnvironment(
+        api_pb2.WebhookTokenListForEnvironmentRequest(environment_name=environment)
+    )
+    return [t.token_id for t in listed.tokens]
+
+
+# ---- apps ----------------------------------------------------------------------------------
+
+
+async def app_by_name(client: Any, name: str, environment: str) -> str:
+    """Id of the app deployed under that name ("" when none; NotFoundError: no such env)."""
+    from modal_proto import api_pb2
+
+    resp = await client._stub.AppGetByDeploymentName(
+        api_pb2.AppGetByDeploymentNameRequest(name=name, environment_name=environment)
+    )
+    return str(resp.app_id)
+
+
+async def app_version(client: Any, app_id: str) -> int:
+    """Highest version in the app's deployment history (0 when it has none)."""
+    from modal_proto import api_pb2
+
+    hist = await client._stub.AppDeploymentHistory(
+        api_pb2.AppDeploymentHistoryRequest(app_id=app_id)
+    )
+    versions = [h.version for h in hist.app_deployment_histories]
+    return max(versions) if versions else 0
+
+
+async def app_web_url(client: Any, app_id: str, name: str, environment: str) -> str:
+    """The app's URL as Modal reports it: the first `@app.server` flash URL by function tag,
+    else the first web endpoint URL (what `Server/Function.from_name(...)` see)."""
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    layout = await client._stub.AppGetLayout(api_pb2.AppGetLayoutRequest(app_id=app_id))
+    flash: list[str] = []
+    web: list[str] = []
+    for tag in sorted(layout.app_layout.function_ids):
+        try:
+            fn = await client._stub.FunctionGet(
+                api_pb2.FunctionGetRequest(
+                    app_name=name, object_tag=tag, environment_name=environment
+                )
+            )
+        except mexc.NotFoundError:
+            continue
+        flash.extend(fn.handle_metadata._experimental_flash_urls)
+        if fn.handle_metadata.web_url:
+            web.append(fn.handle_metadata.web_url)
+    return (flash or web or [""])[0]
+
+
+async def app_stop(client: Any, app_id: str) -> None:
+    """Stop an app by id; already gone is fine."""
+    import contextlib
+
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    with contextlib.suppress(mexc.NotFoundError):
+        await client._stub.AppStop(api_pb2.AppStopRequest(app_id=app_id))
+
+
+async def hello(client: Any) -> None:
+    """`ClientHello`: the cheapest round trip (the probe before a create)."""
+    from google.protobuf.empty_pb2 import Empty
+
+    await client._stub.ClientHello(Empty())
