@@ -382,12 +382,20 @@ def modal_overflow_entry(target: GatewayTarget) -> dict[str, Any]:
     return entry
 
 
-# general_settings of the LiteLLM proxy (litellm/proxy/_types.py ConfigGeneralSettings): no
-# background health loop (proxy_server.py starts it only when `background_health_checks` is
-# true; said explicitly so a merged config cannot turn it on by default), and an on-demand
-# GET /health skips the deployments that disable background checks, i.e. Modal
-# (proxy/health_check.py `health_check_skip_disabled_background_models`).
+# general_settings of the LiteLLM proxy (litellm/proxy/_types.py ConfigGeneralSettings). Nothing
+# may reach a Modal service but client traffic: every request there starts (or keeps up) a GPU.
+# - `disable_model_info_refresh`: without it the proxy GETs `<api_base>/v1/models` of every
+#   hosted_vllm/openai deployment at start-up and every 300 s (proxy_server.py schedules
+#   `refresh_model_info`, llms/openai_like/model_info.py MODEL_INFO_REFRESH_SECONDS), which on
+#   Modal is a cold start at every gateway restart and a container that never scales to zero
+#   whenever scaledown_window_s >= 300. Seen in tests/program/test_gateway_overflow.py.
+# - `background_health_checks: false`: proxy_server.py starts its health loop only when true;
+#   said explicitly so that merging this into a config that turns it on is visible.
+# - `health_check_skip_disabled_background_models`: an on-demand GET /health skips the
+#   deployments with `model_info.disable_background_health_check` (proxy/health_check.py),
+#   i.e. Modal. Point load balancers at /health/liveliness, never at /health.
 GENERAL_SETTINGS: dict[str, Any] = {
+    "disable_model_info_refresh": True,
     "background_health_checks": False,
     "health_check_skip_disabled_background_models": True,
 }

@@ -1,0 +1,249 @@
+"""Gateway spillover: in-house servers first, Modal when they saturate, back in-house after.
+
+The end-to-end test loads the program's `gateway_config` (overflow form) into a real LiteLLM
+proxy (1.106.12) in front of:
+- two in-house stand-ins (`InHouseServer`, real HTTP servers on loopback) that serve
+  `capacity` requests at once and answer 429 to any request above that, as an overloaded
+  OpenAI-compatible server does (Hugging Face TGI: `--max-concurrent-requests`, a semaphore
+  whose `Overloaded` error is `StatusCode::TOO_MANY_REQUESTS` in router/src/server.rs; Modal
+  itself answers 429 above `max_concurrency`, docs/serving facts). rack-a is declared with its
+  true capacity (LiteLLM's own in-flight cap keeps it below saturation); rack-b is declared
+  with twice its capacity (as when other gateways share it), so its own 429s are the signal;
+- the Modal side (`modal_side`, tests/program/gateway_chain.py: proxy-auth edge -> serving
+  proxy -> stub engine).
+Three phases, each counted on both ends (servers' own counts, and the `x-litellm-model-id`
+response header LiteLLM sets to the deployment that answered): a quiet phase (sequential),
+a burst (many concurrent clients), and the drain (sequential again, after the cooldown).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.program.gateway_chain import TOKEN_ID, TOKEN_SECRET, ModalSide, start_litellm
+from tests.program.runner import PROJECT, stack_config
+
+NS = PROJECT + ":"
+IN_HOUSE_KEYS = {"rack-a": "ihk-rack-a-0123456789", "rack-b": "ihk-rack-b-9876543210"}
+SERVICE_S = 0.3  # how long an in-house request takes
+COOLDOWN_S = 1
+
+
+class InHouseServer:
+    """An in-house OpenAI-compatible server: `capacity` requests at once, 429 above that."""
+
+    def __init__(self, name: str, api_key: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.in_flight = 0
+        self.peak = 0
+        self.served = 0
+        self.rejected = 0
+        self.unauthorized = 0
+        self.requests: list[dict[str, Any]] = []
+        lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _send(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                with lock:
+                    server.requests.append({"path": self.path, "headers": headers, "body": body})
+                    if headers.get("authorization") != f"Bearer {api_key}":
+                        server.unauthorized += 1
+                        self._send(401, {"error": {"message": "invalid API key"}})
+                        return
+                    if server.in_flight >= server.capacity:
+                        server.rejected += 1
+                        self._send(
+                            429,
+                            {"error": {"message": "Model is overloaded", "type": "overloaded"}},
+                        )
+                        return
+                    server.in_flight += 1
+                    server.peak = max(server.peak, server.in_flight)
+                try:
+                    time.sleep(SERVICE_S)
+                    self._send(200, _completion(body.get("model", ""), f"from {server.name}"))
+                finally:
+                    with lock:
+                        server.in_flight -= 1
+                        server.served += 1
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        ThreadingHTTPServer.daemon_threads = True
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def _completion(model: str, text: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-inhouse",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+    }
+
+
+@pytest.fixture
+def racks() -> Iterator[dict[str, InHouseServer]]:
+    servers = {
+        "rack-a": InHouseServer("rack-a", IN_HOUSE_KEYS["rack-a"], capacity=2),
+        "rack-b": InHouseServer("rack-b", IN_HOUSE_KEYS["rack-b"], capacity=2),
+    }
+    yield servers
+    for s in servers.values():
+        s.close()
+
+
+def overflow_config(
+    racks: dict[str, InHouseServer] | None = None, **extra: Any
+) -> tuple[dict[str, str], list[str]]:
+    """The local stack with an in-house tier for `tiny` (rack-b declared at twice its size)."""
+    urls = {n: s.url for n, s in (racks or {}).items()}
+    entry = {
+        "in_house": [
+            {"name": "rack-a", "api_base": urls.get("rack-a", "http://10.0.0.5:8000/v1"),
+             "capacity": 2},
+            {"name": "rack-b", "api_base": urls.get("rack-b", "http://10.0.0.6:8000"),
+             "capacity": 4},
+        ],
+        "cooldown_s": COOLDOWN_S,
+        **extra,
+    }  # fmt: skip
+    config, secret_keys = stack_config("local", {NS + "gatewayOverflow": {"tiny": entry}})
+    config[NS + "inHouseApiKeys"] = json.dumps(IN_HOUSE_KEYS)
+    return config, [*secret_keys, NS + "inHouseApiKeys"]
+
+
+# ---- end to end with a real LiteLLM proxy ------------------------------------------------------
+
+
+@pytest.mark.litellm
+@pytest.mark.slow
+def test_spillover_to_modal_under_load_and_drain_back(
+    tmp_path: Path,
+    processes: list[subprocess.Popen[bytes]],
+    modal_side: ModalSide,
+    racks: dict[str, InHouseServer],
+) -> None:
+    modal_side.stub.configure(tokens=6, token_delay_ms=50)  # ~0.3 s, like the in-house side
+    config, secret_keys = overflow_config(racks)
+    run = modal_side.deploy("local", config, secret_keys)
+    assert run.is_secret("gateway_config")
+    served = run.output("served_model_name")
+    base, master_key = start_litellm(run.output("gateway_config"), tmp_path, processes)
+
+    def chat(i: int) -> str:
+        request = urllib.request.Request(
+            f"{base}/v1/chat/completions",
+            data=json.dumps(
+                {"model": served, "messages": [{"role": "user", "content": f"hello {i}"}]}
+            ).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {master_key}"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            assert resp.status == 200
+            assert json.loads(resp.read())["choices"][0]["message"]["content"]
+            return str(resp.headers.get("x-litellm-model-id", "?"))
+
+    def counts() -> dict[str, int]:
+        return {
+            "rack-a": racks["rack-a"].served,
+            "rack-b": racks["rack-b"].served,
+            "modal": len(modal_side.chat_requests()),
+            "in-house 429": racks["rack-a"].rejected + racks["rack-b"].rejected,
+        }
+
+    rows: list[tuple[str, int, dict[str, int], Counter[str]]] = []
+
+    def phase(name: str, clients: int, per_client: int) -> None:
+        before = counts()
+        with ThreadPoolExecutor(clients) as pool:
+            ids = list(pool.map(chat, range(clients * per_client)))
+        after = counts()
+        delta = {k: after[k] - before[k] for k in after}
+        rows.append((name, clients * per_client, delta, Counter(ids)))
+
+    phase("quiet", 1, 6)
+    modal_hits_when_quiet = list(modal_side.edge.seen)
+    phase("burst", 12, 4)
+    time.sleep(COOLDOWN_S + 0.5)  # rack-b's cooldown (if any) is over: traffic drains back
+    phase("drain", 1, 6)
+
+    print("\nphase  clients x requests  rack-a  rack-b  Modal  in-house 429s (LiteLLM header)")
+    for name, total, d, ids in rows:
+        print(
+            f"{name:<6} {total:>18}  {d['rack-a']:>6}  {d['rack-b']:>6}  {d['modal']:>5}  "
+            f"{d['in-house 429']:>13}  {dict(sorted(ids.items()))}"
+        )
+
+    (quiet, quiet_ids), (burst, burst_ids), (drain, drain_ids) = (r[2:] for r in rows)
+    # Quiet: everything in-house, Modal untouched (no health check, no probe, no request).
+    assert quiet["modal"] == 0 and quiet["rack-a"] + quiet["rack-b"] == 6
+    assert [(r[":method"], r[":path"]) for r in modal_hits_when_quiet] == []
+    # Burst: the in-house tier is full, the rest spills to Modal; every client got a 200.
+    assert burst["rack-a"] + burst["rack-b"] + burst["modal"] == 48
+    assert burst["modal"] > 0
+    assert burst["rack-a"] > 0 and burst["rack-b"] > 0
+    # rack-a is declared at its true size: LiteLLM never sends it more than it takes.
+    assert racks["rack-a"].peak <= 2 and racks["rack-a"].rejected == 0
+    # rack-b is declared too big: its own 429s are the saturation signal, and they spill too.
+    assert racks["rack-b"].rejected > 0 and racks["rack-b"].peak <= 2
+    # Drain: load is gone, the cooldown is over: back in-house, Modal serves nothing more.
+    assert drain["modal"] == 0 and drain["rack-a"] + drain["rack-b"] == 6
+    # LiteLLM's own view (the deployment id it answered from) matches the servers' counts.
+    for d, ids in ((quiet, quiet_ids), (burst, burst_ids), (drain, drain_ids)):
+        assert ids[f"{served}/modal"] == d["modal"]
+        assert ids[f"{served}/in-house/rack-a"] == d["rack-a"]
+        assert ids[f"{served}/in-house/rack-b"] == d["rack-b"]
+
+    # Keys and headers: each side got its own credentials and nothing of the other's.
+    for name, rack in racks.items():
+        assert rack.unauthorized == 0
+        for r in rack.requests:
+            assert r["headers"]["authorization"] == f"Bearer {IN_HOUSE_KEYS[name]}"
+            assert "modal-key" not in r["headers"] and "modal-secret" not in r["headers"]
+            assert not {"order", "max_parallel_requests"} & set(r["body"])
+    modal_posts = [r for r in modal_side.edge.seen if r[":method"] == "POST"]
+    assert modal_posts and all(
+        (r["modal-key"], r["modal-secret"]) == (TOKEN_ID, TOKEN_SECRET) for r in modal_posts
+    )
+    assert not any(
+        k in r.get("authorization", "") for r in modal_posts for k in IN_HOUSE_KEYS.values()
+    )
