@@ -31,10 +31,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
+import yaml
 
 from tests.program.gateway_chain import TOKEN_ID, TOKEN_SECRET, ModalSide, start_litellm
-from tests.program.runner import PROJECT, stack_config
+from tests.program.runner import PROJECT, run_program, stack_config
 
 NS = PROJECT + ":"
 IN_HOUSE_KEYS = {"rack-a": "ihk-rack-a-0123456789", "rack-b": "ihk-rack-b-9876543210"}
@@ -246,4 +248,135 @@ def test_spillover_to_modal_under_load_and_drain_back(
     )
     assert not any(
         k in r.get("authorization", "") for r in modal_posts for k in IN_HOUSE_KEYS.values()
+    )
+
+
+# ---- the program's overflow document (under mocks, no LiteLLM) -----------------------------------
+
+
+def _error(config: dict[str, str], secret_keys: list[str]) -> str:
+    with pytest.raises(pulumi.RunError) as info:
+        run_program("local", config, secret_keys)
+    return str(info.value)
+
+
+def test_overflow_document_from_the_program() -> None:
+    run = run_program("local", *overflow_config())
+    assert run.is_secret("gateway_config") and run.is_secret("gateway_config_json")
+    doc = yaml.safe_load(run.output("gateway_config"))
+    assert doc == json.loads(run.output("gateway_config_json"))
+    served = run.output("served_model_name")
+    entries = doc["model_list"]
+    assert [e["model_name"] for e in entries] == [served] * 3  # one group: clients see one model
+    rack_a, rack_b, modal = entries
+    assert rack_a["litellm_params"] == {
+        "model": f"hosted_vllm/{served}",
+        "api_base": "http://10.0.0.5:8000/v1",
+        "api_key": IN_HOUSE_KEYS["rack-a"],
+        "timeout": 120,  # the local stack's timeouts.request_s
+        "order": 1,
+        "max_parallel_requests": 2,
+    }
+    assert rack_b["litellm_params"]["api_base"] == "http://10.0.0.6:8000/v1"  # /v1 added
+    assert rack_b["litellm_params"]["max_parallel_requests"] == 4
+    assert rack_a["model_info"] == {
+        "id": f"{served}/in-house/rack-a",
+        "cooldown_time": COOLDOWN_S,
+        "allowed_fails_policy": {
+            "RateLimitErrorAllowedFails": 0,
+            "TimeoutErrorAllowedFails": 1,
+            "InternalServerErrorAllowedFails": 1,
+            "ServiceUnavailableErrorAllowedFails": 1,
+            "BadGatewayErrorAllowedFails": 1,
+        },
+    }
+    # Modal: second in line, never cooled down, never probed, cold start covered, proxy auth.
+    params = modal["litellm_params"]
+    assert params["order"] == 2 and params["timeout"] == 600 + 120
+    assert params["extra_headers"] == {
+        "Modal-Key": run.output("proxy_token_id"),
+        "Modal-Secret": run.output("proxy_token_secret"),
+    }
+    assert "max_parallel_requests" not in params
+    assert modal["model_info"] == {
+        "id": f"{served}/modal",
+        "disable_background_health_check": True,
+        "cooldown_time": 0,
+    }
+    policy = doc["router_settings"]["model_group_retry_policy"][served]
+    assert policy["RateLimitErrorRetries"] == 1 and policy["TimeoutErrorRetries"] == 0
+    assert doc["general_settings"] == {
+        "disable_model_info_refresh": True,
+        "background_health_checks": False,
+        "health_check_skip_disabled_background_models": True,
+    }
+    # The in-house keys exist only inside the secret outputs.
+    plain = json.dumps({k: v for k, v in run.outputs.items() if not run.is_secret(k)})
+    inputs = json.dumps([r.inputs for r in run.resources], default=str)
+    for key in IN_HOUSE_KEYS.values():
+        assert key not in plain and key not in inputs
+
+
+def test_a_stack_without_overflow_keeps_one_entry_per_service_and_never_probes_modal() -> None:
+    run = run_program("local", *stack_config("local"))
+    doc = yaml.safe_load(run.output("gateway_config"))
+    (entry,) = doc["model_list"]
+    assert entry["model_info"] == {"disable_background_health_check": True}
+    assert "order" not in entry["litellm_params"] and "router_settings" not in doc
+    assert doc["general_settings"]["disable_model_info_refresh"] is True
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"in_house": []}, "gatewayOverflow.tiny.in_house is empty"),
+        ({"cooldown_s": 0}, "gatewayOverflow.tiny.cooldown_s = 0 must be a number of seconds >= 1"),
+        ({"retries": 3}, "gatewayOverflow.tiny: unknown field(s) retries"),
+        ({"allowed_fails": -1}, "gatewayOverflow.tiny.allowed_fails = -1 must be a whole number"),
+        (
+            {"in_house": [{"name": "rack-a", "api_base": "10.0.0.5:8000", "capacity": 2}]},
+            "in_house[0].api_base = '10.0.0.5:8000' must be the http(s) URL",
+        ),
+        (
+            {"in_house": [{"name": "rack-a", "api_base": "http://h/v1", "capacity": True}]},
+            "in_house[0].capacity = True must be a whole number >= 1",
+        ),
+        (
+            {"in_house": [{"name": "Rack A", "api_base": "http://h/v1", "capacity": 2}]},
+            "in_house[0].name = 'Rack A'",
+        ),
+        (
+            {"in_house": [{"name": "rack-a", "api_base": "http://h", "capacity": 2}] * 2},
+            "in-house endpoint name 'rack-a' is used twice",
+        ),
+    ],
+)
+def test_overflow_config_errors_name_the_key(change: dict[str, Any], expected: str) -> None:
+    config, keys = overflow_config(**change)
+    message = _error(config, keys)
+    assert expected in message, message
+    assert "pulumi config set --path 'gatewayOverflow" in message or "is used twice" in message
+
+
+def test_in_house_keys_must_match_the_endpoints_and_be_secret() -> None:
+    config, keys = overflow_config()
+    config[NS + "inHouseApiKeys"] = json.dumps({"rack-a": IN_HOUSE_KEYS["rack-a"]})
+    message = _error(config, keys)
+    assert "in-house endpoint(s) 'rack-b' of modal-llm:gatewayOverflow have no API key" in message
+    assert "pulumi config set --secret --path 'inHouseApiKeys.rack-b' <key>" in message
+
+    config[NS + "inHouseApiKeys"] = json.dumps({**IN_HOUSE_KEYS, "rack-c": "ihk-c"})
+    message = _error(config, keys)
+    assert "holds key(s) for 'rack-c', which no in-house endpoint" in message
+
+    config, keys = overflow_config()
+    message = _error(config, [k for k in keys if not k.endswith("inHouseApiKeys")])
+    assert "modal-llm:inHouseApiKeys is stored in clear" in message
+    for key in IN_HOUSE_KEYS.values():
+        assert key not in message
+
+    config, keys = overflow_config(racks=None)
+    config[NS + "gatewayOverflow"] = json.dumps({"chat": {"in_house": []}})
+    assert "gatewayOverflow.chat: no service named 'chat' in modal-llm:services" in _error(
+        config, keys
     )
