@@ -11,9 +11,10 @@ proxy (1.106.12) in front of:
   with twice its capacity (as when other gateways share it), so its own 429s are the signal;
 - the Modal side (`modal_side`, tests/program/gateway_chain.py: proxy-auth edge -> serving
   proxy -> stub engine).
-Three phases, each counted on both ends (servers' own counts, and the `x-litellm-model-id`
-response header LiteLLM sets to the deployment that answered): a quiet phase (sequential),
-a burst (many concurrent clients), and the drain (sequential again, after the cooldown).
+Half the requests are streamed. Three phases, each counted on both ends (the servers' own
+counts, and the `x-litellm-model-id` response header LiteLLM sets to the deployment that
+answered): quiet (sequential), burst (12 concurrent clients), drain (sequential again, after
+the cooldown).
 """
 
 from __future__ import annotations
@@ -70,6 +71,30 @@ class InHouseServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _stream(self, model: str) -> None:
+                """Server-sent events as vLLM sends them: content chunks, then [DONE]."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                words = ["from ", server.name, "."]
+                for word in words:
+                    time.sleep(SERVICE_S / len(words))
+                    chunk = {
+                        "id": "chatcmpl-inhouse",
+                        "object": "chat.completion.chunk",
+                        "created": int(time.time()),
+                        "model": model,
+                        "choices": [{"index": 0, "delta": {"content": word}}],
+                    }
+                    self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+                self._chunk(b"data: [DONE]\n\n")
+                self._chunk(b"")
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
                 headers = {k.lower(): v for k, v in self.headers.items()}
@@ -89,8 +114,11 @@ class InHouseServer:
                     server.in_flight += 1
                     server.peak = max(server.peak, server.in_flight)
                 try:
-                    time.sleep(SERVICE_S)
-                    self._send(200, _completion(body.get("model", ""), f"from {server.name}"))
+                    if body.get("stream"):
+                        self._stream(body.get("model", ""))
+                    else:
+                        time.sleep(SERVICE_S)
+                        self._send(200, _completion(body.get("model", ""), f"from {server.name}"))
                 finally:
                     with lock:
                         server.in_flight -= 1
@@ -172,16 +200,30 @@ def test_spillover_to_modal_under_load_and_drain_back(
     base, master_key = start_litellm(run.output("gateway_config"), tmp_path, processes)
 
     def chat(i: int) -> str:
+        """One client request (every other one streamed); the deployment that answered it."""
+        stream = i % 2 == 1
         request = urllib.request.Request(
             f"{base}/v1/chat/completions",
             data=json.dumps(
-                {"model": served, "messages": [{"role": "user", "content": f"hello {i}"}]}
+                {
+                    "model": served,
+                    "messages": [{"role": "user", "content": f"hello {i}"}],
+                    "stream": stream,
+                }
             ).encode(),
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {master_key}"},
         )
         with urllib.request.urlopen(request, timeout=60) as resp:
             assert resp.status == 200
-            assert json.loads(resp.read())["choices"][0]["message"]["content"]
+            if stream:
+                events = [x for x in resp.read().decode().splitlines() if x.startswith("data:")]
+                assert events[-1] == "data: [DONE]", events
+                chunks = [json.loads(e.removeprefix("data:")) for e in events[:-1]]
+                assert "".join(
+                    c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+                )
+            else:
+                assert json.loads(resp.read())["choices"][0]["message"]["content"]
             return str(resp.headers.get("x-litellm-model-id", "?"))
 
     def counts() -> dict[str, int]:
