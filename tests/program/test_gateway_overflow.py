@@ -19,6 +19,7 @@ the cooldown).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
@@ -43,6 +44,12 @@ NS = PROJECT + ":"
 IN_HOUSE_KEYS = {"rack-a": "ihk-rack-a-0123456789", "rack-b": "ihk-rack-b-9876543210"}
 SERVICE_S = 0.3  # how long an in-house request takes
 COOLDOWN_S = 1
+TIMEOUT_S = 1  # the gateway's timeout for an in-house request (end-to-end test)
+HANG_S = 2.5  # a hung in-house server answers after this
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
 
 
 class InHouseServer:
@@ -51,6 +58,8 @@ class InHouseServer:
     def __init__(self, name: str, api_key: str, capacity: int) -> None:
         self.name = name
         self.capacity = capacity
+        self.fault: str | None = None  # "503": answer 503; "hang": answer after HANG_S
+        self.faulted = 0
         self.in_flight = 0
         self.peak = 0
         self.served = 0
@@ -104,7 +113,13 @@ class InHouseServer:
                         server.unauthorized += 1
                         self._send(401, {"error": {"message": "invalid API key"}})
                         return
-                    if server.in_flight >= server.capacity:
+                    fault = server.fault
+                    if fault is not None:
+                        server.faulted += 1
+                    if fault == "503":
+                        self._send(503, {"error": {"message": "upstream engine unavailable"}})
+                        return
+                    if server.in_flight >= server.capacity and fault is None:
                         server.rejected += 1
                         self._send(
                             429,
@@ -113,6 +128,13 @@ class InHouseServer:
                         return
                     server.in_flight += 1
                     server.peak = max(server.peak, server.in_flight)
+                if fault == "hang":  # past the gateway's timeout for this endpoint
+                    time.sleep(HANG_S)
+                    with lock:
+                        server.in_flight -= 1
+                    with contextlib.suppress(OSError):  # the gateway is gone by now
+                        self._send(200, _completion(body.get("model", ""), "too late"))
+                    return
                 try:
                     if body.get("stream"):
                         self._stream(body.get("model", ""))
@@ -127,8 +149,7 @@ class InHouseServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        ThreadingHTTPServer.daemon_threads = True
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
 
@@ -164,14 +185,18 @@ def racks() -> Iterator[dict[str, InHouseServer]]:
 def overflow_config(
     racks: dict[str, InHouseServer] | None = None, **extra: Any
 ) -> tuple[dict[str, str], list[str]]:
-    """The local stack with an in-house tier for `tiny` (rack-b declared at twice its size)."""
+    """The local stack with an in-house tier for `tiny` (rack-b declared at twice its size).
+
+    With `racks` (the end-to-end test) the endpoints are those servers, with a 1 s timeout.
+    """
     urls = {n: s.url for n, s in (racks or {}).items()}
+    timeout = {"timeout_s": TIMEOUT_S} if racks else {}
     entry = {
         "in_house": [
             {"name": "rack-a", "api_base": urls.get("rack-a", "http://10.0.0.5:8000/v1"),
-             "capacity": 2},
+             "capacity": 2, **timeout},
             {"name": "rack-b", "api_base": urls.get("rack-b", "http://10.0.0.6:8000"),
-             "capacity": 4},
+             "capacity": 4, **timeout},
         ],
         "cooldown_s": COOLDOWN_S,
         **extra,
@@ -232,32 +257,46 @@ def test_spillover_to_modal_under_load_and_drain_back(
             "rack-b": racks["rack-b"].served,
             "modal": len(modal_side.chat_requests()),
             "in-house 429": racks["rack-a"].rejected + racks["rack-b"].rejected,
+            "in-house faults": racks["rack-a"].faulted + racks["rack-b"].faulted,
         }
 
     rows: list[tuple[str, int, dict[str, int], Counter[str]]] = []
 
     def phase(name: str, clients: int, per_client: int) -> None:
-        before = counts()
+        before, started = counts(), time.monotonic()
         with ThreadPoolExecutor(clients) as pool:
             ids = list(pool.map(chat, range(clients * per_client)))
         after = counts()
         delta = {k: after[k] - before[k] for k in after}
+        delta["ms"] = round((time.monotonic() - started) * 1000)
         rows.append((name, clients * per_client, delta, Counter(ids)))
 
     phase("quiet", 1, 6)
     modal_hits_when_quiet = list(modal_side.edge.seen)
     phase("burst", 12, 4)
-    time.sleep(COOLDOWN_S + 0.5)  # rack-b's cooldown (if any) is over: traffic drains back
+    for fault in ("503", "hang"):  # the whole in-house tier fails, then recovers
+        time.sleep(COOLDOWN_S + 0.5)  # any cooldown is over: the next request tries in-house
+        for rack in racks.values():
+            rack.fault = fault
+        phase(fault, 1, 4)
+        for rack in racks.values():
+            rack.fault = None
+    time.sleep(COOLDOWN_S + 0.5)  # the cooldowns are over: traffic drains back
     phase("drain", 1, 6)
 
-    print("\nphase  clients x requests  rack-a  rack-b  Modal  in-house 429s (LiteLLM header)")
+    print(
+        "\nphase  requests    took  served: rack-a  rack-b  Modal   in-house: 429s  "
+        "503s/timeouts   x-litellm-model-id (client side)"
+    )
     for name, total, d, ids in rows:
+        short = {k.rpartition("/")[2]: v for k, v in sorted(ids.items())}
         print(
-            f"{name:<6} {total:>18}  {d['rack-a']:>6}  {d['rack-b']:>6}  {d['modal']:>5}  "
-            f"{d['in-house 429']:>13}  {dict(sorted(ids.items()))}"
+            f"{name:<6} {total:>8}  {d['ms']:>4} ms  {d['rack-a']:>13}  {d['rack-b']:>6}  "
+            f"{d['modal']:>5}  "
+            f"{d['in-house 429']:>14}  {d['in-house faults']:>13}   {short}"
         )
 
-    (quiet, quiet_ids), (burst, burst_ids), (drain, drain_ids) = (r[2:] for r in rows)
+    quiet, burst, errors, hangs, drain = (r[2] for r in rows)
     # Quiet: everything in-house, Modal untouched (no health check, no probe, no request).
     assert quiet["modal"] == 0 and quiet["rack-a"] + quiet["rack-b"] == 6
     assert [(r[":method"], r[":path"]) for r in modal_hits_when_quiet] == []
@@ -269,10 +308,14 @@ def test_spillover_to_modal_under_load_and_drain_back(
     assert racks["rack-a"].peak <= 2 and racks["rack-a"].rejected == 0
     # rack-b is declared too big: its own 429s are the saturation signal, and they spill too.
     assert racks["rack-b"].rejected > 0 and racks["rack-b"].peak <= 2
+    # 5xx and timeouts: every request still answered, by Modal, after the in-house tier failed.
+    for failed in (errors, hangs):
+        assert failed["modal"] == 4 and failed["rack-a"] + failed["rack-b"] == 0
+        assert failed["in-house faults"] > 0
     # Drain: load is gone, the cooldown is over: back in-house, Modal serves nothing more.
     assert drain["modal"] == 0 and drain["rack-a"] + drain["rack-b"] == 6
     # LiteLLM's own view (the deployment id it answered from) matches the servers' counts.
-    for d, ids in ((quiet, quiet_ids), (burst, burst_ids), (drain, drain_ids)):
+    for _, _, d, ids in rows:
         assert ids[f"{served}/modal"] == d["modal"]
         assert ids[f"{served}/in-house/rack-a"] == d["rack-a"]
         assert ids[f"{served}/in-house/rack-b"] == d["rack-b"]
