@@ -251,8 +251,10 @@ def load_overflow(cfg: StackConfig, config: pulumi.Config | None = None) -> Over
         ) from exc
     full_key = f"{ns}:{SECRET_KEY}"
     # The CLI hands a map that holds a `--secret --path` value to the program as one secret
-    # key (pulumi sdk/go/common/resource/config: an object with a secure part is a secure
-    # object value, listed by Map.SecureKeys). Only its names are read here.
+    # key, decrypted (pulumi sdk/go/common/resource/config/value.go, unmarshalValue: an object
+    # is secure when any leaf is, `c.secure = hasSecureValue(obj)`; Map.SecureKeys lists it).
+    # So a leaf set WITHOUT --secret next to one set with it cannot be told apart here: the
+    # docs say to set every key with --secret. Only the map's names are read here.
     secret_text = pulumi.runtime.get_config(full_key)
     key_names: list[str] | None = None
     if secret_text:
