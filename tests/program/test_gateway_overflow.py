@@ -6,7 +6,7 @@ proxy (1.106.12) in front of:
   `capacity` requests at once and answer 429 to any request above that, as an overloaded
   OpenAI-compatible server does (Hugging Face TGI: `--max-concurrent-requests`, a semaphore
   whose `Overloaded` error is `StatusCode::TOO_MANY_REQUESTS` in router/src/server.rs; Modal
-  itself answers 429 above `max_concurrency`, docs/serving facts). rack-a is declared with its
+  itself answers 429 above `max_concurrency`, serving/app.py). rack-a is declared with its
   true capacity (LiteLLM's own in-flight cap keeps it below saturation); rack-b is declared
   with twice its capacity (as when other gateways share it), so its own 429s are the signal;
 - the Modal side (`modal_side`, tests/program/gateway_chain.py: proxy-auth edge -> serving
