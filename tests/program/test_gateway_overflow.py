@@ -114,25 +114,24 @@ class InHouseServer:
                         self._send(401, {"error": {"message": "invalid API key"}})
                         return
                     fault = server.fault
-                    if fault is not None:
-                        server.faulted += 1
-                    if fault == "503":
-                        self._send(503, {"error": {"message": "upstream engine unavailable"}})
-                        return
-                    if server.in_flight >= server.capacity and fault is None:
+                    if fault is None and server.in_flight >= server.capacity:
                         server.rejected += 1
                         self._send(
                             429,
                             {"error": {"message": "Model is overloaded", "type": "overloaded"}},
                         )
                         return
-                    server.in_flight += 1
-                    server.peak = max(server.peak, server.in_flight)
-                if fault == "hang":  # past the gateway's timeout for this endpoint
-                    time.sleep(HANG_S)
-                    with lock:
-                        server.in_flight -= 1
-                    with contextlib.suppress(OSError):  # the gateway is gone by now
+                    if fault is None:
+                        server.in_flight += 1
+                        server.peak = max(server.peak, server.in_flight)
+                    else:
+                        server.faulted += 1
+                if fault == "503":
+                    self._send(503, {"error": {"message": "upstream engine unavailable"}})
+                    return
+                if fault == "hang":  # answers past the gateway's timeout for this endpoint
+                    time.sleep(HANG_S)  # (not counted in flight: the next phase must not see it)
+                    with contextlib.suppress(OSError):  # the gateway has gone by now
                         self._send(200, _completion(body.get("model", ""), "too late"))
                     return
                 try:
