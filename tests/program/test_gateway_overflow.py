@@ -459,7 +459,16 @@ def test_in_house_keys_must_match_the_endpoints_and_be_secret() -> None:
     for key in IN_HOUSE_KEYS.values():
         assert key not in message
 
-    config, keys = overflow_config(racks=None)
+    config, keys = overflow_config()
+    del config[NS + "gatewayOverflow"]
+    message = _error(config, keys)
+    assert "modal-llm:inHouseApiKeys is set but modal-llm:gatewayOverflow declares no" in message
+
+    config, keys = overflow_config()
+    config[NS + "gatewayOverflow"] = json.dumps([{"tiny": {}}])
+    assert "modal-llm:gatewayOverflow must be a map of service name" in _error(config, keys)
+
+    config, keys = overflow_config()
     config[NS + "gatewayOverflow"] = json.dumps({"chat": {"in_house": []}})
     assert "gatewayOverflow.chat: no service named 'chat' in modal-llm:services" in _error(
         config, keys
