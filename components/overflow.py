@@ -13,6 +13,7 @@ Config (namespace `modal-llm:`, reference in docs/program.md "Gateway overflow")
         cooldown_s: 5           # optional: how long a saturated/failing in-house endpoint rests
         allowed_fails: 1        # optional: 5xx/timeouts it may give per cooldown window
     inHouseApiKeys:   # SECRET: pulumi config set --secret --path 'inHouseApiKeys.rack-a' KEY
+                      # (or one secret JSON string: the program receives both forms as JSON)
 
 `parse_overflow()` validates the map against the stack's services (pure, testable alone);
 `load_overflow()` reads both keys inside a Pulumi program, the keys only as a secret Output
