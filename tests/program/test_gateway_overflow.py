@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import threading
 import time
@@ -37,7 +38,15 @@ import pulumi
 import pytest
 import yaml
 
-from tests.program.gateway_chain import TOKEN_ID, TOKEN_SECRET, ModalSide, start_litellm
+from components.gateway import GatewayTarget
+from components.overflow import InHouseEndpoint, OverflowPlan, ServiceOverflow, overflow_document
+from tests.program.gateway_chain import (
+    TOKEN_ID,
+    TOKEN_SECRET,
+    ModalSide,
+    litellm_bin,
+    start_litellm,
+)
 from tests.program.runner import PROJECT, run_program, stack_config
 
 NS = PROJECT + ":"
@@ -473,3 +482,56 @@ def test_in_house_keys_must_match_the_endpoints_and_be_secret() -> None:
     assert "gatewayOverflow.chat: no service named 'chat' in modal-llm:services" in _error(
         config, keys
     )
+
+
+ROUTER_CHECK = """
+import asyncio, json, sys
+from litellm import Router
+from litellm.router_utils.cooldown_handlers import async_get_cooldown_deployments
+
+doc = json.loads(sys.stdin.read())
+router = Router(model_list=doc["model_list"], **doc["router_settings"])
+model = doc["model_list"][0]["model_name"]
+
+async def one():
+    r = await router.acompletion(model=model, messages=[{"role": "user", "content": "x"}])
+    return r._hidden_params["model_id"]
+
+async def main():
+    burst = await asyncio.gather(*(one() for _ in range(3)))
+    cooldowns = await async_get_cooldown_deployments(router, None)
+    after = [await one() for _ in range(2)]
+    print(json.dumps({"burst": burst, "cooldowns": cooldowns, "after": after}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.litellm
+@pytest.mark.slow
+def test_litellm_cap_spills_without_resting_the_in_house_endpoint() -> None:
+    """LiteLLM's own `max_parallel_requests` 429 sends the excess to Modal at once and does not
+    cool the in-house endpoint down: the next request goes in-house again (instant drain-back).
+    Checked on litellm's Router itself, in its venv, with the rendered entries."""
+    python = Path(litellm_bin()).with_name("python")
+    inhouse = InHouseServer("rack-a", IN_HOUSE_KEYS["rack-a"], capacity=10)
+    modal = InHouseServer("modal", "sk-modal", capacity=10)
+    try:
+        endpoint = InHouseEndpoint("rack-a", inhouse.url, capacity=1, model="m", timeout_s=30)
+        overflow = ServiceOverflow("tiny", "m", (endpoint,), cooldown_s=5, allowed_fails=1)
+        target = GatewayTarget("m", modal.url, "sk-modal", "wk-1", "ws-1", 30, 30)
+        plan = OverflowPlan(services={"m": overflow})
+        doc = overflow_document([target], plan, {"rack-a": IN_HOUSE_KEYS["rack-a"]})
+        done = subprocess.run(
+            [str(python), "-c", ROUTER_CHECK], input=json.dumps(doc), capture_output=True,
+            text=True, timeout=90, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        )  # fmt: skip
+    finally:
+        inhouse.close()
+        modal.close()
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(result["burst"]) == ["m/in-house/rack-a", "m/modal", "m/modal"]
+    assert result["cooldowns"] == []
+    assert result["after"] == ["m/in-house/rack-a"] * 2
+    assert inhouse.rejected == 0 and inhouse.peak == 1
