@@ -11,17 +11,20 @@ alert) and one `LLMService` per entry of `modal-llm:services`. Outputs: docs/pro
 import pulumi
 
 from components.config import ConfigError, load_stack_config
-from components.gateway import litellm_json, litellm_yaml
+from components.gateway import document_json, document_yaml
 from components.llm_service import LLMService, ServingEnvironment
+from components.overflow import gateway_document, load_overflow
 
 try:
     cfg, secrets = load_stack_config()
+    overflow = load_overflow(cfg)  # in-house endpoints the gateway tries before Modal
 except ConfigError as exc:
     raise pulumi.RunError(f"invalid stack config: {exc}") from None
 
 shared = ServingEnvironment(cfg.environment, cfg, secrets)
 services = [LLMService(settings, cfg, shared) for settings in cfg.services]
 targets = pulumi.Output.all(*[s.gateway_target(cfg.api_key_names[0]) for s in services])
+gateway = gateway_document(targets, overflow)  # secret: API keys, proxy token, in-house keys
 first = services[0]  # the design's single-service outputs; see `services` for all of them
 
 pulumi.export("environment", shared.environment_name)
@@ -31,8 +34,8 @@ pulumi.export("proxy_token_id", shared.proxy_token.token_id)
 pulumi.export("proxy_token_secret", pulumi.Output.secret(shared.proxy_token.token_secret))
 pulumi.export("api_keys", first.plain_api_keys())
 pulumi.export("all_api_keys", pulumi.Output.secret({s.name: s.plain_api_keys() for s in services}))
-pulumi.export("gateway_config", pulumi.Output.secret(targets.apply(litellm_yaml)))
-pulumi.export("gateway_config_json", pulumi.Output.secret(targets.apply(litellm_json)))
+pulumi.export("gateway_config", pulumi.Output.secret(gateway.apply(document_yaml)))
+pulumi.export("gateway_config_json", pulumi.Output.secret(gateway.apply(document_json)))
 pulumi.export("monthly_cost_idle_usd", cfg.cost.idle_usd)
 pulumi.export("monthly_cost_baseline_usd", cfg.cost.baseline_usd)
 pulumi.export("monthly_cost_worst_usd", cfg.cost.worst_usd)

@@ -49,9 +49,12 @@ DEFAULTS: dict[str, Any] = {
     "costOverheadPct": 15,
     "engineStandin": False,
 }
-SECRET_KEYS = ("hfToken", "alertWebhookUrl")
+# Gateway overflow keys (a map and a secret map): parsed and validated by components/overflow.py.
+OVERFLOW_KEY, OVERFLOW_SECRET_KEY = "gatewayOverflow", "inHouseApiKeys"
+SECRET_KEYS = ("hfToken", "alertWebhookUrl", OVERFLOW_SECRET_KEY)
 MAP_KEYS = ("gpuPricesUsdPerHour", "apiKeyRotation")
 KNOWN_KEYS = {"environment", "services", *MAP_KEYS} | set(DEFAULTS) | set(SECRET_KEYS)
+KNOWN_KEYS.add(OVERFLOW_KEY)
 # Provider keys (namespace `modal:`) that hold credentials: refused when stored in clear.
 PROVIDER_SECRET_KEYS = ("modal:tokenSecret",)
 

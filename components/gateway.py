@@ -11,6 +11,8 @@ Each service becomes one LiteLLM entry:
       api_key: <one of the service's API keys>
       extra_headers: {Modal-Key: <proxy token id>, Modal-Secret: <proxy token secret>}
       timeout: <cold start + longest request, seconds>
+    model_info:
+      disable_background_health_check: true
 The timeout must let a request that lands on a cold container wait for the engine to start
 (`timeouts.startup_s`) and then run its longest completion (`timeouts.request_s`): a shorter
 gateway timeout would cut off exactly the first request after scale-to-zero.
@@ -18,6 +20,11 @@ Modal's web edge answers a request still running after 150 s with `303 See Other
 URL (https://modal.com/docs/guide/webhook-timeouts); the gateway must follow it with a GET that
 keeps the Modal-Key/Modal-Secret headers. LiteLLM does (tests/program/test_gateway_litellm.py);
 httpx's default of 20 redirects covers 20 x 150 s = 50 min, more than the default timeout.
+No health probe may reach a Modal service: each one would start a GPU (and keep it up for its
+scale-down window). `model_info.disable_background_health_check` keeps it out of LiteLLM's
+background loop and, with `general_settings.health_check_skip_disabled_background_models`
+(components/overflow.py, which renders the full document), out of an on-demand GET /health.
+The overflow form (in-house servers first, Modal on saturation) is components/overflow.py.
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ def litellm_entry(target: GatewayTarget) -> dict[str, Any]:
             },
             "timeout": gateway_timeout_s(target.startup_timeout_s, target.request_timeout_s),
         },
+        # litellm 1.106.12 proxy/proxy_server.py drops these from its background health loop.
+        "model_info": {"disable_background_health_check": True},
     }
 
 
@@ -80,10 +89,20 @@ def litellm_config(targets: Sequence[GatewayTarget]) -> dict[str, Any]:
 
 
 def litellm_yaml(targets: Sequence[GatewayTarget]) -> str:
-    """The LiteLLM config as YAML (the `gateway_config` stack output)."""
-    return yaml.safe_dump(litellm_config(targets), sort_keys=False, default_flow_style=False)
+    """The LiteLLM config as YAML."""
+    return document_yaml(litellm_config(targets))
 
 
 def litellm_json(targets: Sequence[GatewayTarget]) -> str:
-    """The same document as JSON (the `gateway_config_json` output, for other gateways)."""
-    return json.dumps(litellm_config(targets), indent=2, sort_keys=False)
+    """The same document as JSON."""
+    return document_json(litellm_config(targets))
+
+
+def document_yaml(doc: dict[str, Any]) -> str:
+    """A gateway document as YAML (the `gateway_config` stack output)."""
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def document_json(doc: dict[str, Any]) -> str:
+    """A gateway document as JSON (the `gateway_config_json` output, for other gateways)."""
+    return json.dumps(doc, indent=2, sort_keys=False)
