@@ -250,6 +250,9 @@ class Engine:
             self._changed()
         else:  # replace
             assert old is not None and d is not None
+            # Unprotect + replace in one run is allowed (step_generator.go: "we don't look
+            # at old.Protect here"): the old half is deleted under the program's new flag.
+            old.protect = opts.protect
             if d.delete_before_replace or opts.delete_before_replace:
                 self._delete(old)  # the old one first; a failure leaves it in the state
                 del self.states[name]
