@@ -286,6 +286,7 @@ def run_program(
         try:
             loop.run_until_complete(run_in_stack(program_body))
         except BaseException:
+            loop.set_exception_handler(_quiet_after_failure)
             _cancel_pending(loop)
             raise
     finally:
@@ -299,6 +300,21 @@ def run_program(
 
 class _PlaceholderRoot:
     """Stands in for a root resource while set_mocks configures the runtime."""
+
+
+_AFTERMATH = (
+    "Future exception was never retrieved",
+    "Task exception was never retrieved",
+    "Task was destroyed but it is pending!",
+)
+
+
+def _quiet_after_failure(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """After the program failed, the futures that carried that failure to other resources are
+    dropped unread; asyncio would print each one with a traceback. Everything else is shown."""
+    if str(context.get("message", "")) in _AFTERMATH:
+        return
+    loop.default_exception_handler(context)
 
 
 def _cancel_pending(loop: asyncio.AbstractEventLoop) -> None:

@@ -74,7 +74,7 @@ def test_create_before_delete_deletes_the_old_one_after_every_registration(
 def test_delete_before_replace_deletes_first(engine: Engine, tmp_path: Path, how: str) -> None:
     """step_generator.go: deleteBeforeReplace (the provider's Diff answer, or the resource
     option) → DeleteStep(replacing) before CreateReplacement."""
-    extra = {"dbr": True} if how == "provider" else {}
+    extra: dict[str, Any] = {"dbr": True} if how == "provider" else {}
     opts = Options(delete_before_replace=how == "option")
     engine.up("a", P, _inputs(tmp_path, zone="z1", **extra), options=opts)
     assert engine.up("a", P, _inputs(tmp_path, zone="z2", **extra), options=opts) == "replace"

@@ -1,0 +1,152 @@
+"""Stack runs of the engine stand-in (`pulumi_standin.stack`) against the emulator: the real
+program under mocks, its resources through the SDK's provider server.
+
+- an `up` that fails before any one of its steps leaves a state file that a second `up`
+  continues from, with no orphan and no duplicate in the emulator (the engine's snapshot is
+  written after every step: pulumi/pulumi v3.272.0 pkg/resource/deploy/step_executor.go +
+  backend/snapshot.go, SnapshotManager);
+- a no-op `up` makes zero provider mutations (Diff DIFF_NONE → SameStep, no provider call);
+- refresh drops what is gone (step.go RefreshStep: Read answering no id), `--target` leaves
+  the other resources alone, `output` prints the last up's outputs, secrets only on request.
+Command-line behaviour (messages, Ctrl-C, passphrase) is in test_cli.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pulumi_standin import ProviderServer, Secret
+from pulumi_standin.program import PROJECT, stack_config
+from pulumi_standin.stack import Command, InjectedFault, run
+from tests.harness.emulator import EmulatorProcess
+from tests.providers.helpers import mutating_calls
+
+pytestmark = pytest.mark.slow
+FULL = {"environments": 1, "secrets": 1, "volumes": 2, "proxy_tokens": 1, "apps": 1}
+
+
+@pytest.fixture(scope="module")
+def local_server(_emulator_session: EmulatorProcess) -> Iterator[ProviderServer]:
+    emu = _emulator_session
+    config, keys = stack_config("local", {"modal:serverUrl": emu.url})
+    server_config = {k: Secret(v) if k in keys else v for k, v in config.items()}
+    with ProviderServer(
+        env=emu.subprocess_env(), config=server_config, project=PROJECT, stack="local"
+    ) as srv:
+        yield srv
+
+
+def _run(
+    emu: EmulatorProcess,
+    srv: ProviderServer,
+    state: Path,
+    command: str,
+    *,
+    rc: int = 0,
+    before_step: Callable[[str, str], None] | None = None,
+    **kw: Any,
+) -> str:
+    out = io.StringIO()
+    cmd = Command(command, "local", state, emu.url, **kw)
+    got = run(cmd, out, before_step=before_step, server=srv)
+    assert got == rc, out.getvalue()
+    return out.getvalue()
+
+
+def _modal_objects(emu: EmulatorProcess) -> dict[str, int]:
+    """The stack's objects in the emulator, by kind (the default `main` env left out)."""
+    s = emu.state()
+    return {
+        "environments": sum(1 for e in s["environments"] if e["name"] != "main"),
+        "secrets": len(s["secrets"]),
+        "volumes": len(s["volumes"]),
+        "proxy_tokens": len(s["proxy_tokens"]),
+        "apps": sum(1 for a in s["apps"] if a.get("state") != "stopped"),
+    }
+
+
+def _state_names(state: Path) -> list[str]:
+    return [r["name"] for r in json.loads(state.read_text())["resources"]]
+
+
+def test_a_failed_up_continues_from_its_state_at_each_step(
+    emulator: EmulatorProcess, local_server: ProviderServer, tmp_path: Path
+) -> None:
+    state = tmp_path / "local.json"
+    _run(emulator, local_server, state, "up")
+    names = _state_names(state)
+    assert len(names) == 9 and _modal_objects(emulator) == FULL
+    for failing in names:
+        emulator.reset()
+        state.unlink()
+
+        def fail(op: str, name: str, failing: str = failing) -> None:
+            if (op, name) == ("create", failing):
+                raise InjectedFault(f"injected failure before create of '{name}'")
+
+        out = _run(emulator, local_server, state, "up", rc=1, before_step=fail)
+        assert out.count("error: ") == 1 and f"before create of '{failing}'" in out
+        kept = _state_names(state) if state.exists() else []
+        assert failing not in kept and len(kept) < 9, (failing, kept)
+        # What the state holds is exactly what exists: every kept id is live in the emulator.
+        live = json.dumps(emulator.state())
+        for r in json.loads(state.read_text())["resources"] if state.exists() else []:
+            if not r["type"].startswith("llm:"):  # ApiKey lives in the state only
+                assert r["id"] in live, (failing, r["name"])
+        again = _run(emulator, local_server, state, "up")
+        assert "Resources: + " in again and f"{9 - len(kept)} created" in again, again
+        assert sorted(_state_names(state)) == sorted(names)
+        assert _modal_objects(emulator) == FULL, failing  # no orphan, no duplicate
+
+
+def test_noop_up_refresh_target_and_output(
+    emulator: EmulatorProcess, local_server: ProviderServer, tmp_path: Path
+) -> None:
+    state = tmp_path / "local.json"
+    _run(emulator, local_server, state, "up")
+
+    # ---- a second up: every Diff is DIFF_NONE, so no Create/Update/Delete at all -----------
+    calls, modal_before = len(local_server.records), emulator.rpc_counts()
+    again = _run(emulator, local_server, state, "up")
+    assert "Resources: 9 unchanged" in again
+    made = [r.method for r in local_server.records[calls:]]
+    assert made and not {"Create", "Update", "Delete"} & set(made), made
+    assert mutating_calls(modal_before, emulator.rpc_counts()) == {}
+
+    # ---- a volume deleted behind the stack's back: refresh drops it -------------------------
+    doc = json.loads(state.read_text())
+    vol = next(r for r in doc["resources"] if r["name"].endswith("hf-cache"))
+    local_server.delete(vol["provider"], vol["id"], vol["outputs"])  # not through the engine
+    refreshed = _run(emulator, local_server, state, "refresh")
+    assert re.search(rf"-\s+modal:Volume\s+{vol['name']}\s+deleted", refreshed), refreshed
+    assert vol["name"] not in _state_names(state)
+
+    # ---- up --target that volume's URN: only it is created; the rest is not looked at --------
+    calls = len(local_server.records)
+    targeted = _run(emulator, local_server, state, "up", targets=(vol["urn"],))
+    assert "Resources: + 1 created, 8 not targeted" in targeted, targeted
+    assert [r.method for r in local_server.records[calls:]] == ["Check", "Create"]
+    assert _modal_objects(emulator) == FULL
+
+    # ---- stack outputs of the last up, secrets only with --show-secrets ----------------------
+    hidden = _run(emulator, local_server, state, "output", output_name="proxy_token_secret")
+    assert hidden == "[secret]\n"
+    shown = _run(
+        emulator,
+        local_server,
+        state,
+        "output",
+        output_name="proxy_token_secret",
+        show_secrets=True,
+    )
+    assert shown.startswith("ws-") or len(shown.strip()) >= 16, shown
+    assert shown.strip() not in state.read_text()  # encrypted at rest
+    listing = _run(emulator, local_server, state, "output")
+    assert "proxy_token_id" in listing and shown.strip() not in listing
