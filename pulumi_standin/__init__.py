@@ -12,40 +12,86 @@
 What the real engine does, what this does, and the test that checks it: docs/standin.md.
 """
 
-from pulumi_standin.engine import (
-    CheckFailed,
-    Engine,
-    EngineError,
-    ImportFailed,
-    Options,
-    ProtectedError,
-    ResourceState,
-    lifecycle,
-)
-from pulumi_standin.server import (
-    MUTATING_METHODS,
-    PROJECT_ROOT,
-    CheckOutcome,
-    Created,
-    DiffOutcome,
-    ProviderCallError,
-    ProviderRef,
-    ProviderServer,
-    ReadOutcome,
-    Record,
-)
-from pulumi_standin.values import (
-    UNKNOWN,
-    Secret,
-    contains_secret,
-    iter_secret_strings,
-    reveal,
-    scan_for_leaks,
-    stored_form,
-    strip_secrets,
-    to_harness,
-    to_program,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pulumi_standin.engine import (
+        CheckFailed,
+        Engine,
+        EngineError,
+        ImportFailed,
+        Options,
+        ProtectedError,
+        ResourceState,
+        lifecycle,
+    )
+    from pulumi_standin.server import (
+        MUTATING_METHODS,
+        PROJECT_ROOT,
+        CheckOutcome,
+        Created,
+        DiffOutcome,
+        ProviderCallError,
+        ProviderRef,
+        ProviderServer,
+        ReadOutcome,
+        Record,
+    )
+    from pulumi_standin.values import (
+        UNKNOWN,
+        Secret,
+        contains_secret,
+        iter_secret_strings,
+        reveal,
+        scan_for_leaks,
+        stored_form,
+        strip_secrets,
+        to_harness,
+        to_program,
+    )
+
+#: name -> module: imported on first use, so `python -m pulumi_standin` can install its
+#: Ctrl-C handler (pulumi_standin/_sigint.py) before the SDK loads.
+_LAZY = {
+    "CheckFailed": "pulumi_standin.engine",
+    "CheckOutcome": "pulumi_standin.server",
+    "Created": "pulumi_standin.server",
+    "DiffOutcome": "pulumi_standin.server",
+    "Engine": "pulumi_standin.engine",
+    "EngineError": "pulumi_standin.engine",
+    "ImportFailed": "pulumi_standin.engine",
+    "MUTATING_METHODS": "pulumi_standin.server",
+    "Options": "pulumi_standin.engine",
+    "PROJECT_ROOT": "pulumi_standin.server",
+    "ProtectedError": "pulumi_standin.engine",
+    "ProviderCallError": "pulumi_standin.server",
+    "ProviderRef": "pulumi_standin.server",
+    "ProviderServer": "pulumi_standin.server",
+    "ReadOutcome": "pulumi_standin.server",
+    "Record": "pulumi_standin.server",
+    "ResourceState": "pulumi_standin.engine",
+    "Secret": "pulumi_standin.values",
+    "UNKNOWN": "pulumi_standin.values",
+    "contains_secret": "pulumi_standin.values",
+    "iter_secret_strings": "pulumi_standin.values",
+    "lifecycle": "pulumi_standin.engine",
+    "reveal": "pulumi_standin.values",
+    "scan_for_leaks": "pulumi_standin.values",
+    "stored_form": "pulumi_standin.values",
+    "strip_secrets": "pulumi_standin.values",
+    "to_harness": "pulumi_standin.values",
+    "to_program": "pulumi_standin.values",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pulumi_standin' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "MUTATING_METHODS",

@@ -19,10 +19,12 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from pulumi_standin import _sigint
 from pulumi_standin.program import PROJECT, PROJECT_ROOT
 from pulumi_standin.stack import (
     FAULT_ENV,
     Command,
+    Interrupt,
     fault_hook,
     require_emulator,
     resolve_server_url,
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             targets=tuple(args.target),
             output_name=args.name,
         )
-        return run(cmd, out, before_step=fault_hook(os.environ.get(FAULT_ENV)))
+        hook = fault_hook(os.environ.get(FAULT_ENV))
+        return run(cmd, out, before_step=hook, interrupt=Interrupt(_sigint.EVENT))
     except StandinError as exc:
         out.write(f"error: {exc}\n")
         return 1

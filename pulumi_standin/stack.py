@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import signal
 import socket
 import threading
 import time
@@ -40,6 +41,7 @@ import pulumi
 import yaml
 from pulumi.runtime import rpc
 
+from pulumi_standin import _sigint
 from pulumi_standin.display import (
     Step,
     diff_lines,
@@ -83,6 +85,39 @@ class InjectedFault(Exception):
     """The failure FAULT_ENV asked for."""
 
 
+class Interrupt:
+    """Ctrl-C the engine's way: the first one lets the step in flight finish and starts no new
+    one (the CLI's graceful cancellation); a second one stops at once (KeyboardInterrupt).
+
+    A KeyboardInterrupt raised at a random point would land inside the SDK, which holds it
+    until every outstanding registration has run (pulumi/runtime/stack.py run_pulumi_func),
+    so the first Ctrl-C only sets `event`; every step checks it before it starts.
+    """
+
+    def __init__(self, event: threading.Event | None = None) -> None:
+        self.event = event if event is not None else threading.Event()
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Interrupt]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = signal.signal(signal.SIGINT, _sigint.handler_for(self.event))
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def check(self) -> None:
+        """Between two steps of the main thread: stop if Ctrl-C was pressed."""
+        if self.event.is_set():
+            raise KeyboardInterrupt
+
+
 @dataclass
 class Command:
     command: str  # preview | up | refresh | destroy | output
@@ -112,7 +147,9 @@ class StepMocks(pulumi.runtime.Mocks):
         apply: bool,
         out: TextIO | None,
         targets: tuple[str, ...] = (),
+        interrupt: Interrupt | None = None,
     ) -> None:
+        self.interrupt = interrupt or Interrupt()
         self.engine = engine
         self.apply = apply
         self.out = out
@@ -127,6 +164,9 @@ class StepMocks(pulumi.runtime.Mocks):
         if not args.custom:
             return None, {}
         with self.lock:
+            if self.interrupt.requested:
+                self.stopping = True
+                raise Cancelled(f"'{args.name}' not started: Ctrl-C")
             if self.stopping:
                 raise Cancelled(f"'{args.name}' not started: the deployment was stopped")
             try:
@@ -321,9 +361,11 @@ def run(
     *,
     before_step: Callable[[str, str], None] | None = None,
     server: ProviderServer | None = None,
+    interrupt: Interrupt | None = None,
 ) -> int:
     """Run one command; returns the exit code. `server`: an already started provider server
-    for this stack (tests share one); `before_step`: see Engine.before_step."""
+    for this stack (tests share one); `before_step`: see Engine.before_step; `interrupt`: the
+    Ctrl-C flag (the command line's is installed before the SDK is imported)."""
     if cmd.command in ("up", "destroy", "refresh", "output") or cmd.state_path.exists():
         # Resolve the passphrase before anything runs: a missing one must change nothing.
         StateFile(cmd.state_path, cmd.stack).box  # noqa: B018
@@ -331,6 +373,7 @@ def run(
         return show_stack_output(cmd, out)
     config, secret_keys = stack_config(cmd.stack, {**cmd.overrides, "modal:serverUrl": cmd.url})
     with contextlib.ExitStack() as stack:
+        interrupt = stack.enter_context((interrupt or Interrupt()).installed())
         if server is None:
             server = stack.enter_context(provider_server(cmd.stack, cmd.url, config, secret_keys))
         engine = Engine(server, defer_replaced_deletes=True, before_step=before_step)
@@ -338,10 +381,10 @@ def run(
         if cmd.command in ("up", "destroy", "refresh"):
             engine.on_change = lambda: state.save(engine)
         if cmd.command == "destroy":
-            return destroy(cmd, engine, state, out)
+            return destroy(cmd, engine, state, out, interrupt)
         if cmd.command == "refresh":
-            return refresh(cmd, engine, state, out)
-        return deploy(cmd, engine, state, config, secret_keys, out)
+            return refresh(cmd, engine, state, out, interrupt)
+        return deploy(cmd, engine, state, config, secret_keys, out, interrupt)
     return 0  # pragma: no cover (ExitStack does not swallow)
 
 
@@ -352,19 +395,22 @@ def deploy(
     config: dict[str, str],
     secret_keys: list[str],
     out: TextIO,
+    interrupt: Interrupt,
 ) -> int:
     apply = cmd.command == "up"
     verb = "Updating" if apply else "Previewing update of"
     out.write(f"{verb} stack '{cmd.stack}': {NOT_THE_ENGINE}\n")
     out.write(f"  emulator: {cmd.url}   state: {shown_path(cmd.state_path)}\n\n")
-    mocks = StepMocks(engine, apply=apply, out=out, targets=cmd.targets)
+    mocks = StepMocks(engine, apply=apply, out=out, targets=cmd.targets, interrupt=interrupt)
     pending = [
         s for s in engine.pending_deletes if not cmd.targets or _targeted(cmd, s.name, s.urn)
     ]
     try:
+        interrupt.check()
         for st in pending:  # GeneratePendingDeletes: left by a failed replace, first
             step = Step(st.name, st.type, "delete", note="(pending delete of a replaced one)")
             if apply:
+                interrupt.check()
                 t0 = time.perf_counter()
                 engine._delete(st)
                 engine.pending_deletes.remove(st)
@@ -390,6 +436,7 @@ def deploy(
             st = engine.states[name]
             step = Step(name, st.type or "?", "delete")
             if apply:
+                interrupt.check()
                 t0 = time.perf_counter()
                 engine.destroy(name)
                 step.seconds = time.perf_counter() - t0
@@ -398,13 +445,15 @@ def deploy(
                 raise ProtectedError(protect_delete_message(engine.urn(st)))
             mocks.steps.append(step)
         if apply:
+            interrupt.check()
             engine.finish()  # the old halves of this run's replaces
+        interrupt.check()
     except KeyboardInterrupt:
         return _stopped(mocks, engine, state, out, apply, interrupted=True)
     except BaseException as exc:
         if mocks.error is None:
             mocks.error = exc
-        return _stopped(mocks, engine, state, out, apply, interrupted=False)
+        return _stopped(mocks, engine, state, out, apply, interrupted=interrupt.requested)
     if not apply:
         for st in engine.pending_deletes:
             mocks.steps.append(Step(st.name, st.type, "delete", note="(replaced)"))
@@ -444,7 +493,9 @@ def _stopped(
     return 130 if interrupted else 1
 
 
-def refresh(cmd: Command, engine: Engine, state: StateFile, out: TextIO) -> int:
+def refresh(
+    cmd: Command, engine: Engine, state: StateFile, out: TextIO, interrupt: Interrupt
+) -> int:
     out.write(f"Refreshing stack '{cmd.stack}': {NOT_THE_ENGINE}\n\n")
     steps: list[Step] = []
     try:
@@ -453,6 +504,7 @@ def refresh(cmd: Command, engine: Engine, state: StateFile, out: TextIO) -> int:
             if not _targeted(cmd, name, st.urn):
                 continue
             before = dict(st.inputs)
+            interrupt.check()
             t0 = time.perf_counter()
             result = engine.refresh(name)
             op = {"same": "same", "update": "update", "delete": "delete"}[result]
@@ -471,7 +523,9 @@ def refresh(cmd: Command, engine: Engine, state: StateFile, out: TextIO) -> int:
     return 0
 
 
-def destroy(cmd: Command, engine: Engine, state: StateFile, out: TextIO) -> int:
+def destroy(
+    cmd: Command, engine: Engine, state: StateFile, out: TextIO, interrupt: Interrupt
+) -> int:
     out.write(f"Destroying stack '{cmd.stack}': {NOT_THE_ENGINE}\n\n")
     doomed = [
         st
@@ -491,6 +545,7 @@ def destroy(cmd: Command, engine: Engine, state: StateFile, out: TextIO) -> int:
     steps: list[Step] = []
     try:
         for st in doomed:
+            interrupt.check()
             t0 = time.perf_counter()
             if st.pending_delete:
                 engine._delete(st)

@@ -18,7 +18,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 if str(PROJECT_ROOT) not in sys.path:  # run as `python scripts/offline_stack.py`
     sys.path.insert(0, str(PROJECT_ROOT))
 
-from pulumi_standin.cli import main  # noqa: E402
-
 if __name__ == "__main__":
-    sys.exit(main())
+    import runpy
+
+    runpy.run_module("pulumi_standin", run_name="__main__", alter_sys=True)
