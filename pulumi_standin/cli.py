@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from pulumi_standin import _sigint
 from pulumi_standin.program import PROJECT, PROJECT_ROOT
@@ -32,21 +32,25 @@ from pulumi_standin.stack import (
     secure_keys,
 )
 from pulumi_standin.statefile import StandinError
+from pulumi_standin.values import Secret
 
 COMMANDS = ["preview", "up", "refresh", "destroy", "output"]
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, str]:
+def parse_overrides(pairs: list[str], secret_pairs: list[str] | None = None) -> dict[str, Any]:
     """`--config KEY=VALUE` pairs -> {"namespace:key": value}; bare keys get `modal-llm:`.
 
-    Like `pulumi config set` without --secret: the value is plain text (the program refuses a
-    secret key given that way, as it does under the CLI)."""
-    overrides = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise StandinError(f"--config {pair!r}: expected KEY=VALUE")
-        overrides[key if ":" in key else f"{PROJECT}:{key}"] = value
+    `--config` is `pulumi config set` (plain text: the program refuses a secret key given that
+    way, as it does under the CLI); `--secret` is `pulumi config set --secret`."""
+    overrides: dict[str, Any] = {}
+    given: list[tuple[str, list[str]]] = [("--config", pairs), ("--secret", secret_pairs or [])]
+    for flag, items in given:
+        for pair in items:
+            key, sep, value = pair.partition("=")
+            if not sep or not key:  # the text is not echoed: it may be a secret value
+                raise StandinError(f"{flag}: expected KEY=VALUE (no key or no '=' given)")
+            full = key if ":" in key else f"{PROJECT}:{key}"
+            overrides[full] = Secret(value) if flag == "--secret" else value
     return overrides
 
 
@@ -82,6 +86,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=(
             "override one config value for this run only (never saved; objects/lists as JSON),"
             ' e.g. --config \'modal-llm:apiKeyRotation={"gateway": "2026-12-01"}\''
+        ),
+    )
+    parser.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=(
+            "a secret config value for this run only, as `pulumi config set --secret` (never"
+            " saved, never printed), e.g. --secret hfToken=hf_..."
         ),
     )
     parser.add_argument(
@@ -128,7 +142,7 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             state_path=state_path,
             url=url,
             show_secrets=args.show_secrets,
-            overrides=parse_overrides(args.config),
+            overrides=parse_overrides(args.config, args.secret),
             targets=tuple(args.target),
             output_name=args.name,
         )

@@ -24,6 +24,7 @@ event loop closes, so asyncio prints no "Task was destroyed but it is pending!".
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import logging
@@ -39,7 +40,7 @@ from pulumi.runtime import mocks as pmocks
 from pulumi.runtime import rpc, settings
 from pulumi.runtime.stack import run_in_stack
 
-from pulumi_standin.values import to_harness, to_program
+from pulumi_standin.values import Secret, to_harness, to_program
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "modal-llm"
@@ -224,8 +225,9 @@ def stack_config(
     """The config map of `Pulumi.<stack>.yaml` as the CLI passes it, plus its secret keys.
 
     `overrides` replace or add keys (full `project:key` names, Python values; `{"secure": ...}`
-    for a key set with --secret); `drop` removes keys. `secure:` values become plaintext test
-    values (TEST_SECRETS, else `test-secret-for-<key>`) marked secret; nothing else is secret.
+    for a placeholder secret, `Secret(value)` for a secret with that value); `drop` removes
+    keys. `secure:` values become plaintext test values (TEST_SECRETS, else
+    `test-secret-for-<key>`) marked secret; nothing else is secret.
     With `with_defaults`, Pulumi.yaml's declared defaults fill in the keys left unset, as the
     CLI does before it starts the program.
     """
@@ -239,6 +241,9 @@ def stack_config(
             continue
         if isinstance(value, dict) and set(value) == {"secure"}:
             config[key] = TEST_SECRETS.get(key, f"test-secret-for-{key}")
+            secret_keys.append(key)
+        elif isinstance(value, Secret):  # set for this run as `pulumi config set --secret`
+            config[key] = _cli_string(value.value)
             secret_keys.append(key)
         else:
             config[key] = _cli_string(value)
@@ -266,6 +271,7 @@ def run_program(
     resource options included, before the mocks answer it). Exceptions raised by the program
     (config errors included) propagate to the caller.
     """
+    _close_spare_loop()
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # before set_mocks: every RPC task must live on this loop
     try:
@@ -294,12 +300,31 @@ def run_program(
         settings.ROOT.set(None)
         pulumi.runtime.set_all_config({}, [])
         loop.close()
-        asyncio.set_event_loop(asyncio.new_event_loop())
+        _new_spare_loop()
     return ProgramRun(resources=monitor.registrations, outputs=monitor.stack_outputs)
 
 
 class _PlaceholderRoot:
     """Stands in for a root resource while set_mocks configures the runtime."""
+
+
+_spare: list[asyncio.AbstractEventLoop] = []
+
+
+def _new_spare_loop() -> None:
+    """A usable current loop for whoever runs next (other tests expect one); closed by the
+    next run or at exit, never left to the garbage collector (its __del__ fails at exit)."""
+    loop = asyncio.new_event_loop()
+    _spare.append(loop)
+    asyncio.set_event_loop(loop)
+
+
+@atexit.register
+def _close_spare_loop() -> None:
+    while _spare:
+        loop = _spare.pop()
+        if not loop.is_closed() and not loop.is_running():
+            loop.close()
 
 
 _AFTERMATH = (

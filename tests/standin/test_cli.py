@@ -82,6 +82,20 @@ def test_clear_text_hf_token_is_refused_like_the_cli(
     assert "pulumi config set --secret modal-llm:hfToken" in proc.stdout
     assert token not in proc.stdout + proc.stderr
     assert proc.stdout.count("error: ") == 1
+    # The same key set as a secret (`pulumi config set --secret`) is accepted and never shown.
+    ok = _cli(
+        emulator,
+        "preview",
+        "--stack",
+        "dev",
+        "--state",
+        str(tmp_path / "dev.json"),
+        "--secret",
+        f"hfToken={token}",
+        rc=0,
+    )
+    assert "dev-hf-token" in ok.stdout and "Resources: + 10 to create" in ok.stdout
+    assert token not in ok.stdout + ok.stderr
 
 
 def test_failed_and_interrupted_up_one_message_and_a_rerun_continues(
