@@ -53,7 +53,7 @@ down: setup
 	./scripts/down.sh $(STACK)
 
 # Offline stand-in for `pulumi preview --diff` / `pulumi up` on machines without the Pulumi CLI:
-# the program under mocks + the SDK's dynamic-provider server + the emulator (docs/offline.md).
+# the pulumi_standin package: program under mocks + the SDK's provider server + the emulator (docs/offline.md).
 # NOT the Pulumi engine. `plan` needs no emulator; `offline-up`/`offline-down` need `make emulator`.
 plan: setup
 	$(PY) scripts/offline_stack.py preview --stack $(STACK)

@@ -486,8 +486,9 @@ def _stopped(
         out.write(f"\nerror: {explain(mocks.error or RuntimeError('unknown failure'))}\n")
     if apply:
         kept = len(engine.states) + len(engine.pending_deletes)
+        noun = "resource" if kept == 1 else "resources"
         out.write(
-            f"The state file keeps what was applied ({kept} resources); run up again to"
+            f"The state file keeps what was applied ({kept} {noun}); run up again to"
             " continue from there.\n"
         )
     return 130 if interrupted else 1
