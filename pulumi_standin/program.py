@@ -271,10 +271,10 @@ def run_program(
     resource options included, before the mocks answer it). Exceptions raised by the program
     (config errors included) propagate to the caller.
     """
-    _close_spare_loop()
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # before set_mocks: every RPC task must live on this loop
     try:
+        _forget_previous_run()
         pulumi.runtime.set_all_config(dict(config), list(secret_keys or []))
         the_mocks = mocks or ProgramMocks()
         monitor = monitor_factory(the_mocks)
@@ -296,6 +296,7 @@ def run_program(
             _cancel_pending(loop)
             raise
     finally:
+        _forget_previous_run()
         # Leave the process as other tests expect it: no root, no config, a usable loop.
         settings.ROOT.set(None)
         pulumi.runtime.set_all_config({}, [])
@@ -308,14 +309,24 @@ class _PlaceholderRoot:
     """Stands in for a root resource while set_mocks configures the runtime."""
 
 
+def _forget_previous_run() -> None:
+    """Drop the SDK's outstanding RPCs and outputs of an earlier run in this process: after a
+    failed run they belong to its closed loop, and the next run's wait_for_rpcs would wait on
+    them ("Event loop is closed"). `pulumi.runtime.test` clears the same two."""
+    settings.SETTINGS.rpc_manager.clear()
+    with settings.SETTINGS.lock:
+        settings.SETTINGS.outputs.clear()
+
+
 _spare: list[asyncio.AbstractEventLoop] = []
 
 
 def _new_spare_loop() -> None:
-    """A usable current loop for whoever runs next (other tests expect one); closed by the
-    next run or at exit, never left to the garbage collector (its __del__ fails at exit)."""
+    """A usable current loop for whoever runs next (other code may hold it, so it is never
+    closed here); the last one is closed at exit, not left to the garbage collector, whose
+    __del__ of a loop fails once the interpreter is shutting down."""
     loop = asyncio.new_event_loop()
-    _spare.append(loop)
+    _spare[:] = [loop]
     asyncio.set_event_loop(loop)
 
 
