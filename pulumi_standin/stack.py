@@ -156,6 +156,7 @@ class StepMocks(pulumi.runtime.Mocks):
         self.targets = set(targets)
         self.lock = threading.Lock()  # the SDK registers from executor threads
         self.steps: list[Step] = []
+        self.registered: set[str] = set()  # names the program registered in this run
         self.request_options: dict[tuple[str, str], tuple[str, Options]] = {}
         self.error: BaseException | None = None
         self.stopping = False
@@ -185,10 +186,11 @@ class StepMocks(pulumi.runtime.Mocks):
         short_type = args.typ.removeprefix(DYNAMIC)
         engine = self.engine
         old = engine.states.get(args.name)
-        if any(s.name == args.name for s in self.steps):
+        if args.name in self.registered:
             raise StandinError(
                 f"two resources named '{args.name}': this stand-in keys its state by name"
             )
+        self.registered.add(args.name)
         t0 = time.perf_counter()
         if self.targets and args.name not in self.targets and urn not in self.targets:
             # Not targeted: the old state stays as it is; a new resource is not created.
@@ -426,11 +428,10 @@ def deploy(
             preview=not apply,
             monitor_factory=monitor_for,
         )
-        registered = {s.name for s in mocks.steps}
         gone = [
             n
             for n in reversed(list(engine.states))
-            if n not in registered and _targeted(cmd, n, engine.states[n].urn)
+            if n not in mocks.registered and _targeted(cmd, n, engine.states[n].urn)
         ]
         for name in gone:
             st = engine.states[name]
@@ -455,8 +456,6 @@ def deploy(
             mocks.error = exc
         return _stopped(mocks, engine, state, out, apply, interrupted=interrupt.requested)
     if not apply:
-        for st in engine.pending_deletes:
-            mocks.steps.append(Step(st.name, st.type, "delete", note="(replaced)"))
         for step in mocks.steps:
             print_step(step, out, done=False)
     out.write("\n")

@@ -150,3 +150,39 @@ def test_noop_up_refresh_target_and_output(
     assert shown.strip() not in state.read_text()  # encrypted at rest
     listing = _run(emulator, local_server, state, "output")
     assert "proxy_token_id" in listing and shown.strip() not in listing
+
+
+def test_replace_whose_old_delete_fails_keeps_both_and_the_next_up_deletes_it(
+    emulator: EmulatorProcess, local_server: ProviderServer, tmp_path: Path
+) -> None:
+    """A key rotation replaces the key create-before-delete; its old half is deleted after
+    every registration (GenerateDeletes). When that delete fails, the state file keeps the new
+    key and the old one marked pending delete; the next up deletes it first
+    (GeneratePendingDeletes)."""
+    state = tmp_path / "local.json"
+    _run(emulator, local_server, state, "up")
+    rotate = {"modal-llm:apiKeyRotation": '{"gateway": "2026-12-01"}'}
+
+    def fail_old_delete(op: str, name: str) -> None:
+        if (op, name) == ("delete", "tiny-key-gateway"):
+            raise InjectedFault("injected failure of the old key's delete")
+
+    out = _run(
+        emulator, local_server, state, "up", rc=1, overrides=rotate, before_step=fail_old_delete
+    )
+    assert "replaced" in out and "error: injected failure of the old key's delete" in out
+    keys = [
+        r for r in json.loads(state.read_text())["resources"] if r["name"] == "tiny-key-gateway"
+    ]
+    assert sorted(r["pending_delete"] for r in keys) == [False, True]
+    new_id = next(r["id"] for r in keys if not r["pending_delete"])
+
+    preview = _run(emulator, local_server, state, "preview", overrides=rotate)
+    assert "(pending delete of a replaced one)" in preview and "Resources: - 1 to delete" in preview
+    again = _run(emulator, local_server, state, "up", overrides=rotate)
+    assert re.search(r"-\s+llm:ApiKey\s+tiny-key-gateway\s+deleted .*pending delete", again)
+    assert "Resources: - 1 deleted, 9 unchanged" in again, again
+    keys = [
+        r for r in json.loads(state.read_text())["resources"] if r["name"] == "tiny-key-gateway"
+    ]
+    assert [(r["id"], r["pending_delete"]) for r in keys] == [(new_id, False)]
