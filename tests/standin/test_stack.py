@@ -79,31 +79,38 @@ def _state_names(state: Path) -> list[str]:
 def test_a_failed_up_continues_from_its_state_at_each_step(
     emulator: EmulatorProcess, local_server: ProviderServer, tmp_path: Path
 ) -> None:
+    """A failure injected before each of the 9 creates in turn: the first run fails before
+    its first create; every later run applies one create, then fails before the next one; the
+    run after the last failure finishes. After every run the state holds exactly what exists
+    in the emulator (no orphan), and each run goes on from the state the failed one left."""
     state = tmp_path / "local.json"
-    _run(emulator, local_server, state, "up")
-    names = _state_names(state)
-    assert len(names) == 9 and _modal_objects(emulator) == FULL
-    for failing in names:
-        emulator.reset()
-        state.unlink()
+    done: list[str] = []
+    for allowed in [0] + [1] * 9:
+        creates: list[str] = []
 
-        def fail(op: str, name: str, failing: str = failing) -> None:
-            if (op, name) == ("create", failing):
-                raise InjectedFault(f"injected failure before create of '{name}'")
+        def fail(op: str, name: str, allowed: int = allowed, creates: list[str] = creates) -> None:
+            if op == "create":
+                if len(creates) == allowed:
+                    raise InjectedFault(f"injected failure before create of '{name}'")
+                creates.append(name)
 
-        out = _run(emulator, local_server, state, "up", rc=1, before_step=fail)
-        assert out.count("error: ") == 1 and f"before create of '{failing}'" in out
+        rc = 0 if len(done) == 8 else 1
+        out = _run(emulator, local_server, state, "up", rc=rc, before_step=fail)
+        if rc:
+            assert out.count("error: ") == 1 and "injected failure before create of" in out
+        done += creates
         kept = _state_names(state) if state.exists() else []
-        assert failing not in kept and len(kept) < 9, (failing, kept)
-        # What the state holds is exactly what exists: every kept id is live in the emulator.
+        assert sorted(kept) == sorted(done), out  # every applied step, nothing else
+        assert len(set(done)) == len(done)  # nothing created twice
         live = json.dumps(emulator.state())
-        for r in json.loads(state.read_text())["resources"] if state.exists() else []:
+        modal = [r for r in json.loads(state.read_text())["resources"]] if state.exists() else []
+        for r in modal:
             if not r["type"].startswith("llm:"):  # ApiKey lives in the state only
-                assert r["id"] in live, (failing, r["name"])
-        again = _run(emulator, local_server, state, "up")
-        assert "Resources: + " in again and f"{9 - len(kept)} created" in again, again
-        assert sorted(_state_names(state)) == sorted(names)
-        assert _modal_objects(emulator) == FULL, failing  # no orphan, no duplicate
+                assert r["id"] in live, r["name"]
+        objects = _modal_objects(emulator)  # ApiKey and SpendAlert make no object of their own
+        own = [r for r in modal if r["type"] not in ("llm:ApiKey", "modal:SpendAlert")]
+        assert sum(objects.values()) == len(own), (objects, [r["name"] for r in own])
+    assert len(done) == 9 and _modal_objects(emulator) == FULL  # no orphan, no duplicate
 
 
 def test_noop_up_refresh_target_and_output(
