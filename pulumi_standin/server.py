@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -82,6 +84,15 @@ MUTATING_METHODS = frozenset({"Create", "Update", "Delete"})
 #: A provider instance, its `__provider` blob (base64 string), or the blob in the secret
 #: envelope mocks record (`inputs["__provider"]` of a dynamic resource under set_mocks).
 ProviderRef = ResourceProvider | str | Mapping[str, Any]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the process that started it dies (Linux
+    PR_SET_PDEATHSIG; elsewhere nothing). Its own session keeps a terminal's Ctrl-C away from
+    it, so without this a stand-in killed outright would leave the server running."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 class ProviderCallError(Exception):
@@ -207,6 +218,7 @@ class ProviderServer:
             stderr=err,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C goes to the stand-in, which lets calls finish
+            preexec_fn=_die_with_parent,  # ...and no server outlives a killed stand-in
         )
         out.close()
         err.close()
