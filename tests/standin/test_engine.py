@@ -222,3 +222,27 @@ def test_state_is_written_after_every_step(engine: Engine, tmp_path: Path) -> No
     engine.up("a", P, _inputs(tmp_path, size=3))
     engine.destroy("b")
     assert saves[2:] == [["a", "b"], ["a"]]
+
+
+def test_calls_and_their_order_per_step(engine: Engine, tmp_path: Path) -> None:
+    """step_generator.go generateSteps: Check (olds = old inputs) for every registration, Diff
+    (olds = old OUTPUTS) for every existing resource, then the step's one mutation; a same
+    step mutates nothing."""
+    srv = engine.server
+
+    def calls(fn: Any) -> list[str]:
+        start = len(srv.records)
+        fn()
+        return [r.method for r in srv.records[start:]]
+
+    assert calls(lambda: engine.up("a", P, _inputs(tmp_path, zone="z1"))) == ["Check", "Create"]
+    assert calls(lambda: engine.up("a", P, _inputs(tmp_path, zone="z1"))) == ["Check", "Diff"]
+    diff = srv.records[-1].request
+    assert diff["olds"]["__provider"] and "zone" in diff["olds"] and "old_inputs" in diff
+    update = calls(lambda: engine.up("a", P, _inputs(tmp_path, zone="z1", size=2)))
+    assert update == ["Check", "Diff", "Update"]
+    replace = calls(lambda: engine.up("a", P, _inputs(tmp_path, zone="z2")))
+    assert replace == ["Check", "Diff", "Create", "Delete"]  # create-before-delete
+    dbr = calls(lambda: engine.up("a", P, _inputs(tmp_path, zone="z3", dbr=True)))
+    assert dbr == ["Check", "Diff", "Delete", "Create"]
+    assert calls(lambda: engine.destroy("a")) == ["Delete"]
