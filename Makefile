@@ -35,7 +35,7 @@ test: setup $(LITELLM_STAMP) lint
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy emulator components serving bench tests scripts __main__.py
+	$(VENV)/bin/mypy emulator components serving pulumi_standin bench tests scripts __main__.py
 
 # Modal's control plane on loopback, in the foreground (Ctrl-C stops it).
 emulator: setup
@@ -53,7 +53,7 @@ down: setup
 	./scripts/down.sh $(STACK)
 
 # Offline stand-in for `pulumi preview --diff` / `pulumi up` on machines without the Pulumi CLI:
-# the program under mocks + the SDK's dynamic-provider server + the emulator (docs/offline.md).
+# the pulumi_standin package: program under mocks + the SDK's provider server + the emulator (docs/offline.md).
 # NOT the Pulumi engine. `plan` needs no emulator; `offline-up`/`offline-down` need `make emulator`.
 plan: setup
 	$(PY) scripts/offline_stack.py preview --stack $(STACK)

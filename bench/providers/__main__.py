@@ -3,7 +3,7 @@
     python -m bench.providers [--diff-iterations 2000] [--deploys 5] [--json PATH]
 
 One emulator (`python -m emulator serve`, in memory) and one provider server
-(`python -m pulumi.dynamic`, through tests/harness/provider_server.py) for the whole run:
+(`python -m pulumi.dynamic`, through pulumi_standin's ProviderServer) for the whole run:
 
 1. Diff latency: gRPC Diff round trips on unchanged inputs (the call `pulumi preview` makes for
    every resource), for a Secret (pure comparison) and for the App deploying serving/app.py
@@ -35,10 +35,10 @@ from typing import Any
 
 from google.protobuf import empty_pb2
 
+from bench.providers.emulator import BenchEmulator
 from components.modal import AppProvider, SecretProvider, VolumeProvider
+from pulumi_standin import PROJECT_ROOT, Engine, ProviderServer, Secret
 from serving.spec import ServingSpec
-from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
-from tests.harness.provider_server import Engine, ProviderServer, Secret
 
 APP_FILE = "serving/app.py"
 APP_NAME = "bench-llm"
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
-    with EmulatorProcess() as emu, ProviderServer(env=emu.subprocess_env()) as srv:
+    with BenchEmulator() as emu, ProviderServer(env=emu.subprocess_env()) as srv:
         eng = Engine(srv)
         sp, app = SecretProvider(), AppProvider()
         keys = {"SERVING_API_KEYS": json.dumps({"bench": "sha256:" + "0" * 64})}

@@ -14,7 +14,6 @@ Protected cache volumes (`protectCaches`) are neither replaced nor destroyed.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import re
@@ -22,11 +21,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from pulumi_standin.statefile import SecretBox, open_tree
 from tests.harness.emulator import EmulatorProcess
 from tests.harness.provider_server import iter_secret_strings, scan_for_leaks
 from tests.program.runner import PROJECT_ROOT
@@ -44,15 +43,6 @@ TYPES = [
     "modal:App",
     "llm:ApiKey",
 ]
-
-
-def _script_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("offline_stack", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while defined
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(emu: EmulatorProcess, state: Path, *args: str, rc: int = 0, **env: str) -> str:
@@ -124,13 +114,12 @@ def test_preview_up_noop_destroy(emulator: EmulatorProcess, tmp_path: Path) -> N
 
     # The state holds the generated keys and the token secret, encrypted: decrypt them with the
     # script's own code, then look for them everywhere an operator looks.
-    offline = _script_module()
     doc = json.loads(state.read_text())
     salt = base64.b64decode(doc["encryption"]["salt"])
-    box = offline.SecretBox(PASSPHRASE, salt)
+    box = SecretBox(PASSPHRASE, salt)
     secrets: list[str] = []
     for r in doc["resources"]:
-        opened: Any = offline._open_tree(r["outputs"], box, r["name"])
+        opened: Any = open_tree(r["outputs"], box, r["name"])
         secrets += [s for s in iter_secret_strings(opened) if len(s) >= 8]
     assert any(s.startswith("sk-") for s in secrets) and any(s.startswith("ws-") for s in secrets)
 
@@ -240,11 +229,14 @@ def test_protected_caches_are_neither_replaced_nor_destroyed(
     assert "Resources: + 9 created" in _run(emulator, state, "up", *protect)
 
     moved = _run(emulator, state, "preview", *protect, "--config", "environment=elsewhere", rc=1)
-    assert "is protected and a change of environment would replace it" in moved
+    # The engine's own words (step_generator.go: `new.Protect && old.Protect`).
+    assert "unable to replace resource" in moved
+    assert "as it is currently marked for protection" in moved
 
     before = emulator.rpc_counts()
     refused = _run(emulator, state, "destroy", rc=1)
     assert "protected resources (" in refused and "nothing deleted" in refused
+    assert "unable to delete resource" in refused  # step.go DeleteStep.Apply's message
     assert "tiny-hf-cache" in refused and "tiny-engine-cache" in refused
     assert mutating_calls(before, emulator.rpc_counts()) == {}
     assert len(json.loads(state.read_text())["resources"]) == 9

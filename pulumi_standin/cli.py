@@ -1,0 +1,156 @@
+"""`python -m pulumi_standin` (also scripts/offline_stack.py): the engine stand-in as a command.
+
+    python -m pulumi_standin preview --stack local          # like `pulumi preview --diff`
+    python -m pulumi_standin up      --stack local          # like `pulumi up`
+    python -m pulumi_standin refresh --stack local          # like `pulumi refresh`
+    python -m pulumi_standin destroy --stack local          # like `pulumi destroy`
+    python -m pulumi_standin output  --stack local [NAME] [--show-secrets]
+      [--state FILE] [--server-url URL] [--config KEY=VALUE ...] [--target URN|NAME ...]
+
+NOT the Pulumi engine: for machines without the Pulumi CLI, against the Modal emulator only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from pulumi_standin import _sigint
+from pulumi_standin.program import PROJECT, PROJECT_ROOT
+from pulumi_standin.stack import (
+    FAULT_ENV,
+    Command,
+    Interrupt,
+    fault_hook,
+    require_emulator,
+    resolve_server_url,
+    run,
+    secure_keys,
+)
+from pulumi_standin.statefile import StandinError
+from pulumi_standin.values import Secret
+
+COMMANDS = ["preview", "up", "refresh", "destroy", "output"]
+
+
+def parse_overrides(pairs: list[str], secret_pairs: list[str] | None = None) -> dict[str, Any]:
+    """`--config KEY=VALUE` pairs -> {"namespace:key": value}; bare keys get `modal-llm:`.
+
+    `--config` is `pulumi config set` (plain text: the program refuses a secret key given that
+    way, as it does under the CLI); `--secret` is `pulumi config set --secret`."""
+    overrides: dict[str, Any] = {}
+    given: list[tuple[str, list[str]]] = [("--config", pairs), ("--secret", secret_pairs or [])]
+    for flag, items in given:
+        for pair in items:
+            key, sep, value = pair.partition("=")
+            if not sep or not key:  # the text is not echoed: it may be a secret value
+                raise StandinError(f"{flag}: expected KEY=VALUE (no key or no '=' given)")
+            full = key if ":" in key else f"{PROJECT}:{key}"
+            overrides[full] = Secret(value) if flag == "--secret" else value
+    return overrides
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m pulumi_standin",
+        description=(
+            "Stand-in for `pulumi preview --diff` / `up` / `refresh` / `destroy` / `stack"
+            " output` against the Modal emulator. NOT the Pulumi engine: the program runs under"
+            " the SDK's mock monitor and every dynamic resource goes through the SDK's real"
+            " dynamic-provider server, for machines without the Pulumi CLI (docs/standin.md)."
+        ),
+        epilog=(
+            "State: .pulumi-offline/<stack>.json, secrets encrypted with OFFLINE_STACK_PASSPHRASE"
+            " / PULUMI_CONFIG_PASSPHRASE (local stack default: local-emulator)."
+        ),
+    )
+    parser.add_argument("command", choices=COMMANDS)
+    parser.add_argument("name", nargs="?", help="output: the one output to print")
+    parser.add_argument("--stack", default="local", help="stack name (Pulumi.<stack>.yaml)")
+    parser.add_argument(
+        "--state", type=Path, help="state file (default: .pulumi-offline/<stack>.json)"
+    )
+    parser.add_argument(
+        "--server-url",
+        help="emulator URL (default: env MODAL_SERVER_URL, else the stack's modal:serverUrl)",
+    )
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=(
+            "override one config value for this run only (never saved; objects/lists as JSON),"
+            ' e.g. --config \'modal-llm:apiKeyRotation={"gateway": "2026-12-01"}\''
+        ),
+    )
+    parser.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=(
+            "a secret config value for this run only, as `pulumi config set --secret` (never"
+            " saved, never printed), e.g. --secret hfToken=hf_..."
+        ),
+    )
+    parser.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="URN",
+        help="only this resource (its URN, or its name); repeatable",
+    )
+    parser.add_argument("--show-secrets", action="store_true", help="print secret outputs in clear")
+    args = parser.parse_args(argv)
+    if args.name is not None and args.command != "output":
+        parser.error(f"unexpected argument {args.name!r} for {args.command}")
+    return args
+
+
+def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
+    args = parse_args(argv)
+    # A failed or interrupted program leaves no asyncio noise behind: one message only.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    stack_file = PROJECT_ROOT / f"Pulumi.{args.stack}.yaml"
+    try:
+        if not stack_file.exists():
+            raise StandinError(f"no stack file {stack_file.name} in {PROJECT_ROOT}")
+        state_path = args.state or PROJECT_ROOT / ".pulumi-offline" / f"{args.stack}.json"
+        url = "" if args.command == "output" else resolve_server_url(args.stack, args.server_url)
+        encrypted = secure_keys(args.stack)
+        if encrypted and args.command == "up":
+            raise StandinError(
+                f"stack '{args.stack}' has encrypted config ({', '.join(encrypted)}) that this"
+                " stand-in cannot decrypt; it would deploy placeholder values. Use the Pulumi"
+                " CLI for this stack."
+            )
+        if encrypted and args.command == "preview":
+            out.write(
+                f"note: encrypted config ({', '.join(encrypted)}) replaced by placeholder"
+                " values for this preview\n"
+            )
+        if args.command in ("up", "destroy", "refresh"):
+            require_emulator(url)
+        cmd = Command(
+            command=args.command,
+            stack=args.stack,
+            state_path=state_path,
+            url=url,
+            show_secrets=args.show_secrets,
+            overrides=parse_overrides(args.config, args.secret),
+            targets=tuple(args.target),
+            output_name=args.name,
+        )
+        hook = fault_hook(os.environ.get(FAULT_ENV))
+        return run(cmd, out, before_step=hook, interrupt=Interrupt(_sigint.EVENT))
+    except StandinError as exc:
+        out.write(f"error: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        out.write("\ninterrupted (Ctrl-C) before any step started: nothing changed.\n")
+        return 130

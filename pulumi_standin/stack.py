@@ -1,0 +1,593 @@
+"""A stack run: the program under mocks, its dynamic resources through the engine stand-in.
+
+`python -m pulumi_standin {preview,up,refresh,destroy,output} --stack S` (scripts/offline_stack.py
+and the Makefile's plan/offline-up/offline-down call this). The real program (`__main__.py`)
+runs under the SDK's mock monitor with the stack's real config (program.stack_config); each
+dynamic resource it registers goes through `Engine` (engine.py) and the SDK's real
+dynamic-provider server (server.py); the providers' outputs go back to the program, so
+dependents see real ids and URLs and the stack outputs are the real ones. The state file
+(statefile.py) is written after every step.
+
+Engine behaviour kept here (pulumi/pulumi v3.272.0):
+- pending deletes left by a failed replace are deleted first (step_generator.go,
+  GeneratePendingDeletes); deletes of resources the program no longer registers and of the
+  old halves of replaces come after every registration (GenerateDeletes);
+- after the first failed step no new step starts (the step executor cancels the deployment;
+  steps in flight finish); the error is printed once, the state keeps every applied step;
+- Ctrl-C: the step in flight finishes and is saved, nothing new starts, one message, exit 130;
+- `--target URN` (or the resource name): other resources keep their state untouched and an
+  untargeted new resource is not created (its inputs stand in for its outputs);
+- `destroy` with a protected resource refuses before deleting anything (a destroy's preview
+  fails on the protected delete before the update starts).
+Not modelled: see docs/standin.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlparse
+
+import pulumi
+import yaml
+from pulumi.runtime import rpc
+
+from pulumi_standin import _sigint
+from pulumi_standin.display import (
+    Step,
+    diff_lines,
+    print_outputs,
+    print_step,
+    show_output,
+    summary,
+)
+from pulumi_standin.engine import (
+    CheckFailed,
+    Engine,
+    EngineError,
+    Options,
+    ProtectedError,
+    protect_delete_message,
+)
+from pulumi_standin.program import (
+    DYNAMIC,
+    PROJECT,
+    PROJECT_ROOT,
+    ProgramRun,
+    RecordingMonitor,
+    run_program,
+    stack_config,
+)
+from pulumi_standin.server import ProviderCallError, ProviderServer
+from pulumi_standin.statefile import NOT_THE_ENGINE, StandinError, StateFile
+from pulumi_standin.values import Secret, to_harness, to_program
+
+#: Test-only fault injection for command runs: "OP:NAME" makes the step OP (create, update,
+#: delete) of resource NAME fail before the provider is called; "interrupt:OP:NAME" delivers
+#: a Ctrl-C there instead.
+FAULT_ENV = "PULUMI_STANDIN_FAULT"
+
+
+class Cancelled(Exception):
+    """A step not started because the deployment was already failing or interrupted."""
+
+
+class InjectedFault(Exception):
+    """The failure FAULT_ENV asked for."""
+
+
+class Interrupt:
+    """Ctrl-C the engine's way: the first one lets the step in flight finish and starts no new
+    one (the CLI's graceful cancellation); a second one stops at once (KeyboardInterrupt).
+
+    A KeyboardInterrupt raised at a random point would land inside the SDK, which holds it
+    until every outstanding registration has run (pulumi/runtime/stack.py run_pulumi_func),
+    so the first Ctrl-C only sets `event`; every step checks it before it starts.
+    """
+
+    def __init__(self, event: threading.Event | None = None) -> None:
+        self.event = event if event is not None else threading.Event()
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Interrupt]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = signal.signal(signal.SIGINT, _sigint.handler_for(self.event))
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def check(self) -> None:
+        """Between two steps of the main thread: stop if Ctrl-C was pressed."""
+        if self.event.is_set():
+            raise KeyboardInterrupt
+
+
+@dataclass
+class Command:
+    command: str  # preview | up | refresh | destroy | output
+    stack: str
+    state_path: Path
+    url: str
+    show_secrets: bool = False
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    targets: tuple[str, ...] = ()
+    output_name: str | None = None
+
+
+# ---- the mocks that drive the engine -------------------------------------------------------
+
+
+class StepMocks(pulumi.runtime.Mocks):
+    """Mocks whose answers come from the real providers through the engine stand-in.
+
+    apply=False (preview): Check + Diff only; a resource that changes is answered with its
+    checked inputs (its computed outputs stay unknown, as in a Pulumi preview).
+    apply=True (up): the step is applied; the answer is the provider's real outputs.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        apply: bool,
+        out: TextIO | None,
+        targets: tuple[str, ...] = (),
+        interrupt: Interrupt | None = None,
+    ) -> None:
+        self.interrupt = interrupt or Interrupt()
+        self.engine = engine
+        self.apply = apply
+        self.out = out
+        self.targets = set(targets)
+        self.lock = threading.Lock()  # the SDK registers from executor threads
+        self.steps: list[Step] = []
+        self.registered: set[str] = set()  # names the program registered in this run
+        self.request_options: dict[tuple[str, str], tuple[str, Options]] = {}
+        self.error: BaseException | None = None
+        self.stopping = False
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        if not args.custom:
+            return None, {}
+        with self.lock:
+            if self.interrupt.requested:
+                self.stopping = True
+                raise Cancelled(f"'{args.name}' not started: Ctrl-C")
+            if self.stopping:
+                raise Cancelled(f"'{args.name}' not started: the deployment was stopped")
+            try:
+                return self._step(args)
+            except BaseException as exc:
+                self.stopping = True  # no new step after a failure, as the engine does
+                if self.error is None:
+                    self.error = exc
+                raise
+
+    def _step(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        inputs = dict(args.inputs)
+        blob = rpc.unwrap_rpc_secret(inputs.pop("__provider"))
+        news = to_harness(inputs)
+        urn, opts = self.request_options.get((args.typ, args.name), ("", Options()))
+        short_type = args.typ.removeprefix(DYNAMIC)
+        engine = self.engine
+        old = engine.states.get(args.name)
+        if args.name in self.registered:
+            raise StandinError(
+                f"two resources named '{args.name}': this stand-in keys its state by name"
+            )
+        self.registered.add(args.name)
+        t0 = time.perf_counter()
+        if self.targets and args.name not in self.targets and urn not in self.targets:
+            # Not targeted: the old state stays as it is; a new resource is not created.
+            self.steps.append(Step(args.name, short_type, "skip"))
+            if old is not None:
+                return old.id, to_program(old.outputs)
+            return "", to_program(news)
+        replaces: list[str] = []
+        if self.apply:
+            op = engine.up(args.name, blob, news, options=opts, type_=short_type, urn=urn)
+            st = engine.states[args.name]
+            result_id, outputs, checked = st.id, st.outputs, st.inputs
+            if op == "replace" and engine.last_diff is not None:
+                replaces = list(engine.last_diff.replaces)
+        else:
+            op, diff, checked = engine.plan(args.name, blob, news, options=opts)
+            replaces = list(diff.replaces) if diff is not None and op == "replace" else []
+            if op == "same":
+                assert old is not None
+                result_id, outputs = old.id, old.outputs
+            else:  # what a preview hands the program: the checked inputs
+                result_id, outputs = (old.id if old and op == "update" else ""), checked
+        step = Step(args.name, short_type, op, replaces=replaces)
+        step.seconds = time.perf_counter() - t0
+        if old is not None and op in ("update", "replace"):
+            step.lines = diff_lines(old.inputs, checked)
+        self.steps.append(step)
+        if self.apply and self.out is not None:
+            print_step(step, self.out, done=True)
+        return result_id, to_program(outputs)
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
+        return {}, None
+
+
+def monitor_for(mocks: pulumi.runtime.Mocks) -> RecordingMonitor:
+    """A RecordingMonitor that hands each custom resource's URN and options to StepMocks."""
+
+    class OptionsMonitor(RecordingMonitor):
+        def RegisterResource(self, request: Any) -> Any:
+            if request.custom and isinstance(mocks, StepMocks):
+                mocks.request_options[(request.type, request.name)] = (
+                    self.make_urn(request.parent, request.type, request.name),
+                    Options(
+                        secret_outputs=tuple(request.additionalSecretOutputs),
+                        protect=bool(request.protect),
+                        retain_on_delete=bool(request.retainOnDelete),
+                        ignore_changes=tuple(request.ignoreChanges),
+                        delete_before_replace=bool(request.deleteBeforeReplace),
+                    ),
+                )
+            return super().RegisterResource(request)
+
+    return OptionsMonitor(mocks)
+
+
+# ---- setup ------------------------------------------------------------------------------
+
+
+def resolve_server_url(stack: str, flag: str | None) -> str:
+    raw = yaml.safe_load((PROJECT_ROOT / f"Pulumi.{stack}.yaml").read_text()) or {}
+    url = (
+        flag
+        or os.environ.get("MODAL_SERVER_URL")
+        or (raw.get("config") or {}).get("modal:serverUrl")
+    )
+    if not url:
+        raise StandinError(
+            f"stack '{stack}': no emulator URL. Pass --server-url http://127.0.0.1:PORT or"
+            " export MODAL_SERVER_URL (start one with: make emulator)."
+        )
+    host = urlparse(url).hostname or ""
+    loopback = host == "localhost"
+    with contextlib.suppress(ValueError):
+        loopback = loopback or ipaddress.ip_address(host).is_loopback
+    if not loopback:
+        raise StandinError(
+            f"server URL {url} is not on loopback: this stand-in only drives the local Modal"
+            " emulator. Use the Pulumi CLI for real Modal."
+        )
+    return str(url)
+
+
+def require_emulator(url: str) -> None:
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", port), timeout=2):
+            return
+    except OSError as exc:
+        raise StandinError(
+            f"no Modal emulator answers at {url} ({exc}). Start one: make emulator"
+            f" (or .venv/bin/python -m emulator serve --port {port})"
+        ) from None
+
+
+def secure_keys(stack: str) -> list[str]:
+    raw = yaml.safe_load((PROJECT_ROOT / f"Pulumi.{stack}.yaml").read_text()) or {}
+    return [
+        k
+        for k, v in (raw.get("config") or {}).items()
+        if isinstance(v, dict) and set(v) == {"secure"}
+    ]
+
+
+@contextlib.contextmanager
+def provider_server(
+    stack: str, url: str, config: Mapping[str, str], secret_keys: list[str]
+) -> Iterator[ProviderServer]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MODAL_ENVIRONMENT", "MODAL_PROFILE")}
+    env["MODAL_SERVER_URL"] = url
+    env.setdefault("MODAL_TOKEN_ID", "ak-local-emulator")  # the emulator accepts any token
+    env.setdefault("MODAL_TOKEN_SECRET", "as-local-emulator")
+    server_config = {k: Secret(v) if k in secret_keys else v for k, v in config.items()}
+    server = ProviderServer(env=env, config=server_config, project=PROJECT, stack=stack)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def shown_path(path: Path) -> str:
+    """`path` relative to the working directory when it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def explain(exc: BaseException) -> str:
+    """One operator-facing message for a failure (provider tracebacks cut to their end)."""
+    if isinstance(exc, CheckFailed):
+        reasons = "; ".join(f"{prop}: {why}" for prop, why in exc.failures)
+        return f"resource '{exc.name}': the provider's Check refused the inputs: {reasons}"
+    if isinstance(exc, ProviderCallError):
+        tail = [ln for ln in exc.details.strip().splitlines() if ln.strip()][-6:]
+        return f"provider {exc.method} failed ({exc.code.name}):\n  " + "\n  ".join(tail)
+    if isinstance(exc, pulumi.RunError | EngineError | StandinError | InjectedFault):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def fault_hook(spec: str | None) -> Callable[[str, str], None] | None:
+    """The before_step hook FAULT_ENV asks for (None when unset)."""
+    if not spec:
+        return None
+    interrupt = spec.startswith("interrupt:")
+    op, _, name = spec.removeprefix("interrupt:").partition(":")
+
+    def hook(step_op: str, step_name: str) -> None:
+        if (step_op, step_name) != (op, name):
+            return
+        if interrupt:
+            import _thread
+
+            _thread.interrupt_main()  # a Ctrl-C arriving while this step runs
+            return
+        raise InjectedFault(f"injected failure ({FAULT_ENV}={spec}) before {op} of '{name}'")
+
+    return hook
+
+
+# ---- commands -----------------------------------------------------------------------------
+
+
+def run(
+    cmd: Command,
+    out: TextIO,
+    *,
+    before_step: Callable[[str, str], None] | None = None,
+    server: ProviderServer | None = None,
+    interrupt: Interrupt | None = None,
+) -> int:
+    """Run one command; returns the exit code. `server`: an already started provider server
+    for this stack (tests share one); `before_step`: see Engine.before_step; `interrupt`: the
+    Ctrl-C flag (the command line's is installed before the SDK is imported)."""
+    if cmd.command in ("up", "destroy", "refresh", "output") or cmd.state_path.exists():
+        # Resolve the passphrase before anything runs: a missing one must change nothing.
+        StateFile(cmd.state_path, cmd.stack).box  # noqa: B018
+    if cmd.command == "output":
+        return show_stack_output(cmd, out)
+    config, secret_keys = stack_config(cmd.stack, {**cmd.overrides, "modal:serverUrl": cmd.url})
+    with contextlib.ExitStack() as stack:
+        interrupt = stack.enter_context((interrupt or Interrupt()).installed())
+        if server is None:
+            server = stack.enter_context(provider_server(cmd.stack, cmd.url, config, secret_keys))
+        engine = Engine(server, defer_replaced_deletes=True, before_step=before_step)
+        state = StateFile.load(cmd.state_path, cmd.stack, engine)
+        if cmd.command in ("up", "destroy", "refresh"):
+            engine.on_change = lambda: state.save(engine)
+        if cmd.command == "destroy":
+            return destroy(cmd, engine, state, out, interrupt)
+        if cmd.command == "refresh":
+            return refresh(cmd, engine, state, out, interrupt)
+        return deploy(cmd, engine, state, config, secret_keys, out, interrupt)
+    return 0  # pragma: no cover (ExitStack does not swallow)
+
+
+def deploy(
+    cmd: Command,
+    engine: Engine,
+    state: StateFile,
+    config: dict[str, str],
+    secret_keys: list[str],
+    out: TextIO,
+    interrupt: Interrupt,
+) -> int:
+    apply = cmd.command == "up"
+    verb = "Updating" if apply else "Previewing update of"
+    out.write(f"{verb} stack '{cmd.stack}': {NOT_THE_ENGINE}\n")
+    out.write(f"  emulator: {cmd.url}   state: {shown_path(cmd.state_path)}\n\n")
+    mocks = StepMocks(engine, apply=apply, out=out, targets=cmd.targets, interrupt=interrupt)
+    pending = [
+        s for s in engine.pending_deletes if not cmd.targets or _targeted(cmd, s.name, s.urn)
+    ]
+    try:
+        interrupt.check()
+        for st in pending:  # GeneratePendingDeletes: left by a failed replace, first
+            step = Step(st.name, st.type, "delete", note="(pending delete of a replaced one)")
+            if apply:
+                interrupt.check()
+                t0 = time.perf_counter()
+                engine._delete(st)
+                engine.pending_deletes.remove(st)
+                state.save(engine)
+                step.seconds = time.perf_counter() - t0
+                print_step(step, out, done=True)
+            mocks.steps.append(step)
+        run_result: ProgramRun = run_program(
+            cmd.stack,
+            config,
+            secret_keys,
+            mocks=mocks,
+            preview=not apply,
+            monitor_factory=monitor_for,
+        )
+        gone = [
+            n
+            for n in reversed(list(engine.states))
+            if n not in mocks.registered and _targeted(cmd, n, engine.states[n].urn)
+        ]
+        for name in gone:
+            st = engine.states[name]
+            step = Step(name, st.type or "?", "delete")
+            if apply:
+                interrupt.check()
+                t0 = time.perf_counter()
+                engine.destroy(name)
+                step.seconds = time.perf_counter() - t0
+                print_step(step, out, done=True)
+            elif st.protect:
+                raise ProtectedError(protect_delete_message(engine.urn(st)))
+            mocks.steps.append(step)
+        if apply:
+            interrupt.check()
+            engine.finish()  # the old halves of this run's replaces
+        interrupt.check()
+    except KeyboardInterrupt:
+        return _stopped(mocks, engine, state, out, apply, interrupted=True)
+    except BaseException as exc:
+        if mocks.error is None:
+            mocks.error = exc
+        return _stopped(mocks, engine, state, out, apply, interrupted=interrupt.requested)
+    if not apply:
+        for step in mocks.steps:
+            print_step(step, out, done=False)
+    out.write("\n")
+    print_outputs(run_result.outputs, cmd.show_secrets, out, only_known=False)
+    out.write("\n" + summary(mocks.steps, done=apply) + "\n")
+    if apply:
+        state.outputs = to_harness(run_result.outputs)
+        state.save(engine)
+    return 0
+
+
+def _targeted(cmd: Command, name: str, urn: str) -> bool:
+    return not cmd.targets or name in cmd.targets or urn in cmd.targets
+
+
+def _stopped(
+    mocks: StepMocks, engine: Engine, state: StateFile, out: TextIO, apply: bool, interrupted: bool
+) -> int:
+    """One message for a failed or interrupted run; the state keeps every applied step."""
+    mocks.stopping = True
+    with mocks.lock:  # a step in flight finishes (and is saved) first
+        if apply:
+            state.save(engine)
+    if interrupted:
+        out.write("\ninterrupted (Ctrl-C): the step in flight finished, no new step started.\n")
+    else:
+        out.write(f"\nerror: {explain(mocks.error or RuntimeError('unknown failure'))}\n")
+    if apply:
+        kept = len(engine.states) + len(engine.pending_deletes)
+        noun = "resource" if kept == 1 else "resources"
+        out.write(
+            f"The state file keeps what was applied ({kept} {noun}); run up again to"
+            " continue from there.\n"
+        )
+    return 130 if interrupted else 1
+
+
+def refresh(
+    cmd: Command, engine: Engine, state: StateFile, out: TextIO, interrupt: Interrupt
+) -> int:
+    out.write(f"Refreshing stack '{cmd.stack}': {NOT_THE_ENGINE}\n\n")
+    steps: list[Step] = []
+    try:
+        for name in list(engine.states):
+            st = engine.states[name]
+            if not _targeted(cmd, name, st.urn):
+                continue
+            before = dict(st.inputs)
+            interrupt.check()
+            t0 = time.perf_counter()
+            result = engine.refresh(name)
+            op = {"same": "same", "update": "update", "delete": "delete"}[result]
+            step = Step(name, st.type, op, seconds=time.perf_counter() - t0)
+            if result == "update":
+                step.lines = diff_lines(before, engine.states[name].inputs)
+            print_step(step, out, done=True)
+            steps.append(step)
+    except KeyboardInterrupt:
+        out.write("\ninterrupted (Ctrl-C): the state keeps what was refreshed.\n")
+        return 130
+    except (EngineError, ProviderCallError, StandinError) as exc:
+        out.write(f"\nerror: {explain(exc)}\n")
+        return 1
+    out.write("\n" + summary(steps, done=True) + "\n")
+    return 0
+
+
+def destroy(
+    cmd: Command, engine: Engine, state: StateFile, out: TextIO, interrupt: Interrupt
+) -> int:
+    out.write(f"Destroying stack '{cmd.stack}': {NOT_THE_ENGINE}\n\n")
+    doomed = [
+        st
+        for st in [*engine.pending_deletes, *reversed(list(engine.states.values()))]
+        if _targeted(cmd, st.name, st.urn)
+    ]
+    protected = [st for st in doomed if st.protect]
+    if protected:  # the destroy's preview fails on these before anything is deleted
+        for st in protected:
+            out.write(f"error: {protect_delete_message(engine.urn(st))}\n")
+        names = ", ".join(st.name for st in protected)
+        out.write(
+            f"\nprotected resources ({names}): nothing deleted. Remove the protection in the"
+            " program's config (e.g. protectCaches: false), run up, then destroy.\n"
+        )
+        return 1
+    steps: list[Step] = []
+    try:
+        for st in doomed:
+            interrupt.check()
+            t0 = time.perf_counter()
+            if st.pending_delete:
+                engine._delete(st)
+                engine.pending_deletes.remove(st)
+                state.save(engine)
+            else:
+                engine.destroy(st.name)
+            step = Step(st.name, st.type or "?", "delete", seconds=time.perf_counter() - t0)
+            print_step(step, out, done=True)
+            steps.append(step)
+    except KeyboardInterrupt:
+        out.write("\ninterrupted (Ctrl-C): the state keeps every resource not deleted yet.\n")
+        return 130
+    except (EngineError, ProviderCallError, StandinError, InjectedFault) as exc:
+        out.write(f"\nerror: {explain(exc)}\n")
+        out.write("The state file keeps every resource not deleted yet; fix it and rerun.\n")
+        return 1
+    if not cmd.targets:
+        state.outputs = {}
+    if state.path.exists():
+        state.save(engine)
+    out.write("\n" + summary(steps, done=True) + "\n")
+    return 0
+
+
+def show_stack_output(cmd: Command, out: TextIO) -> int:
+    """`pulumi stack output [NAME] [--show-secrets]` from the state of the last up."""
+    state = StateFile.load(cmd.state_path, cmd.stack)
+    outputs = to_program(state.outputs)
+    if cmd.output_name is not None:
+        if cmd.output_name not in outputs:
+            raise StandinError(
+                f"stack '{cmd.stack}' has no output '{cmd.output_name}' (it has:"
+                f" {', '.join(sorted(outputs)) or 'none; run up first'})"
+            )
+        value = show_output(outputs[cmd.output_name], cmd.show_secrets)
+        if isinstance(value, str):
+            out.write(value + ("" if value.endswith("\n") else "\n"))
+        else:
+            import json
+
+            out.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+        return 0
+    print_outputs(outputs, cmd.show_secrets, out)
+    return 0

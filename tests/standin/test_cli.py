@@ -1,0 +1,122 @@
+"""`python -m pulumi_standin` as an operator runs it (scripts/offline_stack.py and the Makefile
+targets run the same `main`): one clear message per failure, never asyncio noise.
+
+- The issue's repro: `make offline-up STACK=dev` without a passphrase created `dev` in the
+  emulator and wrote no state. Now the passphrase is resolved before anything runs.
+- A clear-text `modal-llm:hfToken` is refused where the CLI refuses it (the program's own
+  config check: secret-ness comes from the stack file / `--secret`, never from the key name).
+- A failing step and a Ctrl-C during a step: exit 1 / 130, one message, the state keeps what
+  was applied (the step in flight finishes, as on the engine's first Ctrl-C), a rerun
+  continues.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pulumi_standin.program import PROJECT_ROOT
+from pulumi_standin.stack import FAULT_ENV
+from tests.harness.emulator import EmulatorProcess
+from tests.providers.helpers import mutating_calls
+
+pytestmark = pytest.mark.slow
+NOISE = ("Traceback", "Task was destroyed", "never retrieved", "Exception ignored")
+
+
+def _cli(
+    emu: EmulatorProcess, *args: str, rc: int, passphrase: str | None = "cli-test", **env: str
+) -> subprocess.CompletedProcess[str]:
+    full = emu.subprocess_env(env)
+    full.pop("PYTHONPATH", None)  # `python -m pulumi_standin` must work from the project root
+    for var in ("OFFLINE_STACK_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE"):
+        full.pop(var, None)
+    if passphrase is not None:
+        full["OFFLINE_STACK_PASSPHRASE"] = passphrase
+    proc = subprocess.run(
+        [sys.executable, "-m", "pulumi_standin", *args, "--server-url", emu.url],
+        cwd=PROJECT_ROOT,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == rc, f"{args}: rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    for noise in NOISE:
+        assert noise not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    return proc
+
+
+def test_no_passphrase_changes_nothing(emulator: EmulatorProcess, tmp_path: Path) -> None:
+    state = tmp_path / "dev.json"
+    before = emulator.rpc_counts()
+    proc = _cli(emulator, "up", "--stack", "dev", "--state", str(state), rc=1, passphrase=None)
+    assert "stack 'dev': no passphrase" in proc.stdout and "nothing was run" in proc.stdout
+    assert mutating_calls(before, emulator.rpc_counts()) == {}
+    assert [e["name"] for e in emulator.state()["environments"]] == ["main"]
+    assert not state.exists()
+
+
+def test_clear_text_hf_token_is_refused_like_the_cli(
+    emulator: EmulatorProcess, tmp_path: Path
+) -> None:
+    token = "hf_clear_text_0123456789"
+    proc = _cli(
+        emulator,
+        "preview",
+        "--stack",
+        "dev",
+        "--state",
+        str(tmp_path / "dev.json"),
+        "--config",
+        f"hfToken={token}",
+        rc=1,
+    )
+    assert "modal-llm:hfToken is stored in clear" in proc.stdout
+    assert "pulumi config set --secret modal-llm:hfToken" in proc.stdout
+    assert token not in proc.stdout + proc.stderr
+    assert proc.stdout.count("error: ") == 1
+    # The same key set as a secret (`pulumi config set --secret`) is accepted and never shown.
+    ok = _cli(
+        emulator,
+        "preview",
+        "--stack",
+        "dev",
+        "--state",
+        str(tmp_path / "dev.json"),
+        "--secret",
+        f"hfToken={token}",
+        rc=0,
+    )
+    assert "dev-hf-token" in ok.stdout and "Resources: + 10 to create" in ok.stdout
+    assert token not in ok.stdout + ok.stderr
+
+
+def test_failed_and_interrupted_up_one_message_and_a_rerun_continues(
+    emulator: EmulatorProcess, tmp_path: Path
+) -> None:
+    state = tmp_path / "local.json"
+    args = ("up", "--stack", "local", "--state", str(state))
+    failed = _cli(emulator, *args, rc=1, **{FAULT_ENV: "create:tiny-app"})
+    assert failed.stdout.count("error: ") == 1
+    assert "injected failure" in failed.stdout and "before create of 'tiny-app'" in failed.stdout
+    assert "The state file keeps what was applied (8 resources)" in failed.stdout
+    assert not [a for a in emulator.state()["apps"] if a.get("state") != "stopped"]
+
+    # Ctrl-C while the App is being created: that step finishes and is saved, then it stops.
+    stopped = _cli(emulator, *args, rc=130, **{FAULT_ENV: "interrupt:create:tiny-app"})
+    assert stopped.stdout.count("interrupted (Ctrl-C)") == 1, stopped.stdout
+    assert "error: " not in stopped.stdout
+    names = [r["name"] for r in json.loads(state.read_text())["resources"]]
+    assert len(names) == 9 and "tiny-app" in names
+
+    again = _cli(emulator, *args, rc=0)
+    assert "Resources: 9 unchanged" in again.stdout
+    assert len([a for a in emulator.state()["apps"] if a.get("state") != "stopped"]) == 1
+    assert os.stat(state).st_mode & 0o077 == 0
