@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import gc
 import json
 import logging
 import runpy
@@ -332,8 +333,12 @@ def _new_spare_loop() -> None:
 
 @atexit.register
 def _close_spare_loop() -> None:
-    while _spare:
-        loop = _spare.pop()
+    """Close every loop still open at exit: the spare one, and any that an earlier spare or
+    the SDK left to the garbage collector (a loop collected during interpreter shutdown prints
+    "Exception ignored in BaseEventLoop.__del__ ... Invalid file descriptor: -1")."""
+    loops = [*_spare, *(o for o in gc.get_objects() if isinstance(o, asyncio.BaseEventLoop))]
+    _spare.clear()
+    for loop in loops:
         if not loop.is_closed() and not loop.is_running():
             loop.close()
 
