@@ -86,6 +86,8 @@ class ControlServer:
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
+        #: (method, path) -> handler(body) added by other parts (the runtime's routes).
+        self.extra_routes: dict[tuple[str, str], Any] = {}
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
@@ -269,6 +271,10 @@ class ControlServer:
             return self._usage(body)
         if (method, path) == ("POST", "/_emulator/proxy-auth"):
             return self._proxy_auth(body)
+        extra = self.extra_routes.get((method, path))
+        if extra is not None:
+            result: Response = extra(body)
+            return result
         handler = routes.get((method, path))
         if handler is None:
             raise HttpError(404, f"no route for {method} {path}; see emulator/http.py")

@@ -71,6 +71,7 @@ def ImageGetOrCreate(
         list(req.image.dockerfile_commands),
         req.force_build or req.ignore_cache,
         [base.image_id for base in req.image.base_images],
+        req.image.context_mount_id,
     )
     resp = api_pb2.ImageGetOrCreateResponse(image_id=image.id)
     if image.built:
