@@ -71,7 +71,7 @@ class State:
         app_label = app.name or app.description or app.id
         url = web_url(self.workspace, env.webhook_suffix, app_label, function_name, label, dev)
         if self.url_mapper is not None:
-            return WebUrl(self.url_mapper(url.url), url.truncated, url.has_unique_hash)
+            return WebUrl(self.url_mapper(url.url), url.truncated, url.has_unique_hash, url.url)
         return url
 
     def reset(self) -> None:

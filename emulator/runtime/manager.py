@@ -493,7 +493,9 @@ class Runtime:
             seen.add(fid)
         for cid in class_ids.values():
             if cid not in seen:
-                layout.objects.add(object_id=cid)
+                layout.objects.add(
+                    object_id=cid, class_handle_metadata=api_pb2.ClassHandleMetadata()
+                )
                 seen.add(cid)
         for dep in fn.object_dependencies:
             if dep.object_id not in seen:
@@ -640,6 +642,13 @@ class Runtime:
                 pool.last_failure = c.failure
                 if was == "starting":
                     pool.backoff_until = time.monotonic() + CRASH_BACKOFF
+                    others = [x for x in pool.live(current_only=True) if x.task_id != c.task_id]
+                    if not others:  # nothing else can take the queued inputs: they fail
+                        detail = "\n".join(c.tail)
+                        self.calls.fail_queued(
+                            c.function_id,
+                            f"{c.failure} while starting; its last output:\n{detail}",
+                        )
             pool.notify()
         self.calls.fail_task(c.task_id, c.failure or f"container {c.task_id} stopped")
         self.wake()

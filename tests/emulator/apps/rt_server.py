@@ -14,7 +14,10 @@ import modal
 HERE = pathlib.Path(__file__).parent
 
 APP_NAME = os.environ.get("RT_APP", "rt-server")
-_env = {"RT_MESSAGE": os.environ.get("RT_MESSAGE", "hello"), "RT_FAIL": os.environ.get("RT_FAIL", "")}
+_env = {
+    "RT_MESSAGE": os.environ.get("RT_MESSAGE", "hello"),
+    "RT_FAIL": os.environ.get("RT_FAIL", ""),
+}
 image = modal.Image.debian_slim().env(_env).add_local_file(HERE / "rt_web.py", "/root/rt_web.py")
 app = modal.App(APP_NAME, image=image)
 vol = modal.Volume.from_name("rt-vol", create_if_missing=True)

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         print("web:", format % args, flush=True)
 
     def _send(self, code: int, body: bytes) -> None:
@@ -25,7 +25,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         url = urllib.parse.urlsplit(self.path)
         q = dict(urllib.parse.parse_qsl(url.query))
         if url.path == "/sleep":
@@ -58,7 +58,7 @@ class Handler(BaseHTTPRequestHandler):
             msg = os.environ.get("RT_MESSAGE", "hello")
             self._send(200, f"{msg} from {os.environ.get('MODAL_TASK_ID', '?')}".encode())
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         url = urllib.parse.urlsplit(self.path)
         q = dict(urllib.parse.parse_qsl(url.query))
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
