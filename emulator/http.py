@@ -88,6 +88,8 @@ class ControlServer:
         self._server: asyncio.Server | None = None
         #: (method, path) -> handler(body) added by other parts (the runtime's routes).
         self.extra_routes: dict[tuple[str, str], Any] = {}
+        #: Called after `/_emulator/reset` emptied the state (the runtime forgets its containers).
+        self.reset_hooks: list[Any] = []
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
@@ -294,6 +296,8 @@ class ControlServer:
     def _reset(self) -> Response:
         self.state.reset()
         self.counter.reset()
+        for hook in self.reset_hooks:
+            hook()
         log.info("state reset")
         return _json(200, {"ok": True})
 

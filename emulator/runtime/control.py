@@ -42,6 +42,7 @@ def install(control: ControlServer, runtime: Runtime) -> None:
         call_id = runtime.fire_schedule(function_id, reason="fired by /_emulator/schedules/run")
         return _json(200, {"function_call_id": call_id, "function_id": function_id})
 
+    control.reset_hooks.append(runtime.reset)
     control.extra_routes[("GET", "/_emulator/containers")] = containers
     control.extra_routes[("GET", "/_emulator/edge")] = edge
     control.extra_routes[("POST", "/_emulator/schedules/run")] = run_schedule

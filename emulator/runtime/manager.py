@@ -227,6 +227,19 @@ class Runtime:
     def wake(self) -> None:
         self._wake.set()
 
+    def reset(self) -> None:
+        """The state was emptied: stop every container and forget containers, calls and logs."""
+        for pool in list(self.pools.values()):
+            if not pool.retired:
+                self._retire(pool)
+        for c in self.tasks.values():
+            if not c.exited.is_set():
+                self._spawn_stop(c, grace=0.0)
+        self.pools.clear()
+        self.tasks.clear()
+        self.calls.clear()
+        self.logs.clear()
+
     async def _run(self) -> None:
         while True:
             try:
@@ -723,8 +736,14 @@ class Runtime:
                 if pool.retired:
                     raise StartFailed("the app was stopped")
                 ready = [c for c in pool.live() if c.state == "ready" and c.free_slots > 0]
-                # prefer the current version, then the least busy
-                ready.sort(key=lambda c: (c.definition_id != pool.definition.id, c.in_flight))
+                # prefer the current version, then the least busy, then the least recently used
+                ready.sort(
+                    key=lambda c: (
+                        c.definition_id != pool.definition.id,
+                        c.in_flight,
+                        c.last_active,
+                    )
+                )
                 if ready:
                     c = ready[0]
                     c.in_flight += 1
