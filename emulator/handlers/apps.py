@@ -114,6 +114,20 @@ def AppClientDisconnect(ctx: Context, req: api_pb2.AppClientDisconnectRequest) -
     return Empty()
 
 
+def _normalized(data: bytes) -> bytes:
+    fd = api_pb2.FunctionData.FromString(data)
+    for ranked in fd.ranked_functions:
+        ids = sorted(ranked.function.mount_ids)
+        del ranked.function.mount_ids[:]
+        ranked.function.mount_ids.extend(ids)
+    return fd.SerializeToString(deterministic=True)
+
+
+def _same_definition(a: bytes, b: bytes) -> bool:
+    """Equal definitions, whatever order the client listed the mounts in (it varies)."""
+    return a == b or _normalized(a) == _normalized(b)
+
+
 @rpc
 def AppPublish(ctx: Context, req: api_pb2.AppPublishRequest) -> api_pb2.AppPublishResponse:
     publish = PublishRequest(
@@ -128,7 +142,7 @@ def AppPublish(ctx: Context, req: api_pb2.AppPublishRequest) -> api_pb2.AppPubli
         commit_hash=req.commit_info.commit_hash,
         commit_dirty=req.commit_info.dirty,
     )
-    if ctx.state.apps.unchanged(req.app_id, publish):
+    if ctx.state.apps.unchanged(req.app_id, publish, _same_definition):
         # A no-op redeploy: no new version, containers kept, and deployed_at == 0 (the
         # client's "Deployment skipped: no changes detected").
         app = ctx.state.apps.get(req.app_id)

@@ -348,10 +348,13 @@ async def AppGetLogs(
         return
     logs = ctx.runtime.logs
     after = _entry(req.last_entry_id)
-    timeout = min(max(req.timeout, 0.0), MAX_OUTPUT_WAIT) or MAX_OUTPUT_WAIT
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + min(max(req.timeout, 0.0), MAX_OUTPUT_WAIT)
     while True:
-        entries = logs.since(after, req.app_id, req.function_id, req.task_id)
+        entries = [
+            e
+            for e in logs.since(after, req.app_id, req.function_id, req.task_id)
+            if not req.file_descriptor or e.fd == req.file_descriptor
+        ]
         if entries:
             for e in entries:
                 yield api_pb2.TaskLogsBatch(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from emulator.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -366,14 +367,20 @@ class Apps:
             )
             return self._load(db, self._row(db, app_id)), self._get_version(db, app_id, version)
 
-    def unchanged(self, app_id: str, req: PublishRequest) -> bool:
+    def unchanged(
+        self,
+        app_id: str,
+        req: PublishRequest,
+        same: Callable[[bytes, bytes], bool] = lambda a, b: a == b,
+    ) -> bool:
         """Whether deploying `req` would change nothing: same objects, identical definitions.
 
         The 1.6.4 client treats AppPublish's `deployed_at == 0` as "nothing changed" (prints
         "Deployment skipped: no changes detected", and with the `recreate` strategy keeps the
         running containers: modal/runner.py, `_stop_and_wait_for_containers`); the emulator
-        answers that when every function's new definition is byte-identical to the deployed one
-        (ids of images and mounts are content-addressed, so unchanged code gives equal bytes).
+        answers that when every function's new definition equals the deployed one by `same`
+        (ids of images and mounts are content-addressed, so unchanged code gives equal ids; the
+        handler's `same` ignores the order the client happened to list mounts in).
         """
         if req.state != "deployed":
             return False
@@ -396,7 +403,7 @@ class Apps:
                     (old_id, new_id_),
                 ).fetchall()
                 datas = {r["id"]: bytes(r["data"]) for r in rows}
-                if len(datas) != 2 or datas[old_id] != datas[new_id_]:
+                if len(datas) != 2 or not same(datas[old_id], datas[new_id_]):
                     return False
             return True
 

@@ -201,14 +201,40 @@ async def launch(
             on_line(container, fd, text)
 
     async def watch() -> None:
-        await asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
-        container.exit_code = await proc.wait()
+        pumps = asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
+        # Processes it started keep its output pipes open (and asyncio's wait() waits for
+        # them): a pidfd says when the container process itself has exited.
+        await _exited(proc.pid)
         kill_group(proc.pid, signal.SIGKILL)  # whatever it left behind
+        container.exit_code = await proc.wait()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(pumps, 2.0)
         container.stopped_at = time.time()
         container.exited.set()
         on_exit(container)
 
     asyncio.get_running_loop().create_task(watch(), name=f"container-{container.task_id}")
+
+
+async def _exited(pid: int) -> None:
+    """Return once process `pid` has exited (it may still be a zombie)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def kill_group(pgid: int | None, sig: int) -> None:

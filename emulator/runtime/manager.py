@@ -797,6 +797,7 @@ class Runtime:
                 "in_flight": c.in_flight,
                 "created_at": c.created_at,
                 "ready_at": c.ready_at,
+                "stopped_at": c.stopped_at,
                 "exit_code": c.exit_code,
                 "failure": c.failure,
                 "netns": c.netns,

@@ -88,15 +88,12 @@ def test_unauthenticated_server_min_containers_and_fixed_port(rt: EmulatorProces
         url, out = deploy_server(rt, unauth="1", min="2")
         assert "(unauthenticated)" in out
         aid = app_id(rt, "rt-server")
-        ready = wait_for(
-            lambda: (
-                [c for c in rt.live_containers(aid) if c["state"] == "ready"]
-                if len([c for c in rt.live_containers(aid) if c["state"] == "ready"]) == 2
-                else None
-            ),
-            30,
-            what="two min_containers ready without any request",
-        )
+
+        def two_ready() -> list[dict[str, object]]:
+            ready = [c for c in rt.live_containers(aid) if c["state"] == "ready"]
+            return ready if len(ready) == 2 else []
+
+        ready = wait_for(two_ready, 30, what="two min_containers ready without any request")
         answers = {get(url).text for _ in range(8)}
         assert answers == {f"hello from {c['task_id']}" for c in ready}  # both serve, port 8000
     finally:

@@ -54,6 +54,8 @@ class Web:
     @modal.exit()
     def stop(self) -> None:
         print("exit hook ran", flush=True)
+        with open(f"/data/exit-{os.environ['MODAL_TASK_ID']}", "w") as f:
+            f.write("exit hook ran\n")
         proc = getattr(self, "proc", None)
         if proc is not None:
             proc.terminate()
