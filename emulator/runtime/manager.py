@@ -422,6 +422,15 @@ class Runtime:
                 want = max(want, len([c for c in old if c.state == "ready"]), 1)
             if s.max_containers is not None:
                 want = min(want, s.max_containers)
+            if not self.use_netns and s.kind == "server":
+                # Host network: one container per fixed port at a time (docs/emulator.md). A
+                # new version replaces the old one by stopping it first (no rolling).
+                want = min(want, 1)
+                if old and want:
+                    for c in old:
+                        self._spawn_stop(c)
+                if self._port_holder(pool) is not None:
+                    want = min(want, len(current))
             if now >= pool.backoff_until:
                 while len(current) < want and self.total_live() < self.options.max_containers:
                     current.append(self._start(pool))
@@ -440,6 +449,16 @@ class Runtime:
             for c in idle[: max(excess, 0)]:
                 self._log_info(c, f"idle for {s.scaledown_window:g} s: scaling down")
                 self._spawn_stop(c)
+
+    def _port_holder(self, pool: Pool) -> ct.Container | None:
+        """Host network only: a live server container (of any pool) on this pool's port."""
+        for other in self.pools.values():
+            if other.settings.kind != "server" or other.settings.port != pool.settings.port:
+                continue
+            for c in other.containers.values():
+                if c.alive and (other is not pool or c.definition_id != pool.definition.id):
+                    return c
+        return None
 
     def _demand(self, pool: Pool) -> int:
         s = pool.settings
@@ -750,6 +769,15 @@ class Runtime:
                     c.last_active = time.monotonic()
                     return c
                 live = pool.live(current_only=True)
+                if not live and not self.use_netns and pool.settings.kind == "server":
+                    holder = self._port_holder(pool)
+                    if holder is not None and holder.function_id != pool.function_id:
+                        raise StartFailed(
+                            f"port {pool.settings.port} is held by container {holder.task_id} "
+                            f"(function {holder.function_id}): on the host network only one "
+                            "container per fixed port can run; stop that app, or run the "
+                            "emulator as root for a network namespace per container"
+                        )
                 starting = [c for c in live if c.state == "starting"]
                 cap = pool.settings.max_containers
                 room = (cap is None or len(live) < cap) and (

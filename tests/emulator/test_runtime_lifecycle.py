@@ -134,7 +134,7 @@ def test_sigterm_runs_exit_hooks_and_leaves_no_process(
 ) -> None:
     for emu in runtime_emulator(tmp_path):
         modal_env_for(emu, monkeypatch)
-        deploy_server(emu, unauth="1", min="2")
+        deploy_server(emu, unauth="1", min="2", exit_marker="1")
         aid = app_id(emu, "rt-server")
         ready = _ready(emu, aid, 2)
         members = [p for c in ready for p in group_pids(int(str(c["pid"])))]

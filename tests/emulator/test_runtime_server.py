@@ -167,3 +167,29 @@ def test_webhook_timeout_answers_303_then_the_result(
         assert final.status_code == 200 and final.text == "slept"
         followed = httpx.get(url + "/sleep?s=1.5", timeout=30, follow_redirects=True)
         assert followed.status_code == 200 and followed.text == "slept"
+
+
+def test_host_network_fallback_runs_one_container_per_fixed_port(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without network namespaces (`--container-network host`), port 8000 is the machine's."""
+    from tests.emulator.runtime_support import runtime_emulator
+    from tests.harness.fixtures import modal_env_for
+
+    probe = socket.socket()
+    try:
+        probe.bind(("127.0.0.1", 8000))
+    except OSError:
+        pytest.skip("127.0.0.1:8000 is taken on this machine")
+    finally:
+        probe.close()
+    for emu in runtime_emulator(tmp_path_factory.mktemp("rthost"), container_network="host"):
+        modal_env_for(emu, monkeypatch)
+        first, _ = deploy_server(emu, unauth="1", app="rt-host-a")
+        assert get(first).status_code == 200
+        (container,) = emu.live_containers()
+        assert container["netns"] is False
+        second, _ = deploy_server(emu, unauth="1", app="rt-host-b")
+        refused = get(second)
+        assert refused.status_code == 503 and "port 8000 is held by container" in refused.text
+        assert len(emu.live_containers()) == 1

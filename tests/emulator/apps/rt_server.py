@@ -3,7 +3,8 @@
 Env knobs (read at deploy time and baked into the definition through the image's ENV):
 RT_APP (app name), RT_MESSAGE (what GET / answers), RT_MIN (min_containers),
 RT_MAX (max_containers), RT_CONC (max_concurrency), RT_SCALEDOWN (scaledown_window),
-RT_STARTUP (startup_timeout), RT_UNAUTH=1 (unauthenticated), RT_FAIL=enter|never-listen.
+RT_STARTUP (startup_timeout), RT_UNAUTH=1 (unauthenticated), RT_FAIL=enter|never-listen,
+RT_EXIT_MARKER=1 (`@modal.exit` writes /data/exit-<task id> into the volume).
 """
 
 import os
@@ -17,6 +18,7 @@ APP_NAME = os.environ.get("RT_APP", "rt-server")
 _env = {
     "RT_MESSAGE": os.environ.get("RT_MESSAGE", "hello"),
     "RT_FAIL": os.environ.get("RT_FAIL", ""),
+    "RT_EXIT_MARKER": os.environ.get("RT_EXIT_MARKER", ""),
 }
 image = modal.Image.debian_slim().env(_env).add_local_file(HERE / "rt_web.py", "/root/rt_web.py")
 app = modal.App(APP_NAME, image=image)
@@ -49,13 +51,15 @@ class Web:
         if os.environ.get("RT_FAIL") == "never-listen":
             return
         print(f"starting web server in {os.getcwd()}", flush=True)
-        self.proc = subprocess.Popen([sys.executable, "/root/rt_web.py"])
+        web = pathlib.Path(__file__).with_name("rt_web.py")  # /root/rt_web.py in a container
+        self.proc = subprocess.Popen([sys.executable, str(web)])
 
     @modal.exit()
     def stop(self) -> None:
         print("exit hook ran", flush=True)
-        with open(f"/data/exit-{os.environ['MODAL_TASK_ID']}", "w") as f:
-            f.write("exit hook ran\n")
+        if os.environ.get("RT_EXIT_MARKER") == "1":  # leaves a file in the volume
+            with open(f"/data/exit-{os.environ['MODAL_TASK_ID']}", "w") as f:
+                f.write("exit hook ran\n")
         proc = getattr(self, "proc", None)
         if proc is not None:
             proc.terminate()
