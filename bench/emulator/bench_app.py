@@ -1,11 +1,15 @@
 """The trivial `@app.server` the emulator bench deploys: a stdlib HTTP server on port 8000."""
 
+import os
+
 import modal
 
 app = modal.App("bench-edge", image=modal.Image.debian_slim())
+# BENCH_WARM=1: one container kept up (latency phase); else it scales to zero after 2 s idle.
+WARM = os.environ.get("BENCH_WARM") == "1"
 
 
-@app.server(port=8000, unauthenticated=True, scaledown_window=2)
+@app.server(port=8000, unauthenticated=True, scaledown_window=2, min_containers=1 if WARM else None)
 class Tiny:
     @modal.enter()
     def start(self) -> None:
@@ -14,6 +18,7 @@ class Tiny:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else head and body wait on delayed ACKs (40 ms)
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -96,7 +96,9 @@ class Container:
 
     @property
     def free_slots(self) -> int:
-        return max(self.concurrency - self.in_flight, 0) if self.state == "ready" else 0
+        if self.state != "ready" or self.stop_requested:
+            return 0  # a container being stopped takes no new request
+        return max(self.concurrency - self.in_flight, 0)
 
 
 def command(spec: LaunchSpec) -> tuple[list[str], Path]:

@@ -388,14 +388,16 @@ class Edge:
 
     async def _upstream(
         self, container: Container, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        """A connection to the container's port: a kept-alive one (reused=True) or a new one."""
         idle = self._idle.get(container.task_id)
         while idle:
             r, w = idle.pop()
             if not w.is_closing() and not r.at_eof():
-                return r, w
+                return r, w, True
             w.close()
-        return await netns.connect(container.pid if container.netns else None, port)
+        r, w = await netns.connect(container.pid if container.netns else None, port)
+        return r, w, False
 
     def _park(
         self, container: Container, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -415,39 +417,45 @@ class Edge:
         writer: asyncio.StreamWriter,
         client_keep: bool,
     ) -> bool:
-        try:
-            up_r, up_w = await self._upstream(container, pool.settings.port)
-        except OSError as exc:
-            await _copy_body(reader, None, head, False)
-            writer.write(_plain(502, f"modal-http: the container's port refused: {exc}"))
-            await writer.drain()
-            return client_keep
-        upgrade = (head.get("upgrade") or "") != ""
         drop = {"modal-key", "modal-secret"}
-        auth = head.get("authorization") or ""
-        if auth.lower().startswith("bearer wk-"):
+        if (head.get("authorization") or "").lower().startswith("bearer wk-"):
             drop.add("authorization")
-        headers = (
-            head.without(drop)
-            if not upgrade
-            else [(k, v) for k, v in head.headers if k.lower() not in drop]
-        )
-        up_w.write(head.encode(headers))
-        await _copy_body(reader, up_w, head, False)
-        await up_w.drain()
+        headers = head.without(drop)
+        te = (head.get("transfer-encoding") or "").lower()
+        bodyless = head.get("content-length") in (None, "0") and "chunked" not in te
         timeout = self.runtime.options.webhook_timeout
-        try:
-            resp = await asyncio.wait_for(_read_head(up_r), timeout)
-        except TimeoutError:
-            return await self._detach(up_r, up_w, method, writer, head, client_keep)
-        except _BadRequest:
-            resp = None
+        resp: Head | None = None
+        for attempt in (0, 1):
+            try:
+                up_r, up_w, reused = await self._upstream(container, pool.settings.port)
+            except OSError as exc:
+                if attempt == 0:
+                    await _copy_body(reader, None, head, False)
+                log.info("edge: container %s refused port: %s", container.task_id, exc)
+                writer.write(_plain(502, f"modal-http: the container's port refused: {exc}"))
+                await writer.drain()
+                return client_keep
+            try:
+                up_w.write(head.encode(headers))
+                if attempt == 0:
+                    await _copy_body(reader, up_w, head, False)
+                await up_w.drain()
+                resp = await asyncio.wait_for(_read_head(up_r), timeout)
+            except TimeoutError:
+                return await self._detach(up_r, up_w, method, writer, head, client_keep)
+            except (_BadRequest, ConnectionError):
+                resp = None
+            if resp is None and reused and bodyless and attempt == 0:
+                up_w.close()  # a kept-alive connection the container had closed: once more
+                continue
+            break
         while resp is not None and 100 <= _status_of(resp) < 200 and _status_of(resp) != 101:
             writer.write(resp.encode())
             await writer.drain()
             resp = await _read_head(up_r)
         if resp is None:
             up_w.close()
+            log.info("edge: container %s closed the connection", container.task_id)
             writer.write(_plain(502, "modal-http: the container closed the connection"))
             await writer.drain()
             return client_keep
