@@ -161,6 +161,51 @@ def FunctionPutOutputs(ctx: Context, req: api_pb2.FunctionPutOutputsRequest) -> 
     return Empty()
 
 
+def _call_of(ctx: Context, req: Any) -> Any:
+    runtime = _runtime(ctx)
+    call = runtime.calls.get(req.function_call_id)
+    if call is None:
+        raise NotFound(f"Function call {req.function_call_id!r} not found.")
+    return call
+
+
+@rpc
+async def FunctionCallGetDataIn(
+    ctx: Context, req: api_pb2.FunctionCallGetDataRequest
+) -> AsyncIterator[api_pb2.DataChunk]:
+    """What the caller sends a running call (a web request's body, as ASGI messages)."""
+    call = _call_of(ctx, req)
+    deadline = time.monotonic() + MAX_OUTPUT_WAIT
+    while True:
+        fresh = [c for c in call.data_in if c[0] > req.last_index]
+        if fresh:
+            for index, data_format, data in fresh:
+                yield api_pb2.DataChunk(index=index, data_format=data_format, data=data)
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or call.unfinished == 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(call.changed.wait(), min(remaining, 5.0))
+
+
+@rpc
+def FunctionCallPutDataOut(ctx: Context, req: api_pb2.FunctionCallPutDataRequest) -> Empty:
+    """What a running call streams back (generator items, a web response's ASGI messages)."""
+    call = _call_of(ctx, req)
+    known = {c[0] for c in call.data_out}
+    for chunk in req.data_chunks:
+        if chunk.index in known:
+            continue  # a retried put
+        data = chunk.data
+        if chunk.data_blob_id:
+            data = ctx.state.blobs.get(chunk.data_blob_id)
+        call.data_out.append((chunk.index, chunk.data_format, data))
+    call.data_out.sort(key=lambda c: c[0])
+    call.notify()
+    return Empty()
+
+
 @rpc
 def FunctionGetDynamicConcurrency(
     ctx: Context, req: api_pb2.FunctionGetDynamicConcurrencyRequest

@@ -47,6 +47,10 @@ class FunctionCall:
     finished: set[str] = field(default_factory=set)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     next_entry: int = 1
+    #: Web endpoint calls: ASGI messages to the app (data in) and from it (data out), as
+    #: (index, data format, serialized message); indexes start at 1, as the client expects.
+    data_in: list[tuple[int, int, bytes]] = field(default_factory=list)
+    data_out: list[tuple[int, int, bytes]] = field(default_factory=list)
 
     @property
     def unfinished(self) -> int:
@@ -73,6 +77,13 @@ class Calls:
 
     def get(self, call_id: str) -> FunctionCall | None:
         return self.calls.get(call_id)
+
+    def forget(self, call_id: str) -> None:
+        """Drop a finished call (web requests: once answered)."""
+        call = self.calls.pop(call_id, None)
+        if call is not None:
+            for input_id in call.inputs:
+                self.by_input.pop(input_id, None)
 
     def add_input(self, call: FunctionCall, idx: int, item: api_pb2.FunctionInput) -> PendingInput:
         pending = PendingInput(new_id("input"), call.id, idx, call.function_id, item)

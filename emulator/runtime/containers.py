@@ -36,6 +36,8 @@ from pathlib import Path
 log = logging.getLogger("emulator.runtime")
 
 PR_SET_PDEATHSIG = 1
+#: The address of `eth0` inside every container's own network namespace.
+CONTAINER_IP = "10.200.0.2"
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -107,6 +109,14 @@ def command(spec: LaunchSpec) -> tuple[list[str], Path]:
     if not spec.netns:
         return entry, spec.root / "root"
     steps = ["ip link set lo up"]
+    # An `eth0` as Modal containers have: modal's `@web_server` wrapper reaches the user's
+    # server on eth0's address (modal/_runtime/user_code_imports.py, get_ip_address(b"eth0")),
+    # so a server must listen on 0.0.0.0 as on Modal. A veth pair whose peer stays inside.
+    steps.append(
+        "{ ip link add eth0 type veth peer name eth0-peer && "
+        f"ip addr add {CONTAINER_IP}/24 dev eth0 && ip link set eth0 up && "
+        "ip link set eth0-peer up; } || echo 'emulator: no eth0 in this container' >&2"
+    )
     # /root is an overlay: the app's files on top of the machine's own /root (which may hold
     # the interpreter, e.g. pyenv), writes going to a per-container layer (ephemeral, like a
     # Modal container's filesystem). The machine's /root is never written.

@@ -39,8 +39,11 @@ import logging
 import socket
 import time
 import urllib.parse
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from modal_proto import api_pb2
 
 from emulator.ids import new_id
 from emulator.runtime import netns
@@ -171,6 +174,34 @@ async def _copy_body(
         if writer is not None:
             writer.write(chunk)
             await writer.drain()
+
+
+async def _body_chunks(reader: asyncio.StreamReader, head: Head) -> AsyncIterator[bytes]:
+    """A request body, decoded (sized or chunked), in pieces of at most 64 KiB."""
+    te = (head.get("transfer-encoding") or "").lower()
+    if "chunked" in te:
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                    pass
+                return
+            remaining = size
+            while remaining:
+                chunk = await reader.read(min(remaining, 1 << 16))
+                if not chunk:
+                    raise asyncio.IncompleteReadError(b"", remaining)
+                remaining -= len(chunk)
+                yield chunk
+            await reader.readuntil(b"\r\n")
+    remaining = int(head.get("content-length") or "0")
+    while remaining:
+        chunk = await reader.read(min(remaining, 1 << 16))
+        if not chunk:
+            raise asyncio.IncompleteReadError(b"", remaining)
+        remaining -= len(chunk)
+        yield chunk
 
 
 def _status_of(head: Head) -> int:
@@ -359,16 +390,7 @@ class Edge:
             await _copy_body(reader, None, head, False)
             return await self._answer_pending(query[RESULT_PARAM][0], target, writer, client_keep)
         if pool.settings.kind != "server":
-            await _copy_body(reader, None, head, False)
-            writer.write(
-                _plain(
-                    501,
-                    "modal-emulator: this endpoint kind (asgi_app/fastapi_endpoint/wsgi_app/"
-                    "web_server) is deployed but not run by the emulator; see docs/emulator.md",
-                )
-            )
-            await writer.drain()
-            return client_keep
+            return await self._web(url, pool, method, target, head, reader, writer, client_keep)
         try:
             container = await self.runtime.acquire(pool, pool.settings.startup_timeout + 5)
         except NoCapacity as exc:
@@ -385,6 +407,149 @@ class Edge:
             return await self._forward(pool, container, method, head, reader, writer, client_keep)
         finally:
             self.runtime.release(pool, container)
+
+    async def _web(
+        self,
+        url: str,
+        pool: Pool,
+        method: str,
+        target: str,
+        head: Head,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client_keep: bool,
+    ) -> bool:
+        """asgi_app / fastapi_endpoint / wsgi_app / web_server: the request is an input.
+
+        As on Modal, the container gets the ASGI scope as a function input (data format ASGI),
+        reads the body as `http.request` messages (FunctionCallGetDataIn) and streams
+        `http.response.*` messages back (FunctionCallPutDataOut); modal's own wrapper in the
+        container turns them into calls of the app (or a proxy to the web_server's port).
+        """
+        from modal._serialization import deserialize_data_format, serialize, serialize_data_format
+
+        asgi = api_pb2.DATA_FORMAT_ASGI
+        split = urllib.parse.urlsplit(target)
+        peer = writer.get_extra_info("peername") or ("127.0.0.1", 0)
+        drop = {"modal-key", "modal-secret"}
+        if (head.get("authorization") or "").lower().startswith("bearer wk-"):
+            drop.add("authorization")
+        scope = {
+            "type": "http",
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": urllib.parse.unquote(split.path or "/"),
+            "query_string": split.query.encode(),
+            "headers": [
+                (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in head.without(drop)
+            ],
+            "client": (str(peer[0]), int(peer[1])),
+        }
+        # The scope travels pickled as the call's one argument, ((scope,), {}): what the
+        # container's ASGI wrapper is called with (modal-labs/modal-client test/conftest.py
+        # builds web inputs the same way); the messages after it use the ASGI data format.
+        item = api_pb2.FunctionInput(
+            args=serialize(((scope,), {})), data_format=api_pb2.DATA_FORMAT_PICKLE
+        )
+        method_name = pool.method_for(url)
+        if method_name:
+            item.method_name = method_name
+        calls = self.runtime.calls
+        call = calls.create(pool.function_id)
+        calls.add_input(call, 0, item)
+        self.runtime.wake()
+
+        async def feed() -> None:
+            index = 0
+
+            def put(body: bytes, more: bool) -> None:
+                nonlocal index
+                index += 1
+                message = {"type": "http.request", "body": body, "more_body": more}
+                call.data_in.append((index, asgi, serialize_data_format(message, asgi)))
+                call.notify()
+
+            async for body in _body_chunks(reader, head):
+                put(body, True)
+            put(b"", False)
+
+        feeder = asyncio.get_running_loop().create_task(feed())
+        try:
+            return await self._web_response(
+                call, method, writer, client_keep, deserialize_data_format
+            )
+        finally:
+            if not feeder.done():
+                feeder.cancel()
+            calls.forget(call.id)
+
+    async def _web_response(
+        self, call: Any, method: str, writer: asyncio.StreamWriter, client_keep: bool, decode: Any
+    ) -> bool:
+        seen = 0
+        chunked = False
+        started = False
+        status = 200
+        deadline = time.monotonic() + self.runtime.options.webhook_timeout
+        while True:
+            fresh = [c for c in call.data_out if c[0] > seen]
+            for index, data_format, data in fresh:
+                seen = index
+                message = decode(data, data_format, None)
+                kind = message.get("type")
+                if kind == "http.response.start" and not started:
+                    started = True
+                    status = int(message.get("status", 200))
+                    headers = [
+                        (bytes(k).decode("latin-1"), bytes(v).decode("latin-1"))
+                        for k, v in message.get("headers", [])
+                    ]
+                    names = {k.lower() for k, _ in headers}
+                    chunked = "content-length" not in names and not _no_body(method, status)
+                    if chunked:
+                        headers = [(k, v) for k, v in headers if k.lower() != "transfer-encoding"]
+                        headers.append(("transfer-encoding", "chunked"))
+                    reason = _REASONS.get(status, "OK" if status < 400 else "Error")
+                    writer.write(Head(f"HTTP/1.1 {status} {reason}", headers).encode())
+                elif kind == "http.response.body" and started:
+                    body = bytes(message.get("body", b""))
+                    if body and not _no_body(method, status):
+                        if chunked:
+                            writer.write(f"{len(body):x}\r\n".encode() + body + b"\r\n")
+                        else:
+                            writer.write(body)
+                    if not message.get("more_body", False):
+                        if chunked:
+                            writer.write(b"0\r\n\r\n")
+                        await writer.drain()
+                        return client_keep
+                await writer.drain()
+            if call.unfinished == 0 and not [c for c in call.data_out if c[0] > seen]:
+                # the input finished without (completing) a response
+                failure = next(
+                    (
+                        o.item.result
+                        for o in call.outputs
+                        if o.item.result.status != api_pb2.GenericResult.GENERIC_STATUS_SUCCESS
+                    ),
+                    None,
+                )
+                if started:
+                    return False  # cut the response: the client sees a truncated body
+                why = failure.exception if failure is not None else "no response"
+                writer.write(_plain(500, f"modal-http: internal error: {why}"))
+                await writer.drain()
+                return client_keep
+            if not started and time.monotonic() > deadline:
+                writer.write(
+                    _plain(504, "modal-http: the response did not start within the timeout")
+                )
+                await writer.drain()
+                return False
+            changed = call.changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), 1.0)
 
     async def _upstream(
         self, container: Container, port: int

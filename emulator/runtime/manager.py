@@ -157,6 +157,13 @@ class Pool:
             and (not current_only or c.definition_id == self.definition.id)
         ]
 
+    def method_for(self, url: str) -> str:
+        """The class method a web URL belongs to ("" for a function's own URL)."""
+        for name, md in self.fn.method_definitions.items():
+            if md.web_url == url:
+                return name
+        return ""
+
     @property
     def urls(self) -> list[str]:
         urls = [self.fn.web_url] if self.fn.web_url else []
