@@ -165,7 +165,9 @@ def AppList(ctx: Context, req: api_pb2.AppListRequest) -> api_pb2.AppListRespons
                 state=app_state_to_proto(app.state),  # type: ignore[arg-type]
                 created_at=app.created_at,
                 stopped_at=app.stopped_at or 0.0,
-                n_running_tasks=0,
+                n_running_tasks=(
+                    len(ctx.runtime.tasks_of_app(app.id)) if ctx.runtime is not None else 0
+                ),
                 name=app.name or "",
             )
             for app in apps

@@ -3,6 +3,7 @@ rollback, stop, crash and replace, volumes across containers, logs, SIGTERM, the
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -156,3 +157,20 @@ def test_max_containers_caps_the_whole_emulator(
         _ready(emu, aid, 1)
         time.sleep(1.5)
         assert len(emu.live_containers(aid)) == 1
+
+
+def test_a_restart_keeps_urls_and_brings_min_containers_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for emu in runtime_emulator(tmp_path):
+        modal_env_for(emu, monkeypatch)
+        url, _ = deploy_server(emu, unauth="1", min="1")
+        aid = app_id(emu, "rt-server")
+        (before,) = _ready(emu, aid)
+        listed = json.loads(modal_cli(emu, "app", "list", "--json").stdout)
+        assert [(a["app_id"], a["tasks"]) for a in listed] == [(aid, "1")]
+        emu.restart()
+        (after,) = _ready(emu, aid)  # min_containers is honoured again after the restart
+        assert after["task_id"] != before["task_id"]
+        assert emu.edge_url("emu-workspace--rt-server-web") == url  # the same port
+        assert get(url).text == f"hello from {after['task_id']}"
