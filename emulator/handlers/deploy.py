@@ -88,7 +88,8 @@ async def ImageJoinStreaming(
     if not image.built or req.include_logs_for_finished:
         logs = [
             api_pb2.TaskLogs(
-                data=f"[emulator] building {image.id} (no container runs; steps listed)\n",
+                data=f"[emulator] image {image.id} is not built (containers run on the "
+                "emulator's Python); its steps:\n",
                 file_descriptor=api_pb2.FILE_DESCRIPTOR_INFO,
                 timestamp=time.time(),
             )
