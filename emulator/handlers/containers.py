@@ -109,6 +109,7 @@ async def FunctionGetInputs(
         )
         pool = runtime.pools.get(container.function_id)
         if pool is not None:
+            pool.failures = 0
             pool.notify()
     deadline = time.monotonic() + INPUT_POLL_SECONDS
     while True:

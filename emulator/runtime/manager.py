@@ -50,8 +50,11 @@ log = logging.getLogger("emulator.runtime")
 AUTOSCALE_INTERVAL = 0.2
 DEFAULT_SCALEDOWN = 60.0
 DEFAULT_STARTUP_TIMEOUT = 300.0
-#: After a container failed to start, wait this long before the pool tries again.
+#: After a container failed to start, the pool waits 2 s before the next try, doubling per
+#: consecutive failure up to a minute (a broken app does not spin a CPU); a ready container
+#: resets it.
 CRASH_BACKOFF = 2.0
+MAX_CRASH_BACKOFF = 60.0
 
 
 @dataclass
@@ -142,6 +145,14 @@ class Pool:
     backoff_until: float = 0.0
     last_failure: str = ""
     next_run: float | None = None  # scheduled functions: epoch seconds of the next run
+    failures: int = 0  # consecutive failed starts
+
+    def back_off(self) -> None:
+        """A container of this pool failed to start: wait before the next start."""
+        self.failures += 1
+        delay = min(CRASH_BACKOFF * 2 ** (self.failures - 1), MAX_CRASH_BACKOFF)
+        self.backoff_until = time.monotonic() + delay
+
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self) -> None:
@@ -325,6 +336,7 @@ class Runtime:
         pool.fn = function_of(definition)
         pool.settings = Settings.of(pool.fn)
         pool.backoff_until = 0.0
+        pool.failures = 0
         pool.last_failure = ""
         pool.next_run = None
         log.info(
@@ -417,7 +429,7 @@ class Runtime:
                     )
                     self._log_info(c, c.failure + "; killing it")
                     pool.last_failure = c.failure
-                    pool.backoff_until = now + CRASH_BACKOFF
+                    pool.back_off()
                     c.state = "failed"
                     self._spawn_stop(c, grace=0.0)
                     pool.notify()
@@ -593,7 +605,7 @@ class Runtime:
             c.state = "failed"
             c.failure = f"could not start: {exc}"
             pool.last_failure = c.failure
-            pool.backoff_until = time.monotonic() + CRASH_BACKOFF
+            pool.back_off()
             c.exited.set()
             self._release_socket(c.task_id)
             pool.notify()
@@ -638,6 +650,7 @@ class Runtime:
                     )
                     writer.close()
                     c.state = "ready"
+                    pool.failures = 0
                     c.ready_at = time.time()
                     c.last_active = time.monotonic()
                     self._log_info(
@@ -680,7 +693,7 @@ class Runtime:
             if not expected:
                 pool.last_failure = c.failure
                 if was == "starting":
-                    pool.backoff_until = time.monotonic() + CRASH_BACKOFF
+                    pool.back_off()
                     others = [x for x in pool.live(current_only=True) if x.task_id != c.task_id]
                     if not others:  # nothing else can take the queued inputs: they fail
                         detail = "\n".join(c.tail)
@@ -737,7 +750,7 @@ class Runtime:
             pool = self.pools.get(c.function_id)
             if pool is not None:
                 pool.last_failure = c.failure
-                pool.backoff_until = time.monotonic() + CRASH_BACKOFF
+                pool.back_off()
                 if not [x for x in pool.live(current_only=True) if x.task_id != task_id]:
                     self.calls.fail_queued(c.function_id, c.failure, result.traceback)
                 pool.notify()
