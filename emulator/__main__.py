@@ -63,6 +63,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop an initializing/ephemeral app whose client sent no AppHeartbeat for this "
         f"long (default {DEFAULT_HEARTBEAT_TIMEOUT:g})",
     )
+    s.add_argument(
+        "--no-runtime",
+        action="store_true",
+        help="control plane only: record deployments but run no containers and no edge",
+    )
+    s.add_argument(
+        "--max-containers",
+        type=int,
+        default=16,
+        metavar="N",
+        help="at most N containers run at once, whatever apps ask for (default 16)",
+    )
+    s.add_argument(
+        "--webhook-timeout-s",
+        type=float,
+        default=150.0,
+        metavar="SECONDS",
+        help="a web request whose response has not started after this long gets Modal's "
+        "303-to-result answer (default 150, Modal's)",
+    )
+    s.add_argument(
+        "--container-network",
+        choices=["auto", "netns", "host"],
+        default="auto",
+        help="netns: a network namespace per container (needs root); host: the host's "
+        "network (fixed ports may collide); auto (default): netns when allowed",
+    )
+    s.add_argument(
+        "--stop-grace-s",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a stopping container may run @modal.exit before SIGKILL (default 10)",
+    )
     s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -100,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         token_secret=args.token_secret,
         rbac=args.rbac,
         heartbeat_timeout=args.heartbeat_timeout,
+        runtime=not args.no_runtime,
+        max_containers=args.max_containers,
+        webhook_timeout=args.webhook_timeout_s,
+        container_network=args.container_network,
+        stop_grace=args.stop_grace_s,
     )
     try:
         asyncio.run(serve(options))

@@ -102,6 +102,10 @@ class ControlServer:
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
+        #: (method, path) -> handler(body) added by other parts (the runtime's routes).
+        self.extra_routes: dict[tuple[str, str], Any] = {}
+        #: Called after `/_emulator/reset` emptied the state (the runtime forgets its containers).
+        self.reset_hooks: list[Any] = []
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
@@ -287,6 +291,10 @@ class ControlServer:
             return self._proxy_auth(body)
         if (method, path) == ("POST", "/_emulator/faults"):
             return _faults(body)
+        extra = self.extra_routes.get((method, path))
+        if extra is not None:
+            result: Response = extra(body)
+            return result
         handler = routes.get((method, path))
         if handler is None:
             raise HttpError(404, f"no route for {method} {path}; see emulator/http.py")
@@ -307,6 +315,8 @@ class ControlServer:
         self.state.reset()
         self.counter.reset()
         FAULTS.clear()
+        for hook in self.reset_hooks:
+            hook()
         log.info("state reset")
         return _json(200, {"ok": True})
 

@@ -37,6 +37,9 @@ PREFIXES = {
     "proxy_token_secret": "ws",
     "definition": "de",
     "blob": "bl",
+    "task": "ta",
+    "function_call": "fc",
+    "input": "in",
 }
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from grpclib.server import Server
 
@@ -31,6 +34,18 @@ class Options:
     token_secret: str | None = None
     rbac: bool = False
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    runtime: bool = True  # run what is deployed (containers + edge); False: control plane only
+    max_containers: int = 16
+    webhook_timeout: float = 150.0
+    container_network: str = "auto"  # "auto" | "netns" | "host"
+    stop_grace: float = 10.0
+
+
+def data_dir_for(state_path: Path | None) -> Path | None:
+    """Where volumes and the edge's port table persist next to a state file (None: memory)."""
+    if state_path is None:
+        return None
+    return state_path.with_name(state_path.name + ".d")
 
 
 def ready_line(grpc_url: str, http_url: str, options: Options) -> str:
@@ -38,9 +53,10 @@ def ready_line(grpc_url: str, http_url: str, options: Options) -> str:
     where = str(options.state_path) if options.state_path else ":memory:"
     auth = "token" if options.token_id else "any-token"
     rbac = "on" if options.rbac else "off"
+    runtime = "on" if options.runtime else "off"
     return (
         f"MODAL EMULATOR READY grpc={grpc_url} http={http_url} "
-        f"workspace={options.workspace} state={where} auth={auth} rbac={rbac}"
+        f"workspace={options.workspace} state={where} auth={auth} rbac={rbac} runtime={runtime}"
     )
 
 
@@ -55,6 +71,9 @@ async def serve(options: Options) -> None:
     control: ControlServer | None = None
     grpc_server: Server | None = None
     grpc_started = False
+    runtime: Any = None
+    edge: Any = None
+    temp_data: Path | None = None
     try:
         state = State(store, options.workspace, heartbeat_timeout=options.heartbeat_timeout)
         counter = RpcCounter()
@@ -63,7 +82,35 @@ async def serve(options: Options) -> None:
             if options.token_id is not None and options.token_secret is not None
             else None
         )
+        if options.runtime:
+            from emulator.runtime.edge import Edge
+            from emulator.runtime.manager import Runtime, RuntimeOptions
+
+            data_dir = data_dir_for(options.state_path)
+            if data_dir is None:
+                temp_data = Path(tempfile.mkdtemp(prefix="modal-emulator-data-"))
+                data_dir = temp_data
+            data_dir.mkdir(parents=True, exist_ok=True)
+            runtime = Runtime(
+                state,
+                RuntimeOptions(
+                    data_dir=data_dir,
+                    max_containers=options.max_containers,
+                    webhook_timeout=options.webhook_timeout,
+                    netns={"auto": None, "netns": True, "host": False}[options.container_network],
+                    stop_grace=options.stop_grace,
+                    host=options.host,
+                ),
+            )
+            edge = Edge(runtime, data_dir, options.host)
+            runtime.edge = edge
+            await edge.start()
+            state.url_mapper = edge.url_for
         control = ControlServer(state, counter, options.host, options.http_port, credentials)
+        if runtime is not None:
+            from emulator.runtime.control import install as install_control
+
+            install_control(control, runtime)
         http_port = await control.start()
         http_url = f"http://{options.host}:{http_port}"
         config = ServerConfig(
@@ -73,7 +120,12 @@ async def serve(options: Options) -> None:
             token_secret=options.token_secret,
             rbac=options.rbac,
         )
-        grpc_server = Server([build_servicer(state, config, counter)])
+        grpc_server = Server([build_servicer(state, config, counter, runtime)])
+        if runtime is not None:
+            runtime.attach_servicer_factory(
+                lambda task_id: build_servicer(state, config, counter, runtime, task_id)
+            )
+            await runtime.start()
         await grpc_server.start(options.host, options.port)
         grpc_started = True
         inner = grpc_server._server
@@ -92,6 +144,10 @@ async def serve(options: Options) -> None:
         await stop.wait()
         log.info("stopping")
     finally:
+        if runtime is not None:
+            await runtime.close()  # containers first: @modal.exit, then SIGKILL after grace
+        if edge is not None:
+            await edge.close()
         if grpc_server is not None and grpc_started:
             grpc_server.close()
             try:
@@ -101,5 +157,7 @@ async def serve(options: Options) -> None:
         if control is not None:
             await control.close()
         store.close()
+        if temp_data is not None:
+            shutil.rmtree(temp_data, ignore_errors=True)
         if grpc_started:
             log.info("stopped cleanly")

@@ -23,6 +23,13 @@ class WebUrl:
     url: str
     truncated: bool = False
     has_unique_hash: bool = False
+    #: Modal's `https://...modal.run` URL when `url` is the local edge's (it names the endpoint:
+    #: ownership and collisions are decided on it).
+    modal_url: str = ""
+
+    @property
+    def identity(self) -> str:
+        return self.modal_url or self.url
 
 
 def _clean(text: str) -> str:

@@ -114,24 +114,43 @@ def AppClientDisconnect(ctx: Context, req: api_pb2.AppClientDisconnectRequest) -
     return Empty()
 
 
+def _normalized(data: bytes) -> bytes:
+    fd = api_pb2.FunctionData.FromString(data)
+    for ranked in fd.ranked_functions:
+        ids = sorted(ranked.function.mount_ids)
+        del ranked.function.mount_ids[:]
+        ranked.function.mount_ids.extend(ids)
+    return fd.SerializeToString(deterministic=True)
+
+
+def _same_definition(a: bytes, b: bytes) -> bool:
+    """Equal definitions, whatever order the client listed the mounts in (it varies)."""
+    return a == b or _normalized(a) == _normalized(b)
+
+
 @rpc
 def AppPublish(ctx: Context, req: api_pb2.AppPublishRequest) -> api_pb2.AppPublishResponse:
-    app, _version = ctx.state.apps.publish(
-        req.app_id,
-        PublishRequest(
-            name=req.name,
-            state=app_state_to_model(req.app_state),
-            function_ids=dict(req.function_ids),
-            class_ids=dict(req.class_ids),
-            definition_ids=dict(req.definition_ids),
-            tag=req.deployment_tag,
-            client_version=req.client_version or ctx.client_version,
-            deployed_by=ctx.config.workspace,
-            commit_hash=req.commit_info.commit_hash,
-            commit_dirty=req.commit_info.dirty,
-        ),
+    publish = PublishRequest(
+        name=req.name,
+        state=app_state_to_model(req.app_state),
+        function_ids=dict(req.function_ids),
+        class_ids=dict(req.class_ids),
+        definition_ids=dict(req.definition_ids),
+        tag=req.deployment_tag,
+        client_version=req.client_version or ctx.client_version,
+        deployed_by=ctx.config.workspace,
+        commit_hash=req.commit_info.commit_hash,
+        commit_dirty=req.commit_info.dirty,
     )
+    if ctx.state.apps.unchanged(req.app_id, publish, _same_definition):
+        # A no-op redeploy: no new version, containers kept, and deployed_at == 0 (the
+        # client's "Deployment skipped: no changes detected").
+        app = ctx.state.apps.get(req.app_id)
+        return api_pb2.AppPublishResponse(url=_deployed_url(ctx, app), deployed_at=0.0)
+    app, _version = ctx.state.apps.publish(req.app_id, publish)
     url = _deployed_url(ctx, app) if app.deployed else _page_url(ctx, app)
+    if ctx.runtime is not None:
+        ctx.runtime.wake()  # the new version's containers start (rolling)
     return api_pb2.AppPublishResponse(url=url, deployed_at=app.deployed_at or 0.0)
 
 
@@ -146,7 +165,9 @@ def AppList(ctx: Context, req: api_pb2.AppListRequest) -> api_pb2.AppListRespons
                 state=app_state_to_proto(app.state),  # type: ignore[arg-type]
                 created_at=app.created_at,
                 stopped_at=app.stopped_at or 0.0,
-                n_running_tasks=0,
+                n_running_tasks=(
+                    len(ctx.runtime.tasks_of_app(app.id)) if ctx.runtime is not None else 0
+                ),
                 name=app.name or "",
             )
             for app in apps
@@ -157,14 +178,9 @@ def AppList(ctx: Context, req: api_pb2.AppListRequest) -> api_pb2.AppListRespons
 @rpc
 def AppStop(ctx: Context, req: api_pb2.AppStopRequest) -> Empty:
     ctx.state.apps.stop(req.app_id)
+    if ctx.runtime is not None:
+        ctx.runtime.wake()  # its containers stop now, its URLs stop answering
     return Empty()
-
-
-@rpc
-def TaskList(ctx: Context, req: api_pb2.TaskListRequest) -> api_pb2.TaskListResponse:
-    if req.app_id:
-        ctx.state.apps.get(req.app_id)
-    return api_pb2.TaskListResponse()  # the emulator runs no containers
 
 
 @rpc
@@ -197,6 +213,8 @@ def AppRollback(ctx: Context, req: api_pb2.AppRollbackRequest) -> api_pb2.AppRol
     app, _version = ctx.state.apps.rollback(
         req.app_id, req.version, ctx.client_version, ctx.config.workspace
     )
+    if ctx.runtime is not None:
+        ctx.runtime.wake()  # the rolled-back version's containers replace the current ones
     return api_pb2.AppRollbackResponse(
         url=_deployed_url(ctx, app), deployed_at=app.deployed_at or 0.0
     )

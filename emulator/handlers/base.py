@@ -75,6 +75,8 @@ class Context:
     config: ServerConfig
     method: str
     metadata: dict[str, str]
+    runtime: Any = None  # emulator.runtime.Runtime when containers run, else None
+    task_id: str = ""  # set when the call comes from a container (its own unix socket)
 
     @property
     def client_version(self) -> str:
@@ -113,14 +115,23 @@ _STATUS = {
 class ServicerBase(ModalClientBase):
     """Holds the state; `build_servicer()` adds one method per RPC that calls `_dispatch`."""
 
-    def __init__(self, state: State, config: ServerConfig, counter: RpcCounter) -> None:
+    def __init__(
+        self,
+        state: State,
+        config: ServerConfig,
+        counter: RpcCounter,
+        runtime: Any = None,
+        task_id: str = "",
+    ) -> None:
         self.state = state
         self.config = config
         self.counter = counter
+        self.runtime = runtime
+        self.task_id = task_id  # a container's own socket: no token, calls come from it
 
     def _authenticate(self, method: str, metadata: dict[str, str]) -> None:
         cfg = self.config
-        if cfg.token_id is None or cfg.token_secret is None:
+        if cfg.token_id is None or cfg.token_secret is None or self.task_id:
             return
         token_id = metadata.get("x-modal-token-id", "")
         token_secret = metadata.get("x-modal-token-secret", "")
@@ -151,16 +162,25 @@ class ServicerBase(ModalClientBase):
             )
         request = await self._recv_request(method, stream)
         await _inject_fault(method, "before")
-        ctx = Context(state=self.state, config=self.config, method=method, metadata=metadata)
+        ctx = Context(
+            state=self.state,
+            config=self.config,
+            method=method,
+            metadata=metadata,
+            runtime=self.runtime,
+            task_id=self.task_id,
+        )
         started = time.perf_counter()
         try:
             if inspect.isasyncgenfunction(fn):
                 async for message in fn(ctx, request):
                     await stream.send_message(message)
             else:
-                result = fn(ctx, request)
-                if inspect.isawaitable(result):
-                    result = await result
+                key = metadata.get("x-idempotency-key", "")
+                if key:
+                    result = await IDEMPOTENCY.run(method, key, lambda: _call(fn, ctx, request))
+                else:
+                    result = await _call(fn, ctx, request)
                 await _inject_fault(method, "after")  # applied, then the answer is lost
                 await stream.send_message(result)
         except EmulatorError as exc:
@@ -260,6 +280,64 @@ async def _inject_fault(method: str, when: str) -> None:
         raise GRPCError(Status[fault.status], f"injected fault: {fault.status} {when} {method}")
 
 
+async def _call(fn: Handler, ctx: Context, request: Any) -> Any:
+    result = fn(ctx, request)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class IdempotencyCache:
+    """Unary RPCs carrying the same `x-idempotency-key` run once; retries get the first answer.
+
+    The modal client puts one random key on a call and keeps it across its own retries
+    (`modal/_utils/grpc_utils.py`, `retry_transient_errors`: `x-idempotency-key` plus an
+    increasing `x-retry-attempt`), so a retry whose first attempt did reach the server (the
+    answer was lost, or the attempt timed out) must not create a second token, secret or
+    function call. Keyed by (method, key); a retry arriving while the first attempt still runs
+    waits for it. Answers and model errors (NOT_FOUND, ALREADY_EXISTS, ...) are replayed; a
+    handler crash (INTERNAL) is not cached, so a retry runs again. The newest MAX_ENTRIES keys
+    are kept, for at most TTL seconds.
+    """
+
+    MAX_ENTRIES = 20_000
+    TTL = 3600.0
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], tuple[float, asyncio.Future[Any]]] = {}
+
+    async def run(self, method: str, key: str, call: Callable[[], Any]) -> Any:
+        now = time.monotonic()
+        entry = self._entries.get((method, key))
+        if entry is not None and now - entry[0] < self.TTL:
+            log.info("%s: idempotency key seen before: answering with the first result", method)
+            return await asyncio.shield(entry[1])
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._entries[(method, key)] = (now, future)
+        if len(self._entries) > self.MAX_ENTRIES:
+            for old in list(self._entries)[: len(self._entries) - self.MAX_ENTRIES]:
+                del self._entries[old]
+        try:
+            result = await call()
+        except (EmulatorError, GRPCError) as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no "never retrieved" warning when nobody retries
+            raise
+        except BaseException as exc:
+            self._entries.pop((method, key), None)
+            future.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
+            future.exception()
+            raise
+        future.set_result(result)
+        return result
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+IDEMPOTENCY = IdempotencyCache()
+
+
 def _make_method(name: str) -> Callable[..., Any]:
     async def method(self: ServicerBase, stream: Stream[Any, Any]) -> None:
         await self._dispatch(name, stream)
@@ -274,14 +352,29 @@ def rpc_names() -> list[str]:
     return sorted(ModalClientBase.__abstractmethods__)
 
 
-def build_servicer(state: State, config: ServerConfig, counter: RpcCounter) -> ServicerBase:
-    """An instance serving every RPC: registered handlers, or UNIMPLEMENTED naming the RPC."""
+_SERVICER_CLASS: type[ServicerBase] | None = None
+
+
+def build_servicer(
+    state: State,
+    config: ServerConfig,
+    counter: RpcCounter,
+    runtime: Any = None,
+    task_id: str = "",
+) -> ServicerBase:
+    """An instance serving every RPC: registered handlers, or UNIMPLEMENTED naming the RPC.
+
+    `task_id` makes the servicer a container's own (served on that container's unix socket):
+    its calls carry no token, as a container's client sends none.
+    """
+    global _SERVICER_CLASS
     from emulator import handlers  # noqa: F401  (import registers all handler modules)
 
-    unknown = set(REGISTRY) - set(rpc_names())
-    if unknown:
-        raise RuntimeError(f"handlers registered for RPCs modal_proto lacks: {sorted(unknown)}")
-    namespace = {name: _make_method(name) for name in rpc_names()}
-    cls = type("EmulatorServicer", (ServicerBase,), namespace)
-    servicer: ServicerBase = cls(state, config, counter)
+    if _SERVICER_CLASS is None:
+        unknown = set(REGISTRY) - set(rpc_names())
+        if unknown:
+            raise RuntimeError(f"handlers registered for RPCs modal_proto lacks: {sorted(unknown)}")
+        namespace = {name: _make_method(name) for name in rpc_names()}
+        _SERVICER_CLASS = type("EmulatorServicer", (ServicerBase,), namespace)
+    servicer: ServicerBase = _SERVICER_CLASS(state, config, counter, runtime, task_id)
     return servicer

@@ -71,6 +71,7 @@ def ImageGetOrCreate(
         list(req.image.dockerfile_commands),
         req.force_build or req.ignore_cache,
         [base.image_id for base in req.image.base_images],
+        req.image.context_mount_id,
     )
     resp = api_pb2.ImageGetOrCreateResponse(image_id=image.id)
     if image.built:
@@ -87,7 +88,8 @@ async def ImageJoinStreaming(
     if not image.built or req.include_logs_for_finished:
         logs = [
             api_pb2.TaskLogs(
-                data=f"[emulator] building {image.id} (no container runs; steps listed)\n",
+                data=f"[emulator] image {image.id} is not built (containers run on the "
+                "emulator's Python); its steps:\n",
                 file_descriptor=api_pb2.FILE_DESCRIPTOR_INFO,
                 timestamp=time.time(),
             )
@@ -266,16 +268,18 @@ def _spec(fn: api_pb2.Function) -> FunctionSpec:
     )
 
 
-def _urls_of(fn: api_pb2.Function) -> list[str]:
-    urls = [fn.web_url] if fn.web_url else []
-    urls += [md.web_url for md in fn.method_definitions.values() if md.web_url]
-    return urls + list(fn.flash_service_urls)
+def _decorate(
+    ctx: Context, app: App, fn: api_pb2.Function, claims: list[str] | None = None
+) -> list[str]:
+    """Fill in web URLs on a function definition; returns its flash (server) URLs.
 
-
-def _decorate(ctx: Context, app: App, fn: api_pb2.Function) -> list[str]:
-    """Fill in web URLs on a function definition; returns its flash (server) URLs."""
+    `claims` collects the endpoints' identities (Modal's URLs, also when the edge's local URL
+    is what the definition shows): ownership and collisions are decided on those.
+    """
+    claims = [] if claims is None else claims
     if fn.webhook_config.type != api_pb2.WEBHOOK_TYPE_UNSPECIFIED:
         url = _url(ctx, app, fn.function_name, fn.webhook_config)
+        claims.append(url.identity)
         fn.web_url = url.url
         fn.web_url_info.CopyFrom(
             api_pb2.WebUrlInfo(truncated=url.truncated, has_unique_hash=url.has_unique_hash)
@@ -283,13 +287,16 @@ def _decorate(ctx: Context, app: App, fn: api_pb2.Function) -> list[str]:
     for md in fn.method_definitions.values():
         if md.webhook_config.type != api_pb2.WEBHOOK_TYPE_UNSPECIFIED:
             url = _url(ctx, app, md.function_name, md.webhook_config)
+            claims.append(url.identity)
             md.web_url = url.url
             md.web_url_info.CopyFrom(
                 api_pb2.WebUrlInfo(truncated=url.truncated, has_unique_hash=url.has_unique_hash)
             )
     flash: list[str] = []
     if fn.is_server:
-        flash = [_url(ctx, app, fn.function_name, api_pb2.WebhookConfig()).url]
+        server_url = _url(ctx, app, fn.function_name, api_pb2.WebhookConfig())
+        claims.append(server_url.identity)
+        flash = [server_url.url]
         del fn.flash_service_urls[:]
         fn.flash_service_urls.extend(flash)
     return flash
@@ -311,12 +318,13 @@ def FunctionCreate(
     app = ctx.state.apps.get(req.app_id)
     function_data = api_pb2.FunctionData()
     flash: list[str] = []
+    claims: list[str] = []
     if req.HasField("function"):
         fn = api_pb2.Function()
         fn.CopyFrom(req.function)
         check_function_spec(_spec(fn))
         _check_references(ctx, fn)
-        flash = _decorate(ctx, app, fn)
+        flash = _decorate(ctx, app, fn, claims)
         _copy_common_fields(fn, function_data)
         function_data.ranked_functions.add(rank=0, function=fn)
         tag = fn.function_name
@@ -326,7 +334,7 @@ def FunctionCreate(
         for ranked in function_data.ranked_functions:
             check_function_spec(_spec(ranked.function))
             _check_references(ctx, ranked.function)
-            flash = _decorate(ctx, app, ranked.function)
+            flash = _decorate(ctx, app, ranked.function, claims)
         first = function_data.ranked_functions[0].function
         function_data.web_url = first.web_url
         function_data.web_url_info.CopyFrom(first.web_url_info)
@@ -340,8 +348,7 @@ def FunctionCreate(
             "FunctionCreate needs `function` or `function_data` with at least one ranked function."
         )
     record = ctx.state.apps.precreate_function(app.id, tag, req.existing_function_id)
-    urls = sorted({u for r in function_data.ranked_functions for u in _urls_of(r.function)})
-    ctx.state.apps.claim_web_urls(app.id, record.id, urls)
+    ctx.state.apps.claim_web_urls(app.id, record.id, sorted(set(claims)))
     definition_id = new_id("definition")
     handle = api_pb2.FunctionHandleMetadata(
         function_name=tag,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from emulator.models.apps import DEFAULT_HEARTBEAT_TIMEOUT, App, Apps
 from emulator.models.artifacts import Blobs, Images, Mounts
 from emulator.models.environments import Environments
@@ -33,6 +35,8 @@ class State:
         self.images = Images(store)
         self.blobs = Blobs(store)
         self.mounts = Mounts(store, self.blobs)
+        #: Set when an edge serves the endpoints: maps Modal's URL pattern to the local URL.
+        self.url_mapper: Callable[[str], str] | None = None
         self.environments.ensure_default()
 
     def check_function_references(
@@ -65,7 +69,10 @@ class State:
         env = self.environments.get(app.env_id)
         dev = (dev_suffix or "dev") if app.state in ("ephemeral", "detached") else ""
         app_label = app.name or app.description or app.id
-        return web_url(self.workspace, env.webhook_suffix, app_label, function_name, label, dev)
+        url = web_url(self.workspace, env.webhook_suffix, app_label, function_name, label, dev)
+        if self.url_mapper is not None:
+            return WebUrl(self.url_mapper(url.url), url.truncated, url.has_unique_hash, url.url)
+        return url
 
     def reset(self) -> None:
         self.store.reset()

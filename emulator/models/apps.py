@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from emulator.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -366,6 +367,46 @@ class Apps:
             )
             return self._load(db, self._row(db, app_id)), self._get_version(db, app_id, version)
 
+    def unchanged(
+        self,
+        app_id: str,
+        req: PublishRequest,
+        same: Callable[[bytes, bytes], bool] = lambda a, b: a == b,
+    ) -> bool:
+        """Whether deploying `req` would change nothing: same objects, identical definitions.
+
+        The 1.6.4 client treats AppPublish's `deployed_at == 0` as "nothing changed" (prints
+        "Deployment skipped: no changes detected", and with the `recreate` strategy keeps the
+        running containers: modal/runner.py, `_stop_and_wait_for_containers`); the emulator
+        answers that when every function's new definition equals the deployed one by `same`
+        (ids of images and mounts are content-addressed, so unchanged code gives equal ids; the
+        handler's `same` ignores the order the client happened to list mounts in).
+        """
+        if req.state != "deployed":
+            return False
+        with self.store.read() as db:
+            row = self._row(db, app_id)
+            if row["state"] != "deployed" or not row["version"] or row["deployed_name"] != req.name:
+                return False
+            current = self._get_version(db, app_id, row["version"])
+            if current.function_ids != req.function_ids or current.class_ids != req.class_ids:
+                return False
+            for fid in req.function_ids.values():
+                old_id = current.definition_ids.get(fid)
+                new_id_ = req.definition_ids.get(fid)
+                if not old_id or not new_id_:
+                    return False
+                if old_id == new_id_:
+                    continue
+                rows = db.execute(
+                    "SELECT id, data FROM function_definitions WHERE id IN (?, ?)",
+                    (old_id, new_id_),
+                ).fetchall()
+                datas = {r["id"]: bytes(r["data"]) for r in rows}
+                if len(datas) != 2 or not same(datas[old_id], datas[new_id_]):
+                    return False
+            return True
+
     @staticmethod
     def _get_version(db: sqlite3.Connection, app_id: str, version: int) -> AppVersion:
         row = db.execute(
@@ -381,6 +422,14 @@ class Apps:
             if row["version"] == 0:
                 return None
             return self._get_version(db, app_id, row["version"])
+
+    def deployed_layouts(self) -> builtins.list[tuple[App, AppVersion]]:
+        """Every deployed app (all environments) with its current version's layout."""
+        with self.store.read() as db:
+            rows = db.execute(
+                "SELECT * FROM apps WHERE state = 'deployed' AND version > 0 ORDER BY created_at"
+            ).fetchall()
+            return [(self._load(db, r), self._get_version(db, r["id"], r["version"])) for r in rows]
 
     def history(self, app_id: str) -> builtins.list[AppVersion]:
         """Every deployed version, newest first."""

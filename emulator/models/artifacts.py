@@ -49,6 +49,8 @@ class Image:
     commands: list[str]
     built: bool
     python_version: str = ""  # "" when neither the image nor its bases name one
+    base_ids: tuple[str, ...] = ()  # the images this one is built on (runtime: ENV lines)
+    context_mount_id: str = ""  # files a `COPY . /` step copies in (runtime: materialised)
 
 
 @dataclass(frozen=True)
@@ -72,11 +74,16 @@ class Images:
 
     @staticmethod
     def _load(row: sqlite3.Row) -> Image:
+        spec = json.loads(row["spec"])
+        if isinstance(spec, list):  # rows written before base/context were recorded
+            spec = {"commands": spec}
         return Image(
             id=row["id"],
-            commands=json.loads(row["spec"]),
+            commands=list(spec.get("commands", [])),
             built=bool(row["built"]),
             python_version=row["python_version"],
+            base_ids=tuple(spec.get("base_ids", [])),
+            context_mount_id=str(spec.get("context_mount_id", "")),
         )
 
     def get_or_create(
@@ -85,6 +92,7 @@ class Images:
         commands: list[str],
         force_build: bool,
         base_image_ids: list[str] | None = None,
+        context_mount_id: str = "",
     ) -> Image:
         """Find the image with exactly this definition, or register it as not built yet.
 
@@ -109,7 +117,18 @@ class Images:
                 db.execute(
                     "INSERT INTO images (id, spec, built, created_at, python_version)"
                     " VALUES (?, ?, 0, ?, ?)",
-                    (image_id, json.dumps(commands), self.store.now(), python),
+                    (
+                        image_id,
+                        json.dumps(
+                            {
+                                "commands": commands,
+                                "base_ids": list(base_image_ids or []),
+                                "context_mount_id": context_mount_id,
+                            }
+                        ),
+                        self.store.now(),
+                        python,
+                    ),
                 )
             elif force_build:
                 db.execute("UPDATE images SET built = 0 WHERE id = ?", (image_id,))
@@ -270,6 +289,27 @@ class Mounts:
             )
             self._save(db, mount, "")
         return mount
+
+    def get(self, mount_id: str) -> Mount:
+        check_id("mount", mount_id)
+        with self.store.read() as db:
+            row = db.execute("SELECT * FROM mounts WHERE id = ?", (mount_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"Mount {mount_id!r} not found; create it with MountGetOrCreate first.")
+        files = [MountFile(f[0], f[1], f[2]) for f in json.loads(row["files"])]
+        return Mount(id=row["id"], checksum=row["checksum"], name=row["name"], files=files)
+
+    def read_file(self, sha256: str) -> bytes:
+        """The bytes of an uploaded file (inline, or from the blob it arrived in)."""
+        with self.store.read() as db:
+            row = db.execute(
+                "SELECT data, blob_id FROM files WHERE sha256 = ?", (sha256,)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"File {sha256} was never uploaded (MountPutFile).")
+        if row["data"] is not None:
+            return bytes(row["data"])
+        return self.blobs.get(row["blob_id"])
 
     def check_exists(self, mount_id: str) -> None:
         check_id("mount", mount_id)

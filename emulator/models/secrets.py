@@ -111,6 +111,16 @@ class Secrets:
                 raise NotFound(f"Secret with id {secret_id!r} not found.")
             return self._load(db, row)
 
+    def values_for_container(self, secret_id: str) -> dict[str, str]:
+        """The key/value pairs, for a container's environment only (never logged or dumped)."""
+        check_id("secret", secret_id)
+        with self.store.read() as db:
+            row = db.execute("SELECT data FROM secrets WHERE id = ?", (secret_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"Secret with id {secret_id!r} not found.")
+        values: dict[str, str] = json.loads(row["data"])
+        return values
+
     def update(self, secret_id: str, updates: dict[str, str | None]) -> Secret:
         """Merge `updates` into the secret; a key whose value is None is removed."""
         check_id("secret", secret_id)

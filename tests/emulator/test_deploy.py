@@ -48,7 +48,7 @@ def test_cls_web_server_deploy_redeploy_history_rollback_stop(
     env = {"EMU_BIG_FILE": big_file}
 
     first = modal_cli(emu, "deploy", CLS_APP, extra_env=env)
-    url = "https://emu-workspace--llm-server-llm-serve.modal.run"
+    url = emu.edge_url("emu-workspace--llm-server-llm-serve")  # Modal's name, a local port
     assert url in first.stdout
     counts1 = emu.rpc_counts()
     assert counts1["BlobCreate"] == 1  # the 5 MiB file went through a blob
@@ -60,24 +60,26 @@ def test_cls_web_server_deploy_redeploy_history_rollback_stop(
     (app,) = state["apps"]
     assert (app["name"], app["state"], app["version"]) == ("llm-server", "deployed", 1)
 
-    # Unchanged code: every image and mount is a cache hit; nothing is uploaded or built.
+    # Unchanged code: every image and mount is a cache hit; nothing is uploaded or built, and
+    # the deploy is a no-op (AppPublish answers deployed_at == 0: no new version).
     second = modal_cli(emu, "deploy", CLS_APP, extra_env=env)
     assert url in second.stdout
+    assert "Deployment skipped: no changes detected" in second.stdout
     delta = _diff(emu.rpc_counts(), counts1)
     for method in ("ImageJoinStreaming", "MountPutFile", "BlobCreate", "AppCreate"):
         assert method not in delta, delta
     assert delta["AppGetLayout"] == 1 and delta["AppPublish"] == 1
     (app2,) = emu.state()["apps"]
-    assert (app2["id"], app2["version"]) == (app["id"], 2)
-    v2_image = _function_get("llm-server", "LLM.*").function.ranked_functions[0].function.image_id
+    assert (app2["id"], app2["version"]) == (app["id"], 1)
+    v1_image = _function_get("llm-server", "LLM.*").function.ranked_functions[0].function.image_id
 
-    # A real change (new env var layer) builds again and is version 3.
+    # A real change (new env var layer) builds again and is version 2.
     counts2 = emu.rpc_counts()
     modal_cli(emu, "deploy", CLS_APP, extra_env={**env, "EMU_VARIANT": "3"})
     assert _diff(emu.rpc_counts(), counts2)["ImageJoinStreaming"] >= 1
     got = _function_get("llm-server", "LLM.*")
-    v3_image = got.function.ranked_functions[0].function.image_id
-    assert v3_image != v2_image
+    v2_image = got.function.ranked_functions[0].function.image_id
+    assert v2_image != v1_image
     assert got.handle_metadata.method_handle_metadata["serve"].web_url == url
 
     cls = modal.Cls.from_name("llm-server", "LLM")
@@ -95,10 +97,10 @@ def test_cls_web_server_deploy_redeploy_history_rollback_stop(
     assert [(a["app_id"], a["description"], a["state"]) for a in listed] == [
         (app["id"], "llm-server", "deployed")
     ]
-    assert [h["version"] for h in json_out(results[1])] == ["v3", "v2", "v1"]
-    assert [h["version"] for h in json_out(results[3])] == ["v4", "v3", "v2", "v1"]
+    assert [h["version"] for h in json_out(results[1])] == ["v2", "v1"]
+    assert [h["version"] for h in json_out(results[3])] == ["v3", "v2", "v1"]
     rolled = _function_get("llm-server", "LLM.*").function.ranked_functions[0].function
-    assert rolled.image_id == v2_image  # v1 and v2 share the image; v3's is gone
+    assert rolled.image_id == v1_image  # back to v1's image; v2's is gone
     history = raw_rpc("AppDeploymentHistory", api_pb2.AppDeploymentHistoryRequest(app_id=app["id"]))
     assert history.app_deployment_histories[0].rollback_version == 1
 
@@ -137,7 +139,7 @@ def test_server_deploy_flash_url_and_environment_suffix(
     for env_name in ("main", "staging"):
         modal.Secret.objects.create("hf-secret", {"HF_TOKEN": "x"}, environment_name=env_name)
     out = modal_cli(emu, "deploy", SERVER_APP, extra_env={"EMU_BIG_FILE": big_file})
-    url = "https://emu-workspace--llm-flash-server.modal.run"
+    url = emu.edge_url("emu-workspace--llm-flash-server")
     assert url in out.stdout
     assert modal.Server.from_name("llm-flash", "Server").get_url() == url
     got = _function_get("llm-flash", "Server")
@@ -148,7 +150,8 @@ def test_server_deploy_flash_url_and_environment_suffix(
 
     modal_cli(emu, "deploy", SERVER_APP, "-e", "staging")
     staged = modal.Server.from_name("llm-flash", "Server", environment_name="staging")
-    assert staged.get_url() == "https://emu-workspace-staging--llm-flash-server.modal.run"
+    assert staged.get_url() == emu.edge_url("emu-workspace-staging--llm-flash-server")
+    assert staged.get_url() != url
 
 
 def _load_app_module(path: str, name: str) -> Any:
@@ -193,7 +196,7 @@ def test_asgi_function_with_gpu_fallbacks_and_label_in_an_environment(
     modal.Secret.objects.create("hf-secret", {"HF_TOKEN": "x"}, environment_name="dev")
     app_file = str(APPS_DIR / "asgi_app.py")
     out = modal_cli(modal_env, "deploy", app_file, "-e", "dev", "--name", "asgi2")
-    url = "https://emu-workspace-dev--my-custom-label.modal.run"
+    url = modal_env.edge_url("emu-workspace-dev--my-custom-label")
     assert f"{url} 🔑" in out.stdout
     fn = modal.Function.from_name("asgi2", "web", environment_name="dev")
     assert fn.get_web_url() == url

@@ -60,7 +60,7 @@ def test_invalid_web_labels_are_refused_not_rewritten(
 def test_a_web_url_belongs_to_one_live_app(modal_env: EmulatorProcess) -> None:
     first_app = _app("first")
     first = _function(first_app, label="same-label")
-    assert first.function.web_url == "https://emu-workspace--same-label.modal.run"
+    assert first.function.web_url == modal_env.edge_url("emu-workspace--same-label")
     _publish(first_app, "first", {"web": first})
     second_app = _app("second")
     with pytest.raises(AlreadyExistsError, match=r"same-label\.modal\.run is already served by"):
@@ -177,9 +177,9 @@ def test_function_get_by_id_follows_rollback_and_rollback_counts_back(
 
 def test_apps_that_are_not_deployed_get_dev_urls(modal_env: EmulatorProcess) -> None:
     for state, ephemeral_suffix, expected in (
-        (api_pb2.APP_STATE_EPHEMERAL, "", "https://emu-workspace--serve-web-dev.modal.run"),
-        (api_pb2.APP_STATE_DETACHED, "", "https://emu-workspace--run-web-dev.modal.run"),
-        (api_pb2.APP_STATE_EPHEMERAL, "abc", "https://emu-workspace--mine-abc.modal.run"),
+        (api_pb2.APP_STATE_EPHEMERAL, "", "emu-workspace--serve-web-dev"),
+        (api_pb2.APP_STATE_DETACHED, "", "emu-workspace--run-web-dev"),
+        (api_pb2.APP_STATE_EPHEMERAL, "abc", "emu-workspace--mine-abc"),
     ):
         description = "run" if state == api_pb2.APP_STATE_DETACHED else "serve"
         app_id = raw_rpc(
@@ -196,7 +196,7 @@ def test_apps_that_are_not_deployed_get_dev_urls(modal_env: EmulatorProcess) -> 
         created = raw_rpc(
             "FunctionCreate", api_pb2.FunctionCreateRequest(app_id=app_id, function=fn)
         )
-        assert created.function.web_url == expected
+        assert created.function.web_url == modal_env.edge_url(expected)
 
 
 def test_silent_initializing_apps_are_stopped(monkeypatch: pytest.MonkeyPatch) -> None:

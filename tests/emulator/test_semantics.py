@@ -46,12 +46,31 @@ def _create_app(description: str, env: str = "") -> str:
     return str(resp.app_id)
 
 
+def _publish_fn(app_id: str, name: str, timeout: int) -> api_pb2.AppPublishResponse:
+    """Publish `app_id` with one function whose definition differs by `timeout`."""
+    fn = api_pb2.Function(function_name="f", timeout_secs=timeout)
+    created = raw_rpc("FunctionCreate", api_pb2.FunctionCreateRequest(app_id=app_id, function=fn))
+    return raw_rpc(
+        "AppPublish",
+        api_pb2.AppPublishRequest(
+            app_id=app_id,
+            name=name,
+            app_state=api_pb2.APP_STATE_DEPLOYED,
+            function_ids={"f": created.function_id},
+            definition_ids={created.function_id: created.handle_metadata.definition_id},
+        ),
+    )
+
+
 def test_versions_and_rollback_rules(modal_env: EmulatorProcess) -> None:
     app_id = _create_app("svc")
-    first = _publish(app_id, "svc")
+    first = _publish_fn(app_id, "svc", 10)
     assert first.url.endswith("/main/deployed/svc") and first.deployed_at > 0
-    _publish(app_id, "svc")
-    _publish(app_id, "svc")
+    # The same definitions again: a no-op (deployed_at 0, as the client expects), no version.
+    noop = _publish_fn(app_id, "svc", 10)
+    assert noop.deployed_at == 0 and noop.url == first.url
+    assert _publish_fn(app_id, "svc", 20).deployed_at > 0
+    assert _publish_fn(app_id, "svc", 30).deployed_at > 0
     rolled = raw_rpc("AppRollback", api_pb2.AppRollbackRequest(app_id=app_id, version=-1))
     assert rolled.deployed_at > 0
     hist = raw_rpc("AppDeploymentHistory", api_pb2.AppDeploymentHistoryRequest(app_id=app_id))
@@ -68,7 +87,7 @@ def test_versions_and_rollback_rules(modal_env: EmulatorProcess) -> None:
     with pytest.raises(ConflictError, match="only a deployed app"):
         raw_rpc("AppRollback", api_pb2.AppRollbackRequest(app_id=app_id, version=1))
     with pytest.raises(ConflictError, match="stopped"):
-        _publish(app_id, "svc")
+        _publish_fn(app_id, "svc", 40)
     lifecycle = raw_rpc("AppGetLifecycle", api_pb2.AppGetLifecycleRequest(app_id=app_id))
     assert lifecycle.lifecycle.app_state == api_pb2.APP_STATE_STOPPED
     assert lifecycle.lifecycle.stopped_at > 0 and lifecycle.lifecycle.version == 4

@@ -90,6 +90,11 @@ class EmulatorProcess:
         http_port: int = 0,
         cwd: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
+        runtime: bool = True,
+        max_containers: int | None = None,
+        webhook_timeout: float | None = None,
+        container_network: str | None = None,
+        stop_grace: float | None = None,
     ) -> None:
         self.state_path = Path(state_path) if state_path is not None else None
         self.workspace = workspace
@@ -101,6 +106,11 @@ class EmulatorProcess:
         self._req_http_port = http_port
         self.cwd = Path(cwd) if cwd is not None else PROJECT_ROOT
         self.python = python
+        self.runtime = runtime
+        self.max_containers = max_containers
+        self.webhook_timeout = webhook_timeout
+        self.container_network = container_network
+        self.stop_grace = stop_grace
         self._tmp = tempfile.TemporaryDirectory(prefix="modal-emulator-")
         self.home = Path(self._tmp.name) / "home"
         self.home.mkdir()
@@ -135,6 +145,16 @@ class EmulatorProcess:
             cmd += ["--rbac"]
         if self.heartbeat_timeout is not None:
             cmd += ["--heartbeat-timeout", str(self.heartbeat_timeout)]
+        if not self.runtime:
+            cmd += ["--no-runtime"]
+        if self.max_containers is not None:
+            cmd += ["--max-containers", str(self.max_containers)]
+        if self.webhook_timeout is not None:
+            cmd += ["--webhook-timeout-s", str(self.webhook_timeout)]
+        if self.container_network is not None:
+            cmd += ["--container-network", self.container_network]
+        if self.stop_grace is not None:
+            cmd += ["--stop-grace-s", str(self.stop_grace)]
         return cmd
 
     def start(self, timeout: float = 30.0) -> EmulatorProcess:
@@ -344,6 +364,41 @@ class EmulatorProcess:
     def set_usage(self, environment: str, usd: float) -> None:
         """Set an environment's current-cycle usage in dollars (drives EnvironmentGetBudget)."""
         self._request("POST", "/_emulator/usage", {"environment": environment, "usd": usd})
+
+    def containers(self) -> list[dict[str, Any]]:
+        """Every container the runtime started: task_id, state, pid, app/function ids, ..."""
+        result: list[dict[str, Any]] = self._request("GET", "/_emulator/containers")["containers"]
+        return result
+
+    def live_containers(self, app_id: str | None = None) -> list[dict[str, Any]]:
+        """Containers starting, ready or stopping (optionally of one app)."""
+        return [
+            c
+            for c in self.containers()
+            if c["state"] in ("starting", "ready", "stopping")
+            and (app_id is None or c["app_id"] == app_id)
+        ]
+
+    def edge_ports(self) -> dict[str, int]:
+        """Endpoint label (`<workspace>[-<env>]--<label>`, Modal's host name) -> edge port."""
+        result: dict[str, int] = self._request("GET", "/_emulator/edge")["ports"]
+        return result
+
+    def edge_url(self, label: str) -> str:
+        """The local URL the emulator gives the endpoint Modal would call `https://LABEL.modal.run`."""
+        ports = self.edge_ports()
+        if label not in ports:
+            raise EmulatorError(f"no edge port for endpoint {label!r}; known: {sorted(ports)}")
+        return f"http://127.0.0.1:{ports[label]}"
+
+    def run_schedule(self, app: str, function: str, environment: str = "") -> str:
+        """Fire a scheduled function now (`POST /_emulator/schedules/run`); its call id."""
+        result = self._request(
+            "POST",
+            "/_emulator/schedules/run",
+            {"app": app, "function": function, "environment": environment},
+        )
+        return str(result["function_call_id"])
 
     def rpc_counts(self) -> dict[str, int]:
         """Per-method count of RPCs received since the last reset (or start)."""

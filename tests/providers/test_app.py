@@ -62,7 +62,7 @@ def test_lifecycle_spec_change_redeploys_in_place(
     assert steps == ["create", "same", "same", "update"]
     st = engine.states["a"]
     assert st.id.startswith("ap-") and st.outputs["app_id"] == st.id
-    assert st.outputs["web_url"] == "https://emu-workspace--echo-echo.modal.run"
+    assert st.outputs["web_url"] == emulator.edge_url("emu-workspace--echo-echo")
     assert st.outputs["version"] == 2
     assert st.outputs["spec_digest"] == ServingSpec.model_validate_json(spec("qwen-2")).digest()
     assert st.outputs["source_digest"] == source_digest(APP_FILE, PROJECT_ROOT)
@@ -108,7 +108,7 @@ def test_name_change_replaces_and_stops_the_old_app(
     assert engine.up("a", P, inputs(name="echo-2")) == "replace"
     new = engine.states["a"]
     assert new.id != old
-    assert new.outputs["web_url"] == "https://emu-workspace--echo-2-echo.modal.run"
+    assert new.outputs["web_url"] == emulator.edge_url("emu-workspace--echo-2-echo")
     assert engine.refresh("a") == "same"
     assert apps(emulator) == {old: "stopped", new.id: "deployed"}
 

@@ -51,7 +51,7 @@ def test_deploy_update_and_stop_serving_app(engine: Engine, emulator: EmulatorPr
     assert engine.up("app", app, inputs) == "create"
     out = engine.states["app"].outputs
     # @app.server: the URL is the server's flash URL, named after the server class.
-    assert out["web_url"] == f"https://emu-workspace--llm-{SERVER_NAME.lower()}.modal.run"
+    assert out["web_url"] == emulator.edge_url(f"emu-workspace--llm-{SERVER_NAME.lower()}")
     assert out["spec_digest"] == ServingSpec.model_validate_json(spec()).digest()
     before = emulator.rpc_counts()
     assert engine.preview("app", app, inputs) == "same"

@@ -1,0 +1,48 @@
+"""The runtime's routes on the control surface (`/_emulator/*`, same auth as the others).
+
+- `GET /_emulator/containers`: every container the runtime started (state, pid, ids, failure).
+- `GET /_emulator/edge`: the endpoint label -> edge port table.
+- `POST /_emulator/schedules/run` with `{"function_id": "fu-..."}` or
+  `{"app": NAME, "function": TAG, "environment": ENV}`: run a scheduled function now, as its
+  schedule would (an input with no arguments); answers `{"function_call_id": "fc-..."}`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from emulator.http import ControlServer, HttpError, _json
+from emulator.runtime.manager import Runtime
+
+
+def install(control: ControlServer, runtime: Runtime) -> None:
+    def containers(_body: bytes) -> Any:
+        return _json(200, {"containers": runtime.snapshot()})
+
+    def edge(_body: bytes) -> Any:
+        return _json(200, {"ports": runtime.edge.ports() if runtime.edge else {}})
+
+    def run_schedule(body: bytes) -> Any:
+        try:
+            payload = json.loads(body or b"{}")
+        except ValueError:
+            raise HttpError(400, "expected a JSON object") from None
+        function_id = str(payload.get("function_id", ""))
+        if not function_id:
+            app, function = payload.get("app"), payload.get("function")
+            if not app or not function:
+                raise HttpError(
+                    400, 'expected {"function_id": ID} or {"app": NAME, "function": TAG}'
+                )
+            definition = runtime.state.apps.lookup_function(
+                str(app), str(payload.get("environment", "")), str(function)
+            )[1]
+            function_id = definition.function_id
+        call_id = runtime.fire_schedule(function_id, reason="fired by /_emulator/schedules/run")
+        return _json(200, {"function_call_id": call_id, "function_id": function_id})
+
+    control.reset_hooks.append(runtime.reset)
+    control.extra_routes[("GET", "/_emulator/containers")] = containers
+    control.extra_routes[("GET", "/_emulator/edge")] = edge
+    control.extra_routes[("POST", "/_emulator/schedules/run")] = run_schedule

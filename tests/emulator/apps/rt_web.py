@@ -1,0 +1,74 @@
+"""The HTTP server `rt_server.py` starts inside its container (stdlib only).
+
+GET / -> RT_MESSAGE plus the container's task id; GET /sleep?s=N sleeps N seconds first;
+GET /env?k=NAME -> that env var; POST /echo -> the body; GET /stream -> 3 chunks;
+POST /write?name=N -> writes the body to /data/N; GET /read?name=N -> reads /data/N;
+GET /crash -> the process exits (its container's port dies).
+"""
+
+import os
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        print("web:", format % args, flush=True)
+
+    def _send(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("content-type", "text/plain")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        q = dict(urllib.parse.parse_qsl(url.query))
+        if url.path == "/sleep":
+            time.sleep(float(q.get("s", "1")))
+            self._send(200, b"slept")
+        elif url.path == "/env":
+            self._send(200, os.environ.get(q.get("k", ""), "<unset>").encode())
+        elif url.path == "/headers":
+            self._send(200, "\n".join(f"{k}: {v}" for k, v in self.headers.items()).encode())
+        elif url.path == "/read":
+            try:
+                with open(f"/data/{q['name']}", "rb") as f:
+                    self._send(200, f.read())
+            except FileNotFoundError:
+                self._send(404, b"missing")
+        elif url.path == "/stream":
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for i in range(3):
+                data = f"chunk{i}\n".encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+        elif url.path == "/crash":
+            self._send(200, b"bye")
+            os._exit(3)
+        else:
+            msg = os.environ.get("RT_MESSAGE", "hello")
+            self._send(200, f"{msg} from {os.environ.get('MODAL_TASK_ID', '?')}".encode())
+
+    def do_POST(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        q = dict(urllib.parse.parse_qsl(url.query))
+        body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        if url.path == "/write":
+            with open(f"/data/{q['name']}", "wb") as f:
+                f.write(body)
+            self._send(200, b"written")
+        else:
+            self._send(200, body)
+
+
+if __name__ == "__main__":
+    ThreadingHTTPServer(("127.0.0.1", 8000), Handler).serve_forever()
