@@ -12,12 +12,24 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 import uvicorn
 
 from serving.proxy.app import ProxyApp, ProxyConfig
 from serving.proxy.keys import ENV_VAR, KeyConfigError, KeyRing
 from serving.proxy.logs import configure_logging
+
+
+def http_protocol(config: ProxyConfig) -> Any:
+    """uvicorn's ``http`` setting: httptools with the head limits (serving/proxy/server.py)
+    when httptools is installed, else uvicorn's h11 (its own 16 KiB head limit; no head
+    timeout)."""
+    try:
+        from serving.proxy.server import guarded_httptools_protocol
+    except ImportError:
+        return "h11"
+    return guarded_httptools_protocol(config.max_head_bytes, config.head_timeout_s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long to wait for the engine's response head (504 after)")  # fmt: skip
     p.add_argument("--connect-retries", type=int, default=d.connect_retries,
                    help="retries on connect refused (nothing was sent)")  # fmt: skip
+    p.add_argument("--max-buffered-bytes", type=int, default=d.max_buffered_bytes,
+                   help="request + non-stream response bodies held at once, all requests "
+                   "together (503 proxy_buffers_full above)")  # fmt: skip
+    p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
+                   help="a request body must be complete this long after the request "
+                   "started (408)")  # fmt: skip
+    p.add_argument("--max-head-bytes", type=int, default=d.max_head_bytes,
+                   help="largest request head, request line + headers (431 above)")  # fmt: skip
+    p.add_argument("--head-timeout-s", type=float, default=d.head_timeout_s,
+                   help="a request head must be complete this long after its first byte "
+                   "(or the connection's start) (408)")  # fmt: skip
     p.add_argument("--no-access-log", action="store_true", help="do not write JSON access logs")
     return p
 
@@ -69,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             unready_after_failures=args.unready_after_failures,
             upstream_timeout_s=args.upstream_timeout_s,
             connect_retries=args.connect_retries,
+            max_buffered_bytes=args.max_buffered_bytes,
+            body_timeout_s=args.body_timeout_s,
+            max_head_bytes=args.max_head_bytes,
+            head_timeout_s=args.head_timeout_s,
         )
         app = ProxyApp(config, keys)
     except ValueError as exc:
@@ -88,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         loop="auto",  # uvloop when installed
-        http="auto",  # httptools when installed
+        http=http_protocol(config),  # httptools + head limits when installed
         ws="none",
         lifespan="on",
         access_log=False,

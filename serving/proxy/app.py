@@ -98,10 +98,14 @@ def path_fingerprint(raw_path: bytes) -> str:
 # POST bodies always go with "content-type: application/json" (they were validated as JSON).
 _FORWARD_HEADERS = frozenset({b"accept", b"user-agent", b"traceparent", b"tracestate"})
 # Engine response headers the proxy replaces or that are hop-by-hop.
+# Hop-by-hop (RFC 9110 7.6.1, plus the obsolete proxy-connection) and what the proxy sets itself;
+# headers the engine names in its own ``Connection`` header are dropped too.
 _DROP_RESPONSE_HEADERS = frozenset(
     {
-        b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date",
-        b"server", b"x-request-id", b"x-accel-buffering", b"cache-control",
+        b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+        b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
+        b"content-length", b"date", b"server", b"x-request-id", b"x-accel-buffering",
+        b"cache-control",
     }
 )  # fmt: skip
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
@@ -126,6 +130,13 @@ class ProxyConfig:
     unready_after_failures: int = 2
     upstream_timeout_s: float = 600.0  # wait for the engine's response head
     max_response_bytes: int = 64 * 1024 * 1024  # non-stream bodies are read whole
+    # All request bodies being read or held plus all non-stream responses being read, together
+    # (503 proxy_buffers_full above): bounds memory whatever the number of connections.
+    max_buffered_bytes: int = 256 * 1024 * 1024
+    body_timeout_s: float = 60.0  # the whole request body must arrive within this (408)
+    # Enforced by the HTTP server (serving/proxy/server.py), not the app: 431 / 408.
+    max_head_bytes: int = 32 * 1024
+    head_timeout_s: float = 10.0
     connect_retries: int = 3
     retry_after_busy_s: int = 1
     retry_after_not_ready_s: int = 5
@@ -140,6 +151,14 @@ class ProxyConfig:
             ("unready_after_failures", self.unready_after_failures >= 1, "at least 1"),
             ("upstream_timeout_s", self.upstream_timeout_s > 0, "> 0"),
             ("max_response_bytes", self.max_response_bytes >= 1, "at least 1"),
+            (
+                "max_buffered_bytes",
+                self.max_buffered_bytes >= self.max_body_bytes,
+                f">= max_body_bytes ({self.max_body_bytes}): one largest body must fit",
+            ),
+            ("body_timeout_s", self.body_timeout_s > 0, "> 0"),
+            ("max_head_bytes", self.max_head_bytes >= 1024, "at least 1024"),
+            ("head_timeout_s", self.head_timeout_s > 0, "> 0"),
             ("connect_retries", self.connect_retries >= 0, ">= 0"),
         ]
         for name, ok, rule in rules:
@@ -158,6 +177,7 @@ class _Exchange:
         "completion_tokens",
         "error",
         "finished",
+        "held",
         "key",
         "method",
         "overhead",
@@ -196,6 +216,7 @@ class _Exchange:
         self.resp: UpstreamResponse | None = None
         self.watch: _ClientWatch | None = None
         self.body_unread = False  # the client announced a body the proxy has not read
+        self.held = 0  # bytes of the proxy's buffer budget this request holds
 
 
 def _access_emitter() -> Callable[[str], None]:
@@ -276,6 +297,7 @@ class ProxyApp:
 
     def __init__(self, config: ProxyConfig, keys: KeyRing) -> None:
         self.config = config
+        self.buffered_bytes = 0  # request + non-stream response bodies held (max_buffered_bytes)
         self.keys = keys
         self.metrics = Metrics()
         self.client = UpstreamClient(config.upstream, connect_retries=config.connect_retries)
@@ -393,6 +415,7 @@ class ProxyApp:
         request_id: bytes | None = None
         content_length: bytes | None = None
         chunked = False
+        connection: bytes | None = None
         forward: list[tuple[bytes, bytes]] = []
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -404,8 +427,14 @@ class ProxyApp:
                 content_length = value
             elif name == b"transfer-encoding":
                 chunked = True
+            elif name == b"connection":
+                connection = value if connection is None else connection + b"," + value
             elif name in _FORWARD_HEADERS:
                 forward.append((name, value))
+        if connection is not None and forward:
+            # Headers the client names in Connection are hop-by-hop (RFC 9110 7.6.1).
+            hop = {token.strip().lower() for token in connection.split(b",")}
+            forward = [(name, value) for name, value in forward if name not in hop]
         if request_id is None or not _REQUEST_ID_RE.fullmatch(request_id):
             request_id = b"%s%08x" % (self._id_prefix, next(self._id_counter))
         ex = _Exchange(t0, route, request_id, scope["method"], raw_path)
@@ -441,7 +470,7 @@ class ProxyApp:
                 else:
                     await self._admit(receive, send, ex, content_length, forward)
         except Exception as exc:  # a bug of ours: uvicorn answers 500 (or drops the stream)
-            ex.status = ex.status or 500
+            ex.status = ex.status or 500  # set only once a response head was handed over
             ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
             event_log.exception("proxy internal error")
             raise
@@ -484,19 +513,34 @@ class ProxyApp:
                 "service_unavailable", "engine_not_ready", self._not_ready_headers,
             )  # fmt: skip
             return
-        metrics = self.metrics
-        if metrics.in_flight >= self.config.max_in_flight:
-            await self._error(
-                send, ex, 429, f"proxy at capacity ({self.config.max_in_flight} requests in "
-                "flight); retry after the Retry-After delay", "rate_limit_error",
-                "proxy_at_capacity", self._busy_headers,
-            )  # fmt: skip
-            return
-        metrics.in_flight += 1
+        body = b""
         try:
-            await self._forward(receive, send, ex, content_length, forward)
+            if ex.route.method == "POST":
+                # The body is read before the in-flight slot is taken: a slow body holds only
+                # its share of the buffer budget (and at most body_timeout_s), never a slot.
+                got = await self._read_body(receive, send, ex, content_length)
+                if got is None:
+                    return
+                if not await self._validate(send, ex, got):
+                    return
+                body = got
+                forward.append(_JSON)  # validated JSON, whatever the client labelled it
+            metrics = self.metrics
+            if metrics.in_flight >= self.config.max_in_flight:
+                await self._error(
+                    send, ex, 429, f"proxy at capacity ({self.config.max_in_flight} requests "
+                    "in flight); retry after the Retry-After delay", "rate_limit_error",
+                    "proxy_at_capacity", self._busy_headers,
+                )  # fmt: skip
+                return
+            metrics.in_flight += 1
+            try:
+                await self._forward(receive, send, ex, body, forward)
+            finally:
+                metrics.in_flight -= 1
         finally:
-            metrics.in_flight -= 1
+            self.buffered_bytes -= ex.held  # the request body, and a response read whole
+            ex.held = 0
 
     async def _read_body(
         self, receive: Receive, send: Send, ex: _Exchange, content_length: bytes | None
@@ -509,9 +553,34 @@ class ProxyApp:
                     "invalid_content_length",
                 )  # fmt: skip
                 return None
-            if int(content_length) > limit:
+            announced = int(content_length)
+            if announced > limit:
                 await self._body_too_large(send, ex)
                 return None
+            if not self._hold(ex, announced):  # reserved before a byte is read
+                await self._buffers_full(send, ex)
+                return None
+        # The whole body must have arrived by t0 + body_timeout_s.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._read_body_rest(send, ex, receive, content_length)
+        except TimeoutError:
+            await self._error(
+                send, ex, 408, f"request body not received within {self.config.body_timeout_s:g}"
+                " s", "invalid_request_error", "request_timeout",
+            )  # fmt: skip
+            return None
+
+    async def _read_body_rest(
+        self,
+        send: Send,
+        ex: _Exchange,
+        receive: Receive,
+        content_length: bytes | None,
+    ) -> bytes | None:
+        limit = self.config.max_body_bytes
         parts: list[bytes] = []
         size = 0
         while True:
@@ -524,10 +593,29 @@ class ProxyApp:
             if size > limit:
                 await self._body_too_large(send, ex)
                 return None
+            if content_length is None and not self._hold(ex, len(chunk)):  # chunked upload
+                await self._buffers_full(send, ex)
+                return None
             parts.append(chunk)
             if not message.get("more_body", False):
                 ex.body_unread = False
                 return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _hold(self, ex: _Exchange, size: int) -> bool:
+        """Take ``size`` bytes of the global buffer budget for ``ex`` (False: not available).
+        ``_admit`` gives back what the request held when it ends."""
+        if self.buffered_bytes + size > self.config.max_buffered_bytes:
+            return False
+        self.buffered_bytes += size
+        ex.held += size
+        return True
+
+    async def _buffers_full(self, send: Send, ex: _Exchange) -> None:
+        await self._error(
+            send, ex, 503, f"proxy buffers full ({self.config.max_buffered_bytes} bytes of "
+            "request and response bodies held); retry after the Retry-After delay",
+            "service_unavailable", "proxy_buffers_full", self._busy_headers,
+        )  # fmt: skip
 
     async def _body_too_large(self, send: Send, ex: _Exchange) -> None:
         await self._error(
@@ -564,17 +652,10 @@ class ProxyApp:
         receive: Receive,
         send: Send,
         ex: _Exchange,
-        content_length: bytes | None,
+        body: bytes,
         forward: list[tuple[bytes, bytes]],
     ) -> None:
         route = ex.route
-        body = b""
-        if route.method == "POST":
-            got = await self._read_body(receive, send, ex, content_length)
-            if got is None or not await self._validate(send, ex, got):
-                return
-            body = got
-            forward.append(_JSON)  # validated JSON, whatever the client labelled it
         forward.append((b"x-request-id", ex.request_id))
         watch = _ClientWatch(receive, ex)
         ex.watch = watch
@@ -615,6 +696,9 @@ class ProxyApp:
             return
         self.metrics.connect_retries += client.retries - retries_before
         ex.resp = resp
+        if ex.held:  # the request body is written out: its share of the budget is free again
+            self.buffered_bytes -= ex.held
+            ex.held = 0
         t_sent = time.perf_counter()
         if ex.client_gone:
             resp.abort()
@@ -624,7 +708,7 @@ class ProxyApp:
             if resp.content_type.startswith(b"text/event-stream"):
                 await self._relay_stream(send, ex, resp, t_sent, t_head)
                 return
-            data = await resp.read_all(self.config.max_response_bytes)
+            data = await self._read_response(resp, ex)
         except UpstreamError as exc:
             if ex.client_gone:
                 ex.status = 499
@@ -636,19 +720,48 @@ class ProxyApp:
                 "upstream_error", "engine_timeout" if timeout else "engine_failed",
             )  # fmt: skip
             return
+        if data is None:
+            await self._buffers_full(send, ex)
+            return
         t_done = time.perf_counter()
         if route.usage and resp.status == 200 and b'_tokens"' in data:
             self._scan_usage(data, ex)
-        out = [(name, value) for name, value in resp.headers if name not in _DROP_RESPONSE_HEADERS]
+        drop = (
+            _DROP_RESPONSE_HEADERS | resp.hop_headers
+            if resp.hop_headers
+            else _DROP_RESPONSE_HEADERS
+        )
+        out = [(name, value) for name, value in resp.headers if name not in drop]
         out.append((b"content-length", str(len(data)).encode()))
-        ex.status = resp.status
         ex.finished = True
         now = time.perf_counter()
         ex.overhead = (t_sent - ex.t0) + (now - t_done)
         out.append((b"x-request-id", ex.request_id))
         out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
         await send({"type": "http.response.start", "status": resp.status, "headers": out})
+        ex.status = resp.status
         await send({"type": "http.response.body", "body": data, "more_body": False})
+
+    async def _read_response(self, resp: UpstreamResponse, ex: _Exchange) -> bytes | None:
+        """A non-stream body, read whole within ``max_response_bytes`` and the global buffer
+        budget (None, engine connection closed: the budget is used up)."""
+        limit = self.config.max_response_bytes
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            data = await resp.read()
+            if data is None:
+                continue
+            if not data:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            size += len(data)
+            if size > limit:
+                resp.abort()
+                raise UpstreamBroken(f"engine response body exceeds {limit} bytes")
+            if not self._hold(ex, len(data)):
+                resp.abort()
+                return None
+            parts.append(data)
 
     async def _relay_stream(
         self,
@@ -659,22 +772,30 @@ class ProxyApp:
         t_head: float,
     ) -> None:
         ex.stream = True
-        out = [(name, value) for name, value in resp.headers if name not in _DROP_RESPONSE_HEADERS]
+        drop = (
+            _DROP_RESPONSE_HEADERS | resp.hop_headers
+            if resp.hop_headers
+            else _DROP_RESPONSE_HEADERS
+        )
+        out = [(name, value) for name, value in resp.headers if name not in drop]
         out += _STREAM_HEADERS
         out.append((b"x-request-id", ex.request_id))
-        ex.status = resp.status
         ex.overhead = (t_sent - ex.t0) + (time.perf_counter() - t_head)
         out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
         if ex.watch is not None:
             ex.watch.start()  # streams last: watch for the client leaving from now on
         await send({"type": "http.response.start", "status": resp.status, "headers": out})
-        resp.keepalive_ticks(self.config.keepalive_s)
+        ex.status = resp.status
+        keepalive_s = self.config.keepalive_s
+        idle_limit = self.config.upstream_timeout_s
+        # Ticks every keepalive_s for the comments; with comments off (0) still one per
+        # idle_limit, so the stream silence limit holds either way.
+        resp.keepalive_ticks(keepalive_s or idle_limit)
         scan = ex.route.usage and resp.status == 200
         # Usage chunks the engine sends unasked are counted (scan), then dropped: see sse.py.
         strip = UsageChunkFilter() if scan and not ex.wants_usage else None
         tail = b""
         at_boundary = True  # the last byte relayed ended an SSE event
-        idle_limit = self.config.upstream_timeout_s
         # Token counts are read from the last two reads that carried any (a usage object may
         # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
         # read would be wasted work): at the end, however the stream ends.
@@ -692,13 +813,13 @@ class ProxyApp:
                     await self._end_stream_with_error(send, ex, str(exc), at_boundary)
                     return
                 if data is None:  # keep-alive tick: the engine has been silent for keepalive_s
-                    if resp.idle_s() > idle_limit:
+                    if resp.idle_s() >= idle_limit - 1e-3:
                         resp.abort()
                         await self._end_stream_with_error(
                             send, ex, f"engine sent nothing for {idle_limit:g} s", at_boundary
                         )
                         return
-                    if at_boundary:  # never split an event the engine is half-way through
+                    if at_boundary and keepalive_s:  # never inside an event the engine half sent
                         await send(
                             {"type": "http.response.body", "body": KEEPALIVE_COMMENT,
                              "more_body": True}
@@ -762,7 +883,6 @@ class ProxyApp:
         content_type: tuple[bytes, bytes] = _JSON,
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        ex.status = status
         ex.overhead = time.perf_counter() - ex.t0
         headers = [
             content_type,
@@ -778,6 +898,7 @@ class ProxyApp:
             # discard it, whatever its size.
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
+        ex.status = status
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _error(

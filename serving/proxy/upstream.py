@@ -34,6 +34,11 @@ __all__ = [
 
 _MAX_HEAD_BYTES = 64 * 1024
 _HEX_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk size (no sign, prefix or underscores)
+# RFC 9110 5.1 field-name = token; no whitespace before the colon (RFC 9112 5.1), so an
+# obs-folded continuation line (leading space) fails here too.
+_TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls but HTAB (RFC 9110 5.5)
+_NO_HOP: frozenset[bytes] = frozenset()
 _PAUSE_AT = 1024 * 1024  # pause reading the engine socket above this many unread bytes
 _RESUME_AT = 64 * 1024
 
@@ -83,6 +88,7 @@ class UpstreamResponse:
         "_waiter",
         "content_type",
         "headers",
+        "hop_headers",
         "status",
     )
 
@@ -105,6 +111,8 @@ class UpstreamResponse:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_type = b""
+        # Header names the engine listed in its Connection header (hop-by-hop, not relayed).
+        self.hop_headers = _NO_HOP
 
     # -- consumer side -------------------------------------------------------------------
     async def head(self) -> None:
@@ -424,12 +432,18 @@ class _Conn(asyncio.Protocol):
         chunked = False
         keep_alive = parts[0] == b"HTTP/1.1"
         content_type = b""
+        hop = _NO_HOP
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
-            if not sep:
-                raise UpstreamBroken("engine sent a malformed header line")
-            name = name.strip().lower()
-            value = value.strip()
+            if not sep or not _TOKEN_RE.fullmatch(name):
+                raise UpstreamBroken(
+                    "engine sent a malformed header line (a header name must be a token: "
+                    "no spaces, CR, LF or NUL)"
+                )
+            name = name.lower()
+            value = value.strip(b" \t")
+            if _BAD_VALUE_RE.search(value):
+                raise UpstreamBroken("engine sent a header value with CR, LF, NUL or controls")
             if name == b"content-length":
                 if not value.isdigit() or (length >= 0 and int(value) != length):
                     raise UpstreamBroken("engine sent a malformed or conflicting Content-Length")
@@ -437,17 +451,21 @@ class _Conn(asyncio.Protocol):
             elif name == b"transfer-encoding":
                 chunked = value.lower().endswith(b"chunked")
             elif name == b"connection":
-                low = value.lower()
-                if b"close" in low:
+                tokens = {token.strip(b" \t") for token in value.lower().split(b",")}
+                if b"close" in tokens:
                     keep_alive = False
-                elif b"keep-alive" in low:
+                elif b"keep-alive" in tokens:
                     keep_alive = True
+                tokens -= {b"close", b"keep-alive", b""}
+                if tokens:
+                    hop = hop | tokens
             elif name == b"content-type":
                 content_type = value.lower()
             headers.append((name, value))
         resp.status = status
         resp.headers = headers
         resp.content_type = content_type
+        resp.hop_headers = hop
         self._keep_alive = keep_alive
         if self.head_only or status in (204, 304):
             self._state = _IDLE

@@ -1,7 +1,8 @@
 """Fixtures for the serving proxy tests: a stub engine and the real proxy on loopback ports.
 
 - ``stub_engine``: a fresh ``StubEngine`` (tests/harness/stub_engine.py) in a uvicorn thread.
-- ``start_proxy(**config)``: the real ``ProxyApp`` served by uvicorn in a thread in front of
+- ``start_proxy(**config)``: the real ``ProxyApp`` served by uvicorn in a thread (with the
+  deployed HTTP protocol, ``serving.proxy.__main__.http_protocol``) in front of
   ``stub_engine``; waits until the proxy reports the engine ready (``wait_ready=False`` skips).
 - ``proxy``: ``start_proxy()`` with the defaults the tests share.
 - ``raw_http(port, request_bytes)``: send bytes as-is over a socket (path tricks must not be
@@ -26,6 +27,7 @@ import httpx
 import pytest
 
 from serving.proxy import KeyRing, ProxyApp, ProxyConfig, digest_of
+from serving.proxy.__main__ import http_protocol
 from tests.harness.stub_engine import StubEngine, UvicornThread
 
 ALICE = "sk-alice-0123456789"
@@ -113,10 +115,11 @@ def raw_request(
 class ScriptedEngine:
     """A raw TCP "engine" on loopback. ``/health`` gets ``200 ok`` (keep-alive); any other
     request is recorded (request line) and then handled by ``answer``: ``"close"`` drops the
-    connection without a response byte, ``"silent"`` never answers. ``answer_health=False``
+    connection without a response byte, ``"silent"`` never answers, bytes are sent as the
+    response as they are (then the connection waits for the next request). ``answer_health=False``
     leaves ``/health`` unanswered too. Counts accepted and currently open connections."""
 
-    def __init__(self, answer: str = "close", answer_health: bool = True) -> None:
+    def __init__(self, answer: str | bytes = "close", answer_health: bool = True) -> None:
         self.answer = answer
         self.answer_health = answer_health
         self.requests: list[str] = []
@@ -167,6 +170,9 @@ class ScriptedEngine:
                     continue
                 with self._lock:
                     self.requests.append(line)
+                if isinstance(self.answer, bytes):
+                    conn.sendall(self.answer)
+                    continue
                 if self.answer == "close" and not line.startswith("GET /health "):
                     return
                 while conn.recv(65536):  # "silent": wait for the proxy to hang up
@@ -232,8 +238,9 @@ def _proxy_factory(
 
     def start(wait_ready: bool = True, upstream: str | None = None, **config: Any) -> RunningProxy:
         config.setdefault("health_interval_s", 0.05)
-        app = ProxyApp(ProxyConfig(upstream=upstream or stub_engine.url, **config), KeyRing(KEYS))
-        server = UvicornThread(app).start()
+        settings = ProxyConfig(upstream=upstream or stub_engine.url, **config)
+        app = ProxyApp(settings, KeyRing(KEYS))
+        server = UvicornThread(app, http=http_protocol(settings)).start()  # as deployed
         running = RunningProxy(app, server)
         started.append(running)
         if wait_ready:

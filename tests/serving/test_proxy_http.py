@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from serving.proxy import KeyRing, ProxyApp, ProxyConfig
+from serving.proxy.__main__ import http_protocol
 from tests.harness.stub_engine import StubEngine, UvicornThread
 from tests.serving.conftest import ALICE, CHAT, KEYS, send_until_close, wait_until
 
@@ -25,11 +26,14 @@ ENGINE_HEADERS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["httptools", "h11"])
+@pytest.fixture(scope="module", params=["httptools", "h11", "deployed"])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[int, StubEngine]]:
+    # "deployed": httptools with the proxy's own head limits (serving/proxy/server.py)
     engine = StubEngine(tokens=2).start()
-    app = ProxyApp(ProxyConfig(upstream=engine.url, health_interval_s=0.05), KeyRing(KEYS))
-    server = UvicornThread(app, http=request.param).start()
+    config = ProxyConfig(upstream=engine.url, health_interval_s=0.05)
+    app = ProxyApp(config, KeyRing(KEYS))
+    http = http_protocol(config) if request.param == "deployed" else request.param
+    server = UvicornThread(app, http=http).start()
     try:
         wait_until(lambda: app.ready, what="readiness")
         yield server.port, engine
