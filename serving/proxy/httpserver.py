@@ -24,7 +24,10 @@ issue 14 item 8; figures in docs/proxy.md). What it owns, and how:
   ``Content-Length`` (HTTP/1.1) or close-delimited (HTTP/1.0); no body for HEAD, 204, 304.
 - Write back-pressure: when the socket's buffer is over its high-water mark, ``send`` waits.
 - Disconnects: ``receive()`` returns ``http.disconnect`` once the client is gone (or, after the
-  whole body was read, once the response is complete), ``send`` becomes a no-op.
+  whole body was read, once the response is complete), ``send`` becomes a no-op. The app may
+  also set ``on_disconnect`` on the request object found in
+  ``scope["extensions"]["serving.proxy.request"]`` (called once when the connection is lost)
+  and read its ``more_body`` (False: the whole body is buffered, ``receive()`` will not wait).
 - Errors in the app: ``500`` + close if no response head went out yet, else the connection is
   closed (the client sees a cut response, never a silent success).
 - Shutdown: stop accepting, close idle connections, let requests in progress finish for up to
@@ -114,6 +117,7 @@ class _Request:
         "keep_alive",
         "more_body",
         "no_body",
+        "on_disconnect",
         "proto",
         "scope",
         "started",
@@ -143,6 +147,9 @@ class _Request:
         self.disconnected = False
         self.chunked = False
         self.no_body = False
+        # Set by the app (scope["extensions"]["serving.proxy.request"] is this object): called
+        # once when the client's connection is lost, so no task has to wait in receive().
+        self.on_disconnect: Callable[[], None] | None = None
 
     def wake(self) -> None:
         waiter = self._waiter
@@ -220,6 +227,36 @@ class _Request:
         elif proto.write_paused:
             await proto.drain()
 
+    def write_piece(self, body: bytes) -> bool:
+        """``send`` of a non-final, non-empty body message of a started chunked (streamed)
+        response, without the message dict and the coroutine: the app's per-event fast path.
+        Returns True when the app should ``await drain()`` (the socket's buffer is full)."""
+        if self.disconnected:
+            return False
+        if not self.chunked:  # HTTP/1.0 close-delimited, or HEAD: the general path
+            return self._write_general(body)
+        out = b"%x\r\n%b\r\n" % (len(body), body)
+        head = self._pending_head
+        if head is not None:
+            self._pending_head = None
+            out = head + out
+        proto = self.proto
+        proto.write(out)
+        return proto.write_paused
+
+    def _write_general(self, body: bytes) -> bool:
+        out = b"" if self.no_body else body
+        head = self._pending_head
+        if head is not None:
+            self._pending_head = None
+            out = head + out
+        if out:
+            self.proto.write(out)
+        return self.proto.write_paused
+
+    async def drain(self) -> None:
+        await self.proto.drain()
+
     def _start(self, status: int, headers: Any) -> None:
         proto = self.proto
         out = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status, proto.server.date]
@@ -244,10 +281,22 @@ class _Request:
             out.append(b"connection: close\r\n")
         out.append(b"\r\n")
         head = b"".join(out)
-        if length is not None and length != b"0" and not self.no_body:
-            self._pending_head = head  # the body follows at once: one write for both
-        else:
+        if self.no_body or length == b"0":
             proto.write(head)
+            return
+        # The body follows at once (Content-Length), or a streamed body's first piece may
+        # already be here: hold the head until the next body message, but no longer than the
+        # end of this event-loop iteration (a stream whose engine is still silent gets its head
+        # without waiting for the first event).
+        self._pending_head = head
+        if length is None:
+            proto.loop.call_soon(self._flush_head)
+
+    def _flush_head(self) -> None:
+        head = self._pending_head
+        if head is not None and not self.disconnected:
+            self._pending_head = None
+            self.proto.write(head)
 
 
 class _HttpProtocol(asyncio.Protocol):
@@ -293,9 +342,13 @@ class _HttpProtocol(asyncio.Protocol):
         self.closing = True
         self.server.connections.discard(self)
         for req in (self.active, self.parsing, *self.pipeline):
-            if req is not None:
+            if req is not None and not req.disconnected:
                 req.disconnected = True
                 req.wake()
+                callback = req.on_disconnect
+                if callback is not None:
+                    req.on_disconnect = None
+                    callback()
         self.pipeline.clear()
         drain = self._drain
         if drain is not None and not drain.done():
@@ -367,7 +420,7 @@ class _HttpProtocol(asyncio.Protocol):
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
-        scope = {
+        scope: dict[str, Any] = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": version if version in ("1.0", "1.1") else "1.1",
@@ -383,6 +436,7 @@ class _HttpProtocol(asyncio.Protocol):
         }
         keep_alive = version == "1.1" and parser.should_keep_alive()
         req = _Request(self, scope, keep_alive, self._expect_continue, method == "HEAD")
+        scope["extensions"] = {"serving.proxy.request": req}
         self.parsing = req
         if self.active is None:
             self._serve(req)

@@ -535,6 +535,7 @@ class UpstreamClient:
         self.idle_ttl_s = idle_ttl_s
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.retries = 0  # connect retries done (a metric)
 
     async def request(
@@ -552,7 +553,11 @@ class UpstreamClient:
         Connect failures are retried (``connect_retries`` times, exponential backoff) because
         the engine saw nothing; nothing is retried once bytes were written.
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            # Cached: asyncio.get_running_loop() costs a getpid() syscall per call. A client
+            # lives on one loop (the proxy's); a closed loop means a new one took over.
+            loop = self._loop = asyncio.get_running_loop()
         attempt = 0
         while True:
             try:
