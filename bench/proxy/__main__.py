@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             results["latency"] = measure_latency(lat_targets, lat_pids, n_latency, reps)
         if "streams" in parts:
             stub.configure(token_delay_ms=TOKEN_DELAY_MS)
-            results["streams"] = measure_streams(targets, pids, levels, duration, warmup, reps)
+            results["streams"] = measure_streams(
+                lat_targets, lat_pids, levels, duration, warmup, reps
+            )
             stub.configure(token_delay_ms=0)
         if "clients" in parts:
             results["clients"] = measure_clients(stub.url, 500 if quick else 2000)

@@ -149,7 +149,7 @@ def render_streams(streams: list[dict[str, Any]], out: list[str]) -> None:
     for busy, c in keys:
         sel = [r for r in streams if r["busy_cpu"] == busy and r["concurrency"] == c]
         direct = {r["rep"]: r["events_per_s"] for r in sel if r["target"] == "direct"}
-        for target in ("direct", "proxy", "nginx"):
+        for target in ("direct", "proxy", "nginx", "proxy on uvicorn"):
             mine = [r for r in sel if r["target"] == target]
             if not mine:
                 continue

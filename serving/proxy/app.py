@@ -320,6 +320,65 @@ except ImportError:  # pragma: no cover - orjson is pinned in pyproject.toml
     _loads = _loads_stdlib
 
 
+class _Relay:
+    """What a stream's relay keeps between engine reads: where the client is in the SSE event
+    stream, the usage seen, the filter. ``process`` is the per-read work; ``sink`` does it and
+    writes to the client straight from the engine connection's callback (own server)."""
+
+    __slots__ = (
+        "at_boundary", "error", "ex", "must_drain", "resp", "scan", "strip", "tail",
+        "usage_last", "usage_prev", "write_piece",
+    )  # fmt: skip
+
+    def __init__(self, ex: _Exchange, scan: bool, strip: UsageChunkFilter | None) -> None:
+        self.ex = ex
+        self.scan = scan
+        self.strip = strip
+        self.tail = b""
+        self.at_boundary = True  # the last byte relayed ended an SSE event
+        # Token counts are read from the last two reads that carried any (a usage object may
+        # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
+        # read would be wasted work): at the end, however the stream ends.
+        self.usage_prev: bytes | None = None
+        self.usage_last: bytes | None = None
+        self.write_piece: Callable[[bytes], bool] | None = None
+        self.resp: UpstreamResponse | None = None
+        self.must_drain = False
+        self.error: BaseException | None = None
+
+    def process(self, data: bytes) -> bytes:
+        """One engine read in, what to send the client out (b"": nothing yet)."""
+        ex = self.ex
+        if ex.ttft is None:
+            ex.ttft = time.perf_counter() - ex.t0
+        if self.scan:
+            window = self.tail + data
+            if b'_tokens"' in window:
+                self.usage_prev, self.usage_last = self.usage_last, window
+            self.tail = window[-192:]
+        strip = self.strip
+        if strip is not None:
+            data = strip.feed(data)
+            if not data:
+                return b""  # held back: part of an event, or a dropped usage chunk
+        self.at_boundary = ends_event(data)
+        return data
+
+    def sink(self, data: bytes) -> None:
+        try:
+            data = self.process(data)
+            if data and self.write_piece is not None and self.write_piece(data):
+                # The client's socket is full: stop reading the engine until it drains.
+                resp = self.resp
+                if resp is not None:
+                    resp.pause_reading()
+                    self.must_drain = True
+                    resp.poke()
+        except Exception as exc:  # surfaced by the relay task as proxy_internal_error
+            self.error = exc
+            raise
+
+
 class ProxyApp:
     """The ASGI application. One instance per process; state is the counters and the pool."""
 
@@ -850,35 +909,43 @@ class ProxyApp:
         resp.keepalive_ticks(keepalive_s or idle_limit)
         scan = ex.route.usage and resp.status == 200
         # Usage chunks the engine sends unasked are counted (scan), then dropped: see sse.py.
-        strip = UsageChunkFilter() if scan and not ex.wants_usage else None
-        tail = b""
-        at_boundary = True  # the last byte relayed ended an SSE event
-        # Token counts are read from the last two reads that carried any (a usage object may
-        # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
-        # read would be wasted work): at the end, however the stream ends.
-        usage_prev: bytes | None = None
-        usage_last: bytes | None = None
+        relay = _Relay(ex, scan, UsageChunkFilter() if scan and not ex.wants_usage else None)
         conn = ex.conn
-        write_piece = None if conn is None else conn.write_piece
+        if conn is not None:
+            # Our server: every engine read is relayed from the engine connection's own
+            # callback (no task switch, no message dict per event); this task only handles
+            # the end, failures, keep-alive ticks and a full client socket.
+            relay.write_piece = conn.write_piece
+            relay.resp = resp
+            resp.set_sink(relay.sink)
         try:
             while True:
                 try:
                     data = await resp.read()
                 except UpstreamBroken as exc:
+                    if relay.error is not None:
+                        raise relay.error from None  # a bug in the relay: proxy_internal_error
                     if ex.client_gone:
                         ex.status = 499
                         return
-                    # What ``strip`` holds back (half an event) is never sent.
-                    await self._end_stream_with_error(send, ex, str(exc), at_boundary)
+                    # What the filter holds back (half an event) is never sent.
+                    await self._end_stream_with_error(send, ex, str(exc), relay.at_boundary)
                     return
-                if data is None:  # keep-alive tick: the engine has been silent for keepalive_s
+                if data is None:  # a keep-alive tick, or the relay waits for the client
+                    if relay.must_drain:
+                        relay.must_drain = False
+                        await conn.drain()
+                        resp.resume_reading()
+                        continue
                     if resp.idle_s() >= idle_limit - 1e-3:
                         resp.abort()
                         await self._end_stream_with_error(
-                            send, ex, f"engine sent nothing for {idle_limit:g} s", at_boundary
-                        )
+                            send, ex, f"engine sent nothing for {idle_limit:g} s",
+                            relay.at_boundary,
+                        )  # fmt: skip
                         return
-                    if at_boundary and keepalive_s:  # never inside an event the engine half sent
+                    # never inside an event the engine has half sent
+                    if relay.at_boundary and keepalive_s:
                         await send(
                             {"type": "http.response.body", "body": KEEPALIVE_COMMENT,
                              "more_body": True}
@@ -886,28 +953,15 @@ class ProxyApp:
                     continue
                 if not data:
                     break
-                if ex.ttft is None:
-                    ex.ttft = time.perf_counter() - ex.t0
-                if scan:
-                    window = tail + data
-                    if b'_tokens"' in window:
-                        usage_prev, usage_last = usage_last, window
-                    tail = window[-192:]
-                if strip is not None:
-                    data = strip.feed(data)
-                    if not data:
-                        continue  # held back: part of an event, or a dropped usage chunk
-                at_boundary = ends_event(data)
-                if write_piece is not None:  # our server: no message dict, no coroutine
-                    if write_piece(data):
-                        await conn.drain()
-                else:
+                data = relay.process(data)  # only without a sink (uvicorn)
+                if data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
             ex.finished = True
-            rest = b"" if strip is None else strip.flush()
+            rest = b"" if relay.strip is None else relay.strip.flush()
             await send({"type": "http.response.body", "body": rest, "more_body": False})
         finally:
-            for seen in (usage_prev, usage_last):
+            resp.set_sink(None)
+            for seen in (relay.usage_prev, relay.usage_last):
                 if seen is not None:
                     self._scan_usage(seen, ex)
 

@@ -20,6 +20,7 @@ import contextlib
 import re
 import socket
 import time
+from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -82,6 +83,8 @@ class UpstreamResponse:
         "_last_tick",
         "_loop",
         "_paused",
+        "_poked",
+        "_sink",
         "_tick_fired",
         "_tick_handle",
         "_tick_interval",
@@ -108,6 +111,9 @@ class UpstreamResponse:
         self._tick_interval = 0.0
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_fired = False
+        self._poked = False
+        # Set by ``set_sink``: body pieces go straight to it from the connection's callback.
+        self._sink: Callable[[bytes], None] | None = None
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_type = b""
@@ -138,14 +144,17 @@ class UpstreamResponse:
                 raise self._error
             if self._done:
                 return b""
+            if self._poked:  # poked while this consumer was busy elsewhere
+                self._poked = False
+                return None
             waiter = self._loop.create_future()
             self._waiter = waiter
             try:
                 await waiter
             finally:
                 self._waiter = None
-            if self._tick_fired:
-                self._tick_fired = False
+            if self._tick_fired or self._poked:
+                self._tick_fired = self._poked = False
                 if not self._chunks and not self._done and self._error is None:
                     return None
 
@@ -172,6 +181,49 @@ class UpstreamResponse:
         self._tick_interval = interval
         self._last_data = self._loop.time()
         self._tick_handle = self._loop.call_at(self._last_data + interval, self._on_tick)
+
+    def set_sink(self, sink: Callable[[bytes], None] | None) -> None:
+        """Hand every body piece to ``sink`` as it arrives (in the connection's callback)
+        instead of queueing it for ``read()``; what is queued already goes to it now.
+        ``read()`` then returns only ``b""`` (the end), ``None`` (a tick or ``poke``) or
+        raises. If ``sink`` raises, the exchange fails (``UpstreamBroken``)."""
+        self._sink = sink
+        if sink is None or not self._chunks:
+            return
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        self._feed_sink(sink, data)
+
+    def poke(self) -> None:
+        """Make a waiting ``read()`` return ``None`` (the sink wants the consumer's task)."""
+        self._poked = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def pause_reading(self) -> None:
+        conn = self._conn
+        if not self._paused and conn is not None and conn.transport is not None:
+            self._paused = True
+            conn.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        conn = self._conn
+        if self._paused:
+            self._paused = False
+            if conn is not None and conn.transport is not None:
+                conn.transport.resume_reading()
+
+    def _feed_sink(self, sink: Callable[[bytes], None], data: bytes) -> None:
+        try:
+            sink(data)
+        except Exception as exc:
+            self._sink = None
+            self._fail(UpstreamBroken(f"relaying the engine's bytes failed: {exc!r}"))
+            conn = self._conn
+            if conn is not None:
+                conn.abort()
 
     def idle_s(self) -> float:
         """Seconds since the last body bytes arrived (or ``keepalive_ticks`` was called);
@@ -200,10 +252,14 @@ class UpstreamResponse:
             self._head_future.set_result(None)
 
     def _push(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._buffered += len(data)
         if self._tick_interval:
             self._last_data = self._loop.time()
+        sink = self._sink
+        if sink is not None:
+            self._feed_sink(sink, data)
+            return
+        self._chunks.append(data)
+        self._buffered += len(data)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

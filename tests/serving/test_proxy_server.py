@@ -165,6 +165,34 @@ def test_a_client_that_reads_slowly_gets_a_large_body_intact(
         assert _recv_response(sock)[0].startswith(b"HTTP/1.1 200 ")
 
 
+def test_a_client_that_reads_a_stream_slowly_gets_every_event(
+    start_proxy: Callable[..., RunningProxy], scripted_engine: Callable[..., ScriptedEngine]
+) -> None:
+    # 64 events of 64 KiB, all at once: the client's socket fills, so the relay must stop
+    # reading the engine until it drains, then go on, without losing or reordering a byte.
+    events = [b"data: " + (b"%02d" % i) * 32768 + b"\n\n" for i in range(64)]
+    chunks = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    engine = scripted_engine(
+        answer=b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n" + chunks
+    )
+    proxy = start_proxy(upstream=engine.url)
+    stream = json.dumps({**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            + AUTH_LINE + b"Content-Length: %d\r\n\r\n" % len(stream) + stream.encode()
+        )  # fmt: skip
+        time.sleep(0.3)
+        raw = bytearray()
+        while piece := sock.recv(1 << 20):
+            raw += piece
+    head, _, body = bytes(raw).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert _dechunk(body) == b"".join(events)
+
+
 def _dechunk(data: bytes) -> bytes:
     out = b""
     while True:
