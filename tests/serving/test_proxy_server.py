@@ -264,3 +264,28 @@ def test_graceful_shutdown_lets_a_stream_finish_and_refuses_new_connections(
             httpx.get(server.url + "/health", timeout=2)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("server", ["own", "uvicorn"])
+def test_stream_relay_on_both_servers_keepalives_and_client_leaving(
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine, server: str
+) -> None:
+    # The own server relays from the engine connection's callback; `--server uvicorn` through
+    # the ASGI task: both must send every event, keep-alives at event boundaries only, and
+    # abort the engine when the client leaves.
+    proxy = start_proxy(server=server, keepalive_s=0.1)
+    quiet = {**CHAT, "stream": True, "stub": {"fail": "pause", "fail_after_tokens": 2,
+                                               "pause_s": 0.35}}  # fmt: skip
+    with proxy.client(headers=AUTH) as c:
+        raw = c.post("/v1/chat/completions", json=quiet).content
+    events = [e for e in raw.split(b"\n\n") if e]
+    assert b": keep-alive" in events and events[-1] == b"data: [DONE]"
+    texts = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in events
+             if e.startswith(b"data: {")]  # fmt: skip
+    assert texts == ["tok0 ", "tok1 ", "tok2 ", "tok3 "]
+    stub_engine.reset()
+    slow = {**CHAT, "stream": True, "stub": {"tokens": 500, "token_delay_ms": 20}}
+    with proxy.client(headers=AUTH) as c, c.stream("POST", "/v1/chat/completions", json=slow) as r:
+        next(r.iter_raw())
+    wait_until(lambda: stub_engine.requests()[0]["cancelled"], what="the engine to see the abort")
+    wait_until(lambda: proxy.app.metrics.in_flight == 0, what="in-flight to drain")
