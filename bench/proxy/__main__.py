@@ -1,20 +1,30 @@
-"""``python -m bench.proxy [--quick] [--no-nginx] [--only PARTS]``: proxy vs direct vs nginx.
+"""``python -m bench.proxy [--quick] [--reps N] [--no-nginx] [--only PARTS]``: the proxy vs
+calling the stub engine directly vs nginx, in one run, with the issue-13 targets table.
 
-Starts, in separate processes: the stub engine (tests/harness/stub_engine.py, uvloop), our
-proxy (``python -m serving.proxy``, access log on, stderr to /dev/null) and nginx as a plain
-reverse proxy (generated config, one worker, keep-alive upstream pool, ``proxy_buffering
-off``), all on loopback. The load generator (bench/proxy/loadgen.py) runs in its own process.
+Starts, in separate processes: the stub engine (tests/harness/stub_engine.py, uvicorn +
+uvloop), our proxy (``python -m serving.proxy``, its own HTTP server, access log on, stderr to
+/dev/null) and nginx as a plain reverse proxy (generated config, one worker, keep-alive
+upstream pool, ``proxy_buffering off``; skipped with a hint when nginx is not installed:
+``apt-get install -y nginx``), all on loopback. The load generator (bench/proxy/loadgen.py,
+uvloop, our pooled client) runs in its own process.
 
-Measured in the same run, direct first, targets taking turns so the machine's changing load
-hits them alike:
-1. non-stream latency, one request at a time, targets interleaved in blocks of 50: p50/p99
-   and the added latency (a percentile through a proxy minus the same percentile direct);
-2. streams at 1, 64, 256, 1024 concurrent clients (stub: 16 tokens, 40 ms apart), in rounds
-   of slices per target: TTFT p50/p99, SSE events/s and the ratio to direct;
-3. memory per open stream: RSS of a fresh proxy (nginx: all its processes) with N streams
-   held open minus RSS before, divided by N;
-plus the CPU time each process used per request / per streamed event (for "direct": the
-stub's) and how busy the whole machine was.
+Each part is repeated ``--reps`` times (default 5) and reported as the median over the reps
+with the spread (min-max); a target row passes when the median meets it, and says in how many
+reps it was met. Parts:
+1. ``latency``: one request at a time, added latency = a percentile through a proxy minus the
+   same percentile direct, per rep; targets take turns in blocks of 50 requests (or one by one,
+   "interleaved": each request finds the caches cold from the other targets' work). Bodies of
+   68 B and 64 KiB; streams: time to first event (TTFB).
+2. ``streams``: 256 and 1024 concurrent streamed chats (stub: 16 tokens, 40 ms apart), also
+   with one CPU kept busy by a spinning process; per rep one slice per target, taking turns;
+   only the window after a warm-up counts, so (re)connecting is not measured (the proxy's
+   pool drops connections idle for 4 s, below the engine's 5 s keep-alive, which happens
+   while the other targets have their slices). SSE events/s and the ratio to direct, proxy
+   CPU per relayed event (from /proc, read at the window's edges).
+3. ``json``: request-body validation throughput in this process (the proxy's own parse
+   function) at 68 B, 64 KiB, 1 MiB and the 4 MiB maximum body.
+4. ``clients`` and ``memory`` (once): the upstream client choice, and RSS per open stream.
+Raw numbers go to bench/results/proxy.json.
 """
 
 from __future__ import annotations
@@ -23,8 +33,10 @@ import argparse
 import json
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,35 +71,53 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class Spinner:
+    """Keeps one CPU busy (the "one CPU kept busy by another process" condition)."""
+
+    def __enter__(self) -> Spinner:
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.proxy", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="short smoke run (fewer requests/levels)")
+    p.add_argument("--quick", action="store_true", help="short smoke run (2 reps, fewer levels)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per part (default 5)")
     p.add_argument("--no-nginx", action="store_true", help="skip the nginx baseline")
-    p.add_argument("--only", default="clients,latency,streams,memory",
-                   help="comma-separated parts: clients, latency, streams, memory")  # fmt: skip
+    p.add_argument("--only", default="json,latency,streams,clients,memory",
+                   help="comma-separated parts (default: all)")  # fmt: skip
     p.add_argument("--json", type=Path, default=PROJECT_ROOT / "bench/results/proxy.json")
     args = p.parse_args(argv)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     quick = args.quick
-    n_latency = 600 if quick else 5000
-    levels = [1, 64, 256] if quick else [1, 64, 256, 1024]
-    duration = 2.0 if quick else 4.0
-    rounds = 2 if quick else 3
-    hold_n = 256 if quick else 1024
+    reps = args.reps or (2 if quick else 5)
+    n_latency = 400 if quick else 2000
+    levels = [256] if quick else [256, 1024]
+    duration, warmup = (3.0, 1.0) if quick else (6.0, 1.5)
     use_nginx = not args.no_nginx and shutil.which("nginx") is not None
     if not args.no_nginx and not use_nginx:
-        print("nginx not found: install it with `apt-get install -y nginx` (skipping the floor)")
+        print("nginx not found: install it with `apt-get install -y nginx` (Debian package "
+              "`nginx`) for the nginx column; skipping it")  # fmt: skip
 
     info = machine()
     print(f"machine: {info['nproc']} CPUs, {info['cpu']}, Python {info['python']}, "
-          f"load avg {info['load_avg_at_start']}")  # fmt: skip
-    stub = StubEngineProcess(tokens=TOKENS, token_delay_ms=TOKEN_DELAY_MS, record=False).start()
-    proxy = nginx = None
-    results: dict[str, Any] = {"machine": info, "quick": quick}
+          f"load avg {info['load_avg_at_start']}", flush=True)  # fmt: skip
+    # Non-stream parts use an engine that answers at once; streams a 25 tokens/s one.
+    stub = StubEngineProcess(tokens=TOKENS, token_delay_ms=0, record=False).start()
+    proxy = on_uvicorn = nginx = None
+    results: dict[str, Any] = {"machine": info, "quick": quick, "reps": reps}
+    t_start = time.time()
     try:
         proxy = Proxy(stub.url)
+        # the same proxy on uvicorn (`--server uvicorn`): what the own server changes
+        on_uvicorn = Proxy(stub.url, "--server", "uvicorn")
         nginx = Nginx(stub.port) if use_nginx else None
         targets = {"direct": stub.url, "proxy": proxy.url}
         assert stub.proc is not None
@@ -95,22 +125,33 @@ def main(argv: list[str] | None = None) -> int:
         if nginx:
             targets["nginx"] = nginx.url
             pids["nginx"] = nginx.proc.pid
+        lat_targets = {**targets, "proxy on uvicorn": on_uvicorn.url}
+        lat_pids = {**pids, "proxy on uvicorn": on_uvicorn.proc.pid}
 
         parts = set(args.only.split(","))
-        if "clients" in parts:
-            results["clients"] = measure_clients(stub.url, 500 if quick else 3000)
-        # 1. non-stream latency
+        if "json" in parts:
+            results["json"] = measure_json(reps)
         if "latency" in parts:
-            results["latency"] = measure_latency(targets, pids, n_latency)
+            results["latency"] = measure_latency(lat_targets, lat_pids, n_latency, reps)
         if "streams" in parts:
-            results["streams"] = measure_streams(targets, pids, levels, duration, rounds)
+            stub.configure(token_delay_ms=TOKEN_DELAY_MS)
+            results["streams"] = measure_streams(
+                lat_targets, lat_pids, levels, duration, warmup, reps
+            )
+            stub.configure(token_delay_ms=0)
+        if "clients" in parts:
+            results["clients"] = measure_clients(stub.url, 500 if quick else 2000)
         if "memory" in parts:
-            results["memory_bytes_per_stream"] = measure_memory(stub, hold_n, use_nginx)
+            stub.configure(token_delay_ms=TOKEN_DELAY_MS)
+            results["memory_bytes_per_stream"] = measure_memory(stub, 256 if quick else 1024,
+                                                                use_nginx)  # fmt: skip
     finally:
-        for thing in (proxy, nginx):
+        for thing in (proxy, on_uvicorn, nginx):
             if thing is not None:
                 thing.stop()
         stub.stop()
+    results["minutes"] = (time.time() - t_start) / 60
+    results["load_avg_at_end"] = machine()["load_avg_at_start"]
 
     print(render(results))
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -119,24 +160,124 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def measure_json(reps: int) -> dict[str, Any]:
+    """GB/s of the proxy's body check (orjson when installed) vs the stdlib parser."""
+    from bench.proxy.loadgen import BODIES
+    from serving.proxy.app import _loads, _loads_stdlib
+
+    chunk = ("lorem ipsum dolor sit amet " * 40000).encode()
+    bodies = {
+        "68 B": BODIES["68B"],
+        "64 KiB": BODIES["64KiB"],
+        "1 MiB": b'{"model":"m","messages":[{"role":"user","content":"' + chunk[:1048000] + b'"}]}',
+        "4 MiB": b'{"model":"m","messages":[{"role":"user","content":"'
+        + (chunk * 4)[: 4 * 1048576 - 80] + b'"}]}',
+        # a long chat history: many small objects (the slowest shape to parse)
+        "1 MiB, 8k messages": json.dumps({"model": "m", "messages": [
+            {"role": "user", "content": f"message number {i} " + "word " * 20}
+            for i in range(8000)]}).encode(),
+    }  # fmt: skip
+    out: dict[str, Any] = {}
+    for name, body in bodies.items():
+        row: dict[str, Any] = {"bytes": len(body)}
+        for label, fn in (("proxy", _loads), ("stdlib", _loads_stdlib)):
+            n = max(3, 2_000_000 // len(body))
+            speeds = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn(body)
+                speeds.append(len(body) * n / (time.perf_counter() - t0) / 1e9)
+            row[label] = speeds
+        out[name] = row
+    return out
+
+
 def measure_latency(
-    targets: dict[str, str], pids: dict[str, int], n_latency: int
+    targets: dict[str, str], pids: dict[str, int], n: int, reps: int
 ) -> dict[str, Any]:
-    cpu0 = {k: cpu_seconds(v) for k, v in pids.items()}
-    lat = loadgen({"kind": "latency", "targets": targets, "n": n_latency, "block": 50,
-                   "warmup": 200})  # fmt: skip
-    cpu_per_req = {k: (cpu_seconds(v) - cpu0[k]) / (n_latency + 200) for k, v in pids.items()}
-    # the stub served every target's requests: its CPU per request is the engine side's cost
-    cpu_per_req["direct"] /= len(targets)
-    rows = {}
-    for name, values in lat["latency"].items():
-        rows[name] = {"p50_ms": pct(values, 0.5) * 1e3, "p99_ms": pct(values, 0.99) * 1e3}
-    header = lat["overhead_header"].get("proxy", [])
+    modes: dict[str, dict[str, Any]] = {
+        "68 B": {"body": "68B", "block": 50},
+        "64 KiB": {"body": "64KiB", "block": 50},
+        "68 B interleaved": {"body": "68B", "block": 1},
+        "stream TTFB": {"stream": True, "block": 50},
+    }
+    out: dict[str, Any] = {"n": n, "modes": {}}
+    for mode, extra in modes.items():
+        per_rep: list[dict[str, Any]] = []
+        for _ in range(reps):
+            cpu0 = {k: cpu_seconds(v) for k, v in pids.items()}
+            job = {"kind": "latency", "targets": targets, "n": n, "warmup": 100, **extra}
+            lat = loadgen(job)
+            total = n + 100
+            cpu = {k: (cpu_seconds(v) - cpu0[k]) / total * 1e6 for k, v in pids.items()}
+            cpu["direct"] /= len(targets)  # the stub served every target's requests
+            rows = {
+                name: {"p50_ms": pct(v, 0.5) * 1e3, "p99_ms": pct(v, 0.99) * 1e3}
+                for name, v in lat["latency"].items()
+            }
+            header = lat["overhead_header"].get("proxy", [])
+            per_rep.append({"rows": rows, "cpu_us_per_request": cpu,
+                            "overhead_header_p50_ms": pct(header, 0.5) * 1e3})  # fmt: skip
+        out["modes"][mode] = per_rep
+        print(f"latency {mode}: done", flush=True)
+    return out
+
+
+def measure_streams(
+    targets: dict[str, str],
+    pids: dict[str, int],
+    levels: list[int],
+    duration: float,
+    warmup: float,
+    reps: int,
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for busy in (False, True):
+        for c in levels:
+            for rep in range(reps):
+                for name, url in targets.items():
+                    job = {"kind": "streams", "url": url, "concurrency": c,
+                           "duration_s": duration, "warmup_s": warmup}  # fmt: skip
+                    if busy:
+                        with Spinner():
+                            r = _stream_slice(job, pids[name])
+                    else:
+                        r = _stream_slice(job, pids[name])
+                    rows.append({"target": name, "concurrency": c, "busy_cpu": busy,
+                                 "rep": rep, **r})  # fmt: skip
+            print(f"streams {c}{' (one CPU busy)' if busy else ''}: done", flush=True)
+    return rows
+
+
+def _stream_slice(job: dict[str, Any], pid: int) -> dict[str, Any]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.proxy.loadgen", json.dumps(job)],
+        cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    cpu0 = cpu1 = 0.0
+    m0 = m1 = (0.0, 0.0)
+    result: dict[str, Any] = {}
+    for line in proc.stdout:
+        msg = json.loads(line)
+        if msg.get("mark") == "start":
+            cpu0, m0 = cpu_seconds(pid), machine_cpu()
+        elif msg.get("mark") == "end":
+            cpu1, m1 = cpu_seconds(pid), machine_cpu()
+        else:
+            result = msg
+    if proc.wait(timeout=120) != 0 or not result:
+        raise RuntimeError(
+            f"stream slice failed: {proc.stderr.read()[-2000:] if proc.stderr else ''}"
+        )
+    events = result["events"]
     return {
-        "n": n_latency, "rows": rows,
-        "cpu_us_per_request": {k: v * 1e6 for k, v in cpu_per_req.items()},
-        "overhead_header_p50_ms": pct(header, 0.5) * 1e3,
-        "overhead_header_p99_ms": pct(header, 0.99) * 1e3,
+        "events_per_s": events / result["wall_s"], "events": events, "errors": result["errors"],
+        "ttft_p50_ms": pct(result["ttft"], 0.5) * 1e3,
+        "cpu_us_per_event": (cpu1 - cpu0) * 1e6 / max(1, events),
+        "machine_busy": busy_share(m0, m1),
+        "loadgen_cpu_share": result["loadgen_cpu_s"] / result["wall_s"],
     }  # fmt: skip
 
 
@@ -150,45 +291,6 @@ def measure_clients(url: str, n: int) -> dict[str, Any]:
         }
         for name, r in raw.items()
     } | {"n": n}
-
-
-def measure_streams(
-    targets: dict[str, str], pids: dict[str, int], levels: list[int], duration: float, rounds: int
-) -> list[dict[str, Any]]:
-    """Per level, the targets take turns (``rounds`` slices of ``duration`` s each), so a
-    change in the machine's load hits them alike; figures are summed over the slices."""
-    stream_rows: list[dict[str, Any]] = []
-    for c in levels:
-        acc: dict[str, dict[str, Any]] = {
-            name: {"ttft": [], "events": 0, "wall": 0.0, "streams": 0, "errors": 0, "cpu": 0.0,
-                   "busy": [], "loadgen_cpu": 0.0}
-            for name in targets
-        }  # fmt: skip
-        for _ in range(rounds):
-            for name, url in targets.items():
-                a = acc[name]
-                cpu_before = cpu_seconds(pids[name])
-                machine_before = machine_cpu()
-                job = {"kind": "streams", "url": url, "concurrency": c, "duration_s": duration}
-                r = loadgen(job)
-                a["busy"].append(busy_share(machine_before, machine_cpu()))
-                a["cpu"] += cpu_seconds(pids[name]) - cpu_before
-                a["ttft"] += r["ttft"]
-                a["events"] += r["events"]
-                a["wall"] += r["wall_s"]
-                a["streams"] += r["streams"]
-                a["errors"] += r["errors"]
-                a["loadgen_cpu"] += r["loadgen_cpu_s"]
-        for name, a in acc.items():
-            stream_rows.append({
-                "target": name, "concurrency": c, "ttft_p50_ms": pct(a["ttft"], 0.5) * 1e3,
-                "ttft_p99_ms": pct(a["ttft"], 0.99) * 1e3,
-                "events_per_s": a["events"] / a["wall"], "streams": a["streams"],
-                "errors": a["errors"], "cpu_us_per_event": a["cpu"] * 1e6 / max(1, a["events"]),
-                "machine_busy": sum(a["busy"]) / len(a["busy"]),
-                "loadgen_cpu_share": a["loadgen_cpu"] / a["wall"],
-            })  # fmt: skip
-    return stream_rows
 
 
 def measure_memory(stub: StubEngineProcess, hold_n: int, use_nginx: bool) -> dict[str, Any]:
@@ -206,6 +308,10 @@ def measure_memory(stub: StubEngineProcess, hold_n: int, use_nginx: bool) -> dic
         finally:
             nginx.stop()
     return memory
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 """Load generator for the proxy benchmark; runs in its own process (uvloop when installed).
 
 ``python -m bench.proxy.loadgen '<json job>'`` prints one JSON result line on stdout. Jobs:
-- ``{"kind": "latency", "targets": {name: url}, "n": N, "block": B, "warmup": W}``:
-  sequential non-stream requests, rotating between targets every B requests so that noise
-  from other processes hits every target alike; per-target latencies (s) and, when present,
-  the ``x-proxy-overhead-ms`` header values.
-- ``{"kind": "streams", "url": U, "concurrency": C, "duration_s": S}``: C workers each
-  running streamed chat requests back to back for S seconds; SSE events, streams, and TTFTs
-  (a worker's first stream, which opens the connection, is left out of the TTFTs).
+- ``{"kind": "latency", "targets": {name: url}, "n": N, "block": B, "warmup": W,
+  "body": "68B" | "64KiB", "stream": false}``: sequential requests, rotating between targets
+  every B requests (B = 1: one by one, "interleaved", so each request finds caches cold from
+  the other target's) so that noise from other processes hits every target alike;
+  per-target latencies (s) and, when present, the ``x-proxy-overhead-ms`` header values.
+  With ``"stream": true`` the latency is the time to the first body bytes of a stream (the
+  first event; TTFB), the rest of the stream is then read and dropped.
+- ``{"kind": "streams", "url": U, "concurrency": C, "duration_s": S, "warmup_s": W}``: C
+  workers each running streamed chat requests back to back for S seconds; only events and
+  TTFTs in the window [W, S] count (connecting, and any reconnect of a proxy's pool whose
+  idle connections expired while other targets ran, fall in the warm-up); prints
+  ``{"mark": "start"}`` / ``{"mark": "end"}`` at the window's edges so the caller can read
+  CPU counters there.
 - ``{"kind": "clients", "url": U, "n": N}``: the same sequential requests straight to the
   stub with our client, httpx and aiohttp (whichever are installed), to show why the proxy
   carries its own client: per-request latency and this process's CPU time.
@@ -31,7 +37,15 @@ from serving.proxy.upstream import UpstreamClient
 
 AUTH = [(b"authorization", b"Bearer sk-bench-0123456789"), (b"content-type", b"application/json")]
 CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "bench me please"}]}
-NON_STREAM_BODY = json.dumps({**CHAT, "stub": {"tokens": 16, "token_delay_ms": 0}}).encode()
+# 68 bytes: the issue's small request. 64 KiB: a realistic chat with some context.
+BODIES = {
+    "68B": json.dumps({"model": "m", "messages": [{"role": "user", "content": "say two words"}]},
+                      separators=(",", ":")).encode(),
+    "64KiB": json.dumps({"model": "m", "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": ("lorem ipsum dolor sit amet " * 2500)[:65400]}]},
+        separators=(",", ":")).encode(),
+}  # fmt: skip
 STREAM_BODY = json.dumps({**CHAT, "stream": True}).encode()
 HOLD_BODY = json.dumps(
     {**CHAT, "stream": True, "stub": {"fail": "pause", "fail_after_tokens": 1, "pause_s": 600}}
@@ -39,12 +53,21 @@ HOLD_BODY = json.dumps(
 PATH = b"/v1/chat/completions"
 
 
-async def _one(client: UpstreamClient, body: bytes) -> tuple[float, float | None]:
+async def _one(
+    client: UpstreamClient, body: bytes, stream: bool = False
+) -> tuple[float, float | None]:
     t0 = time.perf_counter()
     resp = await client.request(b"POST", PATH, AUTH, body)
     await resp.head()
-    await resp.read_all(1 << 24)
-    elapsed = time.perf_counter() - t0
+    if stream:
+        while await resp.read() is None:  # None: a keep-alive tick
+            pass
+        elapsed = time.perf_counter() - t0  # first body bytes: time to first event
+        while await resp.read() != b"":
+            pass
+    else:
+        await resp.read_all(1 << 24)
+        elapsed = time.perf_counter() - t0
     if resp.status != 200:
         raise RuntimeError(f"bench request failed with HTTP {resp.status}")
     overhead = None
@@ -55,17 +78,22 @@ async def _one(client: UpstreamClient, body: bytes) -> tuple[float, float | None
 
 
 async def latency(job: dict[str, Any]) -> dict[str, Any]:
-    clients = {name: UpstreamClient(url) for name, url in job["targets"].items()}
+    # idle_ttl_s: the bench's own connections never expire between blocks
+    clients = {name: UpstreamClient(url, idle_ttl_s=3600) for name, url in job["targets"].items()}
+    stream = bool(job.get("stream", False))
+    body = (
+        json.dumps({**CHAT, "stream": True}).encode() if stream else BODIES[job.get("body", "68B")]
+    )
     for client in clients.values():
         for _ in range(job["warmup"]):
-            await _one(client, NON_STREAM_BODY)
+            await _one(client, body, stream)
     lat: dict[str, list[float]] = {name: [] for name in clients}
     ovh: dict[str, list[float]] = {name: [] for name in clients}
     done = 0
     while done < job["n"]:
         for name, client in clients.items():
             for _ in range(job["block"]):
-                elapsed, overhead = await _one(client, NON_STREAM_BODY)
+                elapsed, overhead = await _one(client, body, stream)
                 lat[name].append(elapsed)
                 if overhead is not None:
                     ovh[name].append(overhead)
@@ -74,14 +102,25 @@ async def latency(job: dict[str, Any]) -> dict[str, Any]:
 
 
 async def streams(job: dict[str, Any]) -> dict[str, Any]:
-    client = UpstreamClient(job["url"], max_idle=100000, connect_retries=10)
-    deadline = time.perf_counter() + job["duration_s"]
+    client = UpstreamClient(job["url"], max_idle=100000, connect_retries=10, idle_ttl_s=3600)
+    t_start = time.perf_counter()
+    w_start = t_start + job.get("warmup_s", 0.0)
+    w_end = t_start + job["duration_s"]
     ttfts: list[float] = []
     counts = {"events": 0, "streams": 0, "errors": 0}
+    marks: dict[str, float] = {}
+
+    async def mark_window() -> None:
+        await asyncio.sleep(max(0.0, w_start - time.perf_counter()))
+        print(json.dumps({"mark": "start"}), flush=True)
+        marks["cpu0"] = time.process_time()
+        await asyncio.sleep(max(0.0, w_end - time.perf_counter()))
+        print(json.dumps({"mark": "end"}), flush=True)
+        marks["cpu1"] = time.process_time()
 
     async def worker() -> None:
         warm = False  # a worker's first stream pays for connecting: not counted in TTFT
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < w_end:
             t0 = time.perf_counter()
             try:
                 resp = await client.request(b"POST", PATH, AUTH, STREAM_BODY)
@@ -93,22 +132,23 @@ async def streams(job: dict[str, Any]) -> dict[str, Any]:
                         continue
                     if not data:
                         break
+                    now = time.perf_counter()
                     if first:
-                        if warm:
-                            ttfts.append(time.perf_counter() - t0)
+                        if warm and w_start <= t0 and now <= w_end:
+                            ttfts.append(now - t0)
                         first = False
-                    counts["events"] += data.count(b"data: {")
-                counts["streams"] += 1
+                    if w_start <= now <= w_end:
+                        counts["events"] += data.count(b"data: {")
+                if w_start <= t0:
+                    counts["streams"] += 1
                 warm = True
             except Exception:
                 counts["errors"] += 1
                 await asyncio.sleep(0.01)
 
-    t_start = time.perf_counter()
-    cpu_start = time.process_time()
-    await asyncio.gather(*(worker() for _ in range(job["concurrency"])))
-    wall = time.perf_counter() - t_start
-    cpu = time.process_time() - cpu_start
+    await asyncio.gather(mark_window(), *(worker() for _ in range(job["concurrency"])))
+    wall = w_end - w_start
+    cpu = marks["cpu1"] - marks["cpu0"]
     return {"ttft": ttfts, "wall_s": wall, "loadgen_cpu_s": cpu, **counts}
 
 
@@ -119,7 +159,7 @@ async def clients(job: dict[str, Any]) -> dict[str, Any]:
     ours = UpstreamClient(job["url"])
 
     async def call_ours() -> None:
-        await _one(ours, NON_STREAM_BODY)
+        await _one(ours, BODIES["68B"])
 
     calls["ours (serving/proxy/upstream.py)"] = call_ours
     closers: list[Callable[[], Awaitable[None]]] = []
@@ -130,7 +170,7 @@ async def clients(job: dict[str, Any]) -> dict[str, Any]:
         closers.append(hx.aclose)
 
         async def call_httpx() -> None:
-            r = await hx.post(url, content=NON_STREAM_BODY, headers=headers)
+            r = await hx.post(url, content=BODIES["68B"], headers=headers)
             r.raise_for_status()
 
         calls[f"httpx {httpx.__version__}"] = call_httpx
@@ -143,7 +183,7 @@ async def clients(job: dict[str, Any]) -> dict[str, Any]:
         closers.append(session.close)
 
         async def call_aiohttp() -> None:
-            async with session.post(url, data=NON_STREAM_BODY, headers=headers) as r:
+            async with session.post(url, data=BODIES["68B"], headers=headers) as r:
                 await r.read()
                 r.raise_for_status()
 

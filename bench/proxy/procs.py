@@ -136,7 +136,7 @@ http {{
 
 
 class Proxy:
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *extra: str) -> None:
         self.port = free_port()
         env = {**os.environ, "SERVING_API_KEYS": json.dumps({"bench": digest_of(BENCH_KEY)})}
         cmd = [
@@ -151,6 +151,7 @@ class Proxy:
             "127.0.0.1",
             "--max-in-flight",
             "100000",
+            *extra,
         ]
         self.proc = subprocess.Popen(
             cmd,

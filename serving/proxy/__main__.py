@@ -1,4 +1,5 @@
-"""CLI: ``python -m serving.proxy --upstream URL --port PORT [options]`` (uvicorn, one process).
+"""CLI: ``python -m serving.proxy --upstream URL --port PORT [options]`` (one process; the
+proxy's own HTTP server on uvloop + httptools, or uvicorn with ``--server uvicorn``).
 
 Keys come from env ``SERVING_API_KEYS``; without valid keys the proxy refuses to start (exit 2)
 with a message that names the problem but never a key or digest.
@@ -7,17 +8,58 @@ with a message that names the problem but never a key or digest.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import logging
 import os
+import signal
 import sys
+from typing import Any
 
 import uvicorn
 
 from serving.proxy.app import ProxyApp, ProxyConfig
+from serving.proxy.httpserver import ServerLimits, bind, serve
 from serving.proxy.keys import ENV_VAR, KeyConfigError, KeyRing
 from serving.proxy.logs import configure_logging
+
+
+def server_limits(config: ProxyConfig) -> ServerLimits:
+    return ServerLimits(max_head_bytes=config.max_head_bytes, head_timeout_s=config.head_timeout_s)
+
+
+def run_own_server(app: ProxyApp, config: ProxyConfig, host: str, port: int) -> None:
+    """The proxy's own server (serving/proxy/httpserver.py) on uvloop when installed, until
+    SIGTERM/SIGINT, then a graceful shutdown (open requests get up to 30 s)."""
+    sock = bind(host, port)
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(app, sock, server_limits(config), stop)
+
+    with runner:
+        runner.run(main())
+
+
+def http_protocol(config: ProxyConfig) -> Any:
+    """uvicorn's ``http`` setting: httptools with the head limits (serving/proxy/server.py)
+    when httptools is installed, else uvicorn's h11 (its own 16 KiB head limit; no head
+    timeout)."""
+    try:
+        from serving.proxy.server import guarded_httptools_protocol
+    except ImportError:
+        return "h11"
+    return guarded_httptools_protocol(config.max_head_bytes, config.head_timeout_s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long to wait for the engine's response head (504 after)")  # fmt: skip
     p.add_argument("--connect-retries", type=int, default=d.connect_retries,
                    help="retries on connect refused (nothing was sent)")  # fmt: skip
+    p.add_argument("--max-buffered-bytes", type=int, default=d.max_buffered_bytes,
+                   help="request + non-stream response bodies held at once, all requests "
+                   "together (503 proxy_buffers_full above)")  # fmt: skip
+    p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
+                   help="a request body must be complete this long after the request "
+                   "started (408)")  # fmt: skip
+    p.add_argument("--max-head-bytes", type=int, default=d.max_head_bytes,
+                   help="largest request head, request line + headers (431 above)")  # fmt: skip
+    p.add_argument("--head-timeout-s", type=float, default=d.head_timeout_s,
+                   help="a request head must be complete this long after its first byte "
+                   "(or the connection's start) (408)")  # fmt: skip
+    p.add_argument("--server", choices=("own", "uvicorn"), default="own",
+                   help="HTTP server: the proxy's own on httptools (default, needs httptools) "
+                   "or uvicorn with the same head limits")  # fmt: skip
     p.add_argument("--no-access-log", action="store_true", help="do not write JSON access logs")
     return p
 
@@ -69,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             unready_after_failures=args.unready_after_failures,
             upstream_timeout_s=args.upstream_timeout_s,
             connect_retries=args.connect_retries,
+            max_buffered_bytes=args.max_buffered_bytes,
+            body_timeout_s=args.body_timeout_s,
+            max_head_bytes=args.max_head_bytes,
+            head_timeout_s=args.head_timeout_s,
         )
         app = ProxyApp(config, keys)
     except ValueError as exc:
@@ -83,12 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
+    if args.server == "own":
+        run_own_server(app, config, args.host, args.port)
+        return 0
     uvicorn.run(
         app,
         host=args.host,
         port=args.port,
         loop="auto",  # uvloop when installed
-        http="auto",  # httptools when installed
+        http=http_protocol(config),  # httptools + head limits when installed
         ws="none",
         lifespan="on",
         access_log=False,

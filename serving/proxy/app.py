@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -98,10 +99,14 @@ def path_fingerprint(raw_path: bytes) -> str:
 # POST bodies always go with "content-type: application/json" (they were validated as JSON).
 _FORWARD_HEADERS = frozenset({b"accept", b"user-agent", b"traceparent", b"tracestate"})
 # Engine response headers the proxy replaces or that are hop-by-hop.
+# Hop-by-hop (RFC 9110 7.6.1, plus the obsolete proxy-connection) and what the proxy sets itself;
+# headers the engine names in its own ``Connection`` header are dropped too.
 _DROP_RESPONSE_HEADERS = frozenset(
     {
-        b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date",
-        b"server", b"x-request-id", b"x-accel-buffering", b"cache-control",
+        b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+        b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
+        b"content-length", b"date", b"server", b"x-request-id", b"x-accel-buffering",
+        b"cache-control",
     }
 )  # fmt: skip
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
@@ -126,6 +131,13 @@ class ProxyConfig:
     unready_after_failures: int = 2
     upstream_timeout_s: float = 600.0  # wait for the engine's response head
     max_response_bytes: int = 64 * 1024 * 1024  # non-stream bodies are read whole
+    # All request bodies being read or held plus all non-stream responses being read, together
+    # (503 proxy_buffers_full above): bounds memory whatever the number of connections.
+    max_buffered_bytes: int = 256 * 1024 * 1024
+    body_timeout_s: float = 60.0  # the whole request body must arrive within this (408)
+    # Enforced by the HTTP server (serving/proxy/server.py), not the app: 431 / 408.
+    max_head_bytes: int = 32 * 1024
+    head_timeout_s: float = 10.0
     connect_retries: int = 3
     retry_after_busy_s: int = 1
     retry_after_not_ready_s: int = 5
@@ -140,6 +152,14 @@ class ProxyConfig:
             ("unready_after_failures", self.unready_after_failures >= 1, "at least 1"),
             ("upstream_timeout_s", self.upstream_timeout_s > 0, "> 0"),
             ("max_response_bytes", self.max_response_bytes >= 1, "at least 1"),
+            (
+                "max_buffered_bytes",
+                self.max_buffered_bytes >= self.max_body_bytes,
+                f">= max_body_bytes ({self.max_body_bytes}): one largest body must fit",
+            ),
+            ("body_timeout_s", self.body_timeout_s > 0, "> 0"),
+            ("max_head_bytes", self.max_head_bytes >= 1024, "at least 1024"),
+            ("head_timeout_s", self.head_timeout_s > 0, "> 0"),
             ("connect_retries", self.connect_retries >= 0, ">= 0"),
         ]
         for name, ok, rule in rules:
@@ -156,8 +176,10 @@ class _Exchange:
         "body_unread",
         "client_gone",
         "completion_tokens",
+        "conn",
         "error",
         "finished",
+        "held",
         "key",
         "method",
         "overhead",
@@ -196,6 +218,9 @@ class _Exchange:
         self.resp: UpstreamResponse | None = None
         self.watch: _ClientWatch | None = None
         self.body_unread = False  # the client announced a body the proxy has not read
+        self.held = 0  # bytes of the proxy's buffer budget this request holds
+        # The proxy's own server's request object (serving/proxy/httpserver.py), else None.
+        self.conn: Any = None
 
 
 def _access_emitter() -> Callable[[str], None]:
@@ -256,6 +281,14 @@ class _ClientWatch:
                 ex.resp.abort()
 
 
+def _client_left(ex: _Exchange) -> None:
+    """The client's connection is gone: abort the engine request (it stops generating)."""
+    if not ex.finished:
+        ex.client_gone = True
+        if ex.resp is not None:
+            ex.resp.abort()
+
+
 def _error_body(message: str, type_: str, code: str) -> bytes:
     return json.dumps(
         {"error": {"message": message, "type": type_, "param": None, "code": code}}
@@ -271,11 +304,87 @@ def _reject_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
+def _loads_stdlib(body: bytes) -> Any:
+    return _DECODER.decode(body.decode("utf-8"))
+
+
+# orjson (Rust, ~2 GB/s on string-heavy bodies vs ~0.1 GB/s for the stdlib here: bench/proxy)
+# refuses the same inputs: invalid UTF-8, NaN/Infinity, numbers that overflow to infinity,
+# nesting deeper than 1024; it also refuses lone surrogate escapes ("\ud800"), which the
+# stdlib accepts and no engine needs. Its errors are ValueErrors. The stdlib is the fallback.
+try:
+    from orjson import loads as _orjson_loads
+
+    _loads: Callable[[bytes], Any] = _orjson_loads
+except ImportError:  # pragma: no cover - orjson is pinned in pyproject.toml
+    _loads = _loads_stdlib
+
+
+class _Relay:
+    """What a stream's relay keeps between engine reads: where the client is in the SSE event
+    stream, the usage seen, the filter. ``process`` is the per-read work; ``sink`` does it and
+    writes to the client straight from the engine connection's callback (own server)."""
+
+    __slots__ = (
+        "at_boundary", "error", "ex", "must_drain", "resp", "scan", "strip", "tail",
+        "usage_last", "usage_prev", "write_piece",
+    )  # fmt: skip
+
+    def __init__(self, ex: _Exchange, scan: bool, strip: UsageChunkFilter | None) -> None:
+        self.ex = ex
+        self.scan = scan
+        self.strip = strip
+        self.tail = b""
+        self.at_boundary = True  # the last byte relayed ended an SSE event
+        # Token counts are read from the last two reads that carried any (a usage object may
+        # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
+        # read would be wasted work): at the end, however the stream ends.
+        self.usage_prev: bytes | None = None
+        self.usage_last: bytes | None = None
+        self.write_piece: Callable[[bytes], bool] | None = None
+        self.resp: UpstreamResponse | None = None
+        self.must_drain = False
+        self.error: BaseException | None = None
+
+    def process(self, data: bytes) -> bytes:
+        """One engine read in, what to send the client out (b"": nothing yet)."""
+        ex = self.ex
+        if ex.ttft is None:
+            ex.ttft = time.perf_counter() - ex.t0
+        if self.scan:
+            window = self.tail + data
+            if b'_tokens"' in window:
+                self.usage_prev, self.usage_last = self.usage_last, window
+            self.tail = window[-192:]
+        strip = self.strip
+        if strip is not None:
+            data = strip.feed(data)
+            if not data:
+                return b""  # held back: part of an event, or a dropped usage chunk
+        self.at_boundary = ends_event(data)
+        return data
+
+    def sink(self, data: bytes) -> None:
+        try:
+            data = self.process(data)
+            if data and self.write_piece is not None and self.write_piece(data):
+                # The client's socket is full: stop reading the engine until it drains.
+                resp = self.resp
+                if resp is not None:
+                    resp.pause_reading()
+                    self.must_drain = True
+                    resp.poke()
+        except Exception as exc:  # surfaced by the relay task as proxy_internal_error
+            self.error = exc
+            raise
+
+
 class ProxyApp:
     """The ASGI application. One instance per process; state is the counters and the pool."""
 
     def __init__(self, config: ProxyConfig, keys: KeyRing) -> None:
         self.config = config
+        self.buffered_bytes = 0  # request + non-stream response bodies held (max_buffered_bytes)
         self.keys = keys
         self.metrics = Metrics()
         self.client = UpstreamClient(config.upstream, connect_retries=config.connect_retries)
@@ -393,6 +502,7 @@ class ProxyApp:
         request_id: bytes | None = None
         content_length: bytes | None = None
         chunked = False
+        connection: bytes | None = None
         forward: list[tuple[bytes, bytes]] = []
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -404,11 +514,20 @@ class ProxyApp:
                 content_length = value
             elif name == b"transfer-encoding":
                 chunked = True
+            elif name == b"connection":
+                connection = value if connection is None else connection + b"," + value
             elif name in _FORWARD_HEADERS:
                 forward.append((name, value))
+        if connection is not None and forward:
+            # Headers the client names in Connection are hop-by-hop (RFC 9110 7.6.1).
+            hop = {token.strip().lower() for token in connection.split(b",")}
+            forward = [(name, value) for name, value in forward if name not in hop]
         if request_id is None or not _REQUEST_ID_RE.fullmatch(request_id):
             request_id = b"%s%08x" % (self._id_prefix, next(self._id_counter))
         ex = _Exchange(t0, route, request_id, scope["method"], raw_path)
+        extensions = scope.get("extensions")
+        if extensions:
+            ex.conn = extensions.get("serving.proxy.request")
         if chunked or (content_length is not None and content_length != b"0"):
             ex.body_unread = True
         try:
@@ -441,7 +560,7 @@ class ProxyApp:
                 else:
                     await self._admit(receive, send, ex, content_length, forward)
         except Exception as exc:  # a bug of ours: uvicorn answers 500 (or drops the stream)
-            ex.status = ex.status or 500
+            ex.status = ex.status or 500  # set only once a response head was handed over
             ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
             event_log.exception("proxy internal error")
             raise
@@ -484,19 +603,34 @@ class ProxyApp:
                 "service_unavailable", "engine_not_ready", self._not_ready_headers,
             )  # fmt: skip
             return
-        metrics = self.metrics
-        if metrics.in_flight >= self.config.max_in_flight:
-            await self._error(
-                send, ex, 429, f"proxy at capacity ({self.config.max_in_flight} requests in "
-                "flight); retry after the Retry-After delay", "rate_limit_error",
-                "proxy_at_capacity", self._busy_headers,
-            )  # fmt: skip
-            return
-        metrics.in_flight += 1
+        body = b""
         try:
-            await self._forward(receive, send, ex, content_length, forward)
+            if ex.route.method == "POST":
+                # The body is read before the in-flight slot is taken: a slow body holds only
+                # its share of the buffer budget (and at most body_timeout_s), never a slot.
+                got = await self._read_body(receive, send, ex, content_length)
+                if got is None:
+                    return
+                if not await self._validate(send, ex, got):
+                    return
+                body = got
+                forward.append(_JSON)  # validated JSON, whatever the client labelled it
+            metrics = self.metrics
+            if metrics.in_flight >= self.config.max_in_flight:
+                await self._error(
+                    send, ex, 429, f"proxy at capacity ({self.config.max_in_flight} requests "
+                    "in flight); retry after the Retry-After delay", "rate_limit_error",
+                    "proxy_at_capacity", self._busy_headers,
+                )  # fmt: skip
+                return
+            metrics.in_flight += 1
+            try:
+                await self._forward(receive, send, ex, body, forward)
+            finally:
+                metrics.in_flight -= 1
         finally:
-            metrics.in_flight -= 1
+            self.buffered_bytes -= ex.held  # the request body, and a response read whole
+            ex.held = 0
 
     async def _read_body(
         self, receive: Receive, send: Send, ex: _Exchange, content_length: bytes | None
@@ -509,9 +643,50 @@ class ProxyApp:
                     "invalid_content_length",
                 )  # fmt: skip
                 return None
-            if int(content_length) > limit:
+            announced = int(content_length)
+            if announced > limit:
                 await self._body_too_large(send, ex)
                 return None
+            if not self._hold(ex, announced):  # reserved before a byte is read
+                await self._buffers_full(send, ex)
+                return None
+        conn = ex.conn
+        if conn is not None and not conn.more_body:
+            # Our server has the whole body already (the usual case): no wait, no timer.
+            message = await receive()
+            if message["type"] == "http.request":
+                body: bytes = message.get("body", b"")
+                if len(body) > limit:
+                    await self._body_too_large(send, ex)
+                    return None
+                if content_length is None and not self._hold(ex, len(body)):
+                    await self._buffers_full(send, ex)
+                    return None
+                ex.body_unread = False
+                return body
+            ex.client_gone = True
+            return None
+        # The whole body must have arrived by t0 + body_timeout_s.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._read_body_rest(send, ex, receive, content_length)
+        except TimeoutError:
+            await self._error(
+                send, ex, 408, f"request body not received within {self.config.body_timeout_s:g}"
+                " s", "invalid_request_error", "request_timeout",
+            )  # fmt: skip
+            return None
+
+    async def _read_body_rest(
+        self,
+        send: Send,
+        ex: _Exchange,
+        receive: Receive,
+        content_length: bytes | None,
+    ) -> bytes | None:
+        limit = self.config.max_body_bytes
         parts: list[bytes] = []
         size = 0
         while True:
@@ -524,10 +699,29 @@ class ProxyApp:
             if size > limit:
                 await self._body_too_large(send, ex)
                 return None
+            if content_length is None and not self._hold(ex, len(chunk)):  # chunked upload
+                await self._buffers_full(send, ex)
+                return None
             parts.append(chunk)
             if not message.get("more_body", False):
                 ex.body_unread = False
                 return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _hold(self, ex: _Exchange, size: int) -> bool:
+        """Take ``size`` bytes of the global buffer budget for ``ex`` (False: not available).
+        ``_admit`` gives back what the request held when it ends."""
+        if self.buffered_bytes + size > self.config.max_buffered_bytes:
+            return False
+        self.buffered_bytes += size
+        ex.held += size
+        return True
+
+    async def _buffers_full(self, send: Send, ex: _Exchange) -> None:
+        await self._error(
+            send, ex, 503, f"proxy buffers full ({self.config.max_buffered_bytes} bytes of "
+            "request and response bodies held); retry after the Retry-After delay",
+            "service_unavailable", "proxy_buffers_full", self._busy_headers,
+        )  # fmt: skip
 
     async def _body_too_large(self, send: Send, ex: _Exchange) -> None:
         await self._error(
@@ -538,7 +732,7 @@ class ProxyApp:
     async def _validate(self, send: Send, ex: _Exchange, body: bytes) -> bool:
         problem: str | None = None
         try:
-            data = _DECODER.decode(body.decode("utf-8"))
+            data = _loads(body)
         except (ValueError, RecursionError) as exc:
             problem = f"request body is not valid JSON ({exc.__class__.__name__})"
         else:
@@ -564,25 +758,28 @@ class ProxyApp:
         receive: Receive,
         send: Send,
         ex: _Exchange,
-        content_length: bytes | None,
+        body: bytes,
         forward: list[tuple[bytes, bytes]],
     ) -> None:
         route = ex.route
-        body = b""
-        if route.method == "POST":
-            got = await self._read_body(receive, send, ex, content_length)
-            if got is None or not await self._validate(send, ex, got):
-                return
-            body = got
-            forward.append(_JSON)  # validated JSON, whatever the client labelled it
         forward.append((b"x-request-id", ex.request_id))
-        watch = _ClientWatch(receive, ex)
-        ex.watch = watch
+        conn = ex.conn
+        watch: _ClientWatch | None = None
+        if conn is not None:  # our server calls back when the client leaves: no watcher task
+            if conn.disconnected:
+                ex.client_gone = True
+            else:
+                conn.on_disconnect = functools.partial(_client_left, ex)
+        else:
+            watch = ex.watch = _ClientWatch(receive, ex)
         try:
             await self._exchange(send, ex, route, forward, body)
         finally:
             ex.finished = True
-            watch.stop()
+            if watch is not None:
+                watch.stop()
+            elif conn is not None:
+                conn.on_disconnect = None
             resp = ex.resp
             if resp is not None and not resp.finished:
                 # Only on an exception or cancellation (every normal path ends the response):
@@ -615,6 +812,9 @@ class ProxyApp:
             return
         self.metrics.connect_retries += client.retries - retries_before
         ex.resp = resp
+        if ex.held:  # the request body is written out: its share of the budget is free again
+            self.buffered_bytes -= ex.held
+            ex.held = 0
         t_sent = time.perf_counter()
         if ex.client_gone:
             resp.abort()
@@ -624,7 +824,7 @@ class ProxyApp:
             if resp.content_type.startswith(b"text/event-stream"):
                 await self._relay_stream(send, ex, resp, t_sent, t_head)
                 return
-            data = await resp.read_all(self.config.max_response_bytes)
+            data = await self._read_response(resp, ex)
         except UpstreamError as exc:
             if ex.client_gone:
                 ex.status = 499
@@ -636,19 +836,48 @@ class ProxyApp:
                 "upstream_error", "engine_timeout" if timeout else "engine_failed",
             )  # fmt: skip
             return
+        if data is None:
+            await self._buffers_full(send, ex)
+            return
         t_done = time.perf_counter()
-        if route.usage and resp.status == 200 and b'_tokens"' in data:
-            self._scan_usage(data, ex)
-        out = [(name, value) for name, value in resp.headers if name not in _DROP_RESPONSE_HEADERS]
+        drop = (
+            _DROP_RESPONSE_HEADERS | resp.hop_headers
+            if resp.hop_headers
+            else _DROP_RESPONSE_HEADERS
+        )
+        out = [(name, value) for name, value in resp.headers if name not in drop]
         out.append((b"content-length", str(len(data)).encode()))
-        ex.status = resp.status
         ex.finished = True
         now = time.perf_counter()
         ex.overhead = (t_sent - ex.t0) + (now - t_done)
         out.append((b"x-request-id", ex.request_id))
         out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
         await send({"type": "http.response.start", "status": resp.status, "headers": out})
+        ex.status = resp.status
         await send({"type": "http.response.body", "body": data, "more_body": False})
+        if route.usage and resp.status == 200 and b'_tokens"' in data:  # after the response
+            self._scan_usage(data, ex)
+
+    async def _read_response(self, resp: UpstreamResponse, ex: _Exchange) -> bytes | None:
+        """A non-stream body, read whole within ``max_response_bytes`` and the global buffer
+        budget (None, engine connection closed: the budget is used up)."""
+        limit = self.config.max_response_bytes
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            data = await resp.read()
+            if data is None:
+                continue
+            if not data:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            size += len(data)
+            if size > limit:
+                resp.abort()
+                raise UpstreamBroken(f"engine response body exceeds {limit} bytes")
+            if not self._hold(ex, len(data)):
+                resp.abort()
+                return None
+            parts.append(data)
 
     async def _relay_stream(
         self,
@@ -659,46 +888,64 @@ class ProxyApp:
         t_head: float,
     ) -> None:
         ex.stream = True
-        out = [(name, value) for name, value in resp.headers if name not in _DROP_RESPONSE_HEADERS]
+        drop = (
+            _DROP_RESPONSE_HEADERS | resp.hop_headers
+            if resp.hop_headers
+            else _DROP_RESPONSE_HEADERS
+        )
+        out = [(name, value) for name, value in resp.headers if name not in drop]
         out += _STREAM_HEADERS
         out.append((b"x-request-id", ex.request_id))
-        ex.status = resp.status
         ex.overhead = (t_sent - ex.t0) + (time.perf_counter() - t_head)
         out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
         if ex.watch is not None:
             ex.watch.start()  # streams last: watch for the client leaving from now on
         await send({"type": "http.response.start", "status": resp.status, "headers": out})
-        resp.keepalive_ticks(self.config.keepalive_s)
+        ex.status = resp.status
+        keepalive_s = self.config.keepalive_s
+        idle_limit = self.config.upstream_timeout_s
+        # Ticks every keepalive_s for the comments; with comments off (0) still one per
+        # idle_limit, so the stream silence limit holds either way.
+        resp.keepalive_ticks(keepalive_s or idle_limit)
         scan = ex.route.usage and resp.status == 200
         # Usage chunks the engine sends unasked are counted (scan), then dropped: see sse.py.
-        strip = UsageChunkFilter() if scan and not ex.wants_usage else None
-        tail = b""
-        at_boundary = True  # the last byte relayed ended an SSE event
-        idle_limit = self.config.upstream_timeout_s
-        # Token counts are read from the last two reads that carried any (a usage object may
-        # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
-        # read would be wasted work): at the end, however the stream ends.
-        usage_prev: bytes | None = None
-        usage_last: bytes | None = None
+        relay = _Relay(ex, scan, UsageChunkFilter() if scan and not ex.wants_usage else None)
+        conn = ex.conn
+        if conn is not None:
+            # Our server: every engine read is relayed from the engine connection's own
+            # callback (no task switch, no message dict per event); this task only handles
+            # the end, failures, keep-alive ticks and a full client socket.
+            relay.write_piece = conn.write_piece
+            relay.resp = resp
+            resp.set_sink(relay.sink)
         try:
             while True:
                 try:
                     data = await resp.read()
                 except UpstreamBroken as exc:
+                    if relay.error is not None:
+                        raise relay.error from None  # a bug in the relay: proxy_internal_error
                     if ex.client_gone:
                         ex.status = 499
                         return
-                    # What ``strip`` holds back (half an event) is never sent.
-                    await self._end_stream_with_error(send, ex, str(exc), at_boundary)
+                    # What the filter holds back (half an event) is never sent.
+                    await self._end_stream_with_error(send, ex, str(exc), relay.at_boundary)
                     return
-                if data is None:  # keep-alive tick: the engine has been silent for keepalive_s
-                    if resp.idle_s() > idle_limit:
+                if data is None:  # a keep-alive tick, or the relay waits for the client
+                    if relay.must_drain:
+                        relay.must_drain = False
+                        await conn.drain()
+                        resp.resume_reading()
+                        continue
+                    if resp.idle_s() >= idle_limit - 1e-3:
                         resp.abort()
                         await self._end_stream_with_error(
-                            send, ex, f"engine sent nothing for {idle_limit:g} s", at_boundary
-                        )
+                            send, ex, f"engine sent nothing for {idle_limit:g} s",
+                            relay.at_boundary,
+                        )  # fmt: skip
                         return
-                    if at_boundary:  # never split an event the engine is half-way through
+                    # never inside an event the engine has half sent
+                    if relay.at_boundary and keepalive_s:
                         await send(
                             {"type": "http.response.body", "body": KEEPALIVE_COMMENT,
                              "more_body": True}
@@ -706,24 +953,15 @@ class ProxyApp:
                     continue
                 if not data:
                     break
-                if ex.ttft is None:
-                    ex.ttft = time.perf_counter() - ex.t0
-                if scan:
-                    window = tail + data
-                    if b'_tokens"' in window:
-                        usage_prev, usage_last = usage_last, window
-                    tail = window[-192:]
-                if strip is not None:
-                    data = strip.feed(data)
-                    if not data:
-                        continue  # held back: part of an event, or a dropped usage chunk
-                at_boundary = ends_event(data)
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+                data = relay.process(data)  # only without a sink (uvicorn)
+                if data:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
             ex.finished = True
-            rest = b"" if strip is None else strip.flush()
+            rest = b"" if relay.strip is None else relay.strip.flush()
             await send({"type": "http.response.body", "body": rest, "more_body": False})
         finally:
-            for seen in (usage_prev, usage_last):
+            resp.set_sink(None)
+            for seen in (relay.usage_prev, relay.usage_last):
                 if seen is not None:
                     self._scan_usage(seen, ex)
 
@@ -762,7 +1000,6 @@ class ProxyApp:
         content_type: tuple[bytes, bytes] = _JSON,
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        ex.status = status
         ex.overhead = time.perf_counter() - ex.t0
         headers = [
             content_type,
@@ -778,6 +1015,7 @@ class ProxyApp:
             # discard it, whatever its size.
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
+        ex.status = status
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _error(

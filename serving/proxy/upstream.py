@@ -20,6 +20,7 @@ import contextlib
 import re
 import socket
 import time
+from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -34,6 +35,11 @@ __all__ = [
 
 _MAX_HEAD_BYTES = 64 * 1024
 _HEX_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk size (no sign, prefix or underscores)
+# RFC 9110 5.1 field-name = token; no whitespace before the colon (RFC 9112 5.1), so an
+# obs-folded continuation line (leading space) fails here too.
+_TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls but HTAB (RFC 9110 5.5)
+_NO_HOP: frozenset[bytes] = frozenset()
 _PAUSE_AT = 1024 * 1024  # pause reading the engine socket above this many unread bytes
 _RESUME_AT = 64 * 1024
 
@@ -77,12 +83,15 @@ class UpstreamResponse:
         "_last_tick",
         "_loop",
         "_paused",
+        "_poked",
+        "_sink",
         "_tick_fired",
         "_tick_handle",
         "_tick_interval",
         "_waiter",
         "content_type",
         "headers",
+        "hop_headers",
         "status",
     )
 
@@ -102,9 +111,14 @@ class UpstreamResponse:
         self._tick_interval = 0.0
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_fired = False
+        self._poked = False
+        # Set by ``set_sink``: body pieces go straight to it from the connection's callback.
+        self._sink: Callable[[bytes], None] | None = None
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_type = b""
+        # Header names the engine listed in its Connection header (hop-by-hop, not relayed).
+        self.hop_headers = _NO_HOP
 
     # -- consumer side -------------------------------------------------------------------
     async def head(self) -> None:
@@ -130,14 +144,17 @@ class UpstreamResponse:
                 raise self._error
             if self._done:
                 return b""
+            if self._poked:  # poked while this consumer was busy elsewhere
+                self._poked = False
+                return None
             waiter = self._loop.create_future()
             self._waiter = waiter
             try:
                 await waiter
             finally:
                 self._waiter = None
-            if self._tick_fired:
-                self._tick_fired = False
+            if self._tick_fired or self._poked:
+                self._tick_fired = self._poked = False
                 if not self._chunks and not self._done and self._error is None:
                     return None
 
@@ -164,6 +181,49 @@ class UpstreamResponse:
         self._tick_interval = interval
         self._last_data = self._loop.time()
         self._tick_handle = self._loop.call_at(self._last_data + interval, self._on_tick)
+
+    def set_sink(self, sink: Callable[[bytes], None] | None) -> None:
+        """Hand every body piece to ``sink`` as it arrives (in the connection's callback)
+        instead of queueing it for ``read()``; what is queued already goes to it now.
+        ``read()`` then returns only ``b""`` (the end), ``None`` (a tick or ``poke``) or
+        raises. If ``sink`` raises, the exchange fails (``UpstreamBroken``)."""
+        self._sink = sink
+        if sink is None or not self._chunks:
+            return
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        self._feed_sink(sink, data)
+
+    def poke(self) -> None:
+        """Make a waiting ``read()`` return ``None`` (the sink wants the consumer's task)."""
+        self._poked = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def pause_reading(self) -> None:
+        conn = self._conn
+        if not self._paused and conn is not None and conn.transport is not None:
+            self._paused = True
+            conn.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        conn = self._conn
+        if self._paused:
+            self._paused = False
+            if conn is not None and conn.transport is not None:
+                conn.transport.resume_reading()
+
+    def _feed_sink(self, sink: Callable[[bytes], None], data: bytes) -> None:
+        try:
+            sink(data)
+        except Exception as exc:
+            self._sink = None
+            self._fail(UpstreamBroken(f"relaying the engine's bytes failed: {exc!r}"))
+            conn = self._conn
+            if conn is not None:
+                conn.abort()
 
     def idle_s(self) -> float:
         """Seconds since the last body bytes arrived (or ``keepalive_ticks`` was called);
@@ -192,10 +252,14 @@ class UpstreamResponse:
             self._head_future.set_result(None)
 
     def _push(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._buffered += len(data)
         if self._tick_interval:
             self._last_data = self._loop.time()
+        sink = self._sink
+        if sink is not None:
+            self._feed_sink(sink, data)
+            return
+        self._chunks.append(data)
+        self._buffered += len(data)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -424,12 +488,18 @@ class _Conn(asyncio.Protocol):
         chunked = False
         keep_alive = parts[0] == b"HTTP/1.1"
         content_type = b""
+        hop = _NO_HOP
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
-            if not sep:
-                raise UpstreamBroken("engine sent a malformed header line")
-            name = name.strip().lower()
-            value = value.strip()
+            if not sep or not _TOKEN_RE.fullmatch(name):
+                raise UpstreamBroken(
+                    "engine sent a malformed header line (a header name must be a token: "
+                    "no spaces, CR, LF or NUL)"
+                )
+            name = name.lower()
+            value = value.strip(b" \t")
+            if _BAD_VALUE_RE.search(value):
+                raise UpstreamBroken("engine sent a header value with CR, LF, NUL or controls")
             if name == b"content-length":
                 if not value.isdigit() or (length >= 0 and int(value) != length):
                     raise UpstreamBroken("engine sent a malformed or conflicting Content-Length")
@@ -437,17 +507,21 @@ class _Conn(asyncio.Protocol):
             elif name == b"transfer-encoding":
                 chunked = value.lower().endswith(b"chunked")
             elif name == b"connection":
-                low = value.lower()
-                if b"close" in low:
+                tokens = {token.strip(b" \t") for token in value.lower().split(b",")}
+                if b"close" in tokens:
                     keep_alive = False
-                elif b"keep-alive" in low:
+                elif b"keep-alive" in tokens:
                     keep_alive = True
+                tokens -= {b"close", b"keep-alive", b""}
+                if tokens:
+                    hop = hop | tokens
             elif name == b"content-type":
                 content_type = value.lower()
             headers.append((name, value))
         resp.status = status
         resp.headers = headers
         resp.content_type = content_type
+        resp.hop_headers = hop
         self._keep_alive = keep_alive
         if self.head_only or status in (204, 304):
             self._state = _IDLE
@@ -517,6 +591,7 @@ class UpstreamClient:
         self.idle_ttl_s = idle_ttl_s
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.retries = 0  # connect retries done (a metric)
 
     async def request(
@@ -534,7 +609,11 @@ class UpstreamClient:
         Connect failures are retried (``connect_retries`` times, exponential backoff) because
         the engine saw nothing; nothing is retried once bytes were written.
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            # Cached: asyncio.get_running_loop() costs a getpid() syscall per call. A client
+            # lives on one loop (the proxy's); a closed loop means a new one took over.
+            loop = self._loop = asyncio.get_running_loop()
         attempt = 0
         while True:
             try:

@@ -1,7 +1,9 @@
 """Fixtures for the serving proxy tests: a stub engine and the real proxy on loopback ports.
 
 - ``stub_engine``: a fresh ``StubEngine`` (tests/harness/stub_engine.py) in a uvicorn thread.
-- ``start_proxy(**config)``: the real ``ProxyApp`` served by uvicorn in a thread in front of
+- ``start_proxy(**config)``: the real ``ProxyApp`` served by its own HTTP server
+  (serving/proxy/httpserver.py, as deployed; ``server="uvicorn"``: uvicorn with the proxy's
+  head limits, ``--server uvicorn``) in a thread in front of
   ``stub_engine``; waits until the proxy reports the engine ready (``wait_ready=False`` skips).
 - ``proxy``: ``start_proxy()`` with the defaults the tests share.
 - ``raw_http(port, request_bytes)``: send bytes as-is over a socket (path tricks must not be
@@ -14,6 +16,7 @@ Keys: ``alice`` → ``sk-alice-0123456789``, ``bob`` → ``sk-bob-0123456789``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -24,8 +27,11 @@ from typing import Any
 
 import httpx
 import pytest
+import uvloop
 
 from serving.proxy import KeyRing, ProxyApp, ProxyConfig, digest_of
+from serving.proxy.__main__ import http_protocol, server_limits
+from serving.proxy.httpserver import HttpServer, ServerLimits, bind
 from tests.harness.stub_engine import StubEngine, UvicornThread
 
 ALICE = "sk-alice-0123456789"
@@ -35,10 +41,75 @@ AUTH = {"Authorization": f"Bearer {ALICE}"}
 CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "say three words"}]}
 
 
+class ProxyServerThread:
+    """The proxy's own HTTP server (serving/proxy/httpserver.py, as deployed) in a background
+    thread on uvloop, on a free loopback port; same surface as ``UvicornThread``."""
+
+    def __init__(self, app: ProxyApp, limits: ServerLimits) -> None:
+        self.app = app
+        self.limits = limits
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> ProxyServerThread:
+        sock = bind(self.host, 0)
+        self.port = sock.getsockname()[1]
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            server = HttpServer(self.app, self.limits)
+            await server.start(sock)
+            self._started.set()
+            try:
+                await self._stop.wait()
+            finally:
+                await server.shutdown()
+
+        def run() -> None:
+            try:
+                with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                    runner.run(main())
+            except BaseException as exc:  # surfaced by start()
+                self._error = exc
+                self._started.set()
+            finally:
+                sock.close()
+
+        self._thread = threading.Thread(target=run, daemon=True, name=f"proxy:{self.port}")
+        self._thread.start()
+        if not self._started.wait(timeout) or self._error is not None:
+            raise RuntimeError(f"proxy server on {self.url} did not start: {self._error!r}")
+        return self
+
+    def request_stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                self._loop.call_soon_threadsafe(self._stop.set)
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._thread = None
+
+    def stop(self) -> None:
+        self.request_stop()
+        self.join()
+
+
 @dataclass
 class RunningProxy:
     app: ProxyApp
-    server: UvicornThread
+    server: ProxyServerThread | UvicornThread
 
     @property
     def url(self) -> str:
@@ -113,10 +184,11 @@ def raw_request(
 class ScriptedEngine:
     """A raw TCP "engine" on loopback. ``/health`` gets ``200 ok`` (keep-alive); any other
     request is recorded (request line) and then handled by ``answer``: ``"close"`` drops the
-    connection without a response byte, ``"silent"`` never answers. ``answer_health=False``
+    connection without a response byte, ``"silent"`` never answers, bytes are sent as the
+    response as they are (then the connection waits for the next request). ``answer_health=False``
     leaves ``/health`` unanswered too. Counts accepted and currently open connections."""
 
-    def __init__(self, answer: str = "close", answer_health: bool = True) -> None:
+    def __init__(self, answer: str | bytes = "close", answer_health: bool = True) -> None:
         self.answer = answer
         self.answer_health = answer_health
         self.requests: list[str] = []
@@ -167,6 +239,9 @@ class ScriptedEngine:
                     continue
                 with self._lock:
                     self.requests.append(line)
+                if isinstance(self.answer, bytes):
+                    conn.sendall(self.answer)
+                    continue
                 if self.answer == "close" and not line.startswith("GET /health "):
                     return
                 while conn.recv(65536):  # "silent": wait for the proxy to hang up
@@ -230,11 +305,18 @@ def _proxy_factory(
     stub_engine: StubEngine, started: list[RunningProxy]
 ) -> Iterator[Callable[..., RunningProxy]]:
 
-    def start(wait_ready: bool = True, upstream: str | None = None, **config: Any) -> RunningProxy:
+    def start(
+        wait_ready: bool = True, upstream: str | None = None, server: str = "own", **config: Any
+    ) -> RunningProxy:
         config.setdefault("health_interval_s", 0.05)
-        app = ProxyApp(ProxyConfig(upstream=upstream or stub_engine.url, **config), KeyRing(KEYS))
-        server = UvicornThread(app).start()
-        running = RunningProxy(app, server)
+        settings = ProxyConfig(upstream=upstream or stub_engine.url, **config)
+        app = ProxyApp(settings, KeyRing(KEYS))
+        thread: ProxyServerThread | UvicornThread
+        if server == "own":  # as deployed
+            thread = ProxyServerThread(app, server_limits(settings)).start()
+        else:  # `--server uvicorn`: uvicorn with the same head limits
+            thread = UvicornThread(app, http=http_protocol(settings)).start()
+        running = RunningProxy(app, thread)
         started.append(running)
         if wait_ready:
             wait_until(lambda: app.ready, what="the proxy to see the engine ready")

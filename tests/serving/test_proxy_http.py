@@ -1,7 +1,8 @@
-"""HTTP-level tricks against the proxy, on both of uvicorn's HTTP stacks (httptools, as
-deployed, and the h11 fallback): request-target forms, pipelining, HTTP/1.0, request
-smuggling with Transfer-Encoding + Content-Length, and header injection. Whatever the stack
-makes of the bytes, the engine only ever sees allowlisted paths and headers, once each."""
+"""HTTP-level tricks against the proxy, on its own server (as deployed) and on uvicorn's HTTP
+stacks (httptools with and without the proxy's head limits, and the h11 fallback):
+request-target forms, pipelining, HTTP/1.0, request smuggling with Transfer-Encoding +
+Content-Length, and header injection. Whatever the stack makes of the bytes, the engine only
+ever sees allowlisted paths and headers, once each."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ from typing import Any
 import pytest
 
 from serving.proxy import KeyRing, ProxyApp, ProxyConfig
+from serving.proxy.__main__ import http_protocol, server_limits
 from tests.harness.stub_engine import StubEngine, UvicornThread
-from tests.serving.conftest import ALICE, CHAT, KEYS, send_until_close, wait_until
+from tests.serving.conftest import (
+    ALICE,
+    CHAT,
+    KEYS,
+    ProxyServerThread,
+    send_until_close,
+    wait_until,
+)
 
 AUTH_LINE = f"Authorization: Bearer {ALICE}\r\n".encode()
 BODY = json.dumps(CHAT).encode()
@@ -25,11 +34,19 @@ ENGINE_HEADERS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["httptools", "h11"])
+@pytest.fixture(scope="module", params=["httptools", "h11", "uvicorn-limits", "own"])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[int, StubEngine]]:
+    # "own": the proxy's own server, as deployed (serving/proxy/httpserver.py);
+    # "uvicorn-limits": `--server uvicorn`, httptools with the head limits (server.py)
     engine = StubEngine(tokens=2).start()
-    app = ProxyApp(ProxyConfig(upstream=engine.url, health_interval_s=0.05), KeyRing(KEYS))
-    server = UvicornThread(app, http=request.param).start()
+    config = ProxyConfig(upstream=engine.url, health_interval_s=0.05)
+    app = ProxyApp(config, KeyRing(KEYS))
+    server: UvicornThread | ProxyServerThread
+    if request.param == "own":
+        server = ProxyServerThread(app, server_limits(config)).start()
+    else:
+        http = http_protocol(config) if request.param == "uvicorn-limits" else request.param
+        server = UvicornThread(app, http=http).start()
     try:
         wait_until(lambda: app.ready, what="readiness")
         yield server.port, engine

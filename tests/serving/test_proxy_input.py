@@ -130,3 +130,31 @@ def test_answer_without_reading_the_body_closes_the_connection(
             received += piece
     assert received.startswith(b"HTTP/1.1 %d " % status)
     assert b"\r\nconnection: close\r\n" in received.lower()
+
+
+# The body check is orjson now (issue 13): what the stdlib parser refused, it refuses too, and
+# it also refuses a lone surrogate escape; an over-long integer is still valid JSON.
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b'{"t": 1e400}', 400),  # overflows to infinity: not a JSON number we accept
+        (b'{"t": -Infinity}', 400),
+        (b'{"t": "\\ud800"}', 400),  # lone surrogate escape
+        (b'{"t": "\xed\xa0\x80"}', 400),  # a surrogate encoded as UTF-8: invalid UTF-8
+        (b'{"t": "a\x01b"}', 400),  # raw control character inside a string
+        (b'{"model": "m", "seed": 123456789012345678901234567890}', 200),
+    ],
+    ids=["1e400", "-inf", "lone-surrogate", "utf8-surrogate", "control-char", "long-int"],
+)
+def test_the_fast_json_check_keeps_the_400_guarantee(
+    shared_pair: tuple[RunningProxy, StubEngine], body: bytes, status: int
+) -> None:
+    proxy, engine = shared_pair
+    engine.reset()
+    request = raw_request(
+        "POST", "/v1/chat/completions", body=body,
+        headers={**AUTH, "Content-Type": "application/json"},
+    )  # fmt: skip
+    response = raw_http(proxy.port, request)
+    assert response.status == status, response
+    assert len(engine.requests()) == (status == 200)

@@ -1,0 +1,647 @@
+"""The proxy's own HTTP/1.1 server: one asyncio protocol on httptools, serving the ASGI app.
+
+Why not uvicorn (kept as ``--server uvicorn``, see ``server.py``): per request uvicorn builds an
+``asyncio.Event``, a flow-control object and a cycle object, checks every header with a regex,
+and writes a non-stream response in two syscalls (head, then body). Here a non-stream
+response (one with ``Content-Length``) goes out in one write, a streamed chunk in one write,
+there are no per-request timers, and the head limits uvicorn lacks are built in (issue 13 and
+issue 14 item 8; figures in docs/proxy.md). What it owns, and how:
+
+- Parsing: ``httptools`` (llhttp), as uvicorn's default stack: it refuses bad framing
+  (``Content-Length`` + ``Transfer-Encoding``, bad chunk sizes), bare CR/LF, NUL and folded
+  header lines with ``400`` + close. Absolute-form targets are reduced to their path.
+- Keep-alive: HTTP/1.1 unless the client says ``Connection: close``; HTTP/1.0 closes after the
+  response. An idle keep-alive connection is closed after ``keepalive_timeout_s`` (75 s).
+- Pipelining: requests parsed while one is served are queued and served in order; reading is
+  paused while any are queued.
+- ``Expect: 100-continue``: ``100 Continue`` is sent when the app first asks for the body (the
+  proxy asks only after the key check), never to a client the app answers without reading.
+- Head limits: ``max_head_bytes`` (431) and ``head_timeout_s`` (408), as ``server.py`` does for
+  uvicorn. A request body is held in memory until the app reads it; reading from the socket is
+  paused while more than 1 MiB waits, so a client cannot pile up unread bodies.
+- Responses: the app's headers as given (the proxy's own, or engine headers its upstream
+  client validated), plus ``date``; ``transfer-encoding: chunked`` when the app gives no
+  ``Content-Length`` (HTTP/1.1) or close-delimited (HTTP/1.0); no body for HEAD, 204, 304.
+- Write back-pressure: when the socket's buffer is over its high-water mark, ``send`` waits.
+- Disconnects: ``receive()`` returns ``http.disconnect`` once the client is gone (or, after the
+  whole body was read, once the response is complete), ``send`` becomes a no-op. The app may
+  also set ``on_disconnect`` on the request object found in
+  ``scope["extensions"]["serving.proxy.request"]`` (called once when the connection is lost)
+  and read its ``more_body`` (False: the whole body is buffered, ``receive()`` will not wait).
+- Errors in the app: ``500`` + close if no response head went out yet, else the connection is
+  closed (the client sees a cut response, never a silent success).
+- Shutdown: stop accepting, close idle connections, let requests in progress finish for up to
+  ``graceful_s`` seconds (their connections close after the response), then cancel and close
+  what is left, then run the app's shutdown.
+
+One sweep per server (every min(1 s, ``head_timeout_s`` / 2)) enforces the head timeout and the
+keep-alive timeout and refreshes the cached ``date`` header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import http
+import logging
+import socket
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from email.utils import formatdate
+from typing import Any
+
+import httptools
+
+__all__ = ["HttpServer", "ServerLimits"]
+
+log = logging.getLogger("serving.proxy")
+
+Message = MutableMapping[str, Any]
+App = Callable[
+    [
+        MutableMapping[str, Any],
+        Callable[[], Awaitable[Message]],
+        Callable[[Message], Awaitable[None]],
+    ],
+    Awaitable[None],
+]
+
+_STATUS_LINES = {
+    s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus
+}
+_NO_BODY_STATUS = frozenset({204, 304})
+_DISCONNECT: Message = {"type": "http.disconnect"}
+_MAX_UNREAD_BODY = 1024 * 1024  # pause reading the socket above this many unread body bytes
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_ERROR_TEXT = {
+    400: b"Invalid HTTP request received.",
+    408: b"Request Timeout: the request head was not complete in time",
+    431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
+}
+
+
+def _plain_response(status: int) -> bytes:
+    body = _ERROR_TEXT[status]
+    return (
+        _STATUS_LINES[status] + b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n\r\n%s" % (len(body), body)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    max_head_bytes: int = 32 * 1024
+    head_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 75.0
+    graceful_s: float = 30.0
+
+
+class _Request:
+    """One request: the ASGI ``receive``/``send`` pair and the state they share."""
+
+    __slots__ = (
+        "_body",
+        "_delivered",
+        "_pending_head",
+        "_waiter",
+        "buffered",
+        "chunked",
+        "complete",
+        "disconnected",
+        "expect_continue",
+        "head_request",
+        "keep_alive",
+        "more_body",
+        "no_body",
+        "on_disconnect",
+        "proto",
+        "scope",
+        "started",
+    )
+
+    def __init__(
+        self,
+        proto: _HttpProtocol,
+        scope: dict[str, Any],
+        keep_alive: bool,
+        expect_continue: bool,
+        head_request: bool,
+    ) -> None:
+        self.proto = proto
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.expect_continue = expect_continue
+        self.head_request = head_request
+        self._body: list[bytes] = []
+        self.buffered = 0
+        self.more_body = True  # the client has more body bytes to send
+        self._delivered = False  # the app received the last body message
+        self._waiter: asyncio.Future[None] | None = None
+        self._pending_head: bytes | None = None
+        self.started = False
+        self.complete = False
+        self.disconnected = False
+        self.chunked = False
+        self.no_body = False
+        # Set by the app (scope["extensions"]["serving.proxy.request"] is this object): called
+        # once when the client's connection is lost, so no task has to wait in receive().
+        self.on_disconnect: Callable[[], None] | None = None
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def body_arrived(self, data: bytes) -> None:
+        self._body.append(data)
+        self.buffered += len(data)
+        self.wake()
+
+    # -- ASGI receive ----------------------------------------------------------------------
+    async def receive(self) -> Message:
+        while True:
+            if self.disconnected or self.complete:
+                return _DISCONNECT
+            if not self._delivered and (self._body or not self.more_body):
+                body = self._body
+                data = body[0] if len(body) == 1 else b"".join(body)
+                body.clear()
+                self.buffered = 0
+                more = self.more_body
+                if not more:
+                    self._delivered = True
+                self.proto.body_consumed()
+                return {"type": "http.request", "body": data, "more_body": more}
+            if self.expect_continue:
+                self.expect_continue = False
+                if not self.started:
+                    self.proto.write(_CONTINUE)
+            waiter = self.proto.loop.create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    # -- ASGI send -------------------------------------------------------------------------
+    async def send(self, message: Message) -> None:
+        if self.disconnected:
+            return
+        proto = self.proto
+        if not self.started:
+            if message["type"] != "http.response.start":
+                raise RuntimeError(f"expected http.response.start, got {message['type']!r}")
+            self.started = True
+            self._start(message["status"], message.get("headers", ()))
+            if proto.write_paused:
+                await proto.drain()
+            return
+        if self.complete:
+            raise RuntimeError("response already complete")
+        if message["type"] != "http.response.body":
+            raise RuntimeError(f"expected http.response.body, got {message['type']!r}")
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        if self.no_body:
+            out = b""
+        elif self.chunked:
+            out = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+            if not more:
+                out += b"0\r\n\r\n"
+        else:
+            out = body
+        head = self._pending_head
+        if head is not None:
+            self._pending_head = None
+            out = head + out if out else head
+        if out:
+            proto.write(out)
+        if not more:
+            self.complete = True
+            self.wake()
+            proto.response_done(self)
+        elif proto.write_paused:
+            await proto.drain()
+
+    def write_piece(self, body: bytes) -> bool:
+        """``send`` of a non-final, non-empty body message of a started chunked (streamed)
+        response, without the message dict and the coroutine: the app's per-event fast path.
+        Returns True when the app should ``await drain()`` (the socket's buffer is full)."""
+        if self.disconnected:
+            return False
+        if not self.chunked:  # HTTP/1.0 close-delimited, or HEAD: the general path
+            return self._write_general(body)
+        out = b"%x\r\n%b\r\n" % (len(body), body)
+        head = self._pending_head
+        if head is not None:
+            self._pending_head = None
+            out = head + out
+        proto = self.proto
+        proto.write(out)
+        return proto.write_paused
+
+    def _write_general(self, body: bytes) -> bool:
+        out = b"" if self.no_body else body
+        head = self._pending_head
+        if head is not None:
+            self._pending_head = None
+            out = head + out
+        if out:
+            self.proto.write(out)
+        return self.proto.write_paused
+
+    async def drain(self) -> None:
+        await self.proto.drain()
+
+    def _start(self, status: int, headers: Any) -> None:
+        proto = self.proto
+        out = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status, proto.server.date]
+        length: bytes | None = None
+        for name, value in headers:
+            if name == b"content-length":
+                length = value
+            elif name == b"connection" and value.lower() == b"close":
+                self.keep_alive = False
+                continue  # added once below
+            out += (name, b": ", value, b"\r\n")
+        if length is not None:
+            out += (b"content-length: ", length, b"\r\n")
+        self.no_body = self.head_request or status in _NO_BODY_STATUS or status < 200
+        if length is None and not self.no_body:
+            if self.scope["http_version"] == "1.1":
+                self.chunked = True
+                out.append(b"transfer-encoding: chunked\r\n")
+            else:
+                self.keep_alive = False  # HTTP/1.0: the body ends when the connection does
+        if not self.keep_alive:
+            out.append(b"connection: close\r\n")
+        out.append(b"\r\n")
+        head = b"".join(out)
+        if self.no_body or length == b"0":
+            proto.write(head)
+            return
+        # The body follows at once (Content-Length), or a streamed body's first piece may
+        # already be here: hold the head until the next body message, but no longer than the
+        # end of this event-loop iteration (a stream whose engine is still silent gets its head
+        # without waiting for the first event).
+        self._pending_head = head
+        if length is None:
+            proto.loop.call_soon(self._flush_head)
+
+    def _flush_head(self) -> None:
+        head = self._pending_head
+        if head is not None and not self.disconnected:
+            self._pending_head = None
+            self.proto.write(head)
+
+
+class _HttpProtocol(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.app = server.app
+        self.limits = server.limits
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):  # answer the first of pipelined requests
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.transport: asyncio.Transport | None = None
+        self.client: tuple[str, int] | None = None
+        self.server_addr: tuple[str, int] | None = None
+        self.active: _Request | None = None  # the request being served
+        self.parsing: _Request | None = None  # the request whose body is arriving
+        self.pipeline: collections.deque[_Request] = collections.deque()
+        self.write_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self.reading_paused = False
+        self.closing = False
+        # head parsing
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._expect_continue = False
+        self.in_head = True
+        self.head_bytes = 0
+        self._parsed_head = 0
+        self.head_t0: float | None = None
+        self.idle_since: float | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.head_t0 = self.loop.time()
+        self.server.connections.add(self)
+        peer = transport.get_extra_info("peername")
+        self.client = (peer[0], peer[1]) if isinstance(peer, tuple) else None
+        sockname = transport.get_extra_info("sockname")
+        self.server_addr = (sockname[0], sockname[1]) if isinstance(sockname, tuple) else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.server.connections.discard(self)
+        for req in (self.active, self.parsing, *self.pipeline):
+            if req is not None and not req.disconnected:
+                req.disconnected = True
+                req.wake()
+                callback = req.on_disconnect
+                if callback is not None:
+                    req.on_disconnect = None
+                    callback()
+        self.pipeline.clear()
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        if self.in_head:
+            if self.head_t0 is None:
+                self.head_t0 = self.loop.time()
+            self.head_bytes += len(data)
+            self.idle_since = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # An Upgrade request (h2c, websocket): served as a plain request, then the
+            # connection closes; what follows the upgrade point is not parsed.
+            for req in (self.active, *self.pipeline):
+                if req is not None:
+                    req.keep_alive = False
+            self.closing = True
+            if self.active is None:
+                self.transport.close()  # type: ignore[union-attr]
+            return
+        except httptools.HttpParserError:
+            self.refuse(400)
+            return
+        if self.in_head and self.head_bytes > self.limits.max_head_bytes and not self.closing:
+            self.refuse(431)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    # -- httptools callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._expect_continue = False
+        self._parsed_head = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._parsed_head += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self._expect_continue = True
+        self._headers.append((name, value))
+        self._parsed_head += len(name) + len(value) + 4
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        if self._parsed_head > self.limits.max_head_bytes:
+            self.refuse(431)
+            return
+        parser = self.parser
+        method = parser.get_method().decode("ascii")
+        version = parser.get_http_version()
+        parsed = httptools.parse_url(self._url)
+        raw_path: bytes = parsed.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": version if version in ("1.0", "1.1") else "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": parsed.query or b"",
+            "root_path": "",
+            "headers": self._headers,
+            "client": self.client,
+            "server": self.server_addr,
+        }
+        keep_alive = version == "1.1" and parser.should_keep_alive()
+        req = _Request(self, scope, keep_alive, self._expect_continue, method == "HEAD")
+        scope["extensions"] = {"serving.proxy.request": req}
+        self.parsing = req
+        if self.active is None:
+            self._serve(req)
+        else:  # pipelined: served after the current one; stop reading until then
+            self.pipeline.append(req)
+            self._pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        req = self.parsing
+        if req is None or req.complete or req.disconnected:
+            return  # the app answered without reading: the body is dropped
+        req.body_arrived(body)
+        if req.buffered > _MAX_UNREAD_BODY:
+            self._pause_reading()
+
+    def on_message_complete(self) -> None:
+        req = self.parsing
+        self.parsing = None
+        if req is not None:
+            req.more_body = False
+            req.wake()
+        self.in_head = True  # the next bytes begin a new head; its clock starts with them
+        self.head_bytes = 0
+        self.head_t0 = None
+
+    # -- serving ---------------------------------------------------------------------------
+    def _serve(self, req: _Request) -> None:
+        self.active = req
+        self.idle_since = None
+        task = self.loop.create_task(self._run(req))
+        tasks = self.server.tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _run(self, req: _Request) -> None:
+        try:
+            await self.app(req.scope, req.receive, req.send)
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                log.error("exception in the proxy app", exc_info=exc)
+            self._abandon(req)
+        else:
+            if not req.complete and not req.disconnected:
+                log.error("the proxy app returned without completing its response")
+                self._abandon(req)
+
+    def _abandon(self, req: _Request) -> None:
+        """The app failed: 500 if nothing was sent yet, else cut the connection."""
+        if req.disconnected or self.transport is None:
+            return
+        if not req.started:
+            self.transport.write(_plain_response(500))
+        self.closing = True
+        self.transport.close()
+
+    def write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    async def drain(self) -> None:
+        if not self.write_paused or self.transport is None or self.transport.is_closing():
+            return
+        drain = self._drain
+        if drain is None or drain.done():
+            drain = self._drain = self.loop.create_future()
+        await drain
+
+    def body_consumed(self) -> None:
+        if self.reading_paused and not self.pipeline:
+            self.reading_paused = False
+            if self.transport is not None:
+                self.transport.resume_reading()
+
+    def response_done(self, req: _Request) -> None:
+        self.active = None
+        transport = self.transport
+        if transport is None:
+            return
+        if not req.keep_alive or self.closing:
+            self.closing = True
+            transport.close()
+            return
+        if self.pipeline:
+            nxt = self.pipeline.popleft()
+            if not self.pipeline:
+                self._resume_reading()
+            self._serve(nxt)
+            return
+        self.idle_since = self.loop.time()
+        self._resume_reading()
+
+    def _pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.reading_paused and self.transport is not None:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    # -- limits and shutdown ---------------------------------------------------------------
+    def refuse(self, status: int) -> None:
+        """Answer ``status`` (400/408/431) and close; only close if a response is under way
+        (another status line inside it would corrupt what the client reads)."""
+        self.closing = True
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        active = self.active
+        if active is None or not active.started:
+            transport.write(_plain_response(status))
+        transport.close()
+
+    def sweep(self, now: float) -> None:
+        if self.closing or self.active is not None:
+            return
+        limits = self.limits
+        if self.in_head and self.head_t0 is not None:
+            if now - self.head_t0 > limits.head_timeout_s:
+                if self.head_bytes:
+                    self.refuse(408)
+                else:  # not a byte since the connection opened: nothing to answer
+                    self.closing = True
+                    self.transport.close()  # type: ignore[union-attr]
+        elif self.idle_since is not None and now - self.idle_since > limits.keepalive_timeout_s:
+            self.closing = True
+            self.transport.close()  # type: ignore[union-attr]
+
+    def shutdown(self) -> None:
+        if self.active is None:
+            self.closing = True
+            if self.transport is not None:
+                self.transport.close()
+        else:
+            self.active.keep_alive = False
+            for req in self.pipeline:
+                req.keep_alive = False
+
+
+class HttpServer:
+    """Serves ``app`` (the ASGI ``ProxyApp``; ``startup``/``shutdown`` are called directly)."""
+
+    def __init__(self, app: Any, limits: ServerLimits | None = None) -> None:
+        self.app = app
+        self.limits = limits or ServerLimits()
+        self.loop = asyncio.get_running_loop()
+        self.connections: set[_HttpProtocol] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.date = b""
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._refresh_date()
+
+    def _refresh_date(self) -> None:
+        self.date = b"date: " + formatdate(time.time(), usegmt=True).encode() + b"\r\n"
+
+    async def start(self, sock: socket.socket) -> None:
+        await self.app.startup()
+        self._server = await self.loop.create_server(
+            lambda: _HttpProtocol(self), sock=sock, backlog=4096
+        )
+        self._sweep()
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        self._refresh_date()
+        for conn in list(self.connections):
+            conn.sweep(now)
+        interval = min(1.0, self.limits.head_timeout_s / 2)
+        self._sweeper = self.loop.call_later(interval, self._sweep)
+
+    async def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+        deadline = self.loop.time() + self.limits.graceful_s
+        while self.tasks and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for task in list(self.tasks):
+            task.cancel()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        await self.app.shutdown()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(app: Any, sock: socket.socket, limits: ServerLimits, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set, then shut down gracefully."""
+    server = HttpServer(app, limits)
+    await server.start(sock)
+    try:
+        await stop.wait()
+    finally:
+        await server.shutdown()
