@@ -105,8 +105,10 @@ def test_preview_up_noop_destroy(emulator: EmulatorProcess, tmp_path: Path) -> N
     app = next(a for a in modal["apps"] if a["name"] == "tiny")
     outs = _outputs(applied)
     endpoint = json.loads(outs["endpoint_url"])
-    assert endpoint.startswith("https://") and "mock-workspace" not in endpoint
-    assert "tiny" in endpoint
+    # the App's real URL: the emulator's edge port for the endpoint Modal would name
+    # https://<workspace>-local--tiny-server.modal.run (mocks would give "mock-workspace")
+    ports = {f"http://127.0.0.1:{p}": label for label, p in emulator.edge_ports().items()}
+    assert endpoint in ports and "tiny" in ports[endpoint]
     assert json.loads(outs["proxy_token_id"]) in {t["id"] for t in modal["proxy_tokens"]}
     assert f'"app_id": "{app["id"]}"' in applied
     assert outs["proxy_token_secret"] == "[secret]" and outs["api_keys"] == "[secret]"

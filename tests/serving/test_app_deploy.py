@@ -123,6 +123,13 @@ def create_mounted_objects(spec: ServingSpec) -> None:
         modal.Volume.objects.create(name)
 
 
+def image_commands(image: dict[str, Any]) -> list[str]:
+    """An image's Dockerfile lines from the emulator's state dump (its spec holds the commands,
+    the base image ids and the context mount)."""
+    spec = json.loads(image["spec"])
+    return list(spec["commands"] if isinstance(spec, dict) else spec)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine: str) -> None:
@@ -137,11 +144,14 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
 
     url = modal.Server.from_name(app_name, SERVER_NAME).get_url()
     assert url is not None
-    assert url.startswith("https://") and app_name.lower() in url.lower()
+    # the emulator's edge: the endpoint Modal names https://<label>.modal.run, on loopback
+    labels = [label for label, port in modal_env.edge_ports().items() if url.endswith(f":{port}")]
+    assert url.startswith("http://127.0.0.1:") and len(labels) == 1
+    assert app_name.lower() in labels[0]
 
     state = modal_env.state()
     # the image: pinned engine base, no entrypoint, proxy deps, spec env, then the spec file
-    steps = [json.loads(img["spec"]) for img in state["images"]]
+    steps = [image_commands(img) for img in state["images"]]
     assert all(img["built"] for img in state["images"])
     flat = [line for s in steps for line in s]
     assert f"FROM {ENGINE_IMAGES[engine]}" in flat
@@ -309,7 +319,7 @@ def test_a_key_rotation_changes_the_function_definition(
         != getattr(canonical(first), f.name)
     ]
     assert changed == []
-    flat = [line for img in modal_env.state()["images"] for line in json.loads(img["spec"])]
+    flat = [line for img in modal_env.state()["images"] for line in image_commands(img)]
     for version in versions:
         assert f"ENV SERVING_API_KEYS_SHA256={version}" in flat
     assert f"ENV SERVING_SPEC_SHA256={spec.digest()}" in flat
