@@ -40,6 +40,7 @@ PREFIXES = {
     "task": "ta",
     "function_call": "fc",
     "input": "in",
+    "dict": "di",
 }
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from emulator.models.apps import DEFAULT_HEARTBEAT_TIMEOUT, App, Apps
 from emulator.models.artifacts import Blobs, Images, Mounts
+from emulator.models.dicts import Dicts
 from emulator.models.environments import Environments
 from emulator.models.functions import check_web_label
 from emulator.models.secrets import Secrets
@@ -31,6 +32,7 @@ class State:
         self.secrets = Secrets(store, self.environments)
         self.volumes = Volumes(store, self.environments)
         self.tokens = ProxyTokens(store, self.environments)
+        self.dicts = Dicts(store, self.environments)  # in memory (emulator/models/dicts.py)
         self.apps = Apps(store, self.environments, heartbeat_timeout)
         self.images = Images(store)
         self.blobs = Blobs(store)
@@ -76,6 +78,7 @@ class State:
 
     def reset(self) -> None:
         self.store.reset()
+        self.dicts.reset()
         self.environments.ensure_default()
 
 
