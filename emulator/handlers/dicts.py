@@ -17,7 +17,9 @@ from emulator.models.dicts import Dict
 def _metadata(ctx: Context, d: Dict) -> api_pb2.DictMetadata:
     return api_pb2.DictMetadata(
         name=d.name or "",
-        creation_info=api_pb2.CreationInfo(created_at=d.created_at, created_by=ctx.config.workspace),
+        creation_info=api_pb2.CreationInfo(
+            created_at=d.created_at, created_by=ctx.config.workspace
+        ),
     )
 
 

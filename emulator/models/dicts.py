@@ -53,7 +53,9 @@ class Dicts:
                 return self._insert(env.id, env.name, None)
             check_name("Dict", name)
             if creation is Creation.OVERWRITE:
-                raise InvalidArgument(f"Dict {name!r}: CREATE_OVERWRITE_IF_EXISTS is not supported.")
+                raise InvalidArgument(
+                    f"Dict {name!r}: CREATE_OVERWRITE_IF_EXISTS is not supported."
+                )
             found = next(
                 (d for d in self._by_id.values() if d.env_id == env.id and d.name == name), None
             )
