@@ -44,7 +44,7 @@ from components.modal.app import App, AppArgs
 from components.modal.environment import Environment, EnvironmentArgs
 from components.modal.proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs
 from components.modal.secret import Secret, SecretArgs
-from components.modal.spend_alert import SpendAlert, SpendAlertArgs
+from components.modal.spend_alert import SpendAlert, SpendAlertArgs, SpendWatch
 from components.modal.volume import Volume, VolumeArgs
 from serving.spec import KEY_VERSION_ENV
 
@@ -133,7 +133,7 @@ class ServingEnvironment(pulumi.ComponentResource):
             child,
         )
         self.spend_watch_secret: Secret | None = None
-        self.spend_watch: App | None = None
+        self.spend_watch: SpendWatch | None = None
         if secrets.alert_webhook_url is not None:
             self._spend_watcher(name, cfg, secrets, env)
         self.register_outputs(
@@ -172,7 +172,7 @@ class ServingEnvironment(pulumi.ComponentResource):
                 sort_keys=True,
             )
         )
-        self.spend_watch = App(
+        self.spend_watch = SpendWatch(
             f"{name}-spend-watch",
             AppArgs(
                 name=SPEND_WATCH_APP_NAME,

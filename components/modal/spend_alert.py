@@ -48,8 +48,10 @@ from ._base import (
     is_unknown,
     plain,
 )
+from .app import AppArgs, AppProvider
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendAlert"  # noqa: S105 (a Pulumi type token)
+WATCH_TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendWatch"  # noqa: S105 (a Pulumi type token)
 DEFAULT_THRESHOLDS = (0.5, 0.8, 1.0)
 
 
@@ -287,10 +289,53 @@ class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
         super().__init__(SpendAlertProvider(), resource_name, props, opts)
 
 
+class SpendWatchProvider(AppProvider):
+    """The spend watcher app (watchers/spend_alerts.py): an `App` in every respect (deploy by
+    path, diff on spec/source, stop on delete), under its own type so it is never counted or
+    mistaken for a serving app."""
+
+    kind = "SpendWatch"
+    type_token = WATCH_TYPE_TOKEN
+
+
+class SpendWatch(pulumi.dynamic.Resource, module="modal", name="SpendWatch"):
+    """The deployed spend watcher (an App: same inputs and outputs)."""
+
+    name: pulumi.Output[str]
+    environment: pulumi.Output[str]
+    app_file: pulumi.Output[str]
+    spec_json: pulumi.Output[str]
+    app_id: pulumi.Output[str]
+    version: pulumi.Output[int]
+    source_digest: pulumi.Output[str]
+
+    def __init__(
+        self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        props: dict[str, Any] = {
+            "name": args.name,
+            "environment": args.environment,
+            "app_file": args.app_file,
+            "spec_json": args.spec_json,
+            "extra_env": args.extra_env,
+            "spec_digest": args.spec_digest,
+            "adopt": args.adopt,
+            "app_id": None,
+            "web_url": None,
+            "version": None,
+            "source_digest": None,
+            "adopted": None,
+            "read_back_error": None,
+        }
+        super().__init__(SpendWatchProvider(), resource_name, props, opts)
+
+
 __all__ = [
     "MAX_THRESHOLD",
     "SpendAlert",
     "SpendAlertArgs",
     "SpendAlertProvider",
+    "SpendWatch",
+    "SpendWatchProvider",
     "threshold_problem",
 ]

@@ -26,8 +26,8 @@ from components.llm_service import (
     SPEND_WATCH_SECRET_NAME,
     SPEND_WEBHOOK_ENV,
 )
-from components.modal import AppProvider, SecretProvider
-from components.modal.spend_alert import SpendAlertProvider
+from components.modal import SecretProvider
+from components.modal.spend_alert import SpendAlertProvider, SpendWatchProvider
 from tests.emulator.helpers import modal_cli
 from tests.harness.emulator import EmulatorProcess
 from tests.harness.fixtures import modal_env_for
@@ -104,7 +104,7 @@ def test_watcher_posts_each_threshold_once_retries_and_up_stays_a_no_op(
             "app_file": SPEND_WATCH_APP_FILE,
             "spec_json": json.dumps(spec, sort_keys=True),
         }
-        steps.append(engine.up("watch", AppProvider(), watch_inputs))
+        steps.append(engine.up("watch", SpendWatchProvider(), watch_inputs))
         return steps
 
     assert deploy() == ["create", "create", "create"]
