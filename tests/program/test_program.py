@@ -17,6 +17,12 @@ from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
 from components.config import DEFAULTS, HF_TOKEN_SECRET_NAME, PROJECT
+from components.llm_service import (
+    SPEND_WATCH_APP_FILE,
+    SPEND_WATCH_APP_NAME,
+    SPEND_WATCH_SECRET_NAME,
+    SPEND_WEBHOOK_ENV,
+)
 from serving.spec import ServingSpec
 from tests.program.runner import (
     PROJECT_ROOT,
@@ -155,12 +161,14 @@ def test_resources_created(stack_run: tuple[str, ProgramRun]) -> None:
         ENV_COMPONENT: 1,
         SERVICE_COMPONENT: n,
         "modal:Environment": 1,
-        "modal:Secret": n + (0 if stack == "local" else 1),  # api-keys (+ HF token)
+        # api-keys (+ HF token and the spend watcher's secret where a webhook is set)
+        "modal:Secret": n + (0 if stack == "local" else 2),
         "modal:Volume": 2 * n,
         "modal:ProxyAuthToken": 1,
         "modal:SpendAlert": 1,
         "modal:App": n,
         "llm:ApiKey": n * len(key_names),
+        **({} if stack == "local" else {"modal:SpendWatch": 1}),
     }
 
 
@@ -173,9 +181,17 @@ def test_parents_and_environment_wiring(stack_run: tuple[str, ProgramRun]) -> No
     for r in run.resources:
         if r.short_type in (ENV_COMPONENT, SERVICE_COMPONENT):
             assert _parent_type(run, r) == "stack", r.name
-        elif r.short_type in ("modal:Environment", "modal:ProxyAuthToken", "modal:SpendAlert"):
+        elif r.short_type in (
+            "modal:Environment",
+            "modal:ProxyAuthToken",
+            "modal:SpendAlert",
+            "modal:SpendWatch",
+        ):
             assert _parent_type(run, r) == ENV_COMPONENT, r.name
-        elif r.short_type == "modal:Secret" and r.inputs["name"] == HF_TOKEN_SECRET_NAME:
+        elif r.short_type == "modal:Secret" and r.inputs["name"] in (
+            HF_TOKEN_SECRET_NAME,
+            SPEND_WATCH_SECRET_NAME,
+        ):
             assert _parent_type(run, r) == ENV_COMPONENT
         else:
             assert _parent_type(run, r) == SERVICE_COMPONENT, r.name
@@ -241,12 +257,28 @@ def test_spend_alert_and_hf_secret(stack_run: tuple[str, ProgramRun]) -> None:
     pct = config.get(NS + "alertThresholdsPct", DEFAULTS["alertThresholdsPct"])
     assert alert.inputs["thresholds"] == [p / 100 for p in pct]
     hf = [s for s in run.of_type("modal:Secret") if s.inputs["name"] == HF_TOKEN_SECRET_NAME]
+    assert "webhook_url" not in alert.inputs  # the SpendAlert never posts (issue 14 item 7)
+    watch_secret = [
+        s for s in run.of_type("modal:Secret") if s.inputs["name"] == SPEND_WATCH_SECRET_NAME
+    ]
     if stack == "local":
-        assert not hf and alert.inputs.get("webhook_url") is None
+        assert not hf and not watch_secret and not run.of_type("modal:SpendWatch")
     else:
         assert rpc.is_rpc_secret(hf[0].inputs["values"]), "HF token must reach Modal as secret"
         assert _plain(hf[0].inputs["values"]) == {"HF_TOKEN": TEST_SECRETS[NS + "hfToken"]}
-        assert rpc.is_rpc_secret(alert.inputs["webhook_url"])
+        # The webhook reaches Modal only inside the watcher's secret, as a secret.
+        assert rpc.is_rpc_secret(watch_secret[0].inputs["values"])
+        assert _plain(watch_secret[0].inputs["values"]) == {
+            SPEND_WEBHOOK_ENV: TEST_SECRETS[NS + "alertWebhookUrl"]
+        }
+        (watch,) = run.of_type("modal:SpendWatch")
+        assert watch.inputs["app_file"] == SPEND_WATCH_APP_FILE
+        assert watch.inputs["name"] == SPEND_WATCH_APP_NAME
+        assert watch_secret[0].urn in watch.dependencies and alert.urn in watch.dependencies
+        spec = json.loads(watch.inputs["spec_json"])
+        assert spec["thresholds"] == alert.inputs["thresholds"]
+        assert spec["secret"] == SPEND_WATCH_SECRET_NAME
+        assert spec["environment"] == config[NS + "environment"]
 
 
 def test_outputs(stack_run: tuple[str, ProgramRun]) -> None:
