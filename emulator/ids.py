@@ -41,6 +41,7 @@ PREFIXES = {
     "function_call": "fc",
     "input": "in",
     "dict": "di",
+    "service_user": "su",
 }
 
 

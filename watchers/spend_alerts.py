@@ -110,14 +110,15 @@ async def read_budget(env_id: str) -> Any:
     from modal.client import _Client
     from modal_proto import api_pb2
 
+    req = api_pb2.EnvironmentGetBudgetRequest(environment_id=env_id)
     token_id, token_secret = os.environ.get(TOKEN_ID_ENV), os.environ.get(TOKEN_SECRET_ENV)
-    if token_id and token_secret:
-        client = await _Client.from_credentials(token_id, token_secret)
-    else:
-        client = await _Client.from_env()
-    return await client._stub.EnvironmentGetBudget(
-        api_pb2.EnvironmentGetBudgetRequest(environment_id=env_id)
-    )
+    if not (token_id and token_secret):
+        return await (await _Client.from_env())._stub.EnvironmentGetBudget(req)
+    client = await _Client.from_credentials(token_id, token_secret)
+    try:
+        return await client._stub.EnvironmentGetBudget(req)
+    finally:
+        await client.close()
 
 
 @app.function(

@@ -73,7 +73,10 @@ def test_watcher_posts_each_threshold_once_retries_and_up_stays_a_no_op(
 ) -> None:
     emu, srv = watch_env
     engine = Engine(srv)
-    token_id, token_secret = str(emu.token_id), str(emu.token_secret)
+    # The watcher's token: a service user with no access until it is made viewer of "main".
+    ws = modal.Workspace.from_context()
+    token = ws.service_users.create("spend-watch-main", expires_in=None)
+    token_id, token_secret = token.token_id, token.token_secret
     alert_inputs = {"environment": "main", "monthly_budget_usd": 100.0, "thresholds": [0.5, 1.0]}
     secret_inputs = {
         "name": SPEND_WATCH_SECRET_NAME,
@@ -108,6 +111,9 @@ def test_watcher_posts_each_threshold_once_retries_and_up_stays_a_no_op(
         return steps
 
     assert deploy() == ["create", "create", "create"]
+    with pytest.raises(Exception, match="has no access to environment"):
+        _fire(emu)  # the token is not yet allowed to read main's budget
+    ws.service_users.set_role("spend-watch-main", "main", role="viewer")
     assert _fire(emu)["crossed"] == []  # no usage yet: nothing to say
     assert webhook.bodies == []
 
