@@ -149,14 +149,21 @@ class ServingEnvironment(pulumi.ComponentResource):
     ) -> None:
         """The watcher app and its secret (see watchers/spend_alerts.py for what a run does)."""
         assert secrets.alert_webhook_url is not None
-        values: dict[str, pulumi.Input[str]] = {SPEND_WEBHOOK_ENV: secrets.alert_webhook_url}
+        values: dict[str, pulumi.Input[str]] = {
+            SPEND_WEBHOOK_ENV: secrets.alert_webhook_url.apply(_checked_webhook)
+        }
         token = secrets.alert_watch_token
         if token is not None:
             values[SPEND_TOKEN_ID_ENV] = token.apply(lambda t: _token_part(t, 0))
             values[SPEND_TOKEN_SECRET_ENV] = token.apply(lambda t: _token_part(t, 1))
         self.spend_watch_secret = Secret(
             f"{name}-spend-watch-secret",
-            SecretArgs(name=SPEND_WATCH_SECRET_NAME, values=values, environment=env),
+            SecretArgs(
+                name=SPEND_WATCH_SECRET_NAME,
+                values=values,
+                environment=env,
+                adopt=cfg.adopt_environment,  # like the HF token secret
+            ),
             pulumi.ResourceOptions(parent=self),
         )
         spec = pulumi.Output.all(env, self.spend_alert.environment_id).apply(
@@ -184,6 +191,15 @@ class ServingEnvironment(pulumi.ComponentResource):
                 parent=self, depends_on=[self.spend_watch_secret, self.spend_alert]
             ),
         )
+
+
+def _checked_webhook(url: str) -> str:
+    if not url.startswith(("https://", "http://")):
+        raise ValueError(  # never the value: the URL often embeds a token
+            "modal-llm:alertWebhookUrl must be an http(s) URL; set it again with"
+            " `pulumi config set --secret alertWebhookUrl https://...`"
+        )
+    return url
 
 
 def _token_part(token: str, index: int) -> str:

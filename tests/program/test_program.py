@@ -136,7 +136,7 @@ def test_stack_file_holds_no_secret_in_clear(stack: str) -> None:
     config = _stack_yaml(stack)
     for key, value in config.items():
         assert key.startswith((NS, "modal:")), f"{key}: unknown namespace"
-        if key.rsplit(":", 1)[1] in {"hfToken", "alertWebhookUrl", "tokenSecret"}:
+        if key.rsplit(":", 1)[1] in {"hfToken", "alertWebhookUrl", "alertWatchToken", "tokenSecret"}:
             assert isinstance(value, dict) and set(value) == {"secure"}, f"{key} in clear"
 
 
@@ -623,3 +623,29 @@ def test_namespace_is_the_project_name() -> None:
     assert run.output("environment") == "dev"
     (token,) = run.of_type("modal:ProxyAuthToken")
     assert token.inputs["name"] == "my-llms-dev-gateway"
+
+
+def test_spend_watch_token_reaches_only_the_watchers_secret() -> None:
+    """Issue 14 item 7: `alertWatchToken` (`<id>:<secret>` of a viewer service user) lands in
+    the `spend-watch` secret only; malformed values fail without echoing them."""
+    from pulumi_standin.values import Secret as Plain
+
+    token = "ak-watch0123:as-watchsecret0123"
+    run = run_program("dev", *_with_secrets("dev", alertWatchToken=Plain(token)))
+    (watch_secret,) = [
+        s for s in run.of_type("modal:Secret") if s.inputs["name"] == SPEND_WATCH_SECRET_NAME
+    ]
+    assert _plain(watch_secret.inputs["values"]) == {
+        SPEND_WEBHOOK_ENV: TEST_SECRETS[NS + "alertWebhookUrl"],
+        "SPEND_WATCH_TOKEN_ID": "ak-watch0123",
+        "SPEND_WATCH_TOKEN_SECRET": "as-watchsecret0123",
+    }
+    others = [r for r in run.resources if r.urn != watch_secret.urn]
+    assert "as-watchsecret0123" not in json.dumps([r.inputs for r in others], default=str)
+    for key, bad, expected in (
+        ("alertWatchToken", "no-colon-secret", "must be '<token id>:<token secret>'"),
+        ("alertWebhookUrl", "ftp://h/tok-123", "must be an http(s) URL"),
+    ):
+        with pytest.raises((pulumi.RunError, ValueError)) as info:
+            run_program("dev", *_with_secrets("dev", **{key: Plain(bad)}))
+        assert f"{key} {expected}" in str(info.value) and bad not in str(info.value)
