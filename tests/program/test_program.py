@@ -136,7 +136,8 @@ def test_stack_file_holds_no_secret_in_clear(stack: str) -> None:
     config = _stack_yaml(stack)
     for key, value in config.items():
         assert key.startswith((NS, "modal:")), f"{key}: unknown namespace"
-        if key.rsplit(":", 1)[1] in {"hfToken", "alertWebhookUrl", "alertWatchToken", "tokenSecret"}:
+        secret_keys = {"hfToken", "alertWebhookUrl", "alertWatchToken", "tokenSecret"}
+        if key.rsplit(":", 1)[1] in secret_keys:
             assert isinstance(value, dict) and set(value) == {"secure"}, f"{key} in clear"
 
 
