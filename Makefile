@@ -35,7 +35,7 @@ test: setup $(LITELLM_STAMP) lint
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy emulator components serving pulumi_standin bench tests scripts __main__.py
+	$(VENV)/bin/mypy emulator components serving watchers pulumi_standin bench tests scripts __main__.py
 
 # Modal's control plane on loopback, in the foreground (Ctrl-C stops it).
 emulator: setup

@@ -46,12 +46,13 @@ DEFAULTS: dict[str, Any] = {
     "appFile": DEFAULT_APP_FILE,
     "hfToken": "",  # secrets: "" means unset
     "alertWebhookUrl": "",
+    "alertWatchToken": "",
     "costOverheadPct": 15,
     "engineStandin": False,
 }
 # Gateway overflow keys (a map and a secret map): parsed and validated by components/overflow.py.
 OVERFLOW_KEY, OVERFLOW_SECRET_KEY = "gatewayOverflow", "inHouseApiKeys"
-SECRET_KEYS = ("hfToken", "alertWebhookUrl", OVERFLOW_SECRET_KEY)
+SECRET_KEYS = ("hfToken", "alertWebhookUrl", "alertWatchToken", OVERFLOW_SECRET_KEY)
 MAP_KEYS = ("gpuPricesUsdPerHour", "apiKeyRotation")
 KNOWN_KEYS = {"environment", "services", *MAP_KEYS} | set(DEFAULTS) | set(SECRET_KEYS)
 KNOWN_KEYS.add(OVERFLOW_KEY)
@@ -126,6 +127,8 @@ class StackSecrets:
 
     hf_token: pulumi.Output[str] | None
     alert_webhook_url: pulumi.Output[str] | None
+    #: "<token id>:<token secret>" of the spend watcher's service user (viewer in the env)
+    alert_watch_token: pulumi.Output[str] | None = None
 
 
 def _gpu_tuple(gpu: str | list[str]) -> tuple[str, ...]:
@@ -577,5 +580,8 @@ def load_stack_config(
         hf_token=cfg.require_secret("hfToken") if present["hfToken"] else None,
         alert_webhook_url=(
             cfg.require_secret("alertWebhookUrl") if present["alertWebhookUrl"] else None
+        ),
+        alert_watch_token=(
+            cfg.require_secret("alertWatchToken") if present["alertWatchToken"] else None
         ),
     )

@@ -2,7 +2,10 @@
 
 - `ServingEnvironment` (one per stack): the Modal environment (created, or adopted when it
   already exists), the Hugging Face token secret (when the stack has one), the proxy-auth token
-  scoped to that environment (what gateways send as Modal-Key/Modal-Secret) and the spend alert.
+  scoped to that environment (what gateways send as Modal-Key/Modal-Secret), the spend alert
+  (budget + thresholds) and, when the stack has an alert webhook, the spend watcher: the
+  scheduled app watchers/spend_alerts.py, with the Modal secret only it mounts (the webhook URL
+  and the watcher's own Modal token, when configured), which delivers the alerts.
 - `LLMService` (one per model in `services`): its named API keys (generated, kept only as
   Pulumi secrets), the Modal secret holding their sha256 digests for the serving proxy, the
   HF and engine cache volumes (protected and retained on delete when `protectCaches`), and the
@@ -41,7 +44,7 @@ from components.modal.app import App, AppArgs
 from components.modal.environment import Environment, EnvironmentArgs
 from components.modal.proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs
 from components.modal.secret import Secret, SecretArgs
-from components.modal.spend_alert import SpendAlert, SpendAlertArgs
+from components.modal.spend_alert import SpendAlert, SpendAlertArgs, SpendWatch
 from components.modal.volume import Volume, VolumeArgs
 from serving.spec import KEY_VERSION_ENV
 
@@ -51,6 +54,17 @@ API_KEYS_ENV_VAR = "SERVING_API_KEYS"
 # serving/app.py bakes it into the image ENV, so a key change changes the deployed definition.
 API_KEYS_VERSION_ENV_VAR = KEY_VERSION_ENV
 HF_TOKEN_ENV_VAR = "HF_TOKEN"  # noqa: S105 (an env var name)
+
+# The spend watcher (watchers/spend_alerts.py, which must not import components/: the names it
+# reads are repeated here, and tests/providers/test_spend_watch.py deploys it with these).
+SPEND_WATCH_APP_FILE = "watchers/spend_alerts.py"
+SPEND_WATCH_APP_NAME = "spend-watch"
+SPEND_WATCH_SECRET_NAME = "spend-watch"  # noqa: S105 (a Modal secret name)
+SPEND_WATCH_DICT_NAME = "spend-watch-alerted"
+SPEND_WATCH_PERIOD_MINUTES = 15
+SPEND_WEBHOOK_ENV = "SPEND_ALERT_WEBHOOK_URL"
+SPEND_TOKEN_ID_ENV = "SPEND_WATCH_TOKEN_ID"  # noqa: S105 (an env var name)
+SPEND_TOKEN_SECRET_ENV = "SPEND_WATCH_TOKEN_SECRET"  # noqa: S105 (an env var name)
 
 
 class ServingEnvironment(pulumi.ComponentResource):
@@ -115,10 +129,13 @@ class ServingEnvironment(pulumi.ComponentResource):
                 environment=env,
                 monthly_budget_usd=cfg.monthly_budget_usd,
                 thresholds=cfg.alert_thresholds,
-                webhook_url=secrets.alert_webhook_url,
             ),
             child,
         )
+        self.spend_watch_secret: Secret | None = None
+        self.spend_watch: SpendWatch | None = None
+        if secrets.alert_webhook_url is not None:
+            self._spend_watcher(name, cfg, secrets, env)
         self.register_outputs(
             {
                 "environment": env,
@@ -126,6 +143,74 @@ class ServingEnvironment(pulumi.ComponentResource):
                 "spend_limit_usd": self.spend_alert.effective_limit_usd,
             }
         )
+
+    def _spend_watcher(
+        self, name: str, cfg: StackConfig, secrets: StackSecrets, env: pulumi.Output[str]
+    ) -> None:
+        """The watcher app and its secret (see watchers/spend_alerts.py for what a run does)."""
+        assert secrets.alert_webhook_url is not None
+        values: dict[str, pulumi.Input[str]] = {
+            SPEND_WEBHOOK_ENV: secrets.alert_webhook_url.apply(_checked_webhook)
+        }
+        token = secrets.alert_watch_token
+        if token is not None:
+            values[SPEND_TOKEN_ID_ENV] = token.apply(lambda t: _token_part(t, 0))
+            values[SPEND_TOKEN_SECRET_ENV] = token.apply(lambda t: _token_part(t, 1))
+        self.spend_watch_secret = Secret(
+            f"{name}-spend-watch-secret",
+            SecretArgs(
+                name=SPEND_WATCH_SECRET_NAME,
+                values=values,
+                environment=env,
+                adopt=cfg.adopt_environment,  # like the HF token secret
+            ),
+            pulumi.ResourceOptions(parent=self),
+        )
+        spec = pulumi.Output.all(env, self.spend_alert.environment_id).apply(
+            lambda a: json.dumps(
+                {
+                    "environment": a[0],
+                    "environment_id": a[1],
+                    "thresholds": cfg.alert_thresholds,
+                    "secret": SPEND_WATCH_SECRET_NAME,
+                    "dict": SPEND_WATCH_DICT_NAME,
+                    "period_minutes": SPEND_WATCH_PERIOD_MINUTES,
+                },
+                sort_keys=True,
+            )
+        )
+        self.spend_watch = SpendWatch(
+            f"{name}-spend-watch",
+            AppArgs(
+                name=SPEND_WATCH_APP_NAME,
+                environment=env,
+                app_file=SPEND_WATCH_APP_FILE,
+                spec_json=spec,
+            ),
+            pulumi.ResourceOptions(
+                parent=self, depends_on=[self.spend_watch_secret, self.spend_alert]
+            ),
+        )
+
+
+def _checked_webhook(url: str) -> str:
+    if not url.startswith(("https://", "http://")):
+        raise ValueError(  # never the value: the URL often embeds a token
+            "modal-llm:alertWebhookUrl must be an http(s) URL; set it again with"
+            " `pulumi config set --secret alertWebhookUrl https://...`"
+        )
+    return url
+
+
+def _token_part(token: str, index: int) -> str:
+    token_id, sep, token_secret = token.partition(":")
+    if not sep or not token_id or not token_secret:
+        raise ValueError(  # never the value: it is a credential
+            "modal-llm:alertWatchToken must be '<token id>:<token secret>' of the spend"
+            " watcher's service user (docs/providers.md, SpendAlert); set it again with"
+            " `pulumi config set --secret alertWatchToken ak-...:as-...`"
+        )
+    return (token_id, token_secret)[index]
 
 
 class LLMService(pulumi.ComponentResource):

@@ -35,3 +35,9 @@ class FailedPrecondition(EmulatorError):
     """The request is well formed but the current state forbids it (gRPC FAILED_PRECONDITION)."""
 
     status_name = "FAILED_PRECONDITION"
+
+
+class PermissionDenied(EmulatorError):
+    """The caller is authenticated but its role does not allow the call (PERMISSION_DENIED)."""
+
+    status_name = "PERMISSION_DENIED"

@@ -40,6 +40,8 @@ PREFIXES = {
     "task": "ta",
     "function_call": "fc",
     "input": "in",
+    "dict": "di",
+    "service_user": "su",
 }
 
 

@@ -7,17 +7,15 @@ the environment already had and records it (`previous_budget_usd`, None = no bud
 puts that value back (or clears the budget when there was none), so destroying a SpendAlert
 never removes a budget someone else set. One SpendAlert per environment.
 
-Our side (Modal has no thresholds or webhooks): create, update and read (refresh) compute
-`thresholds_crossed` = the thresholds t with usage >= t * budget (with a budget of 0: every
-threshold once usage > 0). Alerts are sent only by create and update, never by read, so a
-`pulumi refresh`/`preview --refresh` whose state is not saved sends nothing: Diff reports a
-change while a crossed threshold is not yet in `thresholds_alerted` and a webhook is set, and
-the Update of that `up` POSTs each such threshold once as JSON `{"environment", "threshold",
-"budget_usd", "usage_usd", "effective_limit_usd", "limit_reached"}`. A threshold counts as
-alerted only after a 2xx answer, so a failed delivery is retried at the next `up`. Schedule
-`pulumi up --refresh` to get alerts. When usage falls back under a threshold (new month), it
-leaves both lists and can alert again. The webhook URL is a secret input and output and is
-never logged (delivery failures are reported without it).
+Our side (Modal has no thresholds or webhooks): `thresholds` (fractions of the budget) are kept
+here and reported: create, update and read (refresh) compute `thresholds_crossed` = the
+thresholds t with usage >= t * budget (with a budget of 0: every threshold once usage > 0), for
+information only. Nothing here posts alerts: delivery is the spend watcher's job, a scheduled
+Modal function the stack deploys into the environment (watchers/spend_alerts.py, wired by
+`ServingEnvironment`), which reads the same budget RPC and posts each newly crossed threshold
+once. So Diff depends on the inputs only, and an `up` with unchanged inputs changes nothing,
+whatever the usage or the webhook's state. State written by earlier versions (`webhook_url`,
+`thresholds_alerted`) is dropped by the next update and ignored until then.
 
 Id: the environment id (`en-...`); import with that id (the environment name is taken from
 Modal, so importing under the wrong environment name shows as a replace and fails). Read
@@ -27,11 +25,7 @@ reports a cleared budget or a deleted environment as gone.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,12 +47,12 @@ from ._base import (
     environment_name,
     is_unknown,
     plain,
-    secret_output,
 )
+from .app import AppArgs, AppProvider
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendAlert"  # noqa: S105 (a Pulumi type token)
+WATCH_TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendWatch"  # noqa: S105 (a Pulumi type token)
 DEFAULT_THRESHOLDS = (0.5, 0.8, 1.0)
-WEBHOOK_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -70,7 +64,6 @@ class SpendAlertArgs:
     thresholds: pulumi.Input[Sequence[pulumi.Input[float]]] = field(
         default_factory=lambda: list(DEFAULT_THRESHOLDS)
     )
-    webhook_url: pulumi.Input[str] | None = None
 
 
 #: The one threshold rule (issue 14.6): a fraction of the budget in (0, MAX_THRESHOLD].
@@ -96,12 +89,6 @@ def threshold_problem(t: Any) -> str | None:
 def _thresholds(props: Mapping[str, Any]) -> list[float]:
     raw = props.get("thresholds")
     return sorted(float(t) for t in (raw if raw is not None else DEFAULT_THRESHOLDS))
-
-
-def _pending_alerts(props: Mapping[str, Any]) -> list[float]:
-    """Crossed thresholds (as last read) that no webhook has been told about yet."""
-    alerted = {float(t) for t in (props.get("thresholds_alerted") or [])}
-    return [float(t) for t in (props.get("thresholds_crossed") or []) if float(t) not in alerted]
 
 
 class SpendAlertProvider(ModalProvider):
@@ -148,32 +135,20 @@ class SpendAlertProvider(ModalProvider):
                     thresholds
                 ):
                     failures.append(CheckFailure("thresholds", "thresholds must not repeat"))
-        url = news.get("webhook_url")
-        if (
-            url not in (None, "")
-            and not is_unknown(url)
-            and not (isinstance(url, str) and url.startswith(("https://", "http://")))
-        ):
-            failures.append(CheckFailure("webhook_url", "webhook_url must be an http(s) URL"))
         news = dict(news)
         if news.get("thresholds") is None:
             news["thresholds"] = list(DEFAULT_THRESHOLDS)
-        if news.get("webhook_url") == "":
-            del news["webhook_url"]  # "" means no webhook, like None
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         env = news.get("environment")
         replaces = ["environment"] if is_unknown(env) or env != olds.get("environment") else []
         changes = bool(replaces)
-        for key in ("monthly_budget_usd", "webhook_url"):
-            new, old = plain(news.get(key)), plain(olds.get(key))
-            if is_unknown(new) or (new if new != "" else None) != (old if old != "" else None):
-                changes = True
+        new, old = plain(news.get("monthly_budget_usd")), plain(olds.get("monthly_budget_usd"))
+        if is_unknown(new) or new != old:
+            changes = True
         if is_unknown(news.get("thresholds")) or _thresholds(news) != _thresholds(olds):
             changes = True
-        if _pending_alerts(olds) and plain(news.get("webhook_url")):
-            changes = True  # a crossed threshold still has to be alerted: the update sends it
         return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     @staticmethod
@@ -204,87 +179,36 @@ class SpendAlertProvider(ModalProvider):
             await _rpc.environment_set_budget(client, eid, budget)
             return eid, await _rpc.environment_get_budget(client, eid)
 
-        return self.run(
-            action, self._target(props), go, secrets=[str(plain(props.get("webhook_url")) or "")]
-        )
+        return self.run(action, self._target(props), go)
 
-    def _outputs(
-        self,
-        props: Mapping[str, Any],
-        status: Any,
-        already_alerted: list[float],
-        env_name: str,
-        send: bool = True,
-    ) -> dict[str, Any]:
+    @staticmethod
+    def _outputs(props: Mapping[str, Any], status: Any) -> dict[str, Any]:
         budget = float(status.cycle_budget_dollars)
         usage = float(status.current_cycle_usage)
         thresholds = _thresholds(props)
-        crossed = [t for t in thresholds if usage >= t * budget and (budget > 0 or usage > 0)]
-        alerted = [t for t in already_alerted if t in crossed]
-        url = plain(props.get("webhook_url"))
-        if url and send:
-            for t in crossed:
-                if t not in alerted and self._post(
-                    str(url),
-                    {
-                        "environment": env_name,
-                        "threshold": t,
-                        "budget_usd": budget,
-                        "usage_usd": usage,
-                        "effective_limit_usd": float(status.effective_cycle_spend_limit),
-                        "limit_reached": bool(status.spend_limit_reached),
-                    },
-                ):
-                    alerted.append(t)
-        outs: dict[str, Any] = {
+        return {
             "environment": props.get("environment"),
             "monthly_budget_usd": budget,
             "thresholds": thresholds,
             "current_usage_usd": usage,
             "effective_limit_usd": float(status.effective_cycle_spend_limit),
             "limit_reached": bool(status.spend_limit_reached),
-            "thresholds_crossed": crossed,
-            "thresholds_alerted": sorted(alerted),
+            "thresholds_crossed": [
+                t for t in thresholds if usage >= t * budget and (budget > 0 or usage > 0)
+            ],
         }
-        if url:
-            outs["webhook_url"] = secret_output(str(url))
-        return outs
-
-    def _post(self, url: str, payload: dict[str, Any]) -> bool:
-        body = json.dumps(payload).encode()
-        req = urllib.request.Request(  # noqa: S310 (scheme checked in check())
-            url, data=body, method="POST", headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=WEBHOOK_TIMEOUT_S) as resp:  # noqa: S310
-                ok = 200 <= resp.status < 300
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = type(e).__name__
-            if isinstance(e, urllib.error.HTTPError):
-                reason = f"HTTP {e.code}"
-            print(
-                f"SpendAlert environment '{payload['environment']}': alert for threshold"
-                f" {payload['threshold']} not delivered to the webhook ({reason}); it will be"
-                " retried at the next refresh/up.",
-                file=sys.stderr,
-            )
-            return False
-        return ok
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         previous: list[float | None] = []
         env_id, status = self._apply(props, None, "set", previous)
-        outs = self._outputs(props, status, [], environment_name(props) or "<default>")
+        outs = self._outputs(props, status)
         outs["environment_id"] = env_id
         outs["previous_budget_usd"] = previous[0] if previous else None
         return CreateResult(env_id, outs)
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         _, status = self._apply(news, id_, "update")
-        already = [float(t) for t in (olds.get("thresholds_alerted") or [])]
-        if plain(news.get("webhook_url")) != plain(olds.get("webhook_url")):
-            already = []  # a new destination has been told nothing yet
-        outs = self._outputs(news, status, already, environment_name(news) or "<default>")
+        outs = self._outputs(news, status)
         outs["environment_id"] = id_
         outs["previous_budget_usd"] = olds.get("previous_budget_usd")
         return UpdateResult(outs)
@@ -302,18 +226,12 @@ class SpendAlertProvider(ModalProvider):
                 return None, ""
             return status, item.name
 
-        status, env = self.run(
-            "read",
-            f"{self._target(props)} ({id_})",
-            go,
-            secrets=[str(plain(props.get("webhook_url")) or "")],
-        )
+        status, env = self.run("read", f"{self._target(props)} ({id_})", go)
         if status is None or not status.HasField("cycle_budget_dollars"):
             return ReadResult("", {})
-        already = [float(t) for t in (props.get("thresholds_alerted") or [])]
         # The id decides the environment: a declared name that differs shows as a replace.
         live_props = {**props, "environment": env}
-        outs = self._outputs(live_props, status, already, env, send=False)
+        outs = self._outputs(live_props, status)
         outs["environment_id"] = id_
         outs["previous_budget_usd"] = props.get("previous_budget_usd")
         inputs: dict[str, Any] = {
@@ -321,8 +239,6 @@ class SpendAlertProvider(ModalProvider):
             "monthly_budget_usd": float(status.cycle_budget_dollars),
             "thresholds": _thresholds(props),
         }
-        if props.get("webhook_url"):
-            inputs["webhook_url"] = secret_output(str(plain(props["webhook_url"])))
         return ReadResult(id_, outs, inputs)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
@@ -349,13 +265,11 @@ class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
     environment: pulumi.Output[str]
     monthly_budget_usd: pulumi.Output[float]
     thresholds: pulumi.Output[list[float]]
-    webhook_url: pulumi.Output[str]
     environment_id: pulumi.Output[str]
     current_usage_usd: pulumi.Output[float]
     effective_limit_usd: pulumi.Output[float]
     limit_reached: pulumi.Output[bool]
     thresholds_crossed: pulumi.Output[list[float]]
-    thresholds_alerted: pulumi.Output[list[float]]
     previous_budget_usd: pulumi.Output[float | None]
 
     def __init__(
@@ -365,21 +279,55 @@ class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
             "environment": args.environment,
             "monthly_budget_usd": args.monthly_budget_usd,
             "thresholds": args.thresholds,
-            "webhook_url": pulumi.Output.secret(args.webhook_url)
-            if args.webhook_url is not None
-            else None,
             "environment_id": None,
             "current_usage_usd": None,
             "effective_limit_usd": None,
             "limit_reached": None,
             "thresholds_crossed": None,
-            "thresholds_alerted": None,
             "previous_budget_usd": None,
         }
-        opts = pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(additional_secret_outputs=["webhook_url"])
-        )
         super().__init__(SpendAlertProvider(), resource_name, props, opts)
+
+
+class SpendWatchProvider(AppProvider):
+    """The spend watcher app (watchers/spend_alerts.py): an `App` in every respect (deploy by
+    path, diff on spec/source, stop on delete), under its own type so it is never counted or
+    mistaken for a serving app."""
+
+    kind = "SpendWatch"
+    type_token = WATCH_TYPE_TOKEN
+
+
+class SpendWatch(pulumi.dynamic.Resource, module="modal", name="SpendWatch"):
+    """The deployed spend watcher (an App: same inputs and outputs)."""
+
+    name: pulumi.Output[str]
+    environment: pulumi.Output[str]
+    app_file: pulumi.Output[str]
+    spec_json: pulumi.Output[str]
+    app_id: pulumi.Output[str]
+    version: pulumi.Output[int]
+    source_digest: pulumi.Output[str]
+
+    def __init__(
+        self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        props: dict[str, Any] = {
+            "name": args.name,
+            "environment": args.environment,
+            "app_file": args.app_file,
+            "spec_json": args.spec_json,
+            "extra_env": args.extra_env,
+            "spec_digest": args.spec_digest,
+            "adopt": args.adopt,
+            "app_id": None,
+            "web_url": None,
+            "version": None,
+            "source_digest": None,
+            "adopted": None,
+            "read_back_error": None,
+        }
+        super().__init__(SpendWatchProvider(), resource_name, props, opts)
 
 
 __all__ = [
@@ -387,5 +335,7 @@ __all__ = [
     "SpendAlert",
     "SpendAlertArgs",
     "SpendAlertProvider",
+    "SpendWatch",
+    "SpendWatchProvider",
     "threshold_problem",
 ]

@@ -108,6 +108,7 @@ _STATUS = {
     "ALREADY_EXISTS": Status.ALREADY_EXISTS,
     "INVALID_ARGUMENT": Status.INVALID_ARGUMENT,
     "FAILED_PRECONDITION": Status.FAILED_PRECONDITION,
+    "PERMISSION_DENIED": Status.PERMISSION_DENIED,
     "INTERNAL": Status.INTERNAL,
 }
 
@@ -129,12 +130,19 @@ class ServicerBase(ModalClientBase):
         self.runtime = runtime
         self.task_id = task_id  # a container's own socket: no token, calls come from it
 
-    def _authenticate(self, method: str, metadata: dict[str, str]) -> None:
+    def _authenticate(self, method: str, metadata: dict[str, str]) -> Any:
+        """None for the workspace token (or a container's own calls), or the service user
+        whose token was sent (its role is checked per call: emulator/models/service_users.py).
+        A container may send a service user's token too (`Client.from_credentials`)."""
         cfg = self.config
-        if cfg.token_id is None or cfg.token_secret is None or self.task_id:
-            return
         token_id = metadata.get("x-modal-token-id", "")
         token_secret = metadata.get("x-modal-token-secret", "")
+        if token_id.startswith("ak-") and token_id != cfg.token_id:
+            service_user = self.state.service_users.authenticate(token_id, token_secret)
+            if service_user is not None:
+                return service_user
+        if cfg.token_id is None or cfg.token_secret is None or self.task_id:
+            return None
         ok = hmac.compare_digest(token_id.encode(), cfg.token_id.encode()) and hmac.compare_digest(
             token_secret.encode(), cfg.token_secret.encode()
         )
@@ -147,11 +155,12 @@ class ServicerBase(ModalClientBase):
                 "by this emulator. Use the --token-id/--token-secret it was started with "
                 "(MODAL_TOKEN_ID / MODAL_TOKEN_SECRET).",
             )
+        return None
 
     async def _dispatch(self, method: str, stream: Stream[Any, Any]) -> None:
         self.counter.add(method)
         metadata = {str(k): str(v) for k, v in stream.metadata.items()} if stream.metadata else {}
-        self._authenticate(method, metadata)
+        service_user = self._authenticate(method, metadata)
         fn = REGISTRY.get(method)
         if fn is None:
             log.info("%s: not implemented (answered UNIMPLEMENTED)", method)
@@ -161,6 +170,12 @@ class ServicerBase(ModalClientBase):
                 "the RPCs it serves.",
             )
         request = await self._recv_request(method, stream)
+        if service_user is not None:
+            try:
+                self.state.service_users.check_call(service_user, method, request)
+            except EmulatorError as exc:
+                log.info("%s: %s: %s", method, exc.status_name, exc)
+                raise GRPCError(_STATUS[exc.status_name], str(exc)) from None
         await _inject_fault(method, "before")
         ctx = Context(
             state=self.state,

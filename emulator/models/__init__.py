@@ -6,9 +6,11 @@ from collections.abc import Callable
 
 from emulator.models.apps import DEFAULT_HEARTBEAT_TIMEOUT, App, Apps
 from emulator.models.artifacts import Blobs, Images, Mounts
+from emulator.models.dicts import Dicts
 from emulator.models.environments import Environments
 from emulator.models.functions import check_web_label
 from emulator.models.secrets import Secrets
+from emulator.models.service_users import ServiceUsers
 from emulator.models.tokens import ProxyTokens
 from emulator.models.volumes import Volumes
 from emulator.store import Store
@@ -31,6 +33,8 @@ class State:
         self.secrets = Secrets(store, self.environments)
         self.volumes = Volumes(store, self.environments)
         self.tokens = ProxyTokens(store, self.environments)
+        self.dicts = Dicts(store, self.environments)  # in memory (emulator/models/dicts.py)
+        self.service_users = ServiceUsers(self.environments)  # in memory, like dicts
         self.apps = Apps(store, self.environments, heartbeat_timeout)
         self.images = Images(store)
         self.blobs = Blobs(store)
@@ -76,6 +80,8 @@ class State:
 
     def reset(self) -> None:
         self.store.reset()
+        self.dicts.reset()
+        self.service_users.reset()
         self.environments.ensure_default()
 
 

@@ -134,6 +134,6 @@ def test_unknown_ids_are_not_found(modal_env: EmulatorProcess) -> None:
 def test_unimplemented_methods_are_named(modal_env: EmulatorProcess) -> None:
     with pytest.raises(UnimplementedError, match="QueueGetOrCreate is not implemented"):
         raw_rpc("QueueGetOrCreate", api_pb2.QueueGetOrCreateRequest(deployment_name="q"))
-    with pytest.raises(UnimplementedError, match="DictGetOrCreate"):
-        modal.Dict.from_name("d", create_if_missing=True).hydrate()
+    with pytest.raises(UnimplementedError, match="DictContents"):
+        list(modal.Dict.from_name("d", create_if_missing=True).keys())
     assert modal_env.rpc_counts()["QueueGetOrCreate"] == 1

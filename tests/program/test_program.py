@@ -17,6 +17,12 @@ from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
 from components.config import DEFAULTS, HF_TOKEN_SECRET_NAME, PROJECT
+from components.llm_service import (
+    SPEND_WATCH_APP_FILE,
+    SPEND_WATCH_APP_NAME,
+    SPEND_WATCH_SECRET_NAME,
+    SPEND_WEBHOOK_ENV,
+)
 from serving.spec import ServingSpec
 from tests.program.runner import (
     PROJECT_ROOT,
@@ -130,7 +136,8 @@ def test_stack_file_holds_no_secret_in_clear(stack: str) -> None:
     config = _stack_yaml(stack)
     for key, value in config.items():
         assert key.startswith((NS, "modal:")), f"{key}: unknown namespace"
-        if key.rsplit(":", 1)[1] in {"hfToken", "alertWebhookUrl", "tokenSecret"}:
+        secret_keys = {"hfToken", "alertWebhookUrl", "alertWatchToken", "tokenSecret"}
+        if key.rsplit(":", 1)[1] in secret_keys:
             assert isinstance(value, dict) and set(value) == {"secure"}, f"{key} in clear"
 
 
@@ -155,12 +162,14 @@ def test_resources_created(stack_run: tuple[str, ProgramRun]) -> None:
         ENV_COMPONENT: 1,
         SERVICE_COMPONENT: n,
         "modal:Environment": 1,
-        "modal:Secret": n + (0 if stack == "local" else 1),  # api-keys (+ HF token)
+        # api-keys (+ HF token and the spend watcher's secret where a webhook is set)
+        "modal:Secret": n + (0 if stack == "local" else 2),
         "modal:Volume": 2 * n,
         "modal:ProxyAuthToken": 1,
         "modal:SpendAlert": 1,
         "modal:App": n,
         "llm:ApiKey": n * len(key_names),
+        **({} if stack == "local" else {"modal:SpendWatch": 1}),
     }
 
 
@@ -173,9 +182,17 @@ def test_parents_and_environment_wiring(stack_run: tuple[str, ProgramRun]) -> No
     for r in run.resources:
         if r.short_type in (ENV_COMPONENT, SERVICE_COMPONENT):
             assert _parent_type(run, r) == "stack", r.name
-        elif r.short_type in ("modal:Environment", "modal:ProxyAuthToken", "modal:SpendAlert"):
+        elif r.short_type in (
+            "modal:Environment",
+            "modal:ProxyAuthToken",
+            "modal:SpendAlert",
+            "modal:SpendWatch",
+        ):
             assert _parent_type(run, r) == ENV_COMPONENT, r.name
-        elif r.short_type == "modal:Secret" and r.inputs["name"] == HF_TOKEN_SECRET_NAME:
+        elif r.short_type == "modal:Secret" and r.inputs["name"] in (
+            HF_TOKEN_SECRET_NAME,
+            SPEND_WATCH_SECRET_NAME,
+        ):
             assert _parent_type(run, r) == ENV_COMPONENT
         else:
             assert _parent_type(run, r) == SERVICE_COMPONENT, r.name
@@ -241,12 +258,28 @@ def test_spend_alert_and_hf_secret(stack_run: tuple[str, ProgramRun]) -> None:
     pct = config.get(NS + "alertThresholdsPct", DEFAULTS["alertThresholdsPct"])
     assert alert.inputs["thresholds"] == [p / 100 for p in pct]
     hf = [s for s in run.of_type("modal:Secret") if s.inputs["name"] == HF_TOKEN_SECRET_NAME]
+    assert "webhook_url" not in alert.inputs  # the SpendAlert never posts (issue 14 item 7)
+    watch_secret = [
+        s for s in run.of_type("modal:Secret") if s.inputs["name"] == SPEND_WATCH_SECRET_NAME
+    ]
     if stack == "local":
-        assert not hf and alert.inputs.get("webhook_url") is None
+        assert not hf and not watch_secret and not run.of_type("modal:SpendWatch")
     else:
         assert rpc.is_rpc_secret(hf[0].inputs["values"]), "HF token must reach Modal as secret"
         assert _plain(hf[0].inputs["values"]) == {"HF_TOKEN": TEST_SECRETS[NS + "hfToken"]}
-        assert rpc.is_rpc_secret(alert.inputs["webhook_url"])
+        # The webhook reaches Modal only inside the watcher's secret, as a secret.
+        assert rpc.is_rpc_secret(watch_secret[0].inputs["values"])
+        assert _plain(watch_secret[0].inputs["values"]) == {
+            SPEND_WEBHOOK_ENV: TEST_SECRETS[NS + "alertWebhookUrl"]
+        }
+        (watch,) = run.of_type("modal:SpendWatch")
+        assert watch.inputs["app_file"] == SPEND_WATCH_APP_FILE
+        assert watch.inputs["name"] == SPEND_WATCH_APP_NAME
+        assert watch_secret[0].urn in watch.dependencies and alert.urn in watch.dependencies
+        spec = json.loads(watch.inputs["spec_json"])
+        assert spec["thresholds"] == alert.inputs["thresholds"]
+        assert spec["secret"] == SPEND_WATCH_SECRET_NAME
+        assert spec["environment"] == config[NS + "environment"]
 
 
 def test_outputs(stack_run: tuple[str, ProgramRun]) -> None:
@@ -591,3 +624,29 @@ def test_namespace_is_the_project_name() -> None:
     assert run.output("environment") == "dev"
     (token,) = run.of_type("modal:ProxyAuthToken")
     assert token.inputs["name"] == "my-llms-dev-gateway"
+
+
+def test_spend_watch_token_reaches_only_the_watchers_secret() -> None:
+    """Issue 14 item 7: `alertWatchToken` (`<id>:<secret>` of a viewer service user) lands in
+    the `spend-watch` secret only; malformed values fail without echoing them."""
+    from pulumi_standin.values import Secret as Plain
+
+    token = "ak-watch0123:as-watchsecret0123"
+    run = run_program("dev", *_with_secrets("dev", alertWatchToken=Plain(token)))
+    (watch_secret,) = [
+        s for s in run.of_type("modal:Secret") if s.inputs["name"] == SPEND_WATCH_SECRET_NAME
+    ]
+    assert _plain(watch_secret.inputs["values"]) == {
+        SPEND_WEBHOOK_ENV: TEST_SECRETS[NS + "alertWebhookUrl"],
+        "SPEND_WATCH_TOKEN_ID": "ak-watch0123",
+        "SPEND_WATCH_TOKEN_SECRET": "as-watchsecret0123",
+    }
+    others = [r for r in run.resources if r.urn != watch_secret.urn]
+    assert "as-watchsecret0123" not in json.dumps([r.inputs for r in others], default=str)
+    for key, bad, expected in (
+        ("alertWatchToken", "no-colon-secret", "must be '<token id>:<token secret>'"),
+        ("alertWebhookUrl", "ftp://h/tok-123", "must be an http(s) URL"),
+    ):
+        with pytest.raises((pulumi.RunError, ValueError)) as info:
+            run_program("dev", *_with_secrets("dev", **{key: Plain(bad)}))
+        assert f"{key} {expected}" in str(info.value) and bad not in str(info.value)

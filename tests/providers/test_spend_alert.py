@@ -1,4 +1,4 @@
-"""SpendAlert provider: Modal's environment budget plus our thresholds and webhook alerts."""
+"""SpendAlert provider: Modal's environment budget plus our thresholds (reported, not posted)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,15 @@ from tests.harness.emulator import EmulatorProcess
 from tests.harness.provider_server import (
     Engine,
     ProviderServer,
-    Secret,
     lifecycle,
-    reveal,
 )
-from tests.providers.helpers import Webhook, rpc_delta
+from tests.providers.helpers import Webhook, mutating_calls, rpc_delta
 
 P = SpendAlertProvider()
-SECRET_OUT = ("webhook_url",)
 
 
-def inputs(
-    budget: float = 100.0, env: str = "main", webhook: str | None = None, **kw: object
-) -> dict[str, object]:
-    d: dict[str, object] = {"environment": env, "monthly_budget_usd": budget, **kw}
-    if webhook is not None:
-        d["webhook_url"] = Secret(webhook)
-    return d
+def inputs(budget: float = 100.0, env: str = "main", **kw: object) -> dict[str, object]:
+    return {"environment": env, "monthly_budget_usd": budget, **kw}
 
 
 def budget_of(emu: EmulatorProcess, env: str = "main") -> float | None:
@@ -58,78 +50,35 @@ def test_lifecycle_sets_updates_and_clears_the_budget(
     assert budget_of(emulator) is None
 
 
-def test_refresh_reports_usage_and_up_alerts_each_threshold_once(
-    engine: Engine, emulator: EmulatorProcess, webhook: Webhook
+def test_crossed_thresholds_are_reported_and_an_up_never_posts_or_mutates(
+    engine: Engine, emulator: EmulatorProcess, webhook: Webhook, srv: ProviderServer
 ) -> None:
-    engine.up("b", P, inputs(100, webhook=webhook.url), secret_outputs=SECRET_OUT)
-    assert webhook.bodies == []
-    emulator.set_usage("main", 55)
+    """Issue 14 item 7: delivery is the spend watcher's (tests/providers/test_spend_watch.py);
+    the provider only reports, so an `up` with unchanged inputs is a no-op whatever the usage,
+    even for a state written by the version that posted (webhook_url, a pending threshold)."""
+    engine.up("b", P, inputs(100, thresholds=[0.5, 1.0]))
+    emulator.set_usage("main", 120)
     assert engine.refresh("b") == "update"
     out = engine.states["b"].outputs
-    assert out["current_usage_usd"] == 55 and out["thresholds_crossed"] == [0.5]
-    assert webhook.bodies == []  # refresh only reads (review finding 10)
-    assert engine.preview("b", P, inputs(100, webhook=webhook.url)) == "update"
+    assert out["current_usage_usd"] == 120 and out["limit_reached"] is True
+    assert out["thresholds_crossed"] == [0.5, 1.0]
+    assert "thresholds_alerted" not in out and "webhook_url" not in out
+    before = emulator.rpc_counts()
+    assert engine.up("b", P, inputs(100, thresholds=[0.5, 1.0])) == "same"
+    assert mutating_calls(before, emulator.rpc_counts()) == {}
+    # A state from the posting version: the old webhook and an unsent threshold change nothing.
+    old = {**out, "webhook_url": webhook.url, "thresholds_alerted": [0.5]}
+    diff = srv.diff(P, engine.states["b"].id, old, inputs(100, thresholds=[0.5, 1.0]))
+    assert diff.changes == "none"
     assert webhook.bodies == []
-    assert engine.up("b", P, inputs(100, webhook=webhook.url)) == "update"
-    assert [b["threshold"] for b in webhook.bodies] == [0.5]
-    assert webhook.bodies[0] == {
-        "environment": "main",
-        "threshold": 0.5,
-        "budget_usd": 100.0,
-        "usage_usd": 55.0,
-        "effective_limit_usd": 100.0,
-        "limit_reached": False,
-    }
-    engine.refresh("b")
-    assert engine.preview("b", P, inputs(100, webhook=webhook.url)) == "same"  # all alerted
-    emulator.set_usage("main", 120)
-    engine.refresh("b")
-    engine.up("b", P, inputs(100, webhook=webhook.url))
-    out = engine.states["b"].outputs
-    assert out["limit_reached"] is True and out["thresholds_crossed"] == [0.5, 0.8, 1.0]
-    assert [b["threshold"] for b in webhook.bodies] == [0.5, 0.8, 1.0]
-    assert isinstance(out["webhook_url"], Secret)
-
-
-def test_refresh_never_posts_so_unsaved_refreshes_cannot_repeat_alerts(
-    engine: Engine, emulator: EmulatorProcess, webhook: Webhook, srv: ProviderServer
-) -> None:
-    """Review finding 10: `preview --refresh` runs Read but its state is never saved."""
-    engine.up("b", P, inputs(10, webhook=webhook.url, thresholds=[1.0]), secret_outputs=SECRET_OUT)
-    emulator.set_usage("main", 10)
-    st = engine.states["b"]
-    for _ in range(3):  # three unsaved refreshes (the engine state is not updated)
-        r = srv.read(P, st.id, state=st.outputs, inputs=st.inputs, secret_outputs=SECRET_OUT)
-        assert r.outputs["thresholds_crossed"] == [1.0]
-    assert webhook.bodies == []
-
-
-def test_failed_delivery_is_retried_at_next_up(
-    engine: Engine, emulator: EmulatorProcess, webhook: Webhook, srv: ProviderServer
-) -> None:
-    alert = inputs(10, webhook=webhook.url, thresholds=[1.0])
-    engine.up("b", P, alert, secret_outputs=SECRET_OUT)
-    webhook.status = 500
-    emulator.set_usage("main", 10)
-    engine.refresh("b")
-    assert engine.up("b", P, alert) == "update"
-    assert engine.states["b"].outputs["thresholds_crossed"] == [1.0]
-    assert engine.states["b"].outputs["thresholds_alerted"] == []
-    assert "not delivered to the webhook (HTTP 500)" in srv.logs()
-    webhook.status = 200
-    assert engine.up("b", P, alert) == "update"
-    assert engine.states["b"].outputs["thresholds_alerted"] == [1.0]
-    assert len(webhook.bodies) == 1
-    assert engine.preview("b", P, alert) == "same"
 
 
 def test_zero_budget_crosses_nothing_until_there_is_usage(
-    engine: Engine, emulator: EmulatorProcess, webhook: Webhook
+    engine: Engine, emulator: EmulatorProcess
 ) -> None:
     """Review finding 8: 0 >= t * 0 held for every threshold at zero usage."""
-    engine.up("b", P, inputs(0, webhook=webhook.url), secret_outputs=SECRET_OUT)
+    engine.up("b", P, inputs(0))
     assert engine.states["b"].outputs["thresholds_crossed"] == []
-    assert webhook.bodies == []
     emulator.set_usage("main", 0.01)
     engine.refresh("b")
     assert engine.states["b"].outputs["thresholds_crossed"] == [0.5, 0.8, 1.0]
@@ -194,9 +143,9 @@ def test_existing_budget_drift_and_noop(engine: Engine, modal_env: EmulatorProce
 
 
 def test_check_failures(srv: ProviderServer) -> None:
-    f = srv.check(P, inputs(-5, thresholds=[0, 0.5, 1.6], webhook="ftp://x")).failures
+    f = srv.check(P, inputs(-5, thresholds=[0, 0.5, 1.6])).failures
     props = sorted({p for p, _ in f})
-    assert props == ["monthly_budget_usd", "thresholds", "webhook_url"]
+    assert props == ["monthly_budget_usd", "thresholds"]
     reasons = " ".join(r for p, r in f if p == "thresholds")
     assert "0 is outside (0, 1.5]" in reasons and "1.6 is outside (0, 1.5]" in reasons
     assert srv.check(P, inputs(10, thresholds=[0.5, 0.5])).failures
@@ -207,9 +156,3 @@ def test_check_failures(srv: ProviderServer) -> None:
     assert srv.check(P, inputs(10, thresholds=[1.5, 0.01])).failures == []
     chk = srv.check(P, inputs(0))
     assert chk.failures == [] and chk.inputs["thresholds"] == [0.5, 0.8, 1.0]
-    chk = srv.check(P, inputs(5, webhook=""))  # "" = no webhook (unset secret config)
-    assert chk.failures == [] and "webhook_url" not in chk.inputs
-    assert (
-        reveal(srv.check(P, inputs(1, webhook="https://h/x")).inputs["webhook_url"])
-        == "https://h/x"
-    )
