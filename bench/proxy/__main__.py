@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             results["latency"] = measure_latency(lat_targets, lat_pids, n_latency, reps)
         if "streams" in parts:
             stub.configure(token_delay_ms=TOKEN_DELAY_MS)
+            lat_pids["direct"] = pids["direct"] = stub.pid  # a restart: new process, same port
             results["streams"] = measure_streams(
                 lat_targets, lat_pids, levels, duration, warmup, reps
             )

@@ -36,7 +36,7 @@ from typing import Any
 from serving.proxy.upstream import UpstreamClient
 
 AUTH = [(b"authorization", b"Bearer sk-bench-0123456789"), (b"content-type", b"application/json")]
-CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "bench me please"}]}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "bench me please"}]}
 # 68 bytes: the small request. 64 KiB: a realistic chat with some context.
 BODIES = {
     "68B": json.dumps({"model": "m", "messages": [{"role": "user", "content": "say two words"}]},
