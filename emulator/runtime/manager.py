@@ -674,6 +674,8 @@ class Runtime:
 
     def _on_exit(self, c: ct.Container) -> None:
         self._release_socket(c.task_id)
+        if self.edge is not None:
+            self.edge.forget(c.task_id)
         expected = c.stop_requested or self._closing
         was = c.state
         if not expected and not c.failure:

@@ -115,8 +115,9 @@ def test_preview_up_noop_destroy(emulator: EmulatorProcess, tmp_path: Path) -> N
     app = next(a for a in modal["apps"] if a["name"] == "tiny")
     outs = _outputs(applied)
     endpoint = json.loads(outs["endpoint_url"])
-    assert endpoint.startswith("https://") and "mock-workspace" not in endpoint
-    assert "tiny" in endpoint
+    # the emulator's edge URL of the endpoint Modal would call https://...--tiny-....modal.run
+    labels = [k for k, port in emulator.edge_ports().items() if endpoint.endswith(f":{port}")]
+    assert endpoint.startswith("http://127.0.0.1:") and len(labels) == 1 and "tiny" in labels[0]
     assert json.loads(outs["proxy_token_id"]) in {t["id"] for t in modal["proxy_tokens"]}
     assert f'"app_id": "{app["id"]}"' in applied
     assert outs["proxy_token_secret"] == "[secret]" and outs["api_keys"] == "[secret]"

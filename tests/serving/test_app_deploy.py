@@ -137,7 +137,9 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
 
     url = modal.Server.from_name(app_name, SERVER_NAME).get_url()
     assert url is not None
-    assert url.startswith("https://") and app_name.lower() in url.lower()
+    # the emulator's edge URL of the endpoint Modal names https://...--<app>-<server>.modal.run
+    labels = [k for k, port in modal_env.edge_ports().items() if url.endswith(f":{port}")]
+    assert len(labels) == 1 and app_name.lower() in labels[0]
 
     state = modal_env.state()
     # the image: pinned engine base, no entrypoint, proxy deps, spec env, then the spec file
