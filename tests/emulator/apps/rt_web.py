@@ -2,7 +2,7 @@
 
 GET / -> RT_MESSAGE plus the container's task id; GET /sleep?s=N sleeps N seconds first;
 GET /env?k=NAME -> that env var; POST /echo -> the body; GET /stream -> 3 chunks;
-POST /write?name=N -> writes the body to /data/N; GET /read?name=N -> reads /data/N;
+POST /write?name=N -> writes the body to /tmp/rt-data/N; GET /read?name=N -> reads it;
 GET /crash -> the process exits (its container's port dies); POST /v1/chat/completions ->
 an OpenAI-shaped answer echoing the last message (for client libraries such as LiteLLM).
 """
@@ -38,7 +38,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, "\n".join(f"{k}: {v}" for k, v in self.headers.items()).encode())
         elif url.path == "/read":
             try:
-                with open(f"/data/{q['name']}", "rb") as f:
+                with open(f"/tmp/rt-data/{q['name']}", "rb") as f:
                     self._send(200, f.read())
             except FileNotFoundError:
                 self._send(404, b"missing")
@@ -64,7 +64,7 @@ class Handler(BaseHTTPRequestHandler):
         q = dict(urllib.parse.parse_qsl(url.query))
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
         if url.path == "/write":
-            with open(f"/data/{q['name']}", "wb") as f:
+            with open(f"/tmp/rt-data/{q['name']}", "wb") as f:
                 f.write(body)
             self._send(200, b"written")
         elif url.path == "/v1/chat/completions":  # just enough OpenAI for a client library
