@@ -38,7 +38,7 @@ def _opt(name: str) -> int | None:
     scaledown_window=_opt("RT_SCALEDOWN"),
     startup_timeout=_opt("RT_STARTUP") or 30,
     unauthenticated=os.environ.get("RT_UNAUTH") == "1",
-    volumes={"/tmp/rt-data": vol},  # noqa: S108 (a mount point under /tmp, not at / on the host)
+    volumes={"/tmp/rt-data": vol},  # a mount point under /tmp, not at / on the host
 )
 class Web:
     @modal.enter()
