@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from google.protobuf.empty_pb2 import Empty
 from modal_proto import api_pb2
 
@@ -123,6 +125,30 @@ def _normalized(data: bytes) -> bytes:
     return fd.SerializeToString(deterministic=True)
 
 
+def _inputs_fingerprint(ctx: Context, definition_ids: dict[str, str]) -> str:
+    """The secrets the definitions use, with their update times (never their values).
+
+    A container reads its secrets when it starts, so a deploy after a secret changed must
+    restart the containers even when the definitions are byte-identical: the project rotates
+    API keys this way, and a warm container would otherwise keep accepting a revoked key.
+    """
+    seen: dict[str, float] = {}
+    for def_id in definition_ids.values():
+        try:
+            data = ctx.state.apps.get_definition(def_id).data
+        except Exception:  # noqa: S112 (publish reports unknown definitions itself)
+            continue
+        for ranked in api_pb2.FunctionData.FromString(data).ranked_functions:
+            for secret_id in ranked.function.secret_ids:
+                if secret_id not in seen:
+                    try:
+                        seen[secret_id] = ctx.state.secrets.get(secret_id).updated_at
+                    except Exception:  # noqa: S112
+                        continue
+    text = "\n".join(f"{k}@{v!r}" for k, v in sorted(seen.items()))
+    return hashlib.sha256(text.encode()).hexdigest() if seen else ""
+
+
 def _same_definition(a: bytes, b: bytes) -> bool:
     """Equal definitions, whatever order the client listed the mounts in (it varies)."""
     return a == b or _normalized(a) == _normalized(b)
@@ -141,6 +167,7 @@ def AppPublish(ctx: Context, req: api_pb2.AppPublishRequest) -> api_pb2.AppPubli
         deployed_by=ctx.config.workspace,
         commit_hash=req.commit_info.commit_hash,
         commit_dirty=req.commit_info.dirty,
+        inputs_fingerprint=_inputs_fingerprint(ctx, dict(req.definition_ids)),
     )
     if ctx.state.apps.unchanged(req.app_id, publish, _same_definition):
         # A no-op redeploy: no new version, containers kept, and deployed_at == 0 (the

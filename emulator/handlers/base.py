@@ -329,7 +329,7 @@ class IdempotencyCache:
             return await asyncio.shield(entry[1])
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._entries[(method, key)] = (now, future)
-        if len(self._entries) > self.MAX_ENTRIES:
+        if len(self._entries) > self.MAX_ENTRIES + 1000:  # evict the oldest, in batches
             for old in list(self._entries)[: len(self._entries) - self.MAX_ENTRIES]:
                 del self._entries[old]
         try:

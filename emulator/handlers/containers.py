@@ -113,7 +113,12 @@ async def FunctionGetInputs(
             pool.notify()
     deadline = time.monotonic() + INPUT_POLL_SECONDS
     while True:
-        if container.stop_requested or container.state != "ready":
+        pool = runtime.pools.get(container.function_id)
+        outdated = pool is None or pool.retired or pool.definition.id != container.definition_id
+        if container.stop_requested or container.state != "ready" or outdated:
+            # an old version's container takes no new input after a redeploy: it leaves
+            # (running @exit) and new inputs wait for the new version's containers
+            container.stop_requested = True
             return api_pb2.FunctionGetInputsResponse(
                 inputs=[api_pb2.FunctionGetInputsItem(kill_switch=True)]
             )

@@ -76,6 +76,7 @@ class AppVersion:
     function_ids: dict[str, str] = field(default_factory=dict)
     class_ids: dict[str, str] = field(default_factory=dict)
     definition_ids: dict[str, str] = field(default_factory=dict)
+    inputs_fingerprint: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,9 @@ class PublishRequest:
     deployed_by: str = ""
     commit_hash: str = ""
     commit_dirty: bool = False
+    #: What the containers of this version read at start besides the definitions (the
+    #: secrets' ids and update times): a change makes a redeploy of equal definitions real.
+    inputs_fingerprint: str = ""
 
 
 def _version(row: sqlite3.Row) -> AppVersion:
@@ -122,6 +126,7 @@ def _version(row: sqlite3.Row) -> AppVersion:
         function_ids=layout.get("function_ids", {}),
         class_ids=layout.get("class_ids", {}),
         definition_ids=layout.get("definition_ids", {}),
+        inputs_fingerprint=layout.get("inputs_fingerprint", ""),
     )
 
 
@@ -343,6 +348,7 @@ class Apps:
                 "function_ids": req.function_ids,
                 "class_ids": req.class_ids,
                 "definition_ids": definition_ids,
+                "inputs_fingerprint": req.inputs_fingerprint,
             }
             db.execute(
                 "INSERT INTO app_versions (app_id, version, deployed_at, client_version,"
@@ -391,6 +397,8 @@ class Apps:
             current = self._get_version(db, app_id, row["version"])
             if current.function_ids != req.function_ids or current.class_ids != req.class_ids:
                 return False
+            if current.inputs_fingerprint != req.inputs_fingerprint:
+                return False  # e.g. a secret was updated: containers must restart to see it
             for fid in req.function_ids.values():
                 old_id = current.definition_ids.get(fid)
                 new_id_ = req.definition_ids.get(fid)

@@ -71,20 +71,33 @@ class Mount:
 class Images:
     def __init__(self, store: Store) -> None:
         self.store = store
+        # What the runtime needs to lay out a container (the layers below an image and the
+        # files a `COPY . /` step copies) lives beside the images table, so the `images`
+        # rows (and the state dump others read) keep their shape. Content-addressed like the
+        # images, so rows left after a reset are still right.
+        with self.store.tx() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS image_layers (image_id TEXT PRIMARY KEY,"
+                " base_ids TEXT NOT NULL, context_mount_id TEXT NOT NULL DEFAULT '')"
+            )
 
     @staticmethod
-    def _load(row: sqlite3.Row) -> Image:
-        spec = json.loads(row["spec"])
-        if isinstance(spec, list):  # rows written before base/context were recorded
-            spec = {"commands": spec}
+    def _load(row: sqlite3.Row, layers: sqlite3.Row | None = None) -> Image:
         return Image(
             id=row["id"],
-            commands=list(spec.get("commands", [])),
+            commands=json.loads(row["spec"]),
             built=bool(row["built"]),
             python_version=row["python_version"],
-            base_ids=tuple(spec.get("base_ids", [])),
-            context_mount_id=str(spec.get("context_mount_id", "")),
+            base_ids=tuple(json.loads(layers["base_ids"])) if layers is not None else (),
+            context_mount_id=str(layers["context_mount_id"]) if layers is not None else "",
         )
+
+    @staticmethod
+    def _layers(db: sqlite3.Connection, image_id: str) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = db.execute(
+            "SELECT * FROM image_layers WHERE image_id = ?", (image_id,)
+        ).fetchone()
+        return row
 
     def get_or_create(
         self,
@@ -117,31 +130,26 @@ class Images:
                 db.execute(
                     "INSERT INTO images (id, spec, built, created_at, python_version)"
                     " VALUES (?, ?, 0, ?, ?)",
-                    (
-                        image_id,
-                        json.dumps(
-                            {
-                                "commands": commands,
-                                "base_ids": list(base_image_ids or []),
-                                "context_mount_id": context_mount_id,
-                            }
-                        ),
-                        self.store.now(),
-                        python,
-                    ),
+                    (image_id, json.dumps(commands), self.store.now(), python),
                 )
             elif force_build:
                 db.execute("UPDATE images SET built = 0 WHERE id = ?", (image_id,))
+            db.execute(
+                "INSERT OR IGNORE INTO image_layers (image_id, base_ids, context_mount_id)"
+                " VALUES (?, ?, ?)",
+                (image_id, json.dumps(list(base_image_ids or [])), context_mount_id),
+            )
             row = db.execute("SELECT * FROM images WHERE id = ?", (image_id,)).fetchone()
-            return self._load(row)
+            return self._load(row, self._layers(db, image_id))
 
     def get(self, image_id: str) -> Image:
         check_id("image", image_id)
         with self.store.read() as db:
             row = db.execute("SELECT * FROM images WHERE id = ?", (image_id,)).fetchone()
+            layers = self._layers(db, image_id)
         if row is None:
             raise NotFound(f"Image {image_id!r} not found; create it with ImageGetOrCreate first.")
-        return self._load(row)
+        return self._load(row, layers)
 
     def mark_built(self, image_id: str) -> Image:
         with self.store.tx() as db:

@@ -315,6 +315,11 @@ class Edge:
         for task in list(self._bg):
             task.cancel()
 
+    def forget(self, task_id: str) -> None:
+        """A container is gone: close the connections kept alive to it."""
+        for _r, w in self._idle.pop(task_id, []):
+            w.close()
+
     def ports(self) -> dict[str, int]:
         return dict(self._ports)
 

@@ -48,6 +48,7 @@ from emulator.runtime.materialize import container_env, materialize, mount_ids_f
 log = logging.getLogger("emulator.runtime")
 
 AUTOSCALE_INTERVAL = 0.2
+RECONCILE_INTERVAL = 2.0
 DEFAULT_SCALEDOWN = 60.0
 DEFAULT_STARTUP_TIMEOUT = 300.0
 #: After a container failed to start, the pool waits 2 s before the next try, doubling per
@@ -259,14 +260,23 @@ class Runtime:
         self.logs.clear()
 
     async def _run(self) -> None:
+        last_reconcile = 0.0
+        woken = True
         while True:
             try:
-                self.reconcile()
+                # the deployed state is re-read when something woke the loop (a publish, a
+                # stop, a rollback, a reset) and at least every RECONCILE_INTERVAL (apps can
+                # also stop by heartbeat timeout or environment deletion)
+                if woken or time.monotonic() - last_reconcile > RECONCILE_INTERVAL:
+                    self.reconcile()
+                    last_reconcile = time.monotonic()
                 self.autoscale()
             except Exception:
                 log.exception("runtime: reconcile failed (will retry)")
+            woken = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), AUTOSCALE_INTERVAL)
+                woken = True
             self._wake.clear()
 
     # ---- desired state -------------------------------------------------------------------
@@ -674,6 +684,8 @@ class Runtime:
 
     def _on_exit(self, c: ct.Container) -> None:
         self._release_socket(c.task_id)
+        if self.edge is not None:
+            self.edge.forget(c.task_id)
         expected = c.stop_requested or self._closing
         was = c.state
         if not expected and not c.failure:

@@ -123,3 +123,16 @@ def test_a_crashing_function_container_fails_its_inputs(rt: EmulatorProcess) -> 
         call.get(timeout=30)
     assert time.monotonic() - started < 20
     assert slow.remote(0) == "done"  # a new container takes the next call
+
+
+def test_a_redeploy_after_a_secret_update_restarts_containers(rt: EmulatorProcess) -> None:
+    """Equal definitions but an updated secret: not a no-op (containers read secrets at start)."""
+    _deploy(rt)
+    read = modal.Function.from_name("rt-funcs", "secret_value")
+    assert read.remote() == "s3cr3t-value"
+    unchanged = modal_cli(rt, "deploy", FUNCS_APP).stdout
+    assert "Deployment skipped: no changes detected" in unchanged
+    modal_cli(rt, "secret", "create", "rt-secret", "RT_SECRET=rotated", "--force")
+    redeployed = modal_cli(rt, "deploy", FUNCS_APP).stdout
+    assert "Deployment skipped" not in redeployed
+    assert read.remote() == "rotated"  # the first call after the deploy: the new container

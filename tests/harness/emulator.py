@@ -218,8 +218,12 @@ class EmulatorProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM and wait; returns the exit code (0 on a clean shutdown)."""
+    def stop(self, timeout: float = 40.0) -> int:
+        """SIGTERM and wait; returns the exit code (0 on a clean shutdown).
+
+        The emulator first stops its containers (each gets `--stop-grace-s`, default 10 s, to
+        run `@modal.exit`), hence the generous default timeout.
+        """
         if self._proc is None:
             return 0
         if self._proc.poll() is None:

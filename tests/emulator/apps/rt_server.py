@@ -4,7 +4,7 @@ Env knobs (read at deploy time and baked into the definition through the image's
 RT_APP (app name), RT_MESSAGE (what GET / answers), RT_MIN (min_containers),
 RT_MAX (max_containers), RT_CONC (max_concurrency), RT_SCALEDOWN (scaledown_window),
 RT_STARTUP (startup_timeout), RT_UNAUTH=1 (unauthenticated), RT_FAIL=enter|never-listen,
-RT_EXIT_MARKER=1 (`@modal.exit` writes /data/exit-<task id> into the volume).
+RT_EXIT_MARKER=1 (`@modal.exit` writes /tmp/rt-data/exit-<task id> into the volume).
 """
 
 import os
@@ -38,7 +38,7 @@ def _opt(name: str) -> int | None:
     scaledown_window=_opt("RT_SCALEDOWN"),
     startup_timeout=_opt("RT_STARTUP") or 30,
     unauthenticated=os.environ.get("RT_UNAUTH") == "1",
-    volumes={"/data": vol},
+    volumes={"/tmp/rt-data": vol},  # a mount point under /tmp, not at / on the host
 )
 class Web:
     @modal.enter()
@@ -58,7 +58,7 @@ class Web:
     def stop(self) -> None:
         print("exit hook ran", flush=True)
         if os.environ.get("RT_EXIT_MARKER") == "1":  # leaves a file in the volume
-            with open(f"/data/exit-{os.environ['MODAL_TASK_ID']}", "w") as f:
+            with open(f"/tmp/rt-data/exit-{os.environ['MODAL_TASK_ID']}", "w") as f:
                 f.write("exit hook ran\n")
         proc = getattr(self, "proc", None)
         if proc is not None:

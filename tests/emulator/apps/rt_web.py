@@ -2,8 +2,9 @@
 
 GET / -> RT_MESSAGE plus the container's task id; GET /sleep?s=N sleeps N seconds first;
 GET /env?k=NAME -> that env var; POST /echo -> the body; GET /stream -> 3 chunks;
-POST /write?name=N -> writes the body to /data/N; GET /read?name=N -> reads /data/N;
-GET /crash -> the process exits (its container's port dies).
+POST /write?name=N -> writes the body to /tmp/rt-data/N; GET /read?name=N -> reads it;
+GET /crash -> the process exits (its container's port dies); POST /v1/chat/completions ->
+an OpenAI-shaped answer echoing the last message (for client libraries such as LiteLLM).
 """
 
 import os
@@ -18,9 +19,9 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         print("web:", format % args, flush=True)
 
-    def _send(self, code: int, body: bytes) -> None:
+    def _send(self, code: int, body: bytes, content_type: str = "text/plain") -> None:
         self.send_response(code)
-        self.send_header("content-type", "text/plain")
+        self.send_header("content-type", content_type)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -37,7 +38,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, "\n".join(f"{k}: {v}" for k, v in self.headers.items()).encode())
         elif url.path == "/read":
             try:
-                with open(f"/data/{q['name']}", "rb") as f:
+                with open(f"/tmp/rt-data/{q['name']}", "rb") as f:
                     self._send(200, f.read())
             except FileNotFoundError:
                 self._send(404, b"missing")
@@ -63,9 +64,29 @@ class Handler(BaseHTTPRequestHandler):
         q = dict(urllib.parse.parse_qsl(url.query))
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
         if url.path == "/write":
-            with open(f"/data/{q['name']}", "wb") as f:
+            with open(f"/tmp/rt-data/{q['name']}", "wb") as f:
                 f.write(body)
             self._send(200, b"written")
+        elif url.path == "/v1/chat/completions":  # just enough OpenAI for a client library
+            import json
+
+            request = json.loads(body)
+            last = request["messages"][-1]["content"]
+            answer = {
+                "id": "chatcmpl-rt",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": request.get("model", "rt"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": f"echo: {last}"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+            }
+            self._send(200, json.dumps(answer).encode(), "application/json")
         else:
             self._send(200, body)
 
