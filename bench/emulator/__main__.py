@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
+from emulator.process import PROJECT_ROOT, EmulatorProcess
 
 APP = str(Path(__file__).with_name("bench_app.py"))
 
