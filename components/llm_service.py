@@ -35,10 +35,19 @@ from typing import Any
 import pulumi
 
 from components.api_keys import ApiKey, ApiKeyArgs
-from components.config import HF_TOKEN_SECRET_NAME, ServiceSettings, StackConfig, StackSecrets
+from components.config import (
+    HF_TOKEN_SECRET_NAME,
+    WEIGHTS_STORE_ENV_KEYS,
+    WEIGHTS_STORE_SECRET_NAME,
+    ServiceSettings,
+    StackConfig,
+    StackSecrets,
+    weights_volume_name,
+)
 from components.gateway import GatewayTarget
 from components.modal.app import App, AppArgs
 from components.modal.environment import Environment, EnvironmentArgs
+from components.modal.model_weights import ModelWeights, ModelWeightsArgs
 from components.modal.proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs
 from components.modal.secret import Secret, SecretArgs
 from components.modal.spend_alert import SpendAlert, SpendAlertArgs
@@ -59,6 +68,7 @@ class ServingEnvironment(pulumi.ComponentResource):
     environment: Environment
     environment_name: pulumi.Output[str]
     hf_token_secret: Secret | None
+    weights_store_secret: Secret | None
     proxy_token: ProxyAuthToken
     spend_alert: SpendAlert
 
@@ -99,6 +109,21 @@ class ServingEnvironment(pulumi.ComponentResource):
                 child,
             )
 
+        # Credentials of the private S3-compatible weights store (services' `weights: {kind:
+        # s3}`), for the ModelWeights function only; the serving containers never get them.
+        self.weights_store_secret = None
+        if secrets.weights_store_credentials is not None:
+            self.weights_store_secret = Secret(
+                f"{name}-weights-store",
+                SecretArgs(
+                    name=WEIGHTS_STORE_SECRET_NAME,
+                    values=secrets.weights_store_credentials.apply(_weights_store_env),
+                    environment=env,
+                    adopt=cfg.adopt_environment,
+                ),
+                child,
+            )
+
         self.proxy_token = ProxyAuthToken(
             f"{name}-proxy-token",
             ProxyAuthTokenArgs(
@@ -128,6 +153,26 @@ class ServingEnvironment(pulumi.ComponentResource):
         )
 
 
+def _weights_store_env(text: str) -> dict[str, str]:
+    """The store credentials (a JSON map) as the secret's env; errors never show a value."""
+    try:
+        values = json.loads(text)
+    except ValueError:
+        values = None
+    if (
+        not isinstance(values, dict)
+        or not set(WEIGHTS_STORE_ENV_KEYS) <= set(values)
+        or not all(isinstance(v, str) and v for v in values.values())
+    ):
+        raise ValueError(
+            "modal-llm:weightsStoreCredentials must be a JSON map with non-empty "
+            f"{' and '.join(WEIGHTS_STORE_ENV_KEYS)} (optionally AWS_SESSION_TOKEN): "
+            "pulumi config set --secret modal-llm:weightsStoreCredentials "
+            '\'{"AWS_ACCESS_KEY_ID": "...", "AWS_SECRET_ACCESS_KEY": "..."}\''
+        )
+    return {str(k): str(v) for k, v in values.items()}
+
+
 class LLMService(pulumi.ComponentResource):
     """One served model: keys, key-digest secret, cache volumes and the deployed App."""
 
@@ -135,6 +180,8 @@ class LLMService(pulumi.ComponentResource):
     api_keys_secret: Secret
     hf_cache: Volume
     engine_cache: Volume
+    weights_volume: Volume | None
+    weights: ModelWeights | None
     app: App
     endpoint_url: pulumi.Output[str]
 
@@ -191,6 +238,40 @@ class LLMService(pulumi.ComponentResource):
         mounted: list[pulumi.Resource] = [self.api_keys_secret, self.hf_cache, self.engine_cache]
         if shared.hf_token_secret is not None:
             mounted.append(shared.hf_token_secret)
+
+        # Weights provisioned at `up` (issue 12.1): the volume, then ModelWeights fills it with
+        # the pinned revision; the App deploys after it (a new revision re-provisions, then
+        # redeploys: the spec's weights.path names the revision).
+        self.weights_volume = self.weights = None
+        source = settings.weights_source
+        if source is not None:
+            self.weights_volume = Volume(
+                f"{name}-weights-volume",
+                VolumeArgs(name=weights_volume_name(name), environment=env, adopt=settings.adopt),
+                cache_opts,
+            )
+            needs: list[pulumi.Resource] = [self.weights_volume]
+            fetch_secrets: list[str] = []
+            store = (
+                shared.hf_token_secret if source["kind"] == "hf" else shared.weights_store_secret
+            )
+            if store is not None:
+                needs.append(store)
+                fetch_secrets.append(
+                    HF_TOKEN_SECRET_NAME if source["kind"] == "hf" else WEIGHTS_STORE_SECRET_NAME
+                )
+            self.weights = ModelWeights(
+                f"{name}-weights",
+                ModelWeightsArgs(
+                    app_name=f"{name}-weights",
+                    environment=env,
+                    volume=self.weights_volume.name,
+                    source=source,
+                    secrets=fetch_secrets,
+                ),
+                pulumi.ResourceOptions(parent=self, depends_on=needs),
+            )
+            mounted += [self.weights_volume, self.weights]
         self.app = App(
             f"{name}-app",
             AppArgs(
@@ -246,6 +327,11 @@ class LLMService(pulumi.ComponentResource):
             "monthly_cost_idle_usd": c.idle_usd,
             "monthly_cost_baseline_usd": c.baseline_usd,
             "monthly_cost_worst_usd": c.worst_usd,
+            **(
+                {"weights": {"revision": self.weights.revision, "digest": self.weights.digest}}
+                if self.weights is not None
+                else {}
+            ),
         }
 
     def plain_api_keys(self) -> pulumi.Output[dict[str, str]]:

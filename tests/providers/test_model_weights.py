@@ -296,3 +296,50 @@ def test_check_rejects_bad_sources(server: ProviderServer) -> None:
     failures = server.check(P, bad).failures
     assert [prop for prop, _ in failures] == ["source"]
     assert os.path.isfile(PROJECT_ROOT / "serving/weights_app.py")
+
+
+# ---- the program's wiring, under mocks ---------------------------------------------------------
+
+
+def test_program_provisions_before_the_app_and_points_the_spec_at_the_volume() -> None:
+    from pulumi_standin.values import Secret
+    from tests.program.runner import run_program, stack_config
+
+    services = yaml_services(
+        {"kind": "s3", "bucket": "closed-models", "prefix": "acme/tiny/v3/", "revision": "v3"}
+    )
+    creds = json.dumps({"AWS_ACCESS_KEY_ID": "AKIAPROGRAM", "AWS_SECRET_ACCESS_KEY": S3_SECRET})
+    config, keys = stack_config(
+        "local",
+        {
+            "modal-llm:services": services,
+            "modal-llm:weightsStoreCredentials": Secret(creds),
+        },
+    )
+    run = run_program("local", config, keys)
+    (weights,) = run.of_type("modal:ModelWeights")
+    (volume,) = [v for v in run.of_type("modal:Volume") if v.inputs["name"] == "tiny-weights"]
+    (store,) = [
+        s for s in run.of_type("modal:Secret") if s.inputs["name"] == "weights-store-credentials"
+    ]
+    (app,) = run.of_type("modal:App")
+    assert weights.inputs["source"]["revision"] == "v3"
+    assert weights.inputs["secrets"] == ["weights-store-credentials"]
+    assert {volume.urn, store.urn} <= set(weights.dependencies)
+    assert weights.urn in app.dependencies  # provisioned first, then deployed
+    spec = ServingSpec.from_json(app.inputs["spec_json"])
+    assert spec.weights is not None and (spec.weights.volume, spec.weights.path) == (
+        "tiny-weights",
+        "v3",
+    )
+    assert spec.engine_command()[2] == f"{WEIGHTS_MOUNT}/v3"
+    assert spec.volume_mounts()[WEIGHTS_MOUNT] == "tiny-weights"
+    assert S3_SECRET not in json.dumps(weights.inputs) + app.inputs["spec_json"]
+
+
+def yaml_services(weights: dict[str, Any]) -> list[dict[str, Any]]:
+    import yaml
+
+    raw = yaml.safe_load((PROJECT_ROOT / "Pulumi.local.yaml").read_text())
+    services = raw["config"]["modal-llm:services"]
+    return [{**services[0], "weights": weights}]
