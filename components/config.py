@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from components import cost
 from components.api_keys import KEY_NAME
+from serving.prewarm import ScheduleError, extra_container_hours_per_month, parse_windows
 from serving.spec import ServingSpec
 from serving.weights import source_problems as weights_source_problems
 
@@ -71,7 +72,7 @@ _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _MANAGED_SPEC_FIELDS = ("volumes", "secrets", "require_pinned_revision")
 # Per-service keys that are not ServingSpec fields: consumed by the program (`weights` is the
 # source the ModelWeights resource provisions; the spec gets the volume and path instead).
-_SERVICE_ONLY_FIELDS = ("name", "gated", "adopt", "weights")
+_SERVICE_ONLY_FIELDS = ("name", "gated", "adopt", "weights", "warm_schedule")
 # Where a Modal server counts as local (the emulator): the stand-in engine runs only there.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MODAL_SERVER_URL_KEY = "modal:serverUrl"  # components/modal/_base.py CONFIG_SERVER_URL
@@ -93,6 +94,8 @@ class ServiceSettings(BaseModel):
     #: Where ModelWeights fills `<name>-weights` from at `pulumi up` (serving/weights.py source
     #: map), or None: the engine downloads `model` at its first cold start.
     weights_source: dict[str, Any] | None = None
+    #: Scheduled pre-warm windows (serving/prewarm.py), applied by `<name>-prewarm`; [] = none.
+    warm_schedule: list[dict[str, Any]] = []
     #: Take over this service's Modal objects that already exist (its App, cache volumes,
     #: API-key secret) instead of failing with "already exists"; destroy leaves them.
     adopt: bool = False
@@ -507,6 +510,13 @@ def parse_stack_config(
                 f"{ns}:services[{i}].served_model_name {spec.served_model_name!r} is used twice"
             )
         scaling = spec.scaling
+        raw_windows = entry.get("warm_schedule")
+        try:
+            windows = parse_windows(raw_windows, max_containers=scaling.max_containers)
+        except ScheduleError as exc:
+            raise ConfigError(
+                f"{ns}:services[{i}].{exc}. " + _fix_hint(ns, f"[{i}].warm_schedule")
+            ) from None
         try:
             svc_cost = cost.service_cost(
                 cost.ServiceCostInput(
@@ -518,6 +528,9 @@ def parse_stack_config(
                     buffer_containers=scaling.buffer_containers,
                     region=spec.region,
                     overhead_pct=overhead_pct,
+                    warm_extra_hours=extra_container_hours_per_month(
+                        windows, scaling.min_containers
+                    ),
                 ),
                 prices,
             )
@@ -533,7 +546,7 @@ def parse_stack_config(
         settings.append(
             ServiceSettings(
                 name=name, spec=spec, cost=svc_cost, gated=gated, adopt=adopt,
-                weights_source=source,
+                weights_source=source, warm_schedule=list(raw_windows or []),
             )
         )  # fmt: skip
 

@@ -52,7 +52,7 @@ from components.modal.proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs
 from components.modal.secret import Secret, SecretArgs
 from components.modal.spend_alert import SpendAlert, SpendAlertArgs
 from components.modal.volume import Volume, VolumeArgs
-from serving.spec import KEY_VERSION_ENV
+from serving.spec import KEY_VERSION_ENV, SERVER_NAME
 
 ENVIRONMENT_TYPE = "modal-llm:serving:ServingEnvironment"
 SERVICE_TYPE = "modal-llm:serving:LLMService"
@@ -60,6 +60,7 @@ API_KEYS_ENV_VAR = "SERVING_API_KEYS"
 # serving/app.py bakes it into the image ENV, so a key change changes the deployed definition.
 API_KEYS_VERSION_ENV_VAR = KEY_VERSION_ENV
 HF_TOKEN_ENV_VAR = "HF_TOKEN"  # noqa: S105 (an env var name)
+PREWARM_APP_FILE = "serving/prewarm_app.py"
 
 
 class ServingEnvironment(pulumi.ComponentResource):
@@ -183,6 +184,7 @@ class LLMService(pulumi.ComponentResource):
     weights_volume: Volume | None
     weights: ModelWeights | None
     app: App
+    prewarm: App | None
     endpoint_url: pulumi.Output[str]
 
     def __init__(
@@ -292,6 +294,28 @@ class LLMService(pulumi.ComponentResource):
             ),
             pulumi.ResourceOptions(parent=self, depends_on=mounted),
         )
+        # Scheduled pre-warm (issue 12.3): a Cron function in the environment raises the
+        # server's min_containers during each window and restores it after. Deployed after the
+        # App; its config (windows, base, target) is its "spec", so a change redeploys it.
+        self.prewarm = None
+        if settings.warm_schedule:
+            prewarm_config = {
+                "target_app": name,
+                "server": SERVER_NAME,
+                "base_min_containers": spec.scaling.min_containers,
+                "windows": settings.warm_schedule,
+            }
+            self.prewarm = App(
+                f"{name}-prewarm",
+                AppArgs(
+                    name=f"{name}-prewarm",
+                    environment=env,
+                    app_file=PREWARM_APP_FILE,
+                    spec_json=json.dumps(prewarm_config, sort_keys=True, separators=(",", ":")),
+                    adopt=settings.adopt,
+                ),
+                pulumi.ResourceOptions(parent=self, depends_on=[self.app]),
+            )
         self.endpoint_url = self.app.web_url
         self.register_outputs(
             {
@@ -327,6 +351,11 @@ class LLMService(pulumi.ComponentResource):
             "monthly_cost_idle_usd": c.idle_usd,
             "monthly_cost_baseline_usd": c.baseline_usd,
             "monthly_cost_worst_usd": c.worst_usd,
+            **(
+                {"warm_schedule": self.settings.warm_schedule, "monthly_cost_warm_usd": c.warm_usd}
+                if self.settings.warm_schedule
+                else {}
+            ),
             **(
                 {"weights": {"revision": self.weights.revision, "digest": self.weights.digest}}
                 if self.weights is not None

@@ -1,5 +1,5 @@
 """gRPC handlers, one module per area; importing this package registers them all."""
 
-from emulator.handlers import apps, containers, deploy, resources, workspace
+from emulator.handlers import apps, autoscaler, containers, deploy, resources, workspace
 
-__all__ = ["apps", "containers", "deploy", "resources", "workspace"]
+__all__ = ["apps", "autoscaler", "containers", "deploy", "resources", "workspace"]
