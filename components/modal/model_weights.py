@@ -209,9 +209,13 @@ class ModelWeightsProvider(ModalProvider):
             return last
         secrets = [creds.token_secret]
         log_tail = "\n".join(f"  | {line}" for line in [*last.get("log_tail", []), *tail][-20:])
+        answer = (
+            f"the weights function failed with {last.get('error')}"
+            if last.get("in_function")
+            else f"Modal at {creds.server_url} answered {last.get('error')}"
+        )
         message = redact(
-            f"ModelWeights {self._target(props)}: {action} failed. Modal at {creds.server_url}"
-            f" answered {last.get('error')}."
+            f"ModelWeights {self._target(props)}: {action} failed: {answer}."
             + (f"\nLast lines of the function's log:\n{log_tail}\n" if log_tail else " ")
             + (
                 "Modal is unreachable or failing: check MODAL_SERVER_URL/network and rerun"
@@ -440,12 +444,14 @@ def main(argv: list[str] | None = None) -> int:
                 tail.append(entry[1])
                 _emit({"progress": entry[1]})
 
+    phase = "deploy"
     try:
         ref = parse_import_ref(args.app_file, command="modal deploy")
         app = import_app_from_ref(ref, base_cmd="modal deploy")
         deployed = deploy_app(app, name=args.name, environment_name=env)
         fn = modal.Function.from_name(args.name, FUNCTION_NAME, environment_name=env)
         started = time.time() - 1.0
+        phase = "call"
         call = fn.spawn(source)
         function_id = fn.object_id
         result: Any = None
@@ -465,7 +471,18 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         _emit({"ok": False, "error": f"app import exited with {e.code}", "transient": False})
     except Exception as e:  # reported to the provider, which raises a clear error
-        _emit({"ok": False, "error": _error(e), "transient": _transient(e), "log_tail": list(tail)})
+        # An exception the function raised comes back as itself (e.g. the hub client's HTTP
+        # error, an OSError subclass): only Modal's own errors can be Modal being unreachable.
+        from_modal = phase == "deploy" or isinstance(e, modal.exception.Error)
+        _emit(
+            {
+                "ok": False,
+                "error": _error(e),
+                "transient": from_modal and _transient(e),
+                "in_function": not from_modal,
+                "log_tail": list(tail),
+            }
+        )
     return 1
 
 

@@ -207,3 +207,41 @@ def test_windows_rules_and_cost() -> None:
     )  # fmt: skip
     assert svc.warm_usd == pytest.approx(3.95 * 52.5 * 730 / 168, abs=0.01)
     assert svc.idle_usd == pytest.approx(3.95 * 730 + svc.warm_usd, abs=0.01)
+
+
+def test_program_deploys_the_prewarm_app_after_the_service_and_prices_the_windows() -> None:
+    import yaml
+
+    from tests.program.runner import run_program, stack_config
+
+    raw = yaml.safe_load((PROJECT_ROOT / "Pulumi.local.yaml").read_text())
+    service = raw["config"]["modal-llm:services"][0]
+    windows = [{"cron": "0 8 * * mon-fri", "duration_minutes": 600, "min_containers": 1}]
+    config, keys = stack_config(
+        "local", {"modal-llm:services": [{**service, "warm_schedule": windows}]}
+    )
+    run = run_program("local", config, keys)
+    apps = {a.inputs["name"]: a for a in run.of_type("modal:App")}
+    assert set(apps) == {"tiny", "tiny-prewarm"}
+    prewarm = apps["tiny-prewarm"]
+    assert prewarm.inputs["app_file"] == "serving/prewarm_app.py"
+    assert json.loads(prewarm.inputs["spec_json"]) == {
+        "target_app": "tiny",
+        "server": "Serving",
+        "base_min_containers": 0,
+        "windows": windows,
+    }
+    assert apps["tiny"].urn in prewarm.dependencies
+    summary = run.output("services")["tiny"]
+    # 5 x 10 h a week of one T4 container: $0.59 x 1.15 x 50 h x 730 / 168.
+    warm = round(0.59 * 1.15 * 50 * 730 / 168, 2)
+    assert summary["warm_schedule"] == windows
+    assert summary["monthly_cost_warm_usd"] == pytest.approx(warm, abs=0.01)
+    assert summary["monthly_cost_idle_usd"] == pytest.approx(warm, abs=0.01)  # base is 0
+    assert run.output("monthly_cost_idle_usd") == pytest.approx(warm, abs=0.01)
+    bad = [{**windows[0], "min_containers": 2}]  # above max_containers (1)
+    config, keys = stack_config(
+        "local", {"modal-llm:services": [{**service, "warm_schedule": bad}]}
+    )
+    with pytest.raises(Exception, match=r"services\[0\]\.warm_schedule\[0\]\.min_containers"):
+        run_program("local", config, keys)

@@ -272,7 +272,8 @@ def test_s3_source_with_credentials_from_a_modal_secret(
         engine.up("w", P, bad)
     msg = ei.value.details
     assert "ModelWeights s3://closed-models/acme/missing/ (revision v4)" in msg
-    assert "update failed" in msg and "no objects under that prefix" in msg
+    assert "update failed: the weights function failed with" in msg
+    assert "no objects under that prefix" in msg and "Modal is unreachable" not in msg
     assert S3_SECRET not in msg and S3_SECRET not in json.dumps(engine.states["w"].outputs)
     assert engine.states["w"].outputs["path"] == "v3"  # the failed update recorded nothing
 
@@ -285,7 +286,9 @@ def test_hub_refusal_fails_with_the_function_log_tail_and_no_token(
         engine.up("w", P, hf_inputs(hub))
     msg = ei.value.details
     assert f"ModelWeights hf://{REPO}@{REV1} into volume 'tiny-weights'" in msg
-    assert "create failed" in msg and "401" in msg
+    assert "create failed: the weights function failed with HfHubHTTPError" in msg
+    assert "401" in msg and "Last lines of the function's log:" in msg
+    assert "Modal is unreachable" not in msg
     assert HF_TOKEN not in msg and "hf_wrong_token" not in msg
     assert "w" not in engine.states
     assert not any(p.name.startswith(".incoming") for p in volume_dir(emu).iterdir())
