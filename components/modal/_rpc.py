@@ -475,6 +475,23 @@ async def app_log_lines(
     return sorted(out, key=lambda entry: entry[0])
 
 
+async def autoscaler_settings(client: Any, app_name: str, tag: str, environment: str) -> Any:
+    """`AutoscalerConfiguration` of a deployed function or `@app.server` (by its tag):
+    `settings` (effective), `static_settings` (the decorator's), `override_settings` (what
+    `update_autoscaler` set since the last deploy; empty when none). For drift reports: an
+    override that differs from the static settings is a runtime change a deploy would undo.
+    The request `Function/Server.autoscaler.settings()` sends (modal 1.6.4)."""
+    from modal_proto import api_pb2
+
+    fn = await client._stub.FunctionGet(
+        api_pb2.FunctionGetRequest(app_name=app_name, object_tag=tag, environment_name=environment)
+    )
+    resp = await client._stub.FunctionGetSchedulingParams(
+        api_pb2.FunctionGetSchedulingParamsRequest(function_id=fn.function_id)
+    )
+    return resp.autoscaler_configuration
+
+
 async def hello(client: Any) -> None:
     """`ClientHello`: the cheapest round trip (the probe before a create)."""
     from google.protobuf.empty_pb2 import Empty

@@ -73,6 +73,24 @@ def live_min(emu: EmulatorProcess) -> int:
     return int(_py(emu, code))
 
 
+def autoscaler_drift(emu: EmulatorProcess) -> dict[str, Any]:
+    """The server's min_containers as components/modal/_rpc.autoscaler_settings reads it."""
+    code = (
+        "import json; from modal.client import _Client;"
+        " from modal._utils.async_utils import synchronizer;"
+        " from components.modal import _rpc\n"
+        "async def go():\n"
+        "    c = await _Client.from_env()\n"
+        "    a = await _rpc.autoscaler_settings(c, 'pw-target', 'Web', '')\n"
+        "    o = a.override_settings\n"
+        "    return {'effective': a.settings.min_containers,"
+        " 'static': a.static_settings.min_containers,"
+        " 'override': o.min_containers if o.HasField('min_containers') else None}\n"
+        "print(json.dumps(synchronizer.create_blocking(go)()))"
+    )
+    return dict(_py(emu, code))
+
+
 def deploy_target(emu: EmulatorProcess, message: str) -> str:
     subprocess.run(
         [sys.executable, "-m", "modal", "deploy", "tests/emulator/apps/rt_server.py"],
@@ -129,11 +147,14 @@ def test_prewarm_raises_and_restores_min_containers_and_a_deploy_resets_it(
     }
     assert live_min(emulator) == 0
 
-    # Drift: an override is dropped by the next deploy of the service.
+    # Drift: a live override is visible to a read (what a refresh would report) ...
     prewarm_at(emulator, "2026-11-26T03:10:00+00:00")
     assert live_min(emulator) == 1
+    assert autoscaler_drift(emulator) == {"effective": 1, "static": 0, "override": 1}
+    # ... and dropped by the next deploy of the service.
     deploy_target(emulator, "v2")
     assert live_min(emulator) == 0
+    assert autoscaler_drift(emulator) == {"effective": 0, "static": 0, "override": None}
 
     # The function is registered with its Cron schedule: firing it as the schedule would.
     call_id = emulator.run_schedule(f"{TARGET}-prewarm", "prewarm")
