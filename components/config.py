@@ -27,7 +27,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from components import cost
 from components.api_keys import KEY_NAME
+from serving.prewarm import ScheduleError, extra_container_hours_per_month, parse_windows
 from serving.spec import ServingSpec
+from serving.weights import source_problems as weights_source_problems
 
 PROJECT = "modal-llm"  # the default namespace; programs use pulumi.get_project()
 DEFAULT_APP_FILE = "serving/app.py"
@@ -52,7 +54,18 @@ DEFAULTS: dict[str, Any] = {
 }
 # Gateway overflow keys (a map and a secret map): parsed and validated by components/overflow.py.
 OVERFLOW_KEY, OVERFLOW_SECRET_KEY = "gatewayOverflow", "inHouseApiKeys"
-SECRET_KEYS = ("hfToken", "alertWebhookUrl", "alertWatchToken", OVERFLOW_SECRET_KEY)
+# Credentials of the private S3-compatible store services' `weights` come from (secret JSON map
+# AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), kept in the Modal secret below.
+WEIGHTS_STORE_KEY = "weightsStoreCredentials"
+WEIGHTS_STORE_SECRET_NAME = "weights-store-credentials"  # noqa: S105 (a Modal secret name)
+WEIGHTS_STORE_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+SECRET_KEYS = (
+    "hfToken",
+    "alertWebhookUrl",
+    "alertWatchToken",
+    OVERFLOW_SECRET_KEY,
+    WEIGHTS_STORE_KEY,
+)
 MAP_KEYS = ("gpuPricesUsdPerHour", "apiKeyRotation")
 KNOWN_KEYS = {"environment", "services", *MAP_KEYS} | set(DEFAULTS) | set(SECRET_KEYS)
 KNOWN_KEYS.add(OVERFLOW_KEY)
@@ -64,8 +77,9 @@ _ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Fields the component fills in itself: users must not set them per service.
 _MANAGED_SPEC_FIELDS = ("volumes", "secrets", "require_pinned_revision")
-# Per-service keys that are not ServingSpec fields: consumed by the program.
-_SERVICE_ONLY_FIELDS = ("name", "gated", "adopt")
+# Per-service keys that are not ServingSpec fields: consumed by the program (`weights` is the
+# source the ModelWeights resource provisions; the spec gets the volume and path instead).
+_SERVICE_ONLY_FIELDS = ("name", "gated", "adopt", "weights", "warm_schedule")
 # Where a Modal server counts as local (the emulator): the stand-in engine runs only there.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MODAL_SERVER_URL_KEY = "modal:serverUrl"  # components/modal/_base.py CONFIG_SERVER_URL
@@ -84,6 +98,11 @@ class ServiceSettings(BaseModel):
     spec: ServingSpec
     cost: cost.ServiceCost
     gated: bool = False
+    #: Where ModelWeights fills `<name>-weights` from at `pulumi up` (serving/weights.py source
+    #: map), or None: the engine downloads `model` at its first cold start.
+    weights_source: dict[str, Any] | None = None
+    #: Scheduled pre-warm windows (serving/prewarm.py), applied by `<name>-prewarm`; [] = none.
+    warm_schedule: list[dict[str, Any]] = []
     #: Take over this service's Modal objects that already exist (its App, cache volumes,
     #: API-key secret) instead of failing with "already exists"; destroy leaves them.
     adopt: bool = False
@@ -113,6 +132,7 @@ class StackConfig(BaseModel):
     app_file: str
     has_hf_token: bool
     has_alert_webhook: bool
+    has_weights_store: bool = False
     gpu_prices: dict[str, float]
     cost_overhead_pct: float
     services: list[ServiceSettings]
@@ -129,6 +149,8 @@ class StackSecrets:
     alert_webhook_url: pulumi.Output[str] | None
     #: "<token id>:<token secret>" of the spend watcher's service user (viewer in the env)
     alert_watch_token: pulumi.Output[str] | None = None
+    #: JSON map of the S3 store's credentials (WEIGHTS_STORE_ENV_KEYS), or None.
+    weights_store_credentials: pulumi.Output[str] | None = None
 
 
 def _gpu_tuple(gpu: str | list[str]) -> tuple[str, ...]:
@@ -296,6 +318,41 @@ def _format_loc(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+def weights_source(
+    ns: str, index: int, entry: dict[str, Any], *, has_weights_store: bool
+) -> dict[str, Any] | None:
+    """The service's `weights` block as a ModelWeights source map (None when absent).
+
+    `kind: hf` takes `repo` and `revision` from the service's `model` and `revision` unless
+    given; `kind: s3` needs `bucket`, `prefix` and a `revision` label, and the stack secret
+    `weightsStoreCredentials`."""
+    where = f"{ns}:services[{index}].weights"
+    block = entry.get("weights")
+    if block is None:
+        return None
+    if not isinstance(block, dict):
+        raise ConfigError(
+            f"{where} must be a map, e.g. weights: {{kind: hf}} (the service's model at its "
+            f"pinned revision) or {{kind: s3, bucket: b, prefix: models/x/v3/, revision: v3}}. "
+            + _fix_hint(ns, f"[{index}].weights")
+        )
+    source = dict(block)
+    if source.get("kind") == "hf":
+        source.setdefault("repo", entry.get("model"))
+        source.setdefault("revision", entry.get("revision"))
+    problems = weights_source_problems(source)
+    if problems:
+        raise ConfigError(f"{where}: {'; '.join(problems)}. " + _fix_hint(ns, f"[{index}].weights"))
+    if source["kind"] == "s3" and not has_weights_store:
+        raise ConfigError(
+            f"{where} reads from an S3-compatible store, but {ns}:{WEIGHTS_STORE_KEY} is not "
+            f"set. Set the store's credentials (kept in the Modal secret "
+            f"{WEIGHTS_STORE_SECRET_NAME!r}): pulumi config set --secret {ns}:{WEIGHTS_STORE_KEY} "
+            '\'{"AWS_ACCESS_KEY_ID": "...", "AWS_SECRET_ACCESS_KEY": "..."}\''
+        )
+    return source
+
+
 def _build_spec(
     ns: str,
     index: int,
@@ -347,6 +404,11 @@ def _build_spec(
 
     engine = fields.get("engine", "vllm")
     fields["volumes"] = {"hf_cache": f"{name}-hf-cache", "engine_cache": f"{name}-{engine}-cache"}
+    block = entry.get("weights")
+    if isinstance(block, dict) and isinstance(block.get("revision") or entry.get("revision"), str):
+        # The engine loads the revision's directory on the service's weights volume.
+        path = block.get("revision") or entry.get("revision")
+        fields["weights"] = {"volume": weights_volume_name(name), "path": path}
     fields["secrets"] = {
         "hf_token": HF_TOKEN_SECRET_NAME if has_hf_token else None,
         "api_keys": f"{name}-api-keys",
@@ -371,6 +433,11 @@ def _build_spec(
         first = _format_loc(tuple(errors[0]["loc"])) if errors else ""
         raise ConfigError(f"{problems}. " + _fix_hint(ns, f"[{index}]{first}")) from exc
     return name, spec, gated
+
+
+def weights_volume_name(service: str) -> str:
+    """The Modal volume ModelWeights fills for a service."""
+    return f"{service}-weights"
 
 
 def _check_standin_server(ns: str, stack: str, modal_server_url: str | None) -> None:
@@ -424,6 +491,7 @@ def parse_stack_config(
     if standin:
         _check_standin_server(ns, stack, modal_server_url)
     has_hf_token = values.get("hfToken") is not None
+    has_weights_store = values.get(WEIGHTS_STORE_KEY) is not None
     prices = _gpu_prices(r)
     overhead_pct = r.number("costOverheadPct")
 
@@ -438,6 +506,8 @@ def parse_stack_config(
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ConfigError(f"{ns}:services[{i}] must be a map; got {entry!r}")
+        # The weights source first: its errors are clearer than the spec's about its path.
+        source = weights_source(ns, i, entry, has_weights_store=has_weights_store)
         name, spec, gated = _build_spec(
             ns, i, entry, has_hf_token=has_hf_token, require_pinned=require_pinned,
             standin=standin,
@@ -449,6 +519,13 @@ def parse_stack_config(
                 f"{ns}:services[{i}].served_model_name {spec.served_model_name!r} is used twice"
             )
         scaling = spec.scaling
+        raw_windows = entry.get("warm_schedule")
+        try:
+            windows = parse_windows(raw_windows, max_containers=scaling.max_containers)
+        except ScheduleError as exc:
+            raise ConfigError(
+                f"{ns}:services[{i}].{exc}. " + _fix_hint(ns, f"[{i}].warm_schedule")
+            ) from None
         try:
             svc_cost = cost.service_cost(
                 cost.ServiceCostInput(
@@ -460,6 +537,9 @@ def parse_stack_config(
                     buffer_containers=scaling.buffer_containers,
                     region=spec.region,
                     overhead_pct=overhead_pct,
+                    warm_extra_hours=extra_container_hours_per_month(
+                        windows, scaling.min_containers
+                    ),
                 ),
                 prices,
             )
@@ -473,8 +553,11 @@ def parse_stack_config(
                 + _fix_hint(ns, f"[{i}].adopt")
             )
         settings.append(
-            ServiceSettings(name=name, spec=spec, cost=svc_cost, gated=gated, adopt=adopt)
-        )
+            ServiceSettings(
+                name=name, spec=spec, cost=svc_cost, gated=gated, adopt=adopt,
+                weights_source=source, warm_schedule=list(raw_windows or []),
+            )
+        )  # fmt: skip
 
     stack_cost = cost.StackCost(services=tuple(s.cost for s in settings))
     budget = r.number("monthlyBudgetUsd")
@@ -502,6 +585,7 @@ def parse_stack_config(
         app_file=app_file,
         has_hf_token=has_hf_token,
         has_alert_webhook=values.get("alertWebhookUrl") is not None,
+        has_weights_store=has_weights_store,
         gpu_prices=prices,
         cost_overhead_pct=overhead_pct,
         services=settings,
@@ -583,5 +667,8 @@ def load_stack_config(
         ),
         alert_watch_token=(
             cfg.require_secret("alertWatchToken") if present["alertWatchToken"] else None
+        ),
+        weights_store_credentials=(
+            cfg.require_secret(WEIGHTS_STORE_KEY) if present[WEIGHTS_STORE_KEY] else None
         ),
     )

@@ -15,9 +15,11 @@ Model, per service (one container = `gpu_count` GPUs of the priced type):
     ~$0.008/GiB-h); `costOverheadPct` (default 15 %) is a flat allowance for them. An engine
     using 8 cores and 64 GiB adds ~$0.89/h: ~20 % of an H200 but >100 % of a T4, so raise it
     for small GPUs when the figure matters. Storage and egress are left out.
-- idle     = min_containers x container $/h x 730 h (kept warm with no traffic at all)
-- baseline = (min_containers + buffer_containers) x ... (Modal keeps the buffer warm whenever
-  the app has traffic, so a service in steady light use costs at least this)
+- warm     = the scheduled pre-warm windows' container-hours above min_containers a month
+  (serving/prewarm.py `extra_container_hours_per_month`) x container $/h
+- idle     = min_containers x container $/h x 730 h + warm (kept warm with no traffic at all)
+- baseline = (min_containers + buffer_containers) x ... + warm (Modal keeps the buffer warm
+  whenever the app has traffic, so a service in steady light use costs at least this)
 - worst    = max_containers x container $/h x 730 h (every allowed container busy all month)
 """
 
@@ -106,6 +108,8 @@ class ServiceCostInput:
     buffer_containers: int = 0
     region: str | None = None
     overhead_pct: float = DEFAULT_OVERHEAD_PCT
+    #: Container-hours a month the pre-warm windows keep warm above min_containers.
+    warm_extra_hours: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,8 @@ class ServiceCost:
     region_multiplier: float = 1.0
     overhead_pct: float = 0.0
     baseline_usd: float = 0.0
+    #: What the scheduled pre-warm windows add a month (included in idle and baseline).
+    warm_usd: float = 0.0
 
     @property
     def container_usd_per_hour(self) -> float:
@@ -223,10 +229,12 @@ def service_cost(service: ServiceCostInput, table: Mapping[str, float]) -> Servi
         worst_usd=0.0,
     )
     month = cost.container_usd_per_hour * HOURS_PER_MONTH
+    warm = cost.container_usd_per_hour * service.warm_extra_hours
     return replace(
         cost,
-        idle_usd=round(service.min_containers * month, 2),
-        baseline_usd=round((service.min_containers + service.buffer_containers) * month, 2),
+        warm_usd=round(warm, 2),
+        idle_usd=round(service.min_containers * month + warm, 2),
+        baseline_usd=round((service.min_containers + service.buffer_containers) * month + warm, 2),
         worst_usd=round(service.max_containers * month, 2),
     )
 

@@ -38,15 +38,24 @@ from typing import Any
 import pulumi
 
 from components.api_keys import ApiKey, ApiKeyArgs
-from components.config import HF_TOKEN_SECRET_NAME, ServiceSettings, StackConfig, StackSecrets
+from components.config import (
+    HF_TOKEN_SECRET_NAME,
+    WEIGHTS_STORE_ENV_KEYS,
+    WEIGHTS_STORE_SECRET_NAME,
+    ServiceSettings,
+    StackConfig,
+    StackSecrets,
+    weights_volume_name,
+)
 from components.gateway import GatewayTarget
 from components.modal.app import App, AppArgs
 from components.modal.environment import Environment, EnvironmentArgs
+from components.modal.model_weights import ModelWeights, ModelWeightsArgs
 from components.modal.proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs
 from components.modal.secret import Secret, SecretArgs
 from components.modal.spend_alert import SpendAlert, SpendAlertArgs, SpendWatch
 from components.modal.volume import Volume, VolumeArgs
-from serving.spec import KEY_VERSION_ENV
+from serving.spec import KEY_VERSION_ENV, SERVER_NAME
 
 ENVIRONMENT_TYPE = "modal-llm:serving:ServingEnvironment"
 SERVICE_TYPE = "modal-llm:serving:LLMService"
@@ -54,6 +63,7 @@ API_KEYS_ENV_VAR = "SERVING_API_KEYS"
 # serving/app.py bakes it into the image ENV, so a key change changes the deployed definition.
 API_KEYS_VERSION_ENV_VAR = KEY_VERSION_ENV
 HF_TOKEN_ENV_VAR = "HF_TOKEN"  # noqa: S105 (an env var name)
+PREWARM_APP_FILE = "serving/prewarm_app.py"
 
 # The spend watcher (watchers/spend_alerts.py, which must not import components/: the names it
 # reads are repeated here, and tests/providers/test_spend_watch.py deploys it with these).
@@ -73,6 +83,7 @@ class ServingEnvironment(pulumi.ComponentResource):
     environment: Environment
     environment_name: pulumi.Output[str]
     hf_token_secret: Secret | None
+    weights_store_secret: Secret | None
     proxy_token: ProxyAuthToken
     spend_alert: SpendAlert
 
@@ -108,6 +119,21 @@ class ServingEnvironment(pulumi.ComponentResource):
                     values={HF_TOKEN_ENV_VAR: secrets.hf_token},
                     environment=env,
                     # An adopted environment may hold the token secret already: claim it.
+                    adopt=cfg.adopt_environment,
+                ),
+                child,
+            )
+
+        # Credentials of the private S3-compatible weights store (services' `weights: {kind:
+        # s3}`), for the ModelWeights function only; the serving containers never get them.
+        self.weights_store_secret = None
+        if secrets.weights_store_credentials is not None:
+            self.weights_store_secret = Secret(
+                f"{name}-weights-store",
+                SecretArgs(
+                    name=WEIGHTS_STORE_SECRET_NAME,
+                    values=secrets.weights_store_credentials.apply(_weights_store_env),
+                    environment=env,
                     adopt=cfg.adopt_environment,
                 ),
                 child,
@@ -213,6 +239,26 @@ def _token_part(token: str, index: int) -> str:
     return (token_id, token_secret)[index]
 
 
+def _weights_store_env(text: str) -> dict[str, str]:
+    """The store credentials (a JSON map) as the secret's env; errors never show a value."""
+    try:
+        values = json.loads(text)
+    except ValueError:
+        values = None
+    if (
+        not isinstance(values, dict)
+        or not set(WEIGHTS_STORE_ENV_KEYS) <= set(values)
+        or not all(isinstance(v, str) and v for v in values.values())
+    ):
+        raise ValueError(
+            "modal-llm:weightsStoreCredentials must be a JSON map with non-empty "
+            f"{' and '.join(WEIGHTS_STORE_ENV_KEYS)} (optionally AWS_SESSION_TOKEN): "
+            "pulumi config set --secret modal-llm:weightsStoreCredentials "
+            '\'{"AWS_ACCESS_KEY_ID": "...", "AWS_SECRET_ACCESS_KEY": "..."}\''
+        )
+    return {str(k): str(v) for k, v in values.items()}
+
+
 class LLMService(pulumi.ComponentResource):
     """One served model: keys, key-digest secret, cache volumes and the deployed App."""
 
@@ -220,7 +266,10 @@ class LLMService(pulumi.ComponentResource):
     api_keys_secret: Secret
     hf_cache: Volume
     engine_cache: Volume
+    weights_volume: Volume | None
+    weights: ModelWeights | None
     app: App
+    prewarm: App | None
     endpoint_url: pulumi.Output[str]
 
     def __init__(
@@ -276,6 +325,40 @@ class LLMService(pulumi.ComponentResource):
         mounted: list[pulumi.Resource] = [self.api_keys_secret, self.hf_cache, self.engine_cache]
         if shared.hf_token_secret is not None:
             mounted.append(shared.hf_token_secret)
+
+        # Weights provisioned at `up` (issue 12.1): the volume, then ModelWeights fills it with
+        # the pinned revision; the App deploys after it (a new revision re-provisions, then
+        # redeploys: the spec's weights.path names the revision).
+        self.weights_volume = self.weights = None
+        source = settings.weights_source
+        if source is not None:
+            self.weights_volume = Volume(
+                f"{name}-weights-volume",
+                VolumeArgs(name=weights_volume_name(name), environment=env, adopt=settings.adopt),
+                cache_opts,
+            )
+            needs: list[pulumi.Resource] = [self.weights_volume]
+            fetch_secrets: list[str] = []
+            store = (
+                shared.hf_token_secret if source["kind"] == "hf" else shared.weights_store_secret
+            )
+            if store is not None:
+                needs.append(store)
+                fetch_secrets.append(
+                    HF_TOKEN_SECRET_NAME if source["kind"] == "hf" else WEIGHTS_STORE_SECRET_NAME
+                )
+            self.weights = ModelWeights(
+                f"{name}-weights",
+                ModelWeightsArgs(
+                    app_name=f"{name}-weights",
+                    environment=env,
+                    volume=self.weights_volume.name,
+                    source=source,
+                    secrets=fetch_secrets,
+                ),
+                pulumi.ResourceOptions(parent=self, depends_on=needs),
+            )
+            mounted += [self.weights_volume, self.weights]
         self.app = App(
             f"{name}-app",
             AppArgs(
@@ -296,6 +379,28 @@ class LLMService(pulumi.ComponentResource):
             ),
             pulumi.ResourceOptions(parent=self, depends_on=mounted),
         )
+        # Scheduled pre-warm (issue 12.3): a Cron function in the environment raises the
+        # server's min_containers during each window and restores it after. Deployed after the
+        # App; its config (windows, base, target) is its "spec", so a change redeploys it.
+        self.prewarm = None
+        if settings.warm_schedule:
+            prewarm_config = {
+                "target_app": name,
+                "server": SERVER_NAME,
+                "base_min_containers": spec.scaling.min_containers,
+                "windows": settings.warm_schedule,
+            }
+            self.prewarm = App(
+                f"{name}-prewarm",
+                AppArgs(
+                    name=f"{name}-prewarm",
+                    environment=env,
+                    app_file=PREWARM_APP_FILE,
+                    spec_json=json.dumps(prewarm_config, sort_keys=True, separators=(",", ":")),
+                    adopt=settings.adopt,
+                ),
+                pulumi.ResourceOptions(parent=self, depends_on=[self.app]),
+            )
         self.endpoint_url = self.app.web_url
         self.register_outputs(
             {
@@ -331,6 +436,16 @@ class LLMService(pulumi.ComponentResource):
             "monthly_cost_idle_usd": c.idle_usd,
             "monthly_cost_baseline_usd": c.baseline_usd,
             "monthly_cost_worst_usd": c.worst_usd,
+            **(
+                {"warm_schedule": self.settings.warm_schedule, "monthly_cost_warm_usd": c.warm_usd}
+                if self.settings.warm_schedule
+                else {}
+            ),
+            **(
+                {"weights": {"revision": self.weights.revision, "digest": self.weights.digest}}
+                if self.weights is not None
+                else {}
+            ),
         }
 
     def plain_api_keys(self) -> pulumi.Output[dict[str, str]]:

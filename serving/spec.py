@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from serving.engine_flags import FlagList, flag_list, parser_name
+from serving.weights import WEIGHTS_MOUNT
 
 Engine = Literal["vllm", "sglang"]
 
@@ -247,6 +248,31 @@ class Volumes(_Model):
         return _check_modal_name(value, "volume")
 
 
+class WeightsVolume(_Model):
+    """The model's files on a Modal volume, filled at `pulumi up` by the ModelWeights resource
+    (serving/weights.py): the engine loads `WEIGHTS_MOUNT/<path>` and never downloads, so a
+    cold start reads only the volume, and the model needs no Hugging Face id (a closed model
+    from a private store)."""
+
+    volume: str
+    #: The revision's directory on the volume (the ModelWeights output `path`).
+    path: str
+
+    @field_validator("volume")
+    @classmethod
+    def _modal_name(cls, value: str) -> str:
+        return _check_modal_name(value, "volume")
+
+    @field_validator("path")
+    @classmethod
+    def _relative_dir(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", value):
+            raise ValueError(
+                f"{value!r} is not a revision directory: 1-64 letters, digits, '.', '_', '-'"
+            )
+        return value
+
+
 class Secrets(_Model):
     """Names of the Modal secrets mounted as environment variables."""
 
@@ -347,6 +373,9 @@ class ServingSpec(_Model):
     # The stand-in engine instead of vLLM/SGLang (local stack only); None = the real engine.
     # Left out of to_json() when None, so specs from before the field keep their digest.
     engine_standin: EngineStandin | None = None
+    # The weights on a volume instead of a download from the hub (None: the engine downloads
+    # `model` into the HF cache volume on first start). Left out of to_json() when None.
+    weights: WeightsVolume | None = None
 
     # ---- field checks ----------------------------------------------------------------------
 
@@ -542,12 +571,22 @@ class ServingSpec(_Model):
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", self.served_model_name).strip("-.") or "serving"
         return name[:64]
 
+    @property
+    def model_source(self) -> str:
+        """What the engine loads: the weights directory on the volume, else the hub id."""
+        if self.weights is not None:
+            return f"{WEIGHTS_MOUNT}/{self.weights.path}"
+        return self.model
+
     def volume_mounts(self) -> dict[str, str]:
         """Mount path in the container -> Modal volume name."""
-        return {
+        mounts = {
             HF_CACHE_PATH: self.volumes.hf_cache,
             self.engine_cache_path: self.volumes.engine_cache,
         }
+        if self.weights is not None:
+            mounts[WEIGHTS_MOUNT] = self.weights.volume
+        return mounts
 
     def secret_names(self) -> list[str]:
         """Modal secrets to mount, API keys first."""
@@ -577,10 +616,13 @@ class ServingSpec(_Model):
 
     def engine_command(self, port: int = ENGINE_PORT) -> list[str]:
         """The engine's command line, listening on 127.0.0.1:port (only the proxy talks to it)."""
+        # With weights on a volume the engine loads that directory (a local path: vLLM and
+        # SGLang never contact the hub for it) and no revision applies.
+        revision = self.revision if self.weights is None else None
         if self.engine == "vllm":
-            cmd = ["vllm", "serve", self.model]
-            if self.revision is not None:
-                cmd += ["--revision", self.revision]
+            cmd = ["vllm", "serve", self.model_source]
+            if revision is not None:
+                cmd += ["--revision", revision]
             cmd += [
                 "--served-model-name", self.served_model_name,
                 "--host", "127.0.0.1",
@@ -605,9 +647,9 @@ class ServingSpec(_Model):
             if self.snapshot:
                 cmd += ["--enable-sleep-mode"]
         else:
-            cmd = ["python3", "-m", "sglang.launch_server", "--model-path", self.model]
-            if self.revision is not None:
-                cmd += ["--revision", self.revision]
+            cmd = ["python3", "-m", "sglang.launch_server", "--model-path", self.model_source]
+            if revision is not None:
+                cmd += ["--revision", revision]
             cmd += [
                 "--served-model-name", self.served_model_name,
                 "--host", "127.0.0.1",
@@ -651,6 +693,10 @@ class ServingSpec(_Model):
         else:
             # SGLang derives DeepGEMM, FlashInfer and TileLang JIT caches from this root.
             env["SGLANG_CACHE_DIR"] = cache
+        if self.weights is not None:
+            # Weights come from the volume: any hub access (a missing file, a tokenizer
+            # lookup by id) fails loudly instead of downloading at a cold start.
+            env["HF_HUB_OFFLINE"] = "1"
         if self.snapshot:
             # torch inductor's compile worker pool does not survive a memory snapshot.
             env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
@@ -665,6 +711,8 @@ class ServingSpec(_Model):
         """Canonical JSON: sorted keys, compact separators, every field written out (but
         `engine_standin` when unset: specs from before that field keep their digest)."""
         unset = {"engine_standin"} if self.engine_standin is None else set()
+        if self.weights is None:
+            unset.add("weights")
         data = self.model_dump(mode="json", exclude=unset)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 

@@ -21,6 +21,9 @@ _MODULES = {
     "Environment": "environment",
     "EnvironmentArgs": "environment",
     "EnvironmentProvider": "environment",
+    "ModelWeights": "model_weights",
+    "ModelWeightsArgs": "model_weights",
+    "ModelWeightsProvider": "model_weights",
     "ProxyAuthToken": "proxy_auth_token",
     "ProxyAuthTokenArgs": "proxy_auth_token",
     "ProxyAuthTokenProvider": "proxy_auth_token",
@@ -42,6 +45,9 @@ __all__ = [
     "Environment",
     "EnvironmentArgs",
     "EnvironmentProvider",
+    "ModelWeights",
+    "ModelWeightsArgs",
+    "ModelWeightsProvider",
     "ProxyAuthToken",
     "ProxyAuthTokenArgs",
     "ProxyAuthTokenProvider",
@@ -59,6 +65,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .app import App, AppArgs, AppProvider
     from .environment import Environment, EnvironmentArgs, EnvironmentProvider
+    from .model_weights import ModelWeights, ModelWeightsArgs, ModelWeightsProvider
     from .proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs, ProxyAuthTokenProvider
     from .secret import Secret, SecretArgs, SecretProvider
     from .spend_alert import SpendAlert, SpendAlertArgs, SpendAlertProvider

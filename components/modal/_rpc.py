@@ -443,6 +443,55 @@ async def app_stop(client: Any, app_id: str) -> None:
         await client._stub.AppStop(api_pb2.AppStopRequest(app_id=app_id))
 
 
+async def app_log_lines(
+    client: Any, app_id: str, function_id: str, since: float, until: float
+) -> list[tuple[float, str]]:
+    """(timestamp, line) of one function's log in [since, until], oldest first: the
+    `AppFetchLogsRequest` `modal app logs` sends (modal 1.6.4 `_logs._fetch_logs_interval`)."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+    from modal_proto import api_pb2
+
+    def stamp(t: float) -> Timestamp:
+        ts = Timestamp()
+        ts.FromNanoseconds(int(t * 1e9))
+        return ts
+
+    resp = await client._stub.AppFetchLogs(
+        api_pb2.AppFetchLogsRequest(
+            app_id=app_id,
+            since=stamp(since),
+            until=stamp(until),
+            limit=1000,
+            function_id=function_id,
+        )
+    )
+    out = [
+        (float(item.timestamp), line.rstrip())
+        for batch in resp.batches
+        for item in batch.items
+        for line in item.data.splitlines()
+        if line.strip()
+    ]
+    return sorted(out, key=lambda entry: entry[0])
+
+
+async def autoscaler_settings(client: Any, app_name: str, tag: str, environment: str) -> Any:
+    """`AutoscalerConfiguration` of a deployed function or `@app.server` (by its tag):
+    `settings` (effective), `static_settings` (the decorator's), `override_settings` (what
+    `update_autoscaler` set since the last deploy; empty when none). For drift reports: an
+    override that differs from the static settings is a runtime change a deploy would undo.
+    The request `Function/Server.autoscaler.settings()` sends (modal 1.6.4)."""
+    from modal_proto import api_pb2
+
+    fn = await client._stub.FunctionGet(
+        api_pb2.FunctionGetRequest(app_name=app_name, object_tag=tag, environment_name=environment)
+    )
+    resp = await client._stub.FunctionGetSchedulingParams(
+        api_pb2.FunctionGetSchedulingParamsRequest(function_id=fn.function_id)
+    )
+    return resp.autoscaler_configuration
+
+
 async def hello(client: Any) -> None:
     """`ClientHello`: the cheapest round trip (the probe before a create)."""
     from google.protobuf.empty_pb2 import Empty

@@ -2,6 +2,7 @@
 
 from emulator.handlers import (
     apps,
+    autoscaler,
     containers,
     deploy,
     dicts,
@@ -10,4 +11,13 @@ from emulator.handlers import (
     workspace,
 )
 
-__all__ = ["apps", "containers", "deploy", "dicts", "resources", "service_users", "workspace"]
+__all__ = [
+    "apps",
+    "autoscaler",
+    "containers",
+    "deploy",
+    "dicts",
+    "resources",
+    "service_users",
+    "workspace",
+]

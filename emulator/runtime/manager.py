@@ -147,6 +147,9 @@ class Pool:
     last_failure: str = ""
     next_run: float | None = None  # scheduled functions: epoch seconds of the next run
     failures: int = 0  # consecutive failed starts
+    #: Runtime autoscaler override (FunctionUpdateSchedulingParams), merged field by field
+    #: over the deployed settings; a deploy that changes the definition drops it.
+    override: api_pb2.AutoscalerSettings = field(default_factory=api_pb2.AutoscalerSettings)
 
     def back_off(self) -> None:
         """A container of this pool failed to start: wait before the next start."""
@@ -344,6 +347,11 @@ class Runtime:
         old_live = len(pool.live())
         pool.definition = definition
         pool.fn = function_of(definition)
+        # "Subsequent deployments of the App containing this Function will reset the autoscaler
+        # back to its static configuration" (modal 1.6.4 Function.update_autoscaler docstring).
+        if pool.override.ListFields():
+            log.info("runtime: function %s redeployed: autoscaler override dropped", definition.id)
+        pool.override = api_pb2.AutoscalerSettings()
         pool.settings = Settings.of(pool.fn)
         pool.backoff_until = 0.0
         pool.failures = 0
@@ -378,6 +386,47 @@ class Runtime:
         pool = self._new_pool(fn_app, definition)
         self.pools[function_id] = pool
         return pool
+
+    # ---- autoscaler overrides (Function.update_autoscaler / autoscaler.update) ---------------
+    def static_autoscaler(self, pool: Pool) -> api_pb2.AutoscalerSettings:
+        """The deployed (decorator) settings, in the shape the client reads."""
+        s = Settings.of(pool.fn)
+        a = pool.fn.autoscaler_settings
+        return api_pb2.AutoscalerSettings(
+            min_containers=s.min_containers,
+            max_containers=s.max_containers or 0,
+            buffer_containers=a.buffer_containers if a.HasField("buffer_containers") else 0,
+            scaledown_window=int(s.scaledown_window),
+        )
+
+    def effective_autoscaler(self, pool: Pool) -> api_pb2.AutoscalerSettings:
+        merged = self.static_autoscaler(pool)
+        merged.MergeFrom(pool.override)  # only the fields the override set
+        return merged
+
+    def update_autoscaler(
+        self, function_id: str, settings: api_pb2.AutoscalerSettings
+    ) -> api_pb2.AutoscalerSettings:
+        """Merge `settings` (the fields it sets) into the function's override and apply it at
+        once; answers the effective settings. The pool must be deployed (KeyError if not)."""
+        pool = self.pools.get(function_id)
+        if pool is None or pool.retired:
+            raise KeyError(function_id)
+        pool.override.MergeFrom(settings)
+        eff = self.effective_autoscaler(pool)
+        pool.settings.min_containers = eff.min_containers
+        pool.settings.max_containers = eff.max_containers or None
+        pool.settings.scaledown_window = float(eff.scaledown_window)
+        log.info(
+            "runtime: function %s autoscaler override: min %d, max %s, scaledown %d s",
+            function_id,
+            eff.min_containers,
+            eff.max_containers or "unbounded",
+            eff.scaledown_window,
+        )
+        pool.notify()
+        self.wake()
+        return eff
 
     def _app_of_function(self, function_id: str) -> App:
         with self.state.store.read() as db:

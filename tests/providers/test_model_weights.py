@@ -1,0 +1,348 @@
+"""ModelWeights: the real weights function run on the emulator's runtime, from a local fake
+Hugging Face hub (tests/providers/fake_hub.py, the `huggingface_hub` 2.4.0 client unchanged)
+and a local S3 server (moto's server mode, the boto3 client unchanged).
+
+The emulator runs with `--container-network host` here: a container in its own network
+namespace reaches nothing of this machine (docs/emulator.md), and the fake hub and moto
+listen on this machine's loopback, as a hub mirror or a private store would be reachable from
+a Modal container. Volumes then appear at their mount path through a symlink (`/weights`),
+which this module removes around each test (only a symlink: a real `/weights` skips): the
+emulator keeps an existing link, so a link to the last test's volume would be used instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.modal.model_weights import ModelWeightsProvider
+from components.modal.secret import SecretProvider
+from components.modal.volume import VolumeProvider
+from serving.spec import ServingSpec
+from serving.weights import WEIGHTS_MOUNT, manifest_of
+from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
+from tests.harness.provider_server import Engine, ProviderCallError, ProviderServer
+from tests.providers.fake_hub import FakeHub
+from tests.providers.helpers import rpc_delta, server_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+P = ModelWeightsProvider()
+HF_TOKEN = "hf_fake_gated_token_0123456789"
+S3_SECRET = "moto-secret-key-abcdef123456"
+REPO = "acme/tiny-closed"
+REV1, REV2 = "1" * 40, "2" * 40
+FILES1 = {
+    "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
+    "model.safetensors": bytes(range(256)) * 40,  # 10,240 bytes
+    "tokenizer/tokenizer.json": b'{"version": "1.0"}',
+}
+FILES2 = {**FILES1, "model.safetensors": bytes(range(255, -1, -1)) * 48}  # 12,288 bytes
+
+
+def _drop_weights_link() -> None:
+    link = Path(WEIGHTS_MOUNT)
+    if link.is_symlink():
+        link.unlink()
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
+    if Path(WEIGHTS_MOUNT).exists() and not Path(WEIGHTS_MOUNT).is_symlink():
+        pytest.skip(f"{WEIGHTS_MOUNT} exists on this machine: host-network volumes need it free")
+    _drop_weights_link()
+    state = tmp_path_factory.mktemp("weights-emu") / "state.sqlite3"
+    proc = EmulatorProcess(state_path=state, container_network="host").start()
+    try:
+        yield proc
+    finally:
+        proc.close()
+        _drop_weights_link()
+
+
+@pytest.fixture(scope="module")
+def server(emu: EmulatorProcess) -> Iterator[ProviderServer]:
+    srv = ProviderServer(env=server_env(emu)).start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+@pytest.fixture
+def engine(emu: EmulatorProcess, server: ProviderServer) -> Iterator[Engine]:
+    emu.reset()
+    # The reset made new volumes: a link left from the last test would point at the old one.
+    _drop_weights_link()
+    yield Engine(server)
+    _drop_weights_link()
+
+
+@pytest.fixture
+def hub() -> Iterator[FakeHub]:
+    fake = FakeHub(token=HF_TOKEN)
+    fake.add(REPO, REV1, FILES1)
+    fake.add(REPO, REV2, FILES2)
+    try:
+        yield fake
+    finally:
+        fake.close()
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    url = f"http://{host}:{port}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="AKIAWEIGHTSTEST",
+        aws_secret_access_key=S3_SECRET,
+    )
+    client.create_bucket(Bucket="closed-models")
+    for path, data in FILES1.items():
+        client.put_object(Bucket="closed-models", Key=f"acme/tiny/v3/{path}", Body=data)
+    try:
+        yield url
+    finally:
+        srv.stop()
+
+
+def expected(files: dict[str, bytes], tmp: Path) -> dict[str, Any]:
+    """The manifest of `files` laid out locally (serving/weights.py's own digest rule)."""
+    for path, data in files.items():
+        (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / path).write_bytes(data)
+    return manifest_of(tmp)
+
+
+def setup_storage(engine: Engine, secrets: dict[str, dict[str, str]]) -> None:
+    """The weights volume and the secrets, through their own resources."""
+    engine.up("vol", VolumeProvider(), {"name": "tiny-weights", "environment": "main"})
+    for name, values in secrets.items():
+        engine.up(
+            f"secret-{name}",
+            SecretProvider(),
+            {"name": name, "environment": "main", "values": values},
+        )
+
+
+def hf_inputs(hub: FakeHub, revision: str = REV1, **kw: Any) -> dict[str, Any]:
+    return {
+        "app_name": "tiny-weights",
+        "environment": "main",
+        "volume": "tiny-weights",
+        "source": {"kind": "hf", "repo": REPO, "revision": revision, "endpoint": hub.url},
+        "secrets": ["huggingface-token"],
+        **kw,
+    }
+
+
+def volume_dir(emu: EmulatorProcess) -> Path:
+    assert emu.state_path is not None
+    vol = next(v for v in emu.state()["volumes"] if v["name"] == "tiny-weights")
+    return Path(f"{emu.state_path}.d") / "volumes" / vol["id"]
+
+
+def test_hf_lifecycle_provisions_noop_touches_nothing_revision_reprovisions(
+    engine: Engine, emu: EmulatorProcess, hub: FakeHub, server: ProviderServer, tmp_path: Path
+) -> None:
+    setup_storage(engine, {"huggingface-token": {"HF_TOKEN": HF_TOKEN}})
+    assert engine.up("w", P, hf_inputs(hub)) == "create"
+    out = engine.states["w"].outputs
+    want = expected(FILES1, tmp_path / "r1")
+    total1 = sum(map(len, FILES1.values()))
+    assert out["revision"] == REV1 and out["path"] == REV1
+    assert (out["file_count"], out["bytes"], out["digest"]) == (3, total1, want["digest"])
+    assert out["downloaded_bytes"] == total1 == hub.bytes_served
+    files = volume_dir(emu) / REV1
+    assert (files / "model.safetensors").read_bytes() == FILES1["model.safetensors"]
+    assert (files / "tokenizer/tokenizer.json").read_bytes() == FILES1["tokenizer/tokenizer.json"]
+    assert out["app_id"].startswith("ap-")
+    # Progress reached Pulumi's log as it came (pulumi.log.info: the provider's stderr here).
+    assert "ModelWeights 'tiny-weights': [2/3] model.safetensors" in server.logs()
+
+    before = emu.rpc_counts()
+    assert engine.preview("w", P, hf_inputs(hub)) == "same"
+    assert engine.up("w", P, hf_inputs(hub)) == "same"
+    assert rpc_delta(before, emu.rpc_counts()) == {}  # a no-op up makes no call at all
+    assert hub.bytes_served == total1
+
+    assert engine.preview("w", P, hf_inputs(hub, REV2)) == "update"
+    assert engine.up("w", P, hf_inputs(hub, REV2)) == "update"
+    out = engine.states["w"].outputs
+    want2 = expected(FILES2, tmp_path / "r2")
+    assert (out["path"], out["digest"]) == (REV2, want2["digest"]) and want2 != want
+    assert hub.bytes_served == total1 + out["bytes"]
+    assert engine.refresh("w") == "same"
+
+    engine.destroy("w")
+    apps = {a["name"]: a["state"] for a in emu.state()["apps"]}
+    assert apps == {"tiny-weights": "stopped"}
+    assert (volume_dir(emu) / REV2 / "config.json").is_file()  # the volume keeps its files
+
+
+def test_cold_start_after_provisioning_downloads_zero_bytes(
+    engine: Engine, emu: EmulatorProcess, hub: FakeHub
+) -> None:
+    """A container that loads the model as the spec renders it: from the hub without
+    weights (the baseline, counted by the same hub), from the volume with them."""
+    hub_access = {"HF_TOKEN": HF_TOKEN, "HF_ENDPOINT": hub.url}
+    setup_storage(engine, {"huggingface-token": {"HF_TOKEN": HF_TOKEN}, "hub-access": hub_access})
+    engine.up("w", P, hf_inputs(hub))
+    provisioned = hub.bytes_served
+    env = emu.subprocess_env()
+    subprocess.run(
+        [sys.executable, "-m", "modal", "deploy", "tests/providers/apps/weights_consumer.py"],
+        env=env,
+        cwd=PROJECT_ROOT,
+        check=True,
+        capture_output=True,
+    )
+    base = {"engine": "vllm", "model": REPO, "revision": REV1, "served_model_name": "tiny"}
+    with_weights = {**base, "weights": {"volume": "tiny-weights", "path": REV1}}
+    loads = {}
+    for label, spec in (("hub", base), ("volume", with_weights)):
+        before = hub.bytes_served
+        call = (
+            "import json, modal, sys; f = modal.Function.from_name('weights-consumer', 'load');"
+            " print(json.dumps(f.remote(sys.argv[1])))"
+        )
+        spec_json = ServingSpec.model_validate(spec).to_json()
+        proc = subprocess.run(
+            [sys.executable, "-c", call, spec_json],
+            env=env,
+            cwd=PROJECT_ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        loads[label] = {**json.loads(proc.stdout.strip().splitlines()[-1])}
+        loads[label]["hub_bytes"] = hub.bytes_served - before
+    total = sum(map(len, FILES1.values()))
+    assert provisioned == total
+    assert loads["hub"]["from_volume"] is False and loads["hub"]["hub_bytes"] == total
+    assert loads["volume"]["from_volume"] is True and loads["volume"]["hub_bytes"] == 0
+    assert loads["volume"]["model"] == f"{WEIGHTS_MOUNT}/{REV1}"
+    assert loads["volume"]["bytes_read"] == total and loads["volume"]["files"] == 3
+    print(f"\ncold start: {json.dumps(loads)}")
+
+
+def test_s3_source_with_credentials_from_a_modal_secret(
+    engine: Engine, emu: EmulatorProcess, s3: str, tmp_path: Path
+) -> None:
+    creds = {"AWS_ACCESS_KEY_ID": "AKIAWEIGHTSTEST", "AWS_SECRET_ACCESS_KEY": S3_SECRET}
+    setup_storage(engine, {"weights-store": creds})
+    source = {
+        "kind": "s3",
+        "bucket": "closed-models",
+        "prefix": "acme/tiny/v3/",
+        "revision": "v3",
+        "endpoint_url": s3,
+        "region": "us-east-1",
+    }
+    inputs = {
+        "app_name": "tiny-weights",
+        "environment": "main",
+        "volume": "tiny-weights",
+        "source": source,
+        "secrets": ["weights-store"],
+    }
+    assert engine.up("w", P, inputs) == "create"
+    out = engine.states["w"].outputs
+    assert (out["path"], out["file_count"]) == ("v3", 3)
+    assert out["digest"] == expected(FILES1, tmp_path)["digest"]  # same files, same digest
+    assert (volume_dir(emu) / "v3/tokenizer/tokenizer.json").is_file()
+
+    bad = {**inputs, "source": {**source, "prefix": "acme/missing/", "revision": "v4"}}
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("w", P, bad)
+    msg = ei.value.details
+    assert "ModelWeights s3://closed-models/acme/missing/ (revision v4)" in msg
+    assert "update failed: the weights function failed with" in msg
+    assert "no objects under that prefix" in msg and "Modal is unreachable" not in msg
+    assert S3_SECRET not in msg and S3_SECRET not in json.dumps(engine.states["w"].outputs)
+    assert engine.states["w"].outputs["path"] == "v3"  # the failed update recorded nothing
+
+
+def test_hub_refusal_fails_with_the_function_log_tail_and_no_token(
+    engine: Engine, emu: EmulatorProcess, hub: FakeHub
+) -> None:
+    setup_storage(engine, {"huggingface-token": {"HF_TOKEN": "hf_wrong_token_000000000"}})
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("w", P, hf_inputs(hub))
+    msg = ei.value.details
+    assert f"ModelWeights hf://{REPO}@{REV1} into volume 'tiny-weights'" in msg
+    assert "create failed: the weights function failed with HfHubHTTPError" in msg
+    assert "401" in msg and "Last lines of the function's log:" in msg
+    assert "Modal is unreachable" not in msg
+    assert HF_TOKEN not in msg and "hf_wrong_token" not in msg
+    assert "w" not in engine.states
+    assert not any(p.name.startswith(".incoming") for p in volume_dir(emu).iterdir())
+
+
+def test_check_rejects_bad_sources(server: ProviderServer) -> None:
+    bad = {"app_name": "x", "environment": "main", "volume": "v", "source": {"kind": "gcs"}}
+    failures = server.check(P, bad).failures
+    assert [prop for prop, _ in failures] == ["source"]
+    assert os.path.isfile(PROJECT_ROOT / "serving/weights_app.py")
+
+
+# ---- the program's wiring, under mocks ---------------------------------------------------------
+
+
+def test_program_provisions_before_the_app_and_points_the_spec_at_the_volume() -> None:
+    from pulumi_standin.values import Secret
+    from tests.program.runner import run_program, stack_config
+
+    services = yaml_services(
+        {"kind": "s3", "bucket": "closed-models", "prefix": "acme/tiny/v3/", "revision": "v3"}
+    )
+    creds = json.dumps({"AWS_ACCESS_KEY_ID": "AKIAPROGRAM", "AWS_SECRET_ACCESS_KEY": S3_SECRET})
+    config, keys = stack_config(
+        "local",
+        {
+            "modal-llm:services": services,
+            "modal-llm:weightsStoreCredentials": Secret(creds),
+        },
+    )
+    run = run_program("local", config, keys)
+    (weights,) = run.of_type("modal:ModelWeights")
+    (volume,) = [v for v in run.of_type("modal:Volume") if v.inputs["name"] == "tiny-weights"]
+    (store,) = [
+        s for s in run.of_type("modal:Secret") if s.inputs["name"] == "weights-store-credentials"
+    ]
+    (app,) = run.of_type("modal:App")
+    assert weights.inputs["source"]["revision"] == "v3"
+    assert weights.inputs["secrets"] == ["weights-store-credentials"]
+    assert {volume.urn, store.urn} <= set(weights.dependencies)
+    assert weights.urn in app.dependencies  # provisioned first, then deployed
+    spec = ServingSpec.from_json(app.inputs["spec_json"])
+    assert spec.weights is not None and (spec.weights.volume, spec.weights.path) == (
+        "tiny-weights",
+        "v3",
+    )
+    assert spec.engine_command()[2] == f"{WEIGHTS_MOUNT}/v3"
+    assert spec.volume_mounts()[WEIGHTS_MOUNT] == "tiny-weights"
+    assert S3_SECRET not in json.dumps(weights.inputs) + app.inputs["spec_json"]
+
+
+def yaml_services(weights: dict[str, Any]) -> list[dict[str, Any]]:
+    import yaml
+
+    raw = yaml.safe_load((PROJECT_ROOT / "Pulumi.local.yaml").read_text())
+    services = raw["config"]["modal-llm:services"]
+    return [{**services[0], "weights": weights}]
