@@ -35,8 +35,8 @@ from typing import Any
 
 from google.protobuf import empty_pb2
 
-from bench.providers.emulator import BenchEmulator
 from components.modal import AppProvider, SecretProvider, VolumeProvider
+from emulator.process import EmulatorProcess
 from pulumi_standin import PROJECT_ROOT, Engine, ProviderServer, Secret
 from serving.spec import ServingSpec
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
-    with BenchEmulator() as emu, ProviderServer(env=emu.subprocess_env()) as srv:
+    with EmulatorProcess() as emu, ProviderServer(env=emu.subprocess_env()) as srv:
         eng = Engine(srv)
         sp, app = SecretProvider(), AppProvider()
         keys = {"SERVING_API_KEYS": json.dumps({"bench": "sha256:" + "0" * 64})}
