@@ -7,7 +7,8 @@ Routes:
 - `GET /_emulator/state`: JSON dump of the state (no secret values, no file bytes).
 - `POST /_emulator/reset`: empty the state (default environment re-created), zero RPC counts.
 - `POST /_emulator/usage` with `{"environment": NAME, "usd": FLOAT}`: set current-cycle usage.
-- `GET /_emulator/rpc-counts`: `{"Method": count, ...}` since the last reset.
+- `GET /_emulator/rpc-counts`: `{"Method": count, ...}` since the last reset (calls made by
+  running containers as `"container:Method"`).
 - `POST /_emulator/proxy-auth` with `{"token_id", "token_secret", "environment"}`: what
   Modal's edge decides for `Modal-Key`/`Modal-Secret` headers: 200 `{"allowed": true}`, or 401.
 - `POST /_emulator/faults`: arm an injected RPC failure for tests (emulator/faults.py).

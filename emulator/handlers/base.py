@@ -45,6 +45,8 @@ log = logging.getLogger("emulator.rpc")
 #: request comes back as HTTP status 413, which modal/dict.py and modal/queue.py turn into
 #: `RequestSizeError` (they match "status = '413'"). So: 100 MiB, answered with :status 413.
 MAX_MESSAGE_BYTES = 100 << 20
+#: Prefix of container-made calls in the RPC counts (`/_emulator/rpc-counts`).
+CONTAINER_PREFIX = "container:"
 Handler = Callable[..., Any]
 REGISTRY: dict[str, Handler] = {}
 
@@ -158,7 +160,9 @@ class ServicerBase(ModalClientBase):
         return None
 
     async def _dispatch(self, method: str, stream: Stream[Any, Any]) -> None:
-        self.counter.add(method)
+        # Calls a running container makes (its input long polls, heartbeats, the app's own
+        # calls) are counted apart, so a client's call counts do not depend on containers.
+        self.counter.add(f"{CONTAINER_PREFIX}{method}" if self.task_id else method)
         metadata = {str(k): str(v) for k, v in stream.metadata.items()} if stream.metadata else {}
         service_user = self._authenticate(method, metadata)
         fn = REGISTRY.get(method)

@@ -84,9 +84,16 @@ READ_ONLY_RPCS = frozenset(
 
 
 def mutating_calls(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """RPCs (by method) made between two rpc_counts() snapshots that can change state."""
+    """RPCs (by method) made between two rpc_counts() snapshots that can change state.
+
+    Calls made by running containers (counted as `container:<Method>`: their input polls,
+    heartbeats, the app's own calls) are not the client's and are left out."""
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    return {k: v for k, v in delta.items() if v and k.rsplit("/", 1)[-1] not in READ_ONLY_RPCS}
+    return {
+        k: v
+        for k, v in delta.items()
+        if v and not k.startswith("container:") and k.rsplit("/", 1)[-1] not in READ_ONLY_RPCS
+    }
 
 
 def rpc_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
