@@ -12,7 +12,12 @@ Process hygiene: the container is the leader of its own process group (everythin
 is in it); a stop sends SIGTERM to the container process only (so `@modal.exit` runs and can
 stop its own children, as on Modal), then SIGKILL to the whole group after the grace period.
 When the container process exits for any reason (even `kill -9`), whatever is left in its
-group is killed. PR_SET_PDEATHSIG makes the kernel kill the container if the emulator itself
+group is killed. A container with its own namespaces (netns mode) is also swept by namespace:
+processes it started in a new session (`start_new_session=True`, as serving/engine.py does for
+the proxy and the engine, so that they outlive a signal to the group) leave its process group
+but not its network namespace, so every process still in that namespace is killed too. In host
+network mode there is no namespace to sweep: such processes can outlive their container
+(docs/emulator.md). PR_SET_PDEATHSIG makes the kernel kill the container if the emulator itself
 dies without cleaning up.
 """
 
@@ -214,10 +219,13 @@ async def launch(
 
     async def watch() -> None:
         pumps = asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
+        netns_id = await _own_netns(proc.pid) if spec.netns else None
         # Processes it started keep its output pipes open (and asyncio's wait() waits for
         # them): a pidfd says when the container process itself has exited.
         await _exited(proc.pid)
         kill_group(proc.pid, signal.SIGKILL)  # whatever it left behind
+        if netns_id is not None:
+            kill_netns(netns_id, signal.SIGKILL)  # also what left the group (new sessions)
         container.exit_code = await proc.wait()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(pumps, 2.0)
@@ -247,6 +255,42 @@ async def _exited(pid: int) -> None:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
+
+
+def _netns_of(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+async def _own_netns(pid: int, timeout: float = 5.0) -> str | None:
+    """The network namespace `pid` runs in once `unshare` has made it (not the emulator's)."""
+    mine = _netns_of(os.getpid())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ns = _netns_of(pid)
+        if ns is None:
+            return None  # already gone: its group kill is all there is
+        if ns != mine:
+            return ns
+        await asyncio.sleep(0.02)
+    return None
+
+
+def kill_netns(netns_id: str, sig: int) -> int:
+    """Send `sig` to every process in network namespace `netns_id`; how many were found."""
+    if netns_id == _netns_of(os.getpid()):
+        return 0  # never the emulator's own namespace
+    found = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and _netns_of(entry.name) == netns_id:
+            found += 1
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), sig)
+    if found:
+        log.info("killed %d process(es) left in a stopped container's namespace", found)
+    return found
 
 
 def kill_group(pgid: int | None, sig: int) -> None:

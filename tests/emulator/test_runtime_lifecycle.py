@@ -99,6 +99,38 @@ def test_a_killed_container_is_replaced_and_leaves_no_process(rt: EmulatorProces
     assert crashed["state"] == "failed" and "exited unexpectedly" in str(crashed["failure"])
 
 
+def test_processes_started_in_a_new_session_die_with_their_container(rt: EmulatorProcess) -> None:
+    """A process the container started with `start_new_session=True` (serving/engine.py does
+    this for its proxy and engine) is outside the container's process group; with the
+    container in its own network namespace it is swept by namespace when the container ends,
+    after a `kill -9` of the container as after `modal app stop`."""
+
+    def detached_pid(task_id: str) -> int:
+        def find() -> int | None:
+            out = modal_cli(rt, "app", "logs", "rt-server", "--show-container-id").stdout
+            for line in out.splitlines():
+                if task_id in line and "detached pid " in line:
+                    return int(line.rsplit("detached pid ", 1)[1].split()[0])
+            return None
+
+        return wait_for(find, 30, what=f"the detached pid of {task_id}")
+
+    deploy_server(rt, unauth="1", min="1", detached="1")
+    aid = app_id(rt, "rt-server")
+    (first,) = _ready(rt, aid)
+    if not first.get("netns"):
+        pytest.skip("containers run on the host network here: nothing to sweep by namespace")
+    orphan = detached_pid(str(first["task_id"]))
+    assert pid_alive(orphan) and orphan not in group_pids(int(str(first["pid"])))
+    os.kill(int(str(first["pid"])), signal.SIGKILL)
+    wait_for(lambda: not pid_alive(orphan), 10, what="the detached process of a killed container")
+
+    (second,) = _ready(rt, aid)
+    orphan = detached_pid(str(second["task_id"]))
+    modal_cli(rt, "app", "stop", "rt-server", "-y")
+    wait_for(lambda: not pid_alive(orphan), 20, what="the detached process of a stopped app")
+
+
 def test_volume_writes_persist_into_the_next_container(rt: EmulatorProcess) -> None:
     url, _ = deploy_server(rt, unauth="1")
     assert get(url).status_code == 200

@@ -4,7 +4,9 @@ Env knobs (read at deploy time and baked into the definition through the image's
 RT_APP (app name), RT_MESSAGE (what GET / answers), RT_MIN (min_containers),
 RT_MAX (max_containers), RT_CONC (max_concurrency), RT_SCALEDOWN (scaledown_window),
 RT_STARTUP (startup_timeout), RT_UNAUTH=1 (unauthenticated), RT_FAIL=enter|never-listen,
-RT_EXIT_MARKER=1 (`@modal.exit` writes /tmp/rt-data/exit-<task id> into the volume).
+RT_EXIT_MARKER=1 (`@modal.exit` writes /tmp/rt-data/exit-<task id> into the volume),
+RT_DETACHED=1 (`@modal.enter` also starts a `sleep` in a new session, outside the container's
+process group, and prints `detached pid <pid>`).
 """
 
 import os
@@ -19,6 +21,7 @@ _env = {
     "RT_MESSAGE": os.environ.get("RT_MESSAGE", "hello"),
     "RT_FAIL": os.environ.get("RT_FAIL", ""),
     "RT_EXIT_MARKER": os.environ.get("RT_EXIT_MARKER", ""),
+    "RT_DETACHED": os.environ.get("RT_DETACHED", ""),
 }
 image = modal.Image.debian_slim().env(_env).add_local_file(HERE / "rt_web.py", "/root/rt_web.py")
 app = modal.App(APP_NAME, image=image)
@@ -50,6 +53,9 @@ class Web:
             raise RuntimeError("enter failed on purpose")
         if os.environ.get("RT_FAIL") == "never-listen":
             return
+        if os.environ.get("RT_DETACHED") == "1":
+            detached = subprocess.Popen(["sleep", "600"], start_new_session=True)
+            print(f"detached pid {detached.pid}", flush=True)
         print(f"starting web server in {os.getcwd()}", flush=True)
         web = pathlib.Path(__file__).with_name("rt_web.py")  # /root/rt_web.py in a container
         self.proc = subprocess.Popen([sys.executable, str(web)])
