@@ -1,0 +1,239 @@
+"""App health gate (issue 11 items 1-4) on the live local runtime.
+
+The App provider deploys tests/providers/apps/gate_app.py (a serving-shaped `@app.server`:
+`/ready`, `/v1/completions` checking API keys against the digests in a Modal secret) to the
+emulator, which runs it behind its edge with Modal's proxy auth. The gate calls the endpoint
+as a gateway does, with the proxy token and an API key; a release that fails to start or
+never gets ready is rolled back (`AppRollback`) and the update fails naming the resource,
+the reason and the container's log tail; a failed create leaves nothing deployed; after a key
+rotation the gate's smoke request uses the NEW key, and the old one is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from components.modal import AppProvider, ProxyAuthTokenProvider, SecretProvider
+from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
+from tests.harness.provider_server import Engine, ProviderCallError, Secret
+from tests.providers.helpers import rpc_delta
+
+APP = AppProvider()
+APP_FILE = "tests/providers/apps/gate_app.py"
+KEYS_SECRET = "gate-keys"
+GATE_TIMEOUT_S = 8.0  # short: the failing releases wait this long before the rollback
+OLD_KEY, NEW_KEY = "sk-gate-old-0123456789abcdef", "sk-gate-new-fedcba9876543210"
+
+
+def digests(*keys: str) -> str:
+    return json.dumps(
+        {f"k{i}": "sha256:" + hashlib.sha256(k.encode()).hexdigest() for i, k in enumerate(keys)}
+    )
+
+
+def spec(fail: str = "", message: str = "pong") -> str:
+    return json.dumps(
+        {"keys_secret": KEYS_SECRET, "fail": fail, "min_containers": 1, "message": message},
+        sort_keys=True,
+    )
+
+
+class Stack:
+    """The proxy token and key secret a gated App needs, made with the real providers."""
+
+    def __init__(self, engine: Engine, key: str = OLD_KEY) -> None:
+        self.engine = engine
+        engine.up("token", ProxyAuthTokenProvider(), {"name": "gate-gw", "environments": ["main"]})
+        out = engine.states["token"].outputs
+        self.token_id = str(out["token_id"])
+        secret = out["token_secret"]
+        self.token_secret = str(secret.value if isinstance(secret, Secret) else secret)
+        self.set_keys(key)
+
+    def set_keys(self, *keys: str) -> None:
+        values = Secret({"SERVING_API_KEYS": digests(*keys)})
+        self.engine.up(
+            "keys", SecretProvider(), {"name": KEYS_SECRET, "environment": "main", "values": values}
+        )
+
+    def app(self, key: str = OLD_KEY, gate: bool = True, **kw: Any) -> dict[str, Any]:
+        return {
+            "name": "gate",
+            "environment": "main",
+            "app_file": APP_FILE,
+            "spec_json": spec(),
+            "extra_env": {"SERVING_API_KEYS_SHA256": hashlib.sha256(key.encode()).hexdigest()},
+            "health_gate": gate,
+            "health_gate_timeout_s": GATE_TIMEOUT_S,
+            "gate_token_id": self.token_id,
+            "gate_token_secret": Secret(self.token_secret),
+            "gate_api_key": Secret(key),
+            "gate_model": "gate-model",
+            **kw,
+        }
+
+    def call(self, url: str, path: str, key: str | None = None) -> int:
+        headers = {"Modal-Key": self.token_id, "Modal-Secret": self.token_secret}
+        body = None
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+            body = json.dumps({"model": "gate-model", "prompt": "hi", "max_tokens": 1}).encode()
+        req = urllib.request.Request(url + path, data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+
+@pytest.fixture
+def stack(engine: Engine) -> Stack:
+    return Stack(engine)
+
+
+def git_commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def live_apps(emu: EmulatorProcess) -> list[str]:
+    return [a["id"] for a in emu.state()["apps"] if a.get("state") != "stopped"]
+
+
+def wait_no_containers(emu: EmulatorProcess, timeout: float = 20.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        live = [c for c in emu.containers() if c["state"] not in ("stopped", "failed")]
+        if not live or time.monotonic() > deadline:
+            return live
+        time.sleep(0.2)
+
+
+def test_check_needs_what_the_gate_sends(stack: Stack) -> None:
+    inputs = stack.app()
+    for key in ("gate_token_id", "gate_token_secret", "gate_api_key"):
+        inputs.pop(key)
+    failures = stack.engine.server.check(APP, inputs).failures
+    assert {f[0] for f in failures} == {"gate_token_id", "gate_token_secret", "gate_api_key"}
+    bad = stack.engine.server.check(APP, stack.app(health_gate_timeout_s=0)).failures
+    assert [f[0] for f in bad] == ["health_gate_timeout_s"]
+    # Gate off: nothing else is needed (the pre-issue-11 inputs keep working).
+    assert stack.engine.server.check(APP, stack.app(gate=False)).failures == []
+
+
+def test_good_release_passes_the_gate_and_records_versions(
+    stack: Stack, emulator: EmulatorProcess
+) -> None:
+    engine = stack.engine
+    assert engine.up("a", APP, stack.app()) == "create"
+    out = engine.states["a"].outputs
+    assert out["gate_result"].startswith("passed: v1"), out["gate_result"]
+    assert 0 < out["gate_seconds"] < GATE_TIMEOUT_S
+    assert (out["version"], out["previous_version"]) == (1, 0)
+    assert out["commit"] == git_commit() and out["rollback_command"] == ""
+    # The deploy was tagged with the commit (`modal deploy --tag`).
+    versions = [v for v in emulator.state()["app_versions"] if v["app_id"] == out["app_id"]]
+    assert [v["tag"] for v in versions] == [git_commit()]
+    # No gate input is an output: the secrets stay in the (secret) inputs only.
+    assert not {"gate_token_secret", "gate_api_key"} & set(out)
+    assert stack.call(out["web_url"], "/v1/completions", OLD_KEY) == 200
+
+    update = stack.app(spec_json=spec(message="pong-2"))
+    assert engine.up("a", APP, update) == "update"
+    out = engine.states["a"].outputs
+    assert (out["version"], out["previous_version"]) == (2, 1)
+    assert out["gate_result"].startswith("passed: v2")
+    assert out["rollback_command"] == "modal app rollback gate v1 -e main"
+
+    # The gate policy alone changes: recorded, no deploy.
+    before = emulator.rpc_counts()
+    assert engine.up("a", APP, {**update, "health_gate": False}) == "update"
+    assert "AppPublish" not in rpc_delta(before, emulator.rpc_counts())
+    assert engine.states["a"].outputs["version"] == 2
+    engine.destroy("a")
+    assert live_apps(emulator) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fail", "reason"),
+    [
+        ("start", "CUDA out of memory"),
+        ("never-ready", "GET /ready answered 503"),
+    ],
+)
+def test_bad_release_is_rolled_back_and_the_update_fails(
+    stack: Stack, emulator: EmulatorProcess, fail: str, reason: str
+) -> None:
+    engine = stack.engine
+    engine.up("a", APP, stack.app())
+    good = engine.states["a"].outputs
+    url = good["web_url"]
+
+    with pytest.raises(ProviderCallError) as err:
+        engine.up("a", APP, stack.app(spec_json=spec(fail=fail)))
+    details = err.value.details
+    assert "App 'gate' in environment 'main': update failed the health gate: v2" in details
+    assert reason in details  # the reason, or the container's own log line
+    assert "Rolled back to v1" in details and "answers /ready again" in details
+    assert "The container's last log lines:" in details
+    if fail == "start":
+        assert "engine: CUDA out of memory while loading the model" in details
+    assert "modal app rollback gate v1 -e main" in details
+    for secret in (stack.token_secret, OLD_KEY):
+        assert secret not in details and secret not in engine.server.logs()
+    # Progress was reported while it waited (pulumi.log.info from the provider).
+    assert "health gate waiting for v2" in engine.server.logs()
+
+    # The previous version answers again, and the state still describes it.
+    assert stack.call(url, "/ready") == 200
+    assert stack.call(url, "/v1/completions", OLD_KEY) == 200
+    assert engine.states["a"].outputs["version"] == 1
+    assert engine.states["a"].outputs["spec_json"] == spec()
+    history = [v["version"] for v in emulator.state()["app_versions"]]
+    assert history == [1, 2, 3]  # v3 = the rollback, published as a new version
+    engine.destroy("a")
+
+
+@pytest.mark.slow
+def test_failed_create_leaves_nothing_deployed(stack: Stack, emulator: EmulatorProcess) -> None:
+    with pytest.raises(ProviderCallError) as err:
+        stack.engine.up("a", APP, stack.app(spec_json=spec(fail="start")))
+    details = err.value.details
+    assert "App 'gate' in environment 'main': create failed the health gate: v1" in details
+    assert "was stopped again" in details
+    assert "engine: CUDA out of memory while loading the model" in details
+    assert "a" not in stack.engine.states
+    assert live_apps(emulator) == []
+    assert wait_no_containers(emulator) == []
+
+
+def test_rotation_takes_effect_within_the_same_up(stack: Stack, emulator: EmulatorProcess) -> None:
+    engine = stack.engine
+    engine.up("a", APP, stack.app())
+    url = engine.states["a"].outputs["web_url"]
+    assert stack.call(url, "/v1/completions", OLD_KEY) == 200
+    assert stack.call(url, "/v1/completions", NEW_KEY) == 403
+
+    # One `up`: the key secret is updated, then the App redeploys (the key-digest version in
+    # its extra env changed) and the gate's smoke request uses the NEW key.
+    stack.set_keys(NEW_KEY)
+    assert engine.up("a", APP, stack.app(key=NEW_KEY)) == "update"
+    out = engine.states["a"].outputs
+    assert out["gate_result"].startswith("passed: v2")
+    assert stack.call(url, "/v1/completions", OLD_KEY) == 403
+    assert stack.call(url, "/v1/completions", NEW_KEY) == 200
+    engine.destroy("a")
