@@ -237,3 +237,76 @@ def test_rotation_takes_effect_within_the_same_up(stack: Stack, emulator: Emulat
     assert stack.call(url, "/v1/completions", OLD_KEY) == 403
     assert stack.call(url, "/v1/completions", NEW_KEY) == 200
     engine.destroy("a")
+
+
+# ---- the policy (issue 11.3): config → App input, and what the preview says ----------------
+
+
+def _stack(services: list[dict[str, Any]], standin: bool = False) -> Any:
+    from components.config import parse_stack_config
+
+    values = {"environment": "dev", "services": json.dumps(services), "monthlyBudgetUsd": "5000"}
+    if standin:
+        values["engineStandin"] = "true"
+    url = "http://127.0.0.1:8790" if standin else None
+    return parse_stack_config(values, stack="t", modal_server_url=url)
+
+
+def _svc(min_containers: int, **kw: Any) -> dict[str, Any]:
+    return {
+        "name": "svc",
+        "engine": "vllm",
+        "model": "Qwen/Qwen2.5-1.5B-Instruct",
+        "gpu": "L4",
+        "scaling": {"min_containers": min_containers, "max_containers": 1},
+        "timeouts": {"startup_s": 900, "request_s": 600},
+        **kw,
+    }
+
+
+def test_policy_auto_always_never() -> None:
+    from components import config
+
+    warm = _stack([_svc(1)]).services[0]
+    assert (warm.health_gate, warm.gate_enabled) == ("auto", True)
+    cold = _stack([_svc(0)]).services[0]
+    assert not cold.gate_enabled
+    # The preview note says why and what a gated deploy would cost (L4 price, 900 s + 300 s).
+    assert (
+        "scale-to-zero" in cold.gate_reason and f"${cold.gated_deploy_usd:.2f}" in cold.gate_reason
+    )
+    per_hour = cold.cost.container_usd_per_hour
+    assert cold.gated_deploy_usd == pytest.approx(per_hour * (900 + 300) / 3600, abs=0.01)
+    assert cold.gated_deploy_usd > 0 and warm.gated_deploy_usd == 0
+    assert _stack([_svc(0)], standin=True).services[0].gate_enabled  # local stack
+    assert _stack([_svc(0, health_gate="always")]).services[0].gate_enabled
+    assert not _stack([_svc(1, health_gate="never")]).services[0].gate_enabled
+    with pytest.raises(config.ConfigError, match=r"services\[0\]\.health_gate = 'sometimes'"):
+        _stack([_svc(1, health_gate="sometimes")])
+
+
+def test_committed_stacks_gate_prod_and_local_not_dev() -> None:
+    import yaml
+
+    from components.config import parse_stack_config
+
+    gates = {}
+    for stack in ("local", "dev", "prod"):
+        raw = yaml.safe_load((PROJECT_ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+        values = {
+            k.split(":", 1)[1]: v if isinstance(v, str) else json.dumps(v)
+            for k, v in raw.items()
+            if k.startswith("modal-llm:")
+        }
+        values = {
+            k: ("true" if v is True else "false" if v is False else v) for k, v in values.items()
+        }
+        if stack == "prod":
+            values["hfToken"] = "<secret>"
+        cfg = parse_stack_config(values, stack=stack, modal_server_url=raw.get("modal:serverUrl"))
+        gates[stack] = [(s.health_gate, s.gate_enabled) for s in cfg.services]
+    assert gates == {
+        "local": [("auto", True)],
+        "dev": [("auto", False)],
+        "prod": [("always", True)],
+    }
