@@ -30,6 +30,7 @@ class BenchEmulator:
         self.home.mkdir()
         self.log = Path(self._tmp.name) / "emulator.log"
         self.url = ""
+        self.control_url = ""  # the HTTP side (`/_emulator/*` control routes, blobs)
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> BenchEmulator:
@@ -45,6 +46,7 @@ class BenchEmulator:
             m = _READY.search(self.log.read_text(errors="replace"))
             if m:
                 self.url = m.group("grpc")
+                self.control_url = m.group("http")
                 return self
             if self._proc.poll() is not None:
                 break

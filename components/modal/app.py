@@ -811,7 +811,11 @@ class AppProvider(ModalProvider):
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         adopted = bool(olds.get("adopted") or False)
         digests = self._digests(news)
-        if not self._inputs_changed(olds, news) and olds.get("app_id"):
+        if (
+            any(_record_changed(olds, news, k) for k in RECORD_ONLY)
+            and not self._inputs_changed(olds, news)
+            and olds.get("app_id")
+        ):
             # Only `adopt` or the gate policy changed: nothing to deploy.
             return UpdateResult(self._outputs(news, olds, digests, adopted))
         live = _live_id(id_, olds)
