@@ -24,7 +24,7 @@ import pytest
 from components.modal import AppProvider, ProxyAuthTokenProvider, SecretProvider, VolumeProvider
 from serving.spec import ServingSpec
 from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
-from tests.harness.provider_server import Engine, ProviderCallError, Secret
+from tests.harness.provider_server import Engine, ProviderCallError, Secret, scan_for_leaks
 from tests.providers.helpers import rpc_delta
 
 APP = AppProvider()
@@ -261,6 +261,9 @@ def test_bad_release_is_rolled_back_and_the_update_fails(
     history = [v["version"] for v in emulator.state()["app_versions"]]
     assert history == [1, 2, 3]  # v3 = the rollback, published as a new version
     engine.destroy("a")
+    # Neither the proxy token secret nor the API key shows anywhere the operator can see
+    # (state, diffs, outputs, errors, provider logs), though the gate sent both.
+    assert scan_for_leaks(engine.server.leak_surfaces(engine), [stack.token_secret, OLD_KEY]) == []
 
 
 @pytest.mark.slow
