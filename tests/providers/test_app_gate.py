@@ -196,9 +196,8 @@ def test_check_needs_what_the_gate_sends(stack: Stack) -> None:
 
 
 def test_good_release_passes_the_gate_and_records_versions(
-    any_stack: Stack, emulator: EmulatorProcess
+    stack: Stack, emulator: EmulatorProcess
 ) -> None:
-    stack = any_stack
     engine = stack.engine
     assert engine.up("a", APP, stack.app()) == "create"
     out = engine.states["a"].outputs
@@ -229,13 +228,22 @@ def test_good_release_passes_the_gate_and_records_versions(
     assert live_apps(emulator) == []
 
 
+# Lean: our test app's never-ready (the port answers, so Modal routes users to it and the
+# rollback must replace its containers) and the serving app's two failure modes (its @enter
+# waits for the engine, so the previous version keeps serving meanwhile).
+BAD_RELEASES = [
+    pytest.param(TestApp(), "never-ready", id="test-app-never-ready"),
+    pytest.param(ServingApp(), "start", id="serving-app-start"),
+    pytest.param(ServingApp(), "never-ready", id="serving-app-never-ready"),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fail", ["start", "never-ready"])
+@pytest.mark.parametrize(("kind", "fail"), BAD_RELEASES)
 def test_bad_release_is_rolled_back_and_the_update_fails(
-    any_stack: Stack, emulator: EmulatorProcess, fail: str
+    engine: Engine, emulator: EmulatorProcess, kind: TestApp, fail: str
 ) -> None:
-    stack = any_stack
-    engine = stack.engine
+    stack = Stack(engine, kind)
     engine.up("a", APP, stack.app())
     good = engine.states["a"].outputs
     url = good["web_url"]
