@@ -609,7 +609,7 @@ class AppProvider(ModalProvider):
         app_id = str(result["app_id"])
         timeout = float(props.get("health_gate_timeout_s") or DEFAULT_GATE_TIMEOUT_S)
         target = _gate.GateTarget(
-            url=str(result.get("web_url") or ""),
+            url=str(result.get("web_url") or result.get("gate_url") or ""),
             token_id=str(props.get("gate_token_id") or ""),
             token_secret=str(props.get("gate_token_secret") or ""),
             api_key=str(props.get("gate_api_key") or ""),
@@ -825,7 +825,14 @@ class AppProvider(ModalProvider):
         commit = _git_commit()
         result = self._deploy(news, "update", commit)
         self._complete_read_back(news, result)
-        gate = self._gate_or_undo(news, result, previous, commit, "update", had_previous=True)
+        if not result.get("web_url") and olds.get("web_url"):
+            # Read-back failed (issue 11.5): the gate knocks at the URL the app had (a
+            # redeploy keeps its label, so its URL); the output stays as read back.
+            result = {**result, "gate_url": olds.get("web_url")}
+        # An app stopped behind Pulumi's back and redeployed as a new one has nothing to roll
+        # back to: a failed gate stops it, as for a create.
+        same_app = result.get("app_id") == live
+        gate = self._gate_or_undo(news, result, previous, commit, "update", had_previous=same_app)
         if result.get("app_id") != _live_id(id_, olds):
             # The app was stopped behind Pulumi's back and the deploy made a new one: the
             # output app_id follows it (read/delete use it).
