@@ -259,7 +259,11 @@ def test_bad_release_is_rolled_back_and_the_update_fails(
     for secret in (stack.token_secret, OLD_KEY):
         assert secret not in details and secret not in engine.server.logs()
     # Progress was reported while it waited (pulumi.log.info from the provider).
-    assert "health gate waiting for v2" in engine.server.logs()
+    progress = [line for line in engine.server.logs().splitlines() if "health gate waiting" in line]
+    assert progress and all("latest container log: " in line for line in progress)
+    assert any(
+        "App 'gate' in environment 'main': health gate waiting for v2" in p for p in progress
+    )
 
     # The previous version answers again, and the state still describes it.
     assert stack.call(url, "/ready") == 200
@@ -379,3 +383,42 @@ def test_committed_stacks_gate_prod_and_local_not_dev() -> None:
         "dev": [("auto", False)],
         "prod": [("always", True)],
     }
+
+
+@pytest.mark.parametrize(("stack", "gated"), [("dev", False), ("prod", True), ("local", True)])
+def test_program_wires_the_gate_and_preview_says_when_it_is_off(
+    stack: str, gated: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real program under mocks: the App gets the policy, the bound (startup + request
+    timeout) and what the gate sends, the secrets as secrets; a service that is not gated
+    is named in the preview's log with what gating would cost."""
+    import logging
+
+    from pulumi.runtime import rpc
+
+    from tests.program.runner import run_program, stack_config
+
+    extra: dict[str, Any] = {}
+    if stack != "local":
+        extra = {"modal-llm:hfToken": {"secure": "x"}}
+    config, secret_keys = stack_config(stack, extra)
+    with caplog.at_level(logging.INFO):
+        run = run_program(stack, config, secret_keys, preview=True)
+    (app,) = run.of_type("modal:App")
+    inputs = app.inputs
+    assert inputs["health_gate"] is gated
+    timeouts = {"dev": 900 + 600, "prod": 1800 + 600, "local": 600 + 120}[stack]
+    assert inputs["health_gate_timeout_s"] == timeouts
+    assert str(inputs["gate_token_id"]).startswith("wk-")
+    for key in ("gate_token_secret", "gate_api_key"):
+        assert rpc.is_rpc_secret(inputs[key]), key  # a secret input, never plain
+    (svc,) = run.output("services").values()
+    assert inputs["gate_model"] == svc["served_model_name"]
+    assert svc["health_gate_enabled"] is gated
+    notes = [
+        r.getMessage() for r in caplog.records if "health_gate: auto, NOT gated" in r.getMessage()
+    ]
+    if gated:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and "up to $0.26" in notes[0], notes
