@@ -79,7 +79,9 @@ _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _MANAGED_SPEC_FIELDS = ("volumes", "secrets", "require_pinned_revision")
 # Per-service keys that are not ServingSpec fields: consumed by the program (`weights` is the
 # source the ModelWeights resource provisions; the spec gets the volume and path instead).
-_SERVICE_ONLY_FIELDS = ("name", "gated", "adopt", "weights", "warm_schedule")
+_SERVICE_ONLY_FIELDS = ("name", "gated", "adopt", "weights", "warm_schedule", "health_gate")
+# Per-service health gate policy (issue 11.3): see resolve_health_gate.
+HEALTH_GATE_POLICIES = ("auto", "always", "never")
 # Where a Modal server counts as local (the emulator): the stand-in engine runs only there.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MODAL_SERVER_URL_KEY = "modal:serverUrl"  # components/modal/_base.py CONFIG_SERVER_URL
@@ -106,6 +108,12 @@ class ServiceSettings(BaseModel):
     #: Take over this service's Modal objects that already exist (its App, cache volumes,
     #: API-key secret) instead of failing with "already exists"; destroy leaves them.
     adopt: bool = False
+    #: Health gate policy (`auto | always | never`) and what it resolved to for this stack.
+    health_gate: str = "auto"
+    gate_enabled: bool = False
+    gate_reason: str = ""
+    #: Upper bound of what one gated deploy costs (0 unless it cold-starts a container).
+    gated_deploy_usd: float = 0.0
 
     @property
     def gpus(self) -> tuple[str, ...]:
@@ -440,6 +448,37 @@ def weights_volume_name(service: str) -> str:
     return f"{service}-weights"
 
 
+def resolve_health_gate(
+    policy: str, min_containers: int, local: bool, gated_deploy_usd: float
+) -> tuple[bool, str]:
+    """Whether a deploy of this service is health-gated, and why (issue 11.3).
+
+    `always` / `never` say it. `auto` gates a service that keeps a container warm
+    (`min_containers >= 1`: a deploy replaces warm containers anyway, so the gate costs
+    nothing) and every service on the local stack (`local`: the emulator with the stand-in
+    engine, `engineStandin`, which is refused unless the Modal server is local: no bill, and
+    an engine that can start without a GPU); a scale-to-zero
+    service on Modal is not gated, since the gate's smoke request would pay one cold start per
+    deploy (`gated_deploy_usd`, an upper bound from components/cost.py).
+    """
+    if policy == "always":
+        return True, "health_gate: always"
+    if policy == "never":
+        return False, (
+            "health_gate: never (the deploy is not checked; a bad release is found by the"
+            " first request)"
+        )
+    if min_containers >= 1:
+        return True, "health_gate: auto, gated (min_containers >= 1 keeps a container warm)"
+    if local:
+        return True, "health_gate: auto, gated (local stack: a cold start costs nothing)"
+    return False, (
+        "health_gate: auto, NOT gated: a scale-to-zero service (min_containers 0) would pay one"
+        f" cold start per deploy to be gated (up to ${gated_deploy_usd:.2f}: startup timeout +"
+        " scale-down window of one container); set health_gate: always to gate it anyway"
+    )
+
+
 def _check_standin_server(ns: str, stack: str, modal_server_url: str | None) -> None:
     """engineStandin only where the Modal server is local: the stand-in answers every request
     with fixed text, which must never be what a real endpoint serves."""
@@ -552,12 +591,32 @@ def parse_stack_config(
                 f"this service's Modal app, volumes and key secret if they already exist). "
                 + _fix_hint(ns, f"[{i}].adopt")
             )
+        policy = entry.get("health_gate", "auto")
+        if policy not in HEALTH_GATE_POLICIES:
+            raise ConfigError(
+                f"{ns}:services[{i}].health_gate = {policy!r} must be one of "
+                f"{', '.join(HEALTH_GATE_POLICIES)} (auto: gate when min_containers >= 1 or on "
+                f"the local stack). " + _fix_hint(ns, f"[{i}].health_gate")
+            )
+        gate_usd = cost.gated_deploy_usd(
+            svc_cost, spec.timeouts.startup_s, spec.scaling.scaledown_window_s
+        )
+        gate_on, gate_why = resolve_health_gate(policy, scaling.min_containers, standin, gate_usd)
         settings.append(
             ServiceSettings(
-                name=name, spec=spec, cost=svc_cost, gated=gated, adopt=adopt,
-                weights_source=source, warm_schedule=list(raw_windows or []),
+                name=name,
+                spec=spec,
+                cost=svc_cost,
+                gated=gated,
+                adopt=adopt,
+                weights_source=source,
+                warm_schedule=list(raw_windows or []),
+                health_gate=policy,
+                gate_enabled=gate_on,
+                gate_reason=gate_why,
+                gated_deploy_usd=gate_usd,
             )
-        )  # fmt: skip
+        )
 
     stack_cost = cost.StackCost(services=tuple(s.cost for s in settings))
     budget = r.number("monthlyBudgetUsd")

@@ -296,3 +296,15 @@ def check_budget(
     if allow_over_budget:
         return "allowOverBudget is set, deploying anyway: " + message
     raise BudgetExceeded(message)
+
+
+def gated_deploy_usd(service: ServiceCost, startup_s: float, scaledown_window_s: float) -> float:
+    """Upper bound of what one health-gated deploy costs a scale-to-zero service (issue 11.3):
+    the gate's smoke request cold-starts one container, billed from its start for at most the
+    startup timeout, then kept idle for the scale-down window before Modal stops it. A service
+    with `min_containers >= 1` pays nothing extra: a deploy replaces its warm containers anyway.
+    """
+    if service.min_containers >= 1:
+        return 0.0
+    hours = (startup_s + scaledown_window_s) / 3600
+    return round(service.container_usd_per_hour * hours, 2)

@@ -376,6 +376,15 @@ class LLMService(pulumi.ComponentResource):
                         lambda d: hashlib.sha256(d.encode()).hexdigest()
                     )
                 },
+                # Health gate (issue 11): after each deploy, the App calls the endpoint as a
+                # gateway does, with the stack's proxy token and this service's first API
+                # key (after a rotation: the new key), or rolls back.
+                health_gate=settings.gate_enabled,
+                health_gate_timeout_s=float(spec.timeouts.startup_s + spec.timeouts.request_s),
+                gate_token_id=shared.proxy_token.token_id,
+                gate_token_secret=shared.proxy_token.token_secret,
+                gate_api_key=next(iter(self.api_keys.values())).key,
+                gate_model=spec.served_model_name,
             ),
             pulumi.ResourceOptions(parent=self, depends_on=mounted),
         )
@@ -401,6 +410,9 @@ class LLMService(pulumi.ComponentResource):
                 ),
                 pulumi.ResourceOptions(parent=self, depends_on=[self.app]),
             )
+        if not settings.gate_enabled:
+            # Shown by `pulumi preview` and `up`: what is not checked, and what checking costs.
+            pulumi.log.info(f"service {name}: {settings.gate_reason}", resource=self)
         self.endpoint_url = self.app.web_url
         self.register_outputs(
             {
@@ -446,6 +458,15 @@ class LLMService(pulumi.ComponentResource):
                 if self.weights is not None
                 else {}
             ),
+            # Health gate (issue 11.3): policy, whether deploys are gated, and why.
+            "health_gate": self.settings.health_gate,
+            "health_gate_enabled": self.settings.gate_enabled,
+            "health_gate_reason": self.settings.gate_reason,
+            "gated_deploy_cost_usd": self.settings.gated_deploy_usd,
+            "deployed_version": self.app.version,
+            "previous_version": self.app.previous_version,
+            "commit": self.app.commit,
+            "rollback_command": self.app.rollback_command,
         }
 
     def plain_api_keys(self) -> pulumi.Output[dict[str, str]]:

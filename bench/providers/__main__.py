@@ -15,6 +15,12 @@ One emulator (`python -m emulator serve`, in memory) and one provider server
 2. Deploy time: the App provider's Update (subprocess deploy runner + read-back of URL and
    version) vs raw `modal deploy serving/app.py` of the same app, same spec, same emulator,
    alternating, median of N each. Target: provider <= 1.1x raw.
+3. Health gate (issue 11; --gate-rounds, 0 = skip): N updates of serving/app.py with the
+   stand-in engine and `min_containers: 1`, each with a changed spec, gated (proxy token +
+   API key through the edge). For each, the new container's own `ready_at` (the emulator's
+   `/_emulator/containers`) is the baseline in the same run: "gate added" = when the gated
+   Update returned minus when that container was ready. Target: median <= 3 s. Needs the
+   emulator to run the serving container.
 
 Prints a table and writes JSON to bench/results/providers.json (or --json).
 """
@@ -71,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--diff-iterations", type=int, default=2000)
     ap.add_argument("--deploys", type=int, default=5)
     ap.add_argument("--cold-starts", type=int, default=5)
+    ap.add_argument("--gate-rounds", type=int, default=3)
     ap.add_argument("--json", default=str(PROJECT_ROOT / "bench/results/providers.json"))
     args = ap.parse_args(argv)
 
@@ -168,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_median": p_med / r_med,
         }
 
+        # ---- 3. Health gate ------------------------------------------------------------------
+        if args.gate_rounds:
+            results["gate_s"] = _bench_gate(emu, eng, args.gate_rounds)
+
     d = results["diff_ms"]
     print("\nDiff latency over the engine protocol (ms)")
     print(f"{'call':<30}{'n':>7}{'p50':>9}{'p99':>9}{'mean':>9}")
@@ -194,10 +205,94 @@ def main(argv: list[str] | None = None) -> int:
     )
     ratio = dep["ratio_median"]
     print(f"ratio provider/raw: {ratio:.2f}x, target <= 1.1x: {'PASS' if ratio <= 1.1 else 'FAIL'}")
+    if "gate_s" in results:
+        g = results["gate_s"]
+        print(f"\nHealth-gated App update of {APP_FILE} (stand-in engine, min_containers 1) (s)")
+        print(f"{'measure':<44}{'n':>4}{'median':>9}{'max':>9}")
+        for name in ("deploy (runner)", "new container ready after Update start",
+                     "gated Update total", "gate added beyond container readiness"):  # fmt: skip
+            v = g[name]
+            print(f"{name:<44}{v['n']:>4}{v['median']:>9.3f}{v['max']:>9.3f}")
+        added = g["gate added beyond container readiness"]["median"]
+        print(f"target gate added <= 3 s: {'PASS' if added <= 3 else 'FAIL'}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))
     print(f"\nwrote {args.json}")
     return 0
+
+
+def _gate_spec(round_: int) -> str:
+    return ServingSpec.model_validate(
+        {
+            "engine": "vllm",
+            "model": "Qwen/Qwen3-0.6B",
+            "served_model_name": "qwen",
+            "scaling": {"min_containers": 1, "max_containers": 1},
+            "timeouts": {"startup_s": 120, "request_s": 60},
+            "engine_standin": {},
+            "extra_args": ["--seed", str(round_)],  # a changed spec: a new definition
+        }
+    ).to_json()
+
+
+def _containers(emu: EmulatorProcess) -> list[dict[str, Any]]:
+    return emu.containers()
+
+
+def _bench_gate(emu: EmulatorProcess, eng: Engine, rounds: int) -> dict[str, Any]:
+    """Gated updates; baseline = the new container's own readiness (see the docstring)."""
+    from components.modal import ProxyAuthTokenProvider
+    from pulumi_standin import reveal
+
+    key = "sk-bench-gate-0123456789abcdef"
+    digest = "sha256:" + __import__("hashlib").sha256(key.encode()).hexdigest()
+    eng.up(  # the run's key secret (serving/app.py mounts it), now holding the gate's key
+        "keys",
+        SecretProvider(),
+        {
+            "name": "serving-api-keys",
+            "environment": "main",
+            "values": Secret({"SERVING_API_KEYS": json.dumps({"bench": digest})}),
+        },
+    )
+    eng.up("gate-token", ProxyAuthTokenProvider(), {"name": "bench", "environments": ["main"]})
+    tok = eng.states["gate-token"].outputs
+    app, name = AppProvider(), "bench-gate"
+    base = {
+        "name": name,
+        "environment": "main",
+        "app_file": APP_FILE,
+        "health_gate": True,
+        "health_gate_timeout_s": 180.0,
+        "gate_token_id": tok["token_id"],
+        "gate_token_secret": Secret(str(reveal(tok["token_secret"]))),
+        "gate_api_key": Secret(key),
+        "gate_model": "qwen",
+    }
+    eng.up("gate-app", app, {**base, "spec_json": _gate_spec(0)})
+    rows: dict[str, list[float]] = {}
+    for i in range(1, rounds + 1):
+        before = {c["task_id"] for c in _containers(emu)}
+        t0 = time.time()
+        eng.up("gate-app", app, {**base, "spec_json": _gate_spec(i)})
+        t_end = time.time()
+        out = eng.states["gate-app"].outputs
+        assert str(out["gate_result"]).startswith("passed"), out["gate_result"]
+        new = [c for c in _containers(emu) if c["task_id"] not in before and c.get("ready_at")]
+        ready_at = min(float(c["ready_at"]) for c in new)
+        gate_s = float(out["gate_seconds"])
+        for k, v in (
+            ("deploy (runner)", t_end - t0 - gate_s),
+            ("new container ready after Update start", ready_at - t0),
+            ("gated Update total", t_end - t0),
+            ("gate added beyond container readiness", t_end - ready_at),
+        ):
+            rows.setdefault(k, []).append(v)
+    eng.destroy("gate-app")
+    return {
+        k: {"n": len(v), "median": statistics.median(v), "max": max(v), "samples": v}
+        for k, v in rows.items()
+    }
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Deploy one Modal app file in a fresh process and print one JSON line about the result.
 
 Run by the App provider as `python -m components.modal._deploy_runner --app-file F --name N
-[--environment E]`, with MODAL_* credentials and SERVING_SPEC (+ the App's extra env) in the
-environment. A fresh process per deploy keeps modal's module-level state (imported app
-modules, the cached client, the environment cache) from leaking between deploys.
+[--environment E] [--tag T]` (T: the git commit, as `modal deploy --tag`), with MODAL_*
+credentials and SERVING_SPEC (+ the App's extra env) in the environment. A fresh process per
+deploy keeps modal's module-level state (imported app modules, the cached client, the
+environment cache) from leaking between deploys.
 
 It does what `modal deploy F --name N -e E` does (same import path, `modal.runner.deploy_app`),
 then reads back what the provider needs and prints, as the LAST stdout line:
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app-file", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--environment", default="")
+    parser.add_argument("--tag", default="", help="as `modal deploy --tag` (the git commit)")
     args = parser.parse_args(argv)
     try:
         from modal.cli.import_refs import import_app_from_ref, parse_import_ref
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         env = args.environment or config.get("environment") or ""
         ref = parse_import_ref(args.app_file, command="modal deploy")
         app = import_app_from_ref(ref, base_cmd="modal deploy")
-        result = deploy_app(app, name=args.name, environment_name=env)
+        result = deploy_app(app, name=args.name, environment_name=env, tag=args.tag)
         out = {"ok": True, "app_id": result.app_id, **_read_back_retried(app, result.app_id)}
     except SystemExit as e:
         out = {"ok": False, "error": f"app import exited with {e.code}", "transient": False}

@@ -497,3 +497,66 @@ async def hello(client: Any) -> None:
     from google.protobuf.empty_pb2 import Empty
 
     await client._stub.ClientHello(Empty())
+
+
+# ---- health gate (issue 11): versions, rollback, containers, logs ---------------------------
+
+
+async def app_history(client: Any, app_id: str) -> list[tuple[int, float, str]]:
+    """(version, deployed_at, tag) of every deployment of the app, oldest first
+    (`AppDeploymentHistory`, what `modal app history` shows)."""
+    from modal_proto import api_pb2
+
+    hist = await client._stub.AppDeploymentHistory(
+        api_pb2.AppDeploymentHistoryRequest(app_id=app_id)
+    )
+    rows = [
+        (int(h.version), float(h.deployed_at), str(h.tag)) for h in hist.app_deployment_histories
+    ]
+    return sorted(rows)
+
+
+async def app_rollback(client: Any, app_id: str, version: int) -> float:
+    """Roll the app back to `version` as `modal app rollback APP vN` does (modal 1.6.4
+    cli/app.py: `AppRollbackRequest(app_id=..., version=N)`; -1 = the previous one). Modal
+    publishes the old layout as a new version; returns its `deployed_at`."""
+    from modal_proto import api_pb2
+
+    resp = await client._stub.AppRollback(
+        api_pb2.AppRollbackRequest(app_id=app_id, version=version)
+    )
+    return float(resp.deployed_at)
+
+
+async def app_containers(client: Any, app_id: str, environment: str) -> list[tuple[str, float]]:
+    """(task id, enqueued_at) of the app's live containers (`TaskList`, the request modal
+    1.6.4 runner.py `_stop_and_wait_for_containers` sends to find a deploy's old containers:
+    those enqueued before the new version's `deployed_at`)."""
+    from modal_proto import api_pb2
+
+    resp = await client._stub.TaskList(
+        api_pb2.TaskListRequest(environment_name=environment, app_id=app_id)
+    )
+    return [(str(t.task_id), float(t.enqueued_at)) for t in resp.tasks]
+
+
+async def app_log_tail(client: Any, app_id: str, since: float, n: int) -> list[str]:
+    """The app's last `n` log lines since `since` (epoch seconds), oldest first: one
+    `AppFetchLogs` with a hard floor, as modal 1.6.4 `_logs.tail_logs(..., since=...)` sends
+    it for `modal app logs APP --since ...`."""
+    import time
+
+    from google.protobuf.timestamp_pb2 import Timestamp
+    from modal_proto import api_pb2
+
+    lo, hi = Timestamp(), Timestamp()
+    lo.FromNanoseconds(int(since * 1e9))
+    hi.FromNanoseconds(int((time.time() + 60) * 1e9))
+    resp = await client._stub.AppFetchLogs(
+        api_pb2.AppFetchLogsRequest(app_id=app_id, since=lo, until=hi, limit=n)
+    )
+    lines: list[str] = []
+    for batch in resp.batches:
+        for item in batch.items:
+            lines.extend(part for part in item.data.splitlines() if part.strip())
+    return lines[-n:]

@@ -46,6 +46,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,7 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
-from . import _rpc
+from . import _gate, _rpc
 from ._base import (
     ADOPT_HOWTO,
     ModalAlreadyExistsError,
@@ -81,6 +82,12 @@ from ._base import (
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:App"  # noqa: S105 (a Pulumi type token)
 DEPLOY_TIMEOUT_S = 1800.0
+DEFAULT_GATE_TIMEOUT_S = 2400.0  # ServingSpec defaults: startup 1800 s + request 600 s
+GATE_POLL_S = 0.25  # between two looks (a TaskList, then at most two HTTP requests)
+# Inputs that never redeploy: a change is recorded (an update without a deploy).
+RECORD_ONLY = ("adopt", "health_gate", "health_gate_timeout_s")
+# Inputs that are only what the gate sends: never compared, never in outputs.
+GATE_INPUTS = ("gate_token_id", "gate_token_secret", "gate_api_key", "gate_model")
 _ENV_KEY_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -96,6 +103,17 @@ class AppArgs:
     #: sha256 of `spec_json` (`ServingSpec.digest()`); computed from `spec_json` when None.
     spec_digest: pulumi.Input[str] | None = None
     adopt: pulumi.Input[bool] = False
+    #: Health gate (issue 11): after a deploy, wait until the endpoint answers through the edge
+    #: (`/ready` 200, then a one-token completion), else roll back (update) or stop (create).
+    health_gate: pulumi.Input[bool] = False
+    #: How long the gate waits (the service's startup timeout + request timeout).
+    health_gate_timeout_s: pulumi.Input[float] = DEFAULT_GATE_TIMEOUT_S
+    #: What the gate sends: the stack's proxy token (Modal-Key/Modal-Secret), one API key and
+    #: the served model name. Secrets: never in outputs, logs or errors.
+    gate_token_id: pulumi.Input[str] | None = None
+    gate_token_secret: pulumi.Input[str] | None = None
+    gate_api_key: pulumi.Input[str] | None = None
+    gate_model: pulumi.Input[str] | None = None
 
 
 # ---- digests -------------------------------------------------------------------------------
@@ -237,7 +255,8 @@ class AppProvider(ModalProvider):
                 except SyntaxError as e:
                     failures.append(CheckFailure("app_file", f"app_file does not parse: {e}"))
         failures += self._check_spec(news.get("spec_json"), news.get("spec_digest"))
-        failures += check_flag(news, "adopt")
+        failures += check_flag(news, "adopt") + check_flag(news, "health_gate")
+        failures += self._check_gate(news)
         env = news.get("extra_env")
         if env is not None and not is_unknown(env):
             if not isinstance(env, Mapping):
@@ -252,13 +271,44 @@ class AppProvider(ModalProvider):
                                 "extra_env", f"{k!r} is not a valid environment variable name"
                             )
                         )
-        news = normalize_flag(news, "adopt")
+        news = normalize_flag(normalize_flag(news, "adopt"), "health_gate")
+        if news.get("health_gate_timeout_s") is None:
+            news["health_gate_timeout_s"] = DEFAULT_GATE_TIMEOUT_S
         if news.get("extra_env") is None:
             news["extra_env"] = {}
         spec = news.get("spec_json")
         if news.get("spec_digest") is None and isinstance(spec, str):
             news["spec_digest"] = spec_digest(spec)
         return CheckResult(news, failures)
+
+    @staticmethod
+    def _check_gate(news: Mapping[str, Any]) -> list[CheckFailure]:
+        """A gate needs a positive timeout and what it sends (unknown in a preview is fine)."""
+        failures: list[CheckFailure] = []
+        timeout = news.get("health_gate_timeout_s")
+        if timeout is not None and not is_unknown(timeout):
+            ok = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+            if not ok or not 0 < float(timeout) <= 7 * 86_400:
+                failures.append(
+                    CheckFailure(
+                        "health_gate_timeout_s",
+                        f"health_gate_timeout_s {timeout!r} must be seconds in (0, 604800]"
+                        " (the service's startup timeout + request timeout)",
+                    )
+                )
+        if news.get("health_gate") is True:
+            for key in ("gate_token_id", "gate_token_secret", "gate_api_key"):
+                value = news.get(key)
+                if not is_unknown(value) and not (isinstance(value, str) and value):
+                    failures.append(
+                        CheckFailure(
+                            key,
+                            f"health_gate is on but {key} is not set: the gate calls the"
+                            " endpoint as a gateway does (proxy token id/secret and one API"
+                            " key); pass them, or set health_gate=False",
+                        )
+                    )
+        return failures
 
     @staticmethod
     def _check_spec(spec: Any, digest: Any) -> list[CheckFailure]:
@@ -308,7 +358,9 @@ class AppProvider(ModalProvider):
             if is_unknown(news.get(k)) or news.get(k) != olds.get(k)
         ]
         changes = (
-            bool(replaces) or self._inputs_changed(olds, news) or flag_changed(olds, news, "adopt")
+            bool(replaces)
+            or self._inputs_changed(olds, news)
+            or any(_record_changed(olds, news, k) for k in RECORD_ONLY)
         )
         return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
@@ -316,7 +368,7 @@ class AppProvider(ModalProvider):
     def _target(props: Mapping[str, Any]) -> str:
         return f"'{props.get('name')}' in environment '{environment_name(props) or '<default>'}'"
 
-    def _deploy(self, props: Mapping[str, Any], action: str) -> dict[str, Any]:
+    def _deploy(self, props: Mapping[str, Any], action: str, tag: str = "") -> dict[str, Any]:
         creds = self.credentials()
         name, env, app_file = str(props["name"]), environment_name(props), str(props["app_file"])
         extra = _extra_env(props)
@@ -342,7 +394,7 @@ class AppProvider(ModalProvider):
             if env:
                 child_env["MODAL_ENVIRONMENT"] = env
             cmd = [sys.executable, "-m", "components.modal._deploy_runner", "--app-file", app_file]
-            cmd += ["--name", name, "--environment", env]
+            cmd += ["--name", name, "--environment", env, "--tag", tag]
             last: dict[str, Any] = {}
             for _attempt in range(2):
                 try:
@@ -371,7 +423,7 @@ class AppProvider(ModalProvider):
                     break
         if last.get("ok"):
             return last
-        secrets = [creds.token_secret, *extra.values()]
+        secrets = [creds.token_secret, *extra.values(), *_gate_secrets(props)]
         message = redact(
             f"App {self._target(props)}: {action} (deploy of {app_file}) failed. Modal at"
             f" {creds.server_url} answered {last.get('error')}. ",
@@ -406,7 +458,9 @@ class AppProvider(ModalProvider):
         result: Mapping[str, Any],
         digests: Mapping[str, str],
         adopted: bool,
+        gate: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        gate = gate if gate is not None else _recorded_gate(result)
         return {
             "name": props.get("name"),
             "environment": props.get("environment"),
@@ -421,6 +475,11 @@ class AppProvider(ModalProvider):
             "source_digest": digests["source_digest"],
             "adopted": adopted,
             "read_back_error": str(result.get("read_back_error") or ""),
+            "health_gate": bool(props.get("health_gate") or False),
+            "health_gate_timeout_s": float(
+                props.get("health_gate_timeout_s") or DEFAULT_GATE_TIMEOUT_S
+            ),
+            **gate,
         }
 
     def _complete_read_back(self, props: Mapping[str, Any], result: dict[str, Any]) -> None:
@@ -469,15 +528,20 @@ class AppProvider(ModalProvider):
                 f" {name} -e {env or '<env>'}`), or choose another name."
             )
         digests = self._digests(props)
+        previous = self._production_version(props, found) if found else 0
+        commit = _git_commit()
         try:
-            result = self._deploy(props, "create")
+            result = self._deploy(props, "create", commit)
         except ModalProviderError as e:
             if found:
                 raise  # adopted: it was deployed before; never stop it
             raise type(e)(f"{e} {self._undo_failed_create(props)}") from None
         self._complete_read_back(props, result)
+        gate = self._gate_or_undo(
+            props, result, previous, commit, "create", had_previous=bool(found)
+        )
         return CreateResult(
-            str(result["app_id"]), self._outputs(props, result, digests, bool(found))
+            str(result["app_id"]), self._outputs(props, result, digests, bool(found), gate)
         )
 
     def _undo_failed_create(self, props: Mapping[str, Any]) -> str:
@@ -509,18 +573,266 @@ class AppProvider(ModalProvider):
             return f"The app this create had deployed ({stopped}) was stopped again."
         return "Nothing was left deployed."
 
+    # ---- health gate (issue 11) ---------------------------------------------------------------
+
+    def _production_version(self, props: Mapping[str, Any], app_id: str) -> int:
+        """The version serving now (highest in the deployment history; 0 if none)."""
+
+        async def go(client: Any) -> int:
+            return await _rpc.app_version(client, app_id)
+
+        return int(self.run("read the serving version", self._target(props), go))
+
+    def _gate_or_undo(
+        self,
+        props: Mapping[str, Any],
+        result: dict[str, Any],
+        previous: int,
+        commit: str,
+        action: str,
+        had_previous: bool,
+    ) -> dict[str, Any]:
+        """Run the gate after a deploy (when on). On failure: an update (or an adopted app)
+        is rolled back to `previous` and fails; a create's app is stopped and the create
+        fails. Returns the gate outputs."""
+        name, env = str(props["name"]), environment_name(props)
+        version = int(result.get("version") or 0)
+        out: dict[str, Any] = {
+            "previous_version": previous,
+            "commit": commit,
+            "gate_result": "off (health_gate is false)",
+            "gate_seconds": 0.0,
+            "rollback_command": _rollback_command(name, env, previous),
+        }
+        if not props.get("health_gate"):
+            return out
+        app_id = str(result["app_id"])
+        timeout = float(props.get("health_gate_timeout_s") or DEFAULT_GATE_TIMEOUT_S)
+        target = _gate.GateTarget(
+            url=str(result.get("web_url") or result.get("gate_url") or ""),
+            token_id=str(props.get("gate_token_id") or ""),
+            token_secret=str(props.get("gate_token_secret") or ""),
+            api_key=str(props.get("gate_api_key") or ""),
+            model=str(props.get("gate_model") or ""),
+        )
+        deployed_at = self._deployed_at(props, app_id, version)
+        ok, reason, elapsed = self._wait_serving(
+            props, target, app_id, deployed_at, timeout, smoke=True, what=f"v{version}"
+        )
+        if ok:
+            out["gate_result"] = f"passed: v{version} answered /ready and a smoke completion"
+            out["gate_seconds"] = round(elapsed, 3)
+            return out
+        tail = self._log_tail(props, app_id, deployed_at)
+        secrets = [*target.secrets(), *_gate_secrets(props), self.credentials().token_secret]
+        what = (
+            f"App {self._target(props)}: {action} failed the health gate: v{version}"
+            f" (tag {commit or '-'}) did not serve within {timeout:g} s (waited"
+            f" {elapsed:.1f} s): {reason}."
+        )
+        if previous and had_previous and version > previous:
+            undo = self._roll_back(props, target, app_id, previous, timeout)
+            todo = (
+                f" Fix the release (see the log), then rerun `pulumi up` (Pulumi's state keeps"
+                f" the previous inputs). By hand: `{_rollback_command(name, env, previous)}`."
+            )
+        elif previous and had_previous:
+            undo = (
+                f" Nothing to roll back to: the deploy published no new version (v{version}"
+                " was already serving)."
+            )
+            todo = " Fix the release (see the log), then rerun `pulumi up`."
+        else:
+            undo = " " + self._undo_failed_create(props)
+            todo = " Fix the release (see the log), then rerun `pulumi up`."
+        logs = "\n".join(f"  | {line}" for line in tail) or "  (no log lines)"
+        message = f"{what}{undo}{todo}\nThe container's last log lines:\n{logs}"
+        raise ModalProviderError(redact(message, secrets))
+
+    def _deployed_at(self, props: Mapping[str, Any], app_id: str, version: int) -> float:
+        """When Modal published `version` (its clock): containers enqueued before belong to
+        an older version (the test modal 1.6.4's runner uses for a recreate deploy)."""
+
+        async def go(client: Any) -> float:
+            rows = await _rpc.app_history(client, app_id)
+            at = [d for v, d, _tag in rows if v == version] or [d for _v, d, _tag in rows]
+            return max(at) if at else 0.0
+
+        return float(self.run("read the deployment history", self._target(props), go))
+
+    def _wait_serving(
+        self,
+        props: Mapping[str, Any],
+        target: _gate.GateTarget,
+        app_id: str,
+        deployed_at: float,
+        timeout: float,
+        *,
+        smoke: bool,
+        what: str,
+        replace_older: bool = True,
+    ) -> tuple[bool, str, float]:
+        """Poll until `what` serves through the edge: (if `replace_older`) no container
+        enqueued before `deployed_at` left (a rolling deploy keeps the old ones serving until
+        the new ones are ready), `/ready` 200, then (if `smoke`) a one-token completion 200.
+        Progress every few seconds. Returns (ok, last reason, seconds waited)."""
+        env = environment_name(props)
+        every = float(os.environ.get("MODAL_GATE_PROGRESS_S", "5"))
+        start = time.monotonic()
+        next_progress = start + every
+        reason = "nothing answered yet"
+        stage = "containers"
+
+        async def containers(client: Any) -> list[tuple[str, float]]:
+            return await _rpc.app_containers(client, app_id, env)
+
+        while True:
+            elapsed = time.monotonic() - start
+            remaining = timeout - elapsed
+            if not target.url:
+                return False, "the deploy reported no endpoint URL (read-back failed)", elapsed
+            old: list[str] = []
+            if replace_older:
+                live = self.run("list containers", self._target(props), containers)
+                old = [t for t, enqueued in live if enqueued and enqueued < deployed_at]
+            if old:
+                stage = "containers"
+                reason = (
+                    f"{len(old)} container(s) of the previous version still serve; {what}'s are"
+                    " not ready"
+                )
+            else:
+                status, body = _gate.ready(target, min(10.0, max(remaining, 0.5)))
+                if status != 200:
+                    stage, reason = "ready", f"GET /ready {_gate.describe(status, body)}"
+                elif not smoke:
+                    return True, "", time.monotonic() - start
+                else:
+                    status, body = _gate.smoke(target, max(remaining, 5.0))
+                    if status == 200:
+                        return True, "", time.monotonic() - start
+                    stage = "smoke"
+                    reason = (
+                        "the smoke completion (POST /v1/completions, max_tokens 1)"
+                        f" {_gate.describe(status, body)}"
+                    )
+            now = time.monotonic()
+            if now - start >= timeout:
+                return False, redact(reason, target.secrets()), now - start
+            if now >= next_progress:
+                next_progress = now + every
+                self._progress(props, app_id, deployed_at, stage, what, now - start, timeout)
+            time.sleep(GATE_POLL_S)
+
+    def _progress(
+        self,
+        props: Mapping[str, Any],
+        app_id: str,
+        since: float,
+        stage: str,
+        what: str,
+        elapsed: float,
+        timeout: float,
+    ) -> None:
+        waits = {
+            "containers": f"{what}'s containers to replace the previous version's",
+            "ready": f"{what} to answer GET /ready through the edge",
+            "smoke": f"{what} to answer a one-token completion with the stack's API key",
+        }[stage]
+        tail = self._log_tail(props, app_id, since, n=1)
+        last = tail[-1][:200] if tail else "(no log line yet)"
+        secrets = [*_gate_secrets(props), self.credentials().token_secret]
+        pulumi.log.info(
+            redact(
+                f"App {self._target(props)}: health gate waiting for {waits}"
+                f" ({elapsed:.0f} s of {timeout:g} s); latest container log: {last}",
+                secrets,
+            )
+        )
+
+    def _log_tail(
+        self, props: Mapping[str, Any], app_id: str, since: float, n: int = 20
+    ) -> list[str]:
+        """The app's last log lines since the deploy (best effort: [] if Modal fails)."""
+
+        async def go(client: Any) -> list[str]:
+            return await _rpc.app_log_tail(client, app_id, max(since - 1.0, 0.0), n)
+
+        try:
+            return list(self.run("read the app's logs", self._target(props), go))
+        except ModalProviderError:
+            return []
+
+    def _roll_back(
+        self,
+        props: Mapping[str, Any],
+        target: _gate.GateTarget,
+        app_id: str,
+        previous: int,
+        timeout: float,
+    ) -> str:
+        """AppRollback to `previous`, then wait until it answers /ready again. Returns what
+        to add to the error."""
+
+        async def go(client: Any) -> float:
+            return await _rpc.app_rollback(client, app_id, previous)
+
+        try:
+            rolled_at = float(
+                self.run(f"roll back to v{previous}", self._target(props), go, idempotent=False)
+            )
+        except ModalProviderError as e:
+            return (
+                f" The rollback to v{previous} FAILED ({e}); the failing version may be"
+                " serving: roll back by hand."
+            )
+        # The rolled-back definition may be the one the old containers still run (a rolling
+        # deploy never replaced them): whatever answers /ready through the edge now serves.
+        ok, reason, elapsed = self._wait_serving(
+            props,
+            target,
+            app_id,
+            rolled_at,
+            timeout,
+            smoke=False,
+            what=f"v{previous}",
+            replace_older=False,
+        )
+        if ok:
+            return (
+                f" Rolled back to v{previous} (Modal published it again as a new version),"
+                f" which answers /ready again ({elapsed:.1f} s)."
+            )
+        return (
+            f" Rolled back to v{previous}, but it did NOT answer again within {timeout:g} s:"
+            f" {reason}. Check `modal app logs {props.get('name')}`."
+        )
+
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         adopted = bool(olds.get("adopted") or False)
         digests = self._digests(news)
         if (
-            flag_changed(olds, news, "adopt")
+            any(_record_changed(olds, news, k) for k in RECORD_ONLY)
             and not self._inputs_changed(olds, news)
             and olds.get("app_id")
         ):
-            # Only `adopt` changed: nothing to deploy.
+            # Only `adopt` or the gate policy changed: nothing to deploy.
             return UpdateResult(self._outputs(news, olds, digests, adopted))
-        result = self._deploy(news, "update")
+        live = _live_id(id_, olds)
+        previous = int(olds.get("version") or 0)
+        if news.get("health_gate"):
+            previous = self._production_version(news, live) or previous
+        commit = _git_commit()
+        result = self._deploy(news, "update", commit)
         self._complete_read_back(news, result)
+        if not result.get("web_url") and olds.get("web_url"):
+            # Read-back failed (issue 11.5): the gate knocks at the URL the app had (a
+            # redeploy keeps its label, so its URL); the output stays as read back.
+            result = {**result, "gate_url": olds.get("web_url")}
+        # An app stopped behind Pulumi's back and redeployed as a new one has nothing to roll
+        # back to: a failed gate stops it, as for a create.
+        same_app = result.get("app_id") == live
+        gate = self._gate_or_undo(news, result, previous, commit, "update", had_previous=same_app)
         if result.get("app_id") != _live_id(id_, olds):
             # The app was stopped behind Pulumi's back and the deploy made a new one: the
             # output app_id follows it (read/delete use it).
@@ -529,7 +841,7 @@ class AppProvider(ModalProvider):
                 f" {result.get('app_id')}",
                 file=sys.stderr,
             )
-        return UpdateResult(self._outputs(news, result, digests, adopted))
+        return UpdateResult(self._outputs(news, result, digests, adopted, gate))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from modal import exception as mexc
@@ -579,10 +891,57 @@ class AppProvider(ModalProvider):
         self.run("stop", f"{' and '.join(ids)} ({self._target(props)})", go)
 
 
+def _record_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
+    if is_unknown(news.get(key)):
+        return True
+    if key == "health_gate_timeout_s":
+        old, new = olds.get(key), news.get(key)
+        return old is not None and new is not None and float(old) != float(new)
+    return flag_changed(olds, news, key)
+
+
 def _live_id(id_: str, props: Mapping[str, Any]) -> str:
     """The app id Modal serves this resource under: output `app_id`, else the resource id."""
     live = props.get("app_id")
     return str(live) if isinstance(live, str) and live else id_
+
+
+def _gate_secrets(props: Mapping[str, Any]) -> list[str]:
+    return [str(props[k]) for k in ("gate_token_secret", "gate_api_key") if props.get(k)]
+
+
+def _recorded_gate(outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The gate outputs an earlier create/update recorded (for an update without deploy)."""
+    return {
+        "previous_version": int(outputs.get("previous_version") or 0),
+        "commit": str(outputs.get("commit") or ""),
+        "gate_result": str(outputs.get("gate_result") or ""),
+        "gate_seconds": float(outputs.get("gate_seconds") or 0.0),
+        "rollback_command": str(outputs.get("rollback_command") or ""),
+    }
+
+
+def _rollback_command(name: str, env: str, previous: int) -> str:
+    """`modal app rollback` back to `previous`, ready to paste ("" without one)."""
+    if not previous:
+        return ""
+    return f"modal app rollback {name} v{previous}" + (f" -e {env}" if env else "")
+
+
+def _git_commit() -> str:
+    """The program's git commit (short), the deploy's `--tag`; "" outside a git checkout."""
+    try:
+        proc = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    sha = proc.stdout.strip()
+    return sha if proc.returncode == 0 and sha.isalnum() else ""
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:
@@ -615,6 +974,13 @@ class App(pulumi.dynamic.Resource, module="modal", name="App"):
     adopt: pulumi.Output[bool]
     adopted: pulumi.Output[bool]
     read_back_error: pulumi.Output[str]
+    health_gate: pulumi.Output[bool]
+    health_gate_timeout_s: pulumi.Output[float]
+    previous_version: pulumi.Output[int]
+    commit: pulumi.Output[str]
+    gate_result: pulumi.Output[str]
+    gate_seconds: pulumi.Output[float]
+    rollback_command: pulumi.Output[str]
 
     def __init__(
         self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
@@ -633,8 +999,24 @@ class App(pulumi.dynamic.Resource, module="modal", name="App"):
             "source_digest": None,
             "adopted": None,
             "read_back_error": None,
+            "health_gate": args.health_gate,
+            "health_gate_timeout_s": args.health_gate_timeout_s,
+            # What the gate sends; the secrets stay secret in state (never outputs).
+            "gate_token_id": args.gate_token_id,
+            "gate_token_secret": _secret_or_none(args.gate_token_secret),
+            "gate_api_key": _secret_or_none(args.gate_api_key),
+            "gate_model": args.gate_model,
+            "previous_version": None,
+            "commit": None,
+            "gate_result": None,
+            "gate_seconds": None,
+            "rollback_command": None,
         }
         super().__init__(AppProvider(), resource_name, props, opts)
+
+
+def _secret_or_none(value: Any) -> Any:
+    return None if value is None else pulumi.Output.secret(value)
 
 
 __all__ = ["App", "AppArgs", "AppProvider", "shipped_files", "source_digest", "spec_digest"]

@@ -113,7 +113,9 @@ def test_processes_started_in_a_new_session_die_with_their_container(rt: Emulato
                     return int(line.rsplit("detached pid ", 1)[1].split()[0])
             return None
 
-        return wait_for(find, 30, what=f"the detached pid of {task_id}")
+        pid = wait_for(find, 30, what=f"the detached pid of {task_id}")
+        assert pid is not None
+        return pid
 
     deploy_server(rt, unauth="1", min="1", detached="1")
     aid = app_id(rt, "rt-server")
