@@ -264,6 +264,7 @@ class _Request:
         for name, value in headers:
             if name == b"content-length":
                 length = value
+                continue  # added once below
             elif name == b"connection" and value.lower() == b"close":
                 self.keep_alive = False
                 continue  # added once below

@@ -73,6 +73,25 @@ def test_keep_alive_serves_many_requests_on_one_connection(proxy: RunningProxy) 
             assert b"\r\ndate: " in head  # like uvicorn and nginx
 
 
+def test_a_non_stream_answer_has_exactly_one_content_length(proxy: RunningProxy) -> None:
+    """RFC 9112 6.3: several Content-Length fields make a message invalid, and aiohttp (so
+    LiteLLM) refuses the answer; the engine's own Content-Length must not be repeated."""
+    for path, body in (("/v1/chat/completions", BODY), ("/v1/models", b"")):
+        method = b"POST" if body else b"GET"
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
+            sock.sendall(
+                method + b" " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + AUTH_LINE
+                + b"Content-Length: %d\r\n\r\n" % len(body) + body
+            )  # fmt: skip
+            head, payload, _ = _recv_response(sock)
+        lengths = [
+            line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        ]
+        assert head.startswith(b"HTTP/1.1 200 ") and lengths == [
+            b"content-length: %d" % len(payload)
+        ], head
+
+
 def test_100_continue_only_after_the_key_check(proxy: RunningProxy) -> None:
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
     length = b"Content-Length: %d\r\n\r\n" % len(BODY)
