@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emulator.runtime.materialize import PathMount, outside_root_mounts
+
 log = logging.getLogger("emulator.runtime")
 
 PR_SET_PDEATHSIG = 1
@@ -130,6 +132,9 @@ def command(spec: LaunchSpec) -> tuple[list[str], Path]:
         f"then cd /root; else echo 'emulator: no overlay for /root; cwd is {app_root}' >&2; "
         f"cd {app_root}; fi"
     )
+    # Files the image copied outside /root (e.g. /opt/serving/spec.json), at their paths.
+    for index, pm in enumerate(outside_root_mounts(spec.root)):
+        steps.append(_path_mount_step(pm, spec.workdir / "layers" / str(index)))
     for vol in spec.volumes:
         target = shlex.quote(vol.mount_path)
         steps.append(f"mkdir -p {target}")
@@ -141,6 +146,25 @@ def command(spec: LaunchSpec) -> tuple[list[str], Path]:
     argv = ["unshare", "--net", "--mount", "--propagation", "private", "--"]
     argv += ["/bin/sh", "-c", script, "container", *entry]
     return argv, spec.root / "root"
+
+
+def _path_mount_step(pm: PathMount, layer: Path) -> str:
+    """One shell step showing image files at `pm.target`; a failure is a warning, not fatal."""
+    src, target = shlex.quote(str(pm.source)), shlex.quote(pm.target)
+    if pm.kind == "overlay":
+        upper, work = layer / "upper", layer / "work"
+        upper.mkdir(parents=True, exist_ok=True)
+        work.mkdir(parents=True, exist_ok=True)
+        mount = (
+            f"mount -t overlay overlay -o lowerdir={src}:{target},"
+            f"upperdir={shlex.quote(str(upper))},workdir={shlex.quote(str(work))} {target}"
+        )
+    elif pm.kind == "bind-dir":  # a new top-level directory: an empty mount point is made
+        mount = f"mkdir -p {target} && mount --bind {src} {target}"
+    else:
+        mount = f"mount --bind {src} {target}"
+    warn = shlex.quote(f"emulator: cannot show the image's files at {pm.target} in this container")
+    return f"{{ {mount} || echo {warn} >&2; }}"
 
 
 def _fallback_volume_links(spec: LaunchSpec) -> None:
@@ -175,6 +199,14 @@ async def launch(
     args_path.write_bytes(spec.args_bytes)
     if not spec.netns:
         _fallback_volume_links(spec)
+        for pm in outside_root_mounts(spec.root):
+            log.warning(
+                "container %s: the image's files at %s are not visible (no mount namespace on "
+                "the host network; they are under %s)",
+                container.task_id,
+                pm.target,
+                pm.source,
+            )
     argv, cwd = command(spec)
     env = dict(spec.env)
     env["MODAL_CONTAINER_ARGUMENTS_PATH"] = str(args_path)
