@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import logging
 import os
 import shlex
@@ -110,6 +111,14 @@ def command(spec: LaunchSpec) -> tuple[list[str], Path]:
     entry = [spec.python, "-m", "modal._container_entrypoint"]
     if not spec.netns:
         return entry, spec.root / "root"
+    # The script below `cd`s before it mounts: every host path in it must be absolute (the
+    # emulator's --state may be relative, e.g. `--state .modal-emulator/state.sqlite3`).
+    spec = dataclasses.replace(
+        spec,
+        root=spec.root.absolute(),
+        workdir=spec.workdir.absolute(),
+        volumes=[dataclasses.replace(v, host_dir=v.host_dir.absolute()) for v in spec.volumes],
+    )
     steps = ["ip link set lo up"]
     # An `eth0` as Modal containers have: modal's `@web_server` wrapper reaches the user's
     # server on eth0's address (modal/_runtime/user_code_imports.py, get_ip_address(b"eth0")),
