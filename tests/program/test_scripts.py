@@ -1,5 +1,5 @@
-"""scripts/: `make up` picks its engine (CLI or stand-in) and port clearly; the gateway file is
-written safely. The live path itself (up, curl, rotate, down) is tests/program/test_live_stack.py."""
+"""scripts/: `make up` picks its engine (CLI or stand-in) and port clearly; the gateway file
+is written safely. The live path (up, curl, rotate, down): tests/program/test_live_stack.py."""
 
 from __future__ import annotations
 
