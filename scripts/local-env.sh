@@ -91,7 +91,8 @@ find_pulumi_cli() {
         fi
         PULUMI_MISSING_WHY="Pulumi's installer failed"
     else
-        PULUMI_MISSING_WHY="not installed, and $PULUMI_INSTALL_URL is not reachable: ${err##*: }"
+        err="$(printf '%s\n' "$err" | sed -n '1s/^curl: ([0-9]*) //p')"
+        PULUMI_MISSING_WHY="not installed, and $PULUMI_INSTALL_URL is not reachable: ${err:-no answer}"
     fi
     rm -f "$installer"
     return 1
