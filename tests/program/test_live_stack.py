@@ -9,6 +9,7 @@ Modal secret) running in the emulator's runtime. Tests run in file order on one 
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import time
@@ -16,6 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -95,7 +97,23 @@ def test_each_credential_is_checked_where_modal_and_our_proxy_check_it(
     # Proxy token right, no API key: 401 from our proxy, not the edge.
     status, _, text = post(url, creds(outputs, None))
     assert status == 401 and json.loads(text)["error"]["code"] == "missing_api_key"
-    # Both right: 200, tokens streamed as server-sent events, usage at the end, then [DONE].
+    # Both right, not streamed: 200 with a well-formed head (one Content-Length: aiohttp, and
+    # so LiteLLM, rejects a response that repeats it, even with the same value).
+    conn = http.client.HTTPConnection(urlsplit(url).netloc, timeout=60)
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps(
+            {"model": outputs["served_model_name"], "messages": [{"role": "user", "content": "Hi"}]}
+        ),
+        headers={"Content-Type": "application/json", **creds(outputs, key)},
+    )
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    assert resp.status == 200, data
+    assert resp.msg.get_all("content-length") == [str(len(data))]
+    # Both right, streamed: 200, tokens as server-sent events, usage at the end, then [DONE].
     body = {
         "model": outputs["served_model_name"],
         "messages": [{"role": "user", "content": "Stream please"}],
