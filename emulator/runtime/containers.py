@@ -255,10 +255,24 @@ async def launch(
 
     async def watch() -> None:
         pumps = asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
+        netns = asyncio.ensure_future(_own_netns_of(proc.pid)) if spec.netns else None
         # Processes it started keep its output pipes open (and asyncio's wait() waits for
         # them): a pidfd says when the container process itself has exited.
         await _exited(proc.pid)
         kill_group(proc.pid, signal.SIGKILL)  # whatever it left behind
+        if netns is not None:
+            # ...also what left its process group (e.g. started with start_new_session, as
+            # serving/engine.py starts the proxy): everything in the container's network
+            # namespace is the container's, and a container's end is the end of all of it,
+            # as on Modal. Without this, such a process outlives the emulator itself.
+            ns = netns.result() if netns.done() else None
+            netns.cancel()
+            if ns is not None and (killed := kill_netns(ns)):
+                log.info(
+                    "container %s: killed %d process(es) it left in its network namespace",
+                    container.task_id,
+                    killed,
+                )
         container.exit_code = await proc.wait()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(pumps, 2.0)
@@ -267,6 +281,41 @@ async def launch(
         on_exit(container)
 
     asyncio.get_running_loop().create_task(watch(), name=f"container-{container.task_id}")
+
+
+def _netns_of(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+async def _own_netns_of(pid: int) -> str | None:
+    """The network namespace container process `pid` moved into (`unshare --net`), or None.
+
+    `unshare` creates it just after the process starts: poll until the link differs from
+    the emulator's own (a few ms), for at most 5 s.
+    """
+    own = _netns_of("self")
+    for _ in range(500):
+        ns = _netns_of(pid)
+        if ns is None:
+            return None
+        if ns != own:
+            return ns
+        await asyncio.sleep(0.01)
+    return None
+
+
+def kill_netns(ns: str) -> int:
+    """SIGKILL every process whose network namespace is `ns`; how many there were."""
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _netns_of(entry) == ns:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed
 
 
 async def _exited(pid: int) -> None:

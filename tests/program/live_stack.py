@@ -20,7 +20,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,9 +116,20 @@ class LiveStack:
         pid_file = self.home / "emulator" / "emulator.pid"
         return int(pid_file.read_text()) if pid_file.exists() else None
 
-    def processes_left(self) -> list[str]:
-        """Processes whose command line or environment names this stack's directory
-        (the emulator, its containers and everything they started)."""
+    def container_netns(self) -> set[str]:
+        """The network namespaces of the containers running now (each container has its own)."""
+        with urllib.request.urlopen(f"{self.control}/_emulator/containers", timeout=10) as r:
+            pids = [c["pid"] for c in json.loads(r.read())["containers"] if c["pid"]]
+        found = set()
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                found.add(os.readlink(f"/proc/{pid}/ns/net"))
+        return found
+
+    def processes_left(self, netns: Collection[str] = ()) -> list[str]:
+        """Processes whose command line or environment names this stack's directory (the
+        emulator, the containers' own processes), or that live in one of `netns` (whatever
+        the containers started, even in a session of its own, e.g. our proxy)."""
         mark = str(self.home).encode()
         found = []
         for proc in Path("/proc").iterdir():
@@ -126,9 +137,10 @@ class LiveStack:
                 continue
             try:
                 blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+                ns = os.readlink(proc / "ns" / "net")
             except OSError:
                 continue
-            if mark in blob:
+            if mark in blob or ns in netns:
                 argv0 = blob.split(b"\x00")[0].decode(errors="replace")
                 found.append(f"{proc.name}: {argv0}")
         return found
