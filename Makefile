@@ -37,15 +37,19 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy emulator components serving watchers pulumi_standin bench tests scripts __main__.py
 
-# Modal's control plane on loopback, in the foreground (Ctrl-C stops it).
+# Modal's control plane + runtime on loopback, in the foreground (Ctrl-C stops it). Same state
+# and pid file as `make up`'s, so `make up` reuses it and `make down` stops it.
 emulator: setup
-	$(PY) -m emulator serve --port $(EMULATOR_PORT)
+	mkdir -p .modal-emulator && echo $$$$ > .modal-emulator/emulator.pid && \
+	exec $(PY) -m emulator serve --port $(EMULATOR_PORT) --state .modal-emulator/state.sqlite3
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # ---- The Pulumi program (issue: program, stacks, CI) ----
-# Main job on a fresh machine: venv, emulator, local file backend, `pulumi up` of the local stack.
+# Main job on a fresh machine: venv, emulator, `pulumi up` of the local stack (the Pulumi CLI,
+# else the pulumi_standin), then a chat completion through the edge and a curl that works.
+# `make down` destroys it (either engine) and stops the emulator. PULUMI_ENGINE=cli|standin.
 up: setup
 	./scripts/up.sh $(STACK)
 

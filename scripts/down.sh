@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make down`: destroy the local stack's resources in the emulator, then stop the emulator.
-# The stack itself (its empty state) and the emulator's state file are kept; remove
-# .pulumi-state/ and .modal-emulator/ to start from nothing.
+# `make down`: destroy what `make up` made in the emulator (with whichever engine holds it:
+# the Pulumi CLI's stack in .pulumi-state/, the stand-in's in .pulumi-offline/local.json),
+# stop the emulator on the stack's port (started by `make up` or `make emulator`), and remove
+# the emulator's state. The stacks themselves stay (empty); remove .pulumi-state/ and
+# .pulumi-offline/ to forget them too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STACK="${1:-local}"
@@ -9,16 +11,28 @@ STACK="${1:-local}"
 . scripts/local-env.sh
 
 require_local_stack "$STACK"
-check_emulator_port
-if [ -d .pulumi-state ]; then
-    ensure_pulumi_cli
+destroyed=0
+if standin_has_resources; then
+    LOCAL_ENGINE=standin
     start_emulator # destroy talks to it
-    if select_existing_stack "$STACK"; then
-        pulumi destroy --yes --non-interactive --stack "$STACK"
-    else
-        echo "No '$STACK' stack in .pulumi-state: nothing to destroy."
-    fi
-else
-    echo "No .pulumi-state/: nothing was deployed locally."
+    standin destroy
+    destroyed=1
 fi
+if [ -d .pulumi-state ]; then
+    if find_pulumi_cli; then
+        LOCAL_ENGINE=cli
+        check_emulator_port
+        start_emulator
+        if select_existing_stack "$STACK"; then
+            pulumi destroy --yes --non-interactive --stack "$STACK"
+            destroyed=1
+        fi
+    else
+        echo "warning: .pulumi-state/ may hold a '$STACK' stack made with the Pulumi CLI, which" \
+            "is $PULUMI_MISSING_WHY; its resources die with the emulator's state below." >&2
+    fi
+fi
+[ "$destroyed" = 1 ] || echo "Nothing deployed locally to destroy."
 stop_emulator
+remove_emulator_state
+echo "Emulator state removed ($EMULATOR_DIR/state.sqlite3*); its log stays in $EMULATOR_LOG."

@@ -1,7 +1,9 @@
 """Write the LiteLLM gateway config of a stack to a file (`make gateway-config STACK=...`).
 
-Reads `pulumi stack output --json --show-secrets --stack STACK` (or a saved copy of that JSON
-with `--outputs-json FILE`), takes the `gateway_config` output (LiteLLM YAML) or, with
+Reads `pulumi stack output --json --show-secrets --stack STACK`, or, where there is no Pulumi
+CLI (or with `--engine standin`), the outputs of the Pulumi stand-in's last `up` from its state
+file (`.pulumi-offline/<stack>.json`, `--state`), or a saved copy of that JSON with
+`--outputs-json FILE`; takes the `gateway_config` output (LiteLLM YAML) or, with
 `--format json`, `gateway_config_json`, and writes it with mode 0600 to
 `.gateway/litellm-<stack>.yaml` (or `--out`). The file holds API keys and the Modal proxy
 token: keep it out of git (`.gateway/` carries its own `.gitignore`, and the root .gitignore
@@ -30,16 +32,18 @@ class GatewayConfigError(RuntimeError):
     """The stack outputs could not be read or hold no gateway config."""
 
 
+def pulumi_cli() -> str | None:
+    home_cli = Path.home() / ".pulumi/bin/pulumi"
+    return shutil.which("pulumi") or (str(home_cli) if home_cli.exists() else None)
+
+
 def stack_outputs(stack: str) -> dict[str, Any]:
     """The stack's outputs with secrets revealed, from the Pulumi CLI."""
-    pulumi = shutil.which("pulumi") or (
-        str(Path.home() / ".pulumi/bin/pulumi")
-        if (Path.home() / ".pulumi/bin/pulumi").exists()
-        else None
-    )
+    pulumi = pulumi_cli()
     if pulumi is None:
         raise GatewayConfigError(
-            "the Pulumi CLI is not installed; `make up` installs it (or says how to get it). "
+            "the Pulumi CLI is not installed, and the Pulumi stand-in has no state for stack "
+            f"{stack!r} (`make up` deploys the local stack with one or the other). "
             "Alternatively save `pulumi stack output --json --show-secrets` elsewhere and pass "
             "it with --outputs-json FILE."
         )
@@ -107,10 +111,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--outputs-json", type=Path, help="read outputs from this file instead of the CLI"
     )
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "cli", "standin"],
+        default=os.environ.get("PULUMI_ENGINE") or "auto",
+        help="whose outputs: the Pulumi CLI's, the stand-in's, or auto (the CLI if installed, "
+        "else the stand-in's state file); default $PULUMI_ENGINE, else auto",
+    )
+    parser.add_argument("--state", type=Path, help="the stand-in's state file")
     args = parser.parse_args(argv)
     try:
+        state = args.state or ROOT / ".pulumi-offline" / f"{args.stack}.json"
+        use_standin = args.engine == "standin" or (
+            args.engine == "auto" and pulumi_cli() is None and state.exists()
+        )
         if args.outputs_json is not None:
             outputs = json.loads(args.outputs_json.read_text())
+        elif use_standin:
+            from local_stack import LocalStackError, standin_outputs
+
+            try:
+                outputs = standin_outputs(args.stack, state)
+            except LocalStackError as exc:
+                raise GatewayConfigError(str(exc)) from None
         else:
             outputs = stack_outputs(args.stack)
         content = render(outputs, args.format)

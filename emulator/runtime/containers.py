@@ -12,12 +12,7 @@ Process hygiene: the container is the leader of its own process group (everythin
 is in it); a stop sends SIGTERM to the container process only (so `@modal.exit` runs and can
 stop its own children, as on Modal), then SIGKILL to the whole group after the grace period.
 When the container process exits for any reason (even `kill -9`), whatever is left in its
-group is killed. A container with its own namespaces (netns mode) is also swept by namespace:
-processes it started in a new session (`start_new_session=True`, as serving/engine.py does for
-the proxy and the engine, so that they outlive a signal to the group) leave its process group
-but not its network namespace, so every process still in that namespace is killed too. In host
-network mode there is no namespace to sweep: such processes can outlive their container
-(docs/emulator.md). PR_SET_PDEATHSIG makes the kernel kill the container if the emulator itself
+group is killed. PR_SET_PDEATHSIG makes the kernel kill the container if the emulator itself
 dies without cleaning up.
 """
 
@@ -27,6 +22,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import logging
 import os
 import shlex
@@ -37,6 +33,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from emulator.runtime.materialize import PathMount, outside_root_mounts
 
 log = logging.getLogger("emulator.runtime")
 
@@ -113,6 +111,14 @@ def command(spec: LaunchSpec) -> tuple[list[str], Path]:
     entry = [spec.python, "-m", "modal._container_entrypoint"]
     if not spec.netns:
         return entry, spec.root / "root"
+    # The script below `cd`s before it mounts: every host path in it must be absolute (the
+    # emulator's --state may be relative, e.g. `--state .modal-emulator/state.sqlite3`).
+    spec = dataclasses.replace(
+        spec,
+        root=spec.root.absolute(),
+        workdir=spec.workdir.absolute(),
+        volumes=[dataclasses.replace(v, host_dir=v.host_dir.absolute()) for v in spec.volumes],
+    )
     steps = ["ip link set lo up"]
     # An `eth0` as Modal containers have: modal's `@web_server` wrapper reaches the user's
     # server on eth0's address (modal/_runtime/user_code_imports.py, get_ip_address(b"eth0")),
@@ -135,6 +141,9 @@ def command(spec: LaunchSpec) -> tuple[list[str], Path]:
         f"then cd /root; else echo 'emulator: no overlay for /root; cwd is {app_root}' >&2; "
         f"cd {app_root}; fi"
     )
+    # Files the image copied outside /root (e.g. /opt/serving/spec.json), at their paths.
+    for index, pm in enumerate(outside_root_mounts(spec.root)):
+        steps.append(_path_mount_step(pm, spec.workdir / "layers" / str(index)))
     for vol in spec.volumes:
         target = shlex.quote(vol.mount_path)
         steps.append(f"mkdir -p {target}")
@@ -146,6 +155,25 @@ def command(spec: LaunchSpec) -> tuple[list[str], Path]:
     argv = ["unshare", "--net", "--mount", "--propagation", "private", "--"]
     argv += ["/bin/sh", "-c", script, "container", *entry]
     return argv, spec.root / "root"
+
+
+def _path_mount_step(pm: PathMount, layer: Path) -> str:
+    """One shell step showing image files at `pm.target`; a failure is a warning, not fatal."""
+    src, target = shlex.quote(str(pm.source)), shlex.quote(pm.target)
+    if pm.kind == "overlay":
+        upper, work = layer / "upper", layer / "work"
+        upper.mkdir(parents=True, exist_ok=True)
+        work.mkdir(parents=True, exist_ok=True)
+        mount = (
+            f"mount -t overlay overlay -o lowerdir={src}:{target},"
+            f"upperdir={shlex.quote(str(upper))},workdir={shlex.quote(str(work))} {target}"
+        )
+    elif pm.kind == "bind-dir":  # a new top-level directory: an empty mount point is made
+        mount = f"mkdir -p {target} && mount --bind {src} {target}"
+    else:
+        mount = f"mount --bind {src} {target}"
+    warn = shlex.quote(f"emulator: cannot show the image's files at {pm.target} in this container")
+    return f"{{ {mount} || echo {warn} >&2; }}"
 
 
 def _fallback_volume_links(spec: LaunchSpec) -> None:
@@ -180,6 +208,14 @@ async def launch(
     args_path.write_bytes(spec.args_bytes)
     if not spec.netns:
         _fallback_volume_links(spec)
+        for pm in outside_root_mounts(spec.root):
+            log.warning(
+                "container %s: the image's files at %s are not visible (no mount namespace on "
+                "the host network; they are under %s)",
+                container.task_id,
+                pm.target,
+                pm.source,
+            )
     argv, cwd = command(spec)
     env = dict(spec.env)
     env["MODAL_CONTAINER_ARGUMENTS_PATH"] = str(args_path)
@@ -219,13 +255,24 @@ async def launch(
 
     async def watch() -> None:
         pumps = asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
-        netns_id = await _own_netns(proc.pid) if spec.netns else None
+        netns = asyncio.ensure_future(_own_netns_of(proc.pid)) if spec.netns else None
         # Processes it started keep its output pipes open (and asyncio's wait() waits for
         # them): a pidfd says when the container process itself has exited.
         await _exited(proc.pid)
         kill_group(proc.pid, signal.SIGKILL)  # whatever it left behind
-        if netns_id is not None:
-            kill_netns(netns_id, signal.SIGKILL)  # also what left the group (new sessions)
+        if netns is not None:
+            # ...also what left its process group (e.g. started with start_new_session, as
+            # serving/engine.py starts the proxy): everything in the container's network
+            # namespace is the container's, and a container's end is the end of all of it,
+            # as on Modal. Without this, such a process outlives the emulator itself.
+            ns = netns.result() if netns.done() else None
+            netns.cancel()
+            if ns is not None and (killed := kill_netns(ns)):
+                log.info(
+                    "container %s: killed %d process(es) it left in its network namespace",
+                    container.task_id,
+                    killed,
+                )
         container.exit_code = await proc.wait()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(pumps, 2.0)
@@ -234,6 +281,41 @@ async def launch(
         on_exit(container)
 
     asyncio.get_running_loop().create_task(watch(), name=f"container-{container.task_id}")
+
+
+def _netns_of(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+async def _own_netns_of(pid: int) -> str | None:
+    """The network namespace container process `pid` moved into (`unshare --net`), or None.
+
+    `unshare` creates it just after the process starts: poll until the link differs from
+    the emulator's own (a few ms), for at most 5 s.
+    """
+    own = _netns_of("self")
+    for _ in range(500):
+        ns = _netns_of(pid)
+        if ns is None:
+            return None
+        if ns != own:
+            return ns
+        await asyncio.sleep(0.01)
+    return None
+
+
+def kill_netns(ns: str) -> int:
+    """SIGKILL every process whose network namespace is `ns`; how many there were."""
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _netns_of(entry) == ns:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed
 
 
 async def _exited(pid: int) -> None:
@@ -255,42 +337,6 @@ async def _exited(pid: int) -> None:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
-
-
-def _netns_of(pid: int | str) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/net")
-    except OSError:
-        return None
-
-
-async def _own_netns(pid: int, timeout: float = 5.0) -> str | None:
-    """The network namespace `pid` runs in once `unshare` has made it (not the emulator's)."""
-    mine = _netns_of(os.getpid())
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ns = _netns_of(pid)
-        if ns is None:
-            return None  # already gone: its group kill is all there is
-        if ns != mine:
-            return ns
-        await asyncio.sleep(0.02)
-    return None
-
-
-def kill_netns(netns_id: str, sig: int) -> int:
-    """Send `sig` to every process in network namespace `netns_id`; how many were found."""
-    if netns_id == _netns_of(os.getpid()):
-        return 0  # never the emulator's own namespace
-    found = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and _netns_of(entry.name) == netns_id:
-            found += 1
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry.name), sig)
-    if found:
-        log.info("killed %d process(es) left in a stopped container's namespace", found)
-    return found
 
 
 def kill_group(pgid: int | None, sig: int) -> None:

@@ -9,6 +9,9 @@ filesystem, under one directory per distinct set of mounts (content-addressed, r
 
 Paths under `/root` (Modal's working directory, where the app module lives) are what the
 container sees at `/root` (bound there in its mount namespace, or its cwd without one).
+Files an image copies to absolute paths elsewhere (e.g. `add_local_file(f, "/opt/app/x.json",
+copy=True)`, a Dockerfile `COPY` to `/opt`) are shown at those paths too, in the container's
+mount namespace only (`outside_root_mounts`); without one they are not visible (a warning).
 The environment is the image chain's `ENV` lines (base first), then the secrets (later ones
 win, as in Modal), then the runtime's own MODAL_* variables.
 """
@@ -19,7 +22,8 @@ import hashlib
 import logging
 import os
 import shlex
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 from modal_proto import api_pb2
 
@@ -126,3 +130,79 @@ def container_env(state: State, fn: api_pb2.Function) -> dict[str, str]:
     for secret_id in fn.secret_ids:
         env.update(state.secrets.values_for_container(secret_id))
     return env
+
+
+# Never shown over: the kernel's own filesystems, and /root (its own overlay in containers.py).
+_RESERVED_TOPS = frozenset({"proc", "sys", "dev", "root"})
+
+
+@dataclass(frozen=True)
+class PathMount:
+    """One mount that shows image files outside /root at their container paths.
+
+    kind "overlay": `source` (the materialised directory) over the machine's directory
+    `target` (an overlay: the machine's files stay visible below, writes go to a per-container
+    layer); "bind-file": `source` bound over an existing file `target`; "bind-dir": `source`
+    bound at `target`, a directory that does not exist on the machine, created as an empty
+    mount point (only when its parent is `/`: an overlay over `/` itself is never made).
+    """
+
+    kind: str
+    source: Path
+    target: str
+
+
+def _files_outside_root(root: Path) -> list[PurePosixPath]:
+    out: list[PurePosixPath] = []
+    for top in sorted(root.iterdir()):
+        if top.name in ("root", ".complete"):
+            continue
+        if top.is_file():
+            out.append(PurePosixPath("/", top.name))
+            continue
+        for dirpath, _dirs, files in os.walk(top):
+            rel = Path(dirpath).relative_to(root)
+            out.extend(PurePosixPath("/", *rel.parts, name) for name in sorted(files))
+    return out
+
+
+def outside_root_mounts(root: Path, host_root: Path = Path("/")) -> list[PathMount]:
+    """The mounts that show `root`'s files outside /root at their absolute container paths.
+
+    Each file goes where the image put it: at the deepest directory that exists on the machine
+    an overlay (so that directory's own files stay visible), or over the machine's file of the
+    same path a file bind, or, for a new top-level directory, a bind of the whole directory.
+    An overlay above another mount makes the other one redundant. `host_root` is for tests.
+    """
+    overlays: set[PurePosixPath] = set()
+    top_dirs: set[PurePosixPath] = set()
+    file_binds: set[PurePosixPath] = set()
+    for path in _files_outside_root(root):
+        if path.parts[1] in _RESERVED_TOPS:
+            log.warning("image file %s: not shown in containers (reserved path)", path)
+            continue
+        on_host = host_root / path.relative_to("/")
+        if on_host.is_file():
+            file_binds.add(path)
+            continue
+        if on_host.exists():
+            log.warning("image file %s: the machine has a directory there; not shown", path)
+            continue
+        parent = path.parent
+        while parent != PurePosixPath("/") and not (host_root / parent.relative_to("/")).is_dir():
+            parent = parent.parent
+        if parent == PurePosixPath("/"):
+            top_dirs.add(PurePosixPath("/", path.parts[1]))
+        else:
+            overlays.add(parent)
+
+    def covered(path: PurePosixPath, by: set[PurePosixPath]) -> bool:
+        return any(other != path and other in path.parents for other in by)
+
+    overlays = {o for o in overlays if not covered(o, overlays)}
+    mounts = [PathMount("bind-dir", root / d.relative_to("/"), str(d)) for d in sorted(top_dirs)]
+    mounts += [PathMount("overlay", root / o.relative_to("/"), str(o)) for o in sorted(overlays)]
+    for f in sorted(file_binds):
+        if not covered(f, overlays) and f not in overlays:
+            mounts.append(PathMount("bind-file", root / f.relative_to("/"), str(f)))
+    return mounts

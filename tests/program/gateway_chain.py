@@ -11,8 +11,10 @@ Chain, all real processes over loopback:
 `ModalSide.deploy()` runs the program under mocks whose App output points at the edge, whose
 proxy token is the one the edge checks and whose API keys are made by the real ApiKey provider,
 then starts the serving proxy with the program's own digests, so the key LiteLLM sends is one
-the serving proxy accepts. The live local stack (emulator running the deployed app) is meant
-to replace this chain: only `modal_side` has to change.
+the serving proxy accepts. The live local stack (tests/program/live_stack.py: `make up`, the
+emulator running our serving container) now carries the main LiteLLM test; this chain stays for
+what the live stack cannot show quickly or configure: Modal's 303 after 150 s, a stub engine
+whose speed and answers a test sets (the spillover tests), every header the edge received.
 
 LiteLLM is not a project dependency (its proxy extra would move shared pins): it is looked up
 as `$LITELLM_BIN`, `.venv/litellm/bin/litellm` or `litellm` on PATH, and the tests are skipped

@@ -1,6 +1,14 @@
 """The generated gateway config, loaded by a real LiteLLM proxy, carries a chat completion.
 
-Chain, all real processes over loopback (tests/program/gateway_chain.py):
+Live (`test_litellm_answers_through_the_live_local_stack`): the local stack as `make up` leaves
+it (tests/program/live_stack.py), the config written by scripts/gateway_config.py (what `make
+gateway-config` runs) from its outputs, used as is:
+    client -> LiteLLM proxy -> the emulator's edge (Modal proxy auth)
+           -> our serving container (serving/app.py: auth proxy + stand-in engine)
+
+Stub chain (`test_litellm_routes_a_chat_completion_through_proxy_auth`), for what the live stack
+cannot show quickly: Modal's 303 to a result URL after 150 s, and every header the edge got.
+All real processes over loopback (tests/program/gateway_chain.py):
     client -> LiteLLM proxy (config = the program's `gateway_config` output)
            -> "Modal edge" (checks Modal-Key/Modal-Secret as Modal's proxy auth does; can answer
               like Modal's edge does for a request past 150 s: 303 to a result URL)
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -25,9 +34,43 @@ from tests.program.gateway_chain import (
     ModalSide,
     start_litellm,
 )
+from tests.program.live_stack import LiveStack, live_stack
+from tests.program.runner import PROJECT_ROOT
 from tests.program.runner import stack_config as load_stack_config
 
 pytestmark = [pytest.mark.litellm, pytest.mark.slow]
+__all__ = ["live_stack"]
+
+
+def test_litellm_answers_through_the_live_local_stack(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]], live_stack: LiveStack
+) -> None:
+    config = tmp_path / "litellm-local.yaml"
+    written = subprocess.run(
+        [sys.executable, "scripts/gateway_config.py", "--stack", "local", "--engine", "standin",
+         "--state", str(live_stack.home / "standin.json"), "--out", str(config)],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    outputs = live_stack.outputs()
+    assert outputs["api_keys"]["gateway"] not in written.stdout + written.stderr
+    served = outputs["served_model_name"]
+    base, master_key = start_litellm(config.read_text(), tmp_path, processes)
+
+    with urllib.request.urlopen(_chat(base, master_key, served, "Hello"), timeout=60) as resp:
+        status, body = resp.status, json.loads(resp.read())
+    streamed = _chat(base, master_key, served, "Stream", stream=True)
+    with urllib.request.urlopen(streamed, timeout=60) as resp:
+        stream_ctype = resp.headers.get("Content-Type", "")
+        events = [line for line in resp.read().decode().splitlines() if line.startswith("data:")]
+
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"].startswith("[stand-in engine]")
+    assert stream_ctype.startswith("text/event-stream")
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data:").strip()) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert len(chunks) >= 3 and text.startswith("[stand-in engine]")
 
 
 def test_litellm_routes_a_chat_completion_through_proxy_auth(

@@ -1,4 +1,5 @@
-"""scripts/: `make up` stops clearly without the Pulumi CLI; the gateway file is written safely."""
+"""scripts/: `make up` picks its engine (CLI or stand-in) and port clearly; the gateway file
+is written safely. The live path (up, curl, rotate, down): tests/program/test_live_stack.py."""
 
 from __future__ import annotations
 
@@ -15,25 +16,23 @@ from pulumi.runtime import rpc
 from tests.program.runner import PROJECT_ROOT, run_program, stack_config
 
 
-def test_up_without_pulumi_cli_says_what_is_missing(tmp_path: Path) -> None:
+def test_without_pulumi_cli_the_standin_is_chosen_in_one_banner_line(tmp_path: Path) -> None:
     env = {
-        "PATH": "/usr/bin:/bin",  # no pulumi here
-        "HOME": str(tmp_path),  # no ~/.pulumi/bin either
         "PULUMI_INSTALL_URL": "http://127.0.0.1:9/unreachable",  # installer cannot be fetched
     }
-    result = subprocess.run(
-        ["bash", "scripts/up.sh", "local"],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode != 0
-    assert "the Pulumi CLI is missing and could not be installed" in result.stderr
-    assert "curl -fsSL https://get.pulumi.com | sh -s -- --version 3.272.0" in result.stderr
-    # It stopped before starting anything.
-    assert "Starting the Modal emulator" not in result.stdout
+    result = _bash('choose_engine; echo "ENGINE=$LOCAL_ENGINE"', tmp_path, **env)
+    assert result.returncode == 0, result.stderr
+    banner, engine = result.stdout.splitlines()
+    assert engine == "ENGINE=standin"
+    assert banner.startswith("No Pulumi CLI (not installed, and http://127.0.0.1:9/unreachable")
+    assert "using the Pulumi stand-in python -m pulumi_standin" in banner
+    assert "NOT the Pulumi engine" in banner
+
+    # PULUMI_ENGINE=cli insists on the CLI: a clear stop, with how to get it.
+    forced = _bash("choose_engine; echo STARTED", tmp_path, PULUMI_ENGINE="cli", **env)
+    assert forced.returncode == 1 and "STARTED" not in forced.stdout
+    assert "PULUMI_ENGINE=cli, but the Pulumi CLI is not installed" in forced.stderr
+    assert "curl -fsSL https://get.pulumi.com | sh -s -- --version 3.272.0" in forced.stderr
 
 
 def test_up_refuses_other_stacks() -> None:
@@ -119,10 +118,17 @@ def _fake_cli(tmp_path: Path, body: str) -> None:
 
 
 def test_emulator_port_must_match_the_local_stack_file(tmp_path: Path) -> None:
+    # The CLI's providers use the stack file's URL: with the CLI, the port must match it.
+    _fake_cli(tmp_path, 'echo "v3.272.0"')
     result = subprocess.run(
         ["bash", "scripts/up.sh", "local"],
         cwd=PROJECT_ROOT,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "EMULATOR_PORT": "8799"},
+        env={
+            "PATH": f"{tmp_path}:/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "EMULATOR_PORT": "8799",
+            "PULUMI_ENGINE": "cli",
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -138,11 +144,11 @@ def test_emulator_port_must_match_the_local_stack_file(tmp_path: Path) -> None:
 
 def test_other_pulumi_version_is_named_in_a_warning(tmp_path: Path) -> None:
     _fake_cli(tmp_path, 'echo "v3.100.0"')
-    result = _bash("ensure_pulumi_cli && echo READY", tmp_path)
+    result = _bash("find_pulumi_cli && echo READY", tmp_path)
     assert result.returncode == 0 and "READY" in result.stdout
     assert "pulumi CLI 3.100.0 is installed; this project pins 3.272.0" in result.stderr
     _fake_cli(tmp_path, 'echo "v3.272.0"')
-    assert "warning" not in _bash("ensure_pulumi_cli", tmp_path).stderr
+    assert "warning" not in _bash("find_pulumi_cli", tmp_path).stderr
 
 
 def test_down_distinguishes_a_missing_stack_from_a_failure(tmp_path: Path) -> None:
