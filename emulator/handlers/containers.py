@@ -1,7 +1,7 @@
 """Container-side RPCs and function calls: what running containers and callers send.
 
 Container side (served on each container's own unix socket, so `ctx.task_id` names it; the
-sequence is the one measured in /work/shared/reference/modal-container-runtime.md and served by
+sequence is the one measured in shared/reference/modal-container-runtime.md and served by
 modal-labs/modal-client test/conftest.py's MockClientServicer): ContainerHello,
 ContainerHeartbeat, FunctionGetInputs (long poll; a `kill_switch` item tells it to leave),
 FunctionPutOutputs, TaskResult (import/enter failures), ContainerServerLifecycleReady

@@ -1,7 +1,7 @@
 """One container: a child process running modal's own container entrypoint.
 
 `python -m modal._container_entrypoint` (the pinned modal client, unchanged) is started with
-what Modal's workers give it (reference: /work/shared/reference/modal-container-runtime.md,
+what Modal's workers give it (reference: shared/reference/modal-container-runtime.md,
 measured; modal-labs/modal-client test/container_test.py `_run_container` does the same):
 MODAL_CONTAINER_ARGUMENTS_PATH (a serialized ContainerArguments), MODAL_SERVER_URL (here a
 unix socket of the emulator's, one per container so every RPC is known to come from it),
