@@ -492,6 +492,34 @@ async def autoscaler_settings(client: Any, app_name: str, tag: str, environment:
     return resp.autoscaler_configuration
 
 
+async def autoscaler_overrides(client: Any, app_id: str) -> dict[str, dict[str, Any]]:
+    """Live runtime autoscaler overrides of a deployed app's functions and `@app.server`s, by
+    tag: {tag: {"override": {field: value}, "static": {field: deployed value}}}, only for
+    those with an override (`update_autoscaler` since the last deploy); {} when none, or
+    when the app has no function at all. A function gone between the layout and the read is
+    skipped. Same request as `autoscaler_settings`, by the layout's function ids
+    (`Function.autoscaler.settings()` sends the function's object id, modal 1.6.4)."""
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    layout = await client._stub.AppGetLayout(api_pb2.AppGetLayoutRequest(app_id=app_id))
+    out: dict[str, dict[str, Any]] = {}
+    for tag, function_id in sorted(layout.app_layout.function_ids.items()):
+        try:
+            resp = await client._stub.FunctionGetSchedulingParams(
+                api_pb2.FunctionGetSchedulingParamsRequest(function_id=function_id)
+            )
+        except mexc.NotFoundError:
+            continue
+        conf = resp.autoscaler_configuration
+        override = {f.name: v for f, v in conf.override_settings.ListFields()}
+        if override:
+            st = conf.static_settings
+            static = {k: getattr(st, k) if st.HasField(k) else None for k in override}
+            out[tag] = {"override": override, "static": static}
+    return out
+
+
 async def hello(client: Any) -> None:
     """`ClientHello`: the cheapest round trip (the probe before a create)."""
     from google.protobuf.empty_pb2 import Empty

@@ -475,6 +475,8 @@ class AppProvider(ModalProvider):
             "source_digest": digests["source_digest"],
             "adopted": adopted,
             "read_back_error": str(result.get("read_back_error") or ""),
+            # A deploy resets runtime overrides; an update without deploy keeps the recorded.
+            "autoscaler_override": dict(result.get("autoscaler_override") or {}),
             "health_gate": bool(props.get("health_gate") or False),
             "health_gate_timeout_s": float(
                 props.get("health_gate_timeout_s") or DEFAULT_GATE_TIMEOUT_S
@@ -870,7 +872,43 @@ class AppProvider(ModalProvider):
             outs["spec_digest"] = spec_digest(props["spec_json"])
         if "source_digest" not in outs and isinstance(props.get("app_file"), str):
             outs["source_digest"] = source_digest(props["app_file"])
+        outs["autoscaler_override"] = self._read_overrides(props, app_id)
         return ReadResult(id_, outs)
+
+    def _read_overrides(self, props: Mapping[str, Any], app_id: str) -> dict[str, Any]:
+        """Drift that a refresh reports but no deploy plans for: live autoscaler overrides
+        (`modal` / `Function.update_autoscaler` by hand, or the pre-warm function inside a
+        window), {tag: {field: value}}; {} when none or when the app has no function/server.
+        Only an output: Diff never compares it, so a no-op `up` stays a no-op; the next
+        deploy resets the overrides ("Subsequent deployments of the App containing this
+        Function will reset the autoscaler back to its static configuration", modal 1.6.4
+        `Function.update_autoscaler` docstring). If Modal cannot answer, the refresh still
+        succeeds: the recorded value is kept and a warning says so."""
+        try:
+            live = self.run(
+                "read autoscaler overrides",
+                f"{app_id} ({self._target(props)})",
+                lambda client: _rpc.autoscaler_overrides(client, app_id),
+            )
+        except ModalProviderError as e:
+            pulumi.log.warn(
+                f"App {self._target(props)}: could not read its live autoscaler overrides"
+                f" (kept the recorded autoscaler_override): {e}"
+            )
+            recorded = props.get("autoscaler_override")
+            return dict(recorded) if isinstance(recorded, Mapping) else {}
+        for tag, o in live.items():
+            fields = ", ".join(
+                f"{k}={v} (deployed: {_or_default(o['static'].get(k))})"
+                for k, v in o["override"].items()
+            )
+            pulumi.log.warn(
+                f"App {self._target(props)}: {tag} runs with a runtime autoscaler override:"
+                f" {fields}, set outside Pulumi (`update_autoscaler`, e.g. by hand or the"
+                " pre-warm function inside a window). The next deploy of this app resets it to"
+                " the deployed settings."
+            )
+        return {tag: o["override"] for tag, o in live.items()}
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         if props.get("adopted"):
@@ -898,6 +936,10 @@ def _record_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) 
         old, new = olds.get(key), news.get(key)
         return old is not None and new is not None and float(old) != float(new)
     return flag_changed(olds, news, key)
+
+
+def _or_default(value: Any) -> str:
+    return "default" if value is None else str(value)
 
 
 def _live_id(id_: str, props: Mapping[str, Any]) -> str:
@@ -959,7 +1001,7 @@ def _last_json(stdout: str) -> dict[str, Any] | None:
 
 class App(pulumi.dynamic.Resource, module="modal", name="App"):
     """A deployed Modal app. Outputs: `app_id`, `web_url`, `version`, `spec_digest`,
-    `source_digest`."""
+    `source_digest`, `autoscaler_override` (live runtime overrides a refresh found)."""
 
     name: pulumi.Output[str]
     environment: pulumi.Output[str]
@@ -974,6 +1016,7 @@ class App(pulumi.dynamic.Resource, module="modal", name="App"):
     adopt: pulumi.Output[bool]
     adopted: pulumi.Output[bool]
     read_back_error: pulumi.Output[str]
+    autoscaler_override: pulumi.Output[dict[str, dict[str, int]]]
     health_gate: pulumi.Output[bool]
     health_gate_timeout_s: pulumi.Output[float]
     previous_version: pulumi.Output[int]
@@ -999,6 +1042,7 @@ class App(pulumi.dynamic.Resource, module="modal", name="App"):
             "source_digest": None,
             "adopted": None,
             "read_back_error": None,
+            "autoscaler_override": None,
             "health_gate": args.health_gate,
             "health_gate_timeout_s": args.health_gate_timeout_s,
             # What the gate sends; the secrets stay secret in state (never outputs).

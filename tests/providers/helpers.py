@@ -69,6 +69,7 @@ READ_ONLY_RPCS = frozenset(
         "EnvironmentList",
         "FunctionGet",
         "FunctionGetById",
+        "FunctionGetSchedulingParams",
         "MountBatchedCheckExistence",
         "SecretGetInfo",
         "SecretList",
