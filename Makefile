@@ -28,9 +28,11 @@ $(LITELLM_STAMP): | $(STAMP)
 	touch $(LITELLM_STAMP)
 
 # The test command CI runs (.ci/run): lint first (ruff + mypy must be clean), then pytest.
-# pytest exits 5 when no test ran: that fails too.
+# pytest exits 5 when no test ran: that fails too. Two worker processes (pytest-xdist), each
+# test file on one worker (its module fixtures stay whole); every fixture uses free ports and
+# its own temp dirs, so the workers never share an emulator or a port.
 test: setup $(LITELLM_STAMP) lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check .

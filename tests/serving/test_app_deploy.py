@@ -79,6 +79,9 @@ def modal_deploy(
             full_env.pop(key, None)
     if spec_path is not None:
         full_env["SERVING_SPEC"] = str(spec_path)
+    # The CLI prints errors in a rich panel wrapped at COLUMNS: wide enough that a long temp
+    # path in a message is never split across lines.
+    full_env["COLUMNS"] = env.get("COLUMNS", "400")
     return subprocess.run(
         [MODAL_CLI, "deploy", "serving/app.py"],
         cwd=ROOT,
