@@ -103,6 +103,23 @@ def write_private(path: Path, content: str) -> None:
         f.write(content)
 
 
+def standin_outputs(stack: str, state: Path) -> dict[str, Any]:
+    """The outputs of the stand-in's last `up`, secrets revealed (its `output --show-secrets`)."""
+    from pulumi_standin.display import show_output
+    from pulumi_standin.statefile import StandinError, StateFile
+    from pulumi_standin.values import to_program
+
+    if not state.exists():
+        raise GatewayConfigError(f"no stand-in state at {state}: run `make up` first")
+    try:
+        outputs = to_program(StateFile.load(state, stack).outputs)
+    except StandinError as exc:
+        raise GatewayConfigError(str(exc)) from None
+    if not outputs:
+        raise GatewayConfigError(f"stack '{stack}' in {state} has no outputs: run `make up` first")
+    return {k: show_output(v, True) for k, v in outputs.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--stack", default="local", help="stack name (default: local)")
@@ -128,12 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.outputs_json is not None:
             outputs = json.loads(args.outputs_json.read_text())
         elif use_standin:
-            from local_stack import LocalStackError, standin_outputs
-
-            try:
-                outputs = standin_outputs(args.stack, state)
-            except LocalStackError as exc:
-                raise GatewayConfigError(str(exc)) from None
+            outputs = standin_outputs(args.stack, state)
         else:
             outputs = stack_outputs(args.stack)
         content = render(outputs, args.format)

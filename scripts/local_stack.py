@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # pulumi_standin, when run as `python scripts/local_stack.py`
 
-from gateway_config import GatewayConfigError, stack_outputs  # noqa: E402
+from gateway_config import GatewayConfigError, stack_outputs, standin_outputs  # noqa: E402
 
 PROMPT = "Say hello in five words."
 MAX_TOKENS = 16
@@ -48,30 +48,11 @@ class LocalStackError(RuntimeError):
     """The local stack cannot be read or does not answer."""
 
 
-def standin_outputs(stack: str, state: Path) -> dict[str, Any]:
-    """The outputs of the stand-in's last `up`, secrets revealed (its `output --show-secrets`)."""
-    from pulumi_standin.display import show_output
-    from pulumi_standin.statefile import StandinError, StateFile
-    from pulumi_standin.values import to_program
-
-    if not state.exists():
-        raise LocalStackError(f"no stand-in state at {state}: run `make up` first")
-    try:
-        outputs = to_program(StateFile.load(state, stack).outputs)
-    except StandinError as exc:
-        raise LocalStackError(str(exc)) from None
-    if not outputs:
-        raise LocalStackError(f"stack '{stack}' in {state} has no outputs: run `make up` first")
-    return {k: show_output(v, True) for k, v in outputs.items()}
-
-
 def read_outputs(engine: str, stack: str, state: Path) -> dict[str, Any]:
-    if engine == "cli":
-        try:
-            return stack_outputs(stack)
-        except GatewayConfigError as exc:
-            raise LocalStackError(str(exc)) from None
-    return standin_outputs(stack, state)
+    try:
+        return stack_outputs(stack) if engine == "cli" else standin_outputs(stack, state)
+    except GatewayConfigError as exc:
+        raise LocalStackError(str(exc)) from None
 
 
 def is_loopback(url: str) -> bool:
