@@ -1028,39 +1028,52 @@ class App(pulumi.dynamic.Resource, module="modal", name="App"):
     def __init__(
         self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        props: dict[str, Any] = {
-            "name": args.name,
-            "environment": args.environment,
-            "app_file": args.app_file,
-            "spec_json": args.spec_json,
-            "extra_env": args.extra_env,
-            "spec_digest": args.spec_digest,
-            "adopt": args.adopt,
-            "app_id": None,
-            "web_url": None,
-            "version": None,
-            "source_digest": None,
-            "adopted": None,
-            "read_back_error": None,
-            "autoscaler_override": None,
-            "health_gate": args.health_gate,
-            "health_gate_timeout_s": args.health_gate_timeout_s,
-            # What the gate sends; the secrets stay secret in state (never outputs).
-            "gate_token_id": args.gate_token_id,
-            "gate_token_secret": _secret_or_none(args.gate_token_secret),
-            "gate_api_key": _secret_or_none(args.gate_api_key),
-            "gate_model": args.gate_model,
-            "previous_version": None,
-            "commit": None,
-            "gate_result": None,
-            "gate_seconds": None,
-            "rollback_command": None,
-        }
-        super().__init__(AppProvider(), resource_name, props, opts)
+        super().__init__(AppProvider(), resource_name, app_props(args), opts)
+
+
+def app_props(args: AppArgs) -> dict[str, Any]:
+    """The App resource's inputs and declared outputs (None: filled by the provider); also
+    what every resource built on the App provider registers (SpendWatch)."""
+    return {
+        "name": args.name,
+        "environment": args.environment,
+        "app_file": args.app_file,
+        "spec_json": args.spec_json,
+        "extra_env": args.extra_env,
+        "spec_digest": args.spec_digest,
+        "adopt": args.adopt,
+        "app_id": None,
+        "web_url": None,
+        "version": None,
+        "source_digest": None,
+        "adopted": None,
+        "read_back_error": None,
+        "autoscaler_override": None,
+        "health_gate": args.health_gate,
+        "health_gate_timeout_s": args.health_gate_timeout_s,
+        # What the gate sends; the secrets stay secret in state (never outputs).
+        "gate_token_id": args.gate_token_id,
+        "gate_token_secret": _secret_or_none(args.gate_token_secret),
+        "gate_api_key": _secret_or_none(args.gate_api_key),
+        "gate_model": args.gate_model,
+        "previous_version": None,
+        "commit": None,
+        "gate_result": None,
+        "gate_seconds": None,
+        "rollback_command": None,
+    }
 
 
 def _secret_or_none(value: Any) -> Any:
     return None if value is None else pulumi.Output.secret(value)
 
 
-__all__ = ["App", "AppArgs", "AppProvider", "shipped_files", "source_digest", "spec_digest"]
+__all__ = [
+    "App",
+    "AppArgs",
+    "AppProvider",
+    "app_props",
+    "shipped_files",
+    "source_digest",
+    "spec_digest",
+]

@@ -48,7 +48,7 @@ from ._base import (
     is_unknown,
     plain,
 )
-from .app import AppArgs, AppProvider
+from .app import AppArgs, AppProvider, app_props
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendAlert"  # noqa: S105 (a Pulumi type token)
 WATCH_TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendWatch"  # noqa: S105 (a Pulumi type token)
@@ -312,22 +312,7 @@ class SpendWatch(pulumi.dynamic.Resource, module="modal", name="SpendWatch"):
     def __init__(
         self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        props: dict[str, Any] = {
-            "name": args.name,
-            "environment": args.environment,
-            "app_file": args.app_file,
-            "spec_json": args.spec_json,
-            "extra_env": args.extra_env,
-            "spec_digest": args.spec_digest,
-            "adopt": args.adopt,
-            "app_id": None,
-            "web_url": None,
-            "version": None,
-            "source_digest": None,
-            "adopted": None,
-            "read_back_error": None,
-        }
-        super().__init__(SpendWatchProvider(), resource_name, props, opts)
+        super().__init__(SpendWatchProvider(), resource_name, app_props(args), opts)
 
 
 __all__ = [
