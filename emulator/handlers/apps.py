@@ -177,7 +177,7 @@ def AppPublish(ctx: Context, req: api_pb2.AppPublishRequest) -> api_pb2.AppPubli
     app, _version = ctx.state.apps.publish(req.app_id, publish)
     url = _deployed_url(ctx, app) if app.deployed else _page_url(ctx, app)
     if ctx.runtime is not None:
-        ctx.runtime.wake()  # the new version's containers start (rolling)
+        ctx.runtime.deployments_changed()  # the new version's containers start (rolling)
     return api_pb2.AppPublishResponse(url=url, deployed_at=app.deployed_at or 0.0)
 
 
@@ -206,7 +206,7 @@ def AppList(ctx: Context, req: api_pb2.AppListRequest) -> api_pb2.AppListRespons
 def AppStop(ctx: Context, req: api_pb2.AppStopRequest) -> Empty:
     ctx.state.apps.stop(req.app_id)
     if ctx.runtime is not None:
-        ctx.runtime.wake()  # its containers stop now, its URLs stop answering
+        ctx.runtime.deployments_changed()  # its containers stop now, its URLs stop answering
     return Empty()
 
 
@@ -241,7 +241,8 @@ def AppRollback(ctx: Context, req: api_pb2.AppRollbackRequest) -> api_pb2.AppRol
         req.app_id, req.version, ctx.client_version, ctx.config.workspace
     )
     if ctx.runtime is not None:
-        ctx.runtime.wake()  # the rolled-back version's containers replace the current ones
+        # the rolled-back version's containers replace the current ones
+        ctx.runtime.deployments_changed()
     return api_pb2.AppRollbackResponse(
         url=_deployed_url(ctx, app), deployed_at=app.deployed_at or 0.0
     )

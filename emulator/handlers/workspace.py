@@ -105,6 +105,8 @@ def EnvironmentUpdate(
 @rpc
 def EnvironmentDelete(ctx: Context, req: api_pb2.EnvironmentDeleteRequest) -> Empty:
     ctx.state.environments.delete(req.name)
+    if ctx.runtime is not None:
+        ctx.runtime.deployments_changed()  # the environment's apps stop with it
     return Empty()
 
 

@@ -249,6 +249,20 @@ class Runtime:
     def wake(self) -> None:
         self._wake.set()
 
+    def deployments_changed(self) -> None:
+        """An app was published, stopped or rolled back, or an environment deleted: follow
+        the deployed state now, before the RPC answers, then let the loop scale.
+
+        On Modal a URL answers as soon as `modal deploy` returns (with a cold start) and
+        stops answering once `modal app stop` returns; reconciling only in the background
+        loop left a window where a request just after the deploy got 404 (seen in CI).
+        """
+        try:
+            self.reconcile()
+        except Exception:
+            log.exception("runtime: reconcile after a deployment change failed (will retry)")
+        self._wake.set()
+
     def reset(self) -> None:
         """The state was emptied: stop every container and forget containers, calls and logs."""
         for pool in list(self.pools.values()):
