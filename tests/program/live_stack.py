@@ -116,6 +116,12 @@ class LiveStack:
         pid_file = self.home / "emulator" / "emulator.pid"
         return int(pid_file.read_text()) if pid_file.exists() else None
 
+    @staticmethod
+    def clock_ticks() -> int:
+        """Now, in the clock ticks since boot that /proc/PID/stat's start time uses."""
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return int(uptime * os.sysconf("SC_CLK_TCK")) + 1
+
     def container_netns(self) -> set[str]:
         """The network namespaces of the containers running now (each container has its own)."""
         with urllib.request.urlopen(f"{self.control}/_emulator/containers", timeout=10) as r:
@@ -126,10 +132,15 @@ class LiveStack:
                 found.add(os.readlink(f"/proc/{pid}/ns/net"))
         return found
 
-    def processes_left(self, netns: Collection[str] = ()) -> list[str]:
+    def processes_left(self, netns: Collection[str] = (), started_before: int = 0) -> list[str]:
         """Processes whose command line or environment names this stack's directory (the
         emulator, the containers' own processes), or that live in one of `netns` (whatever
-        the containers started, even in a session of its own, e.g. our proxy)."""
+        the containers started, even in a session of its own, e.g. our proxy).
+
+        A namespace's id (`net:[inode]`) is reused once the namespace is gone, and other
+        tests start containers at the same time: with `started_before` (clock ticks since
+        boot, see `clock_ticks`), a process in one of `netns` that started later is another
+        namespace's, not a leftover of ours."""
         mark = str(self.home).encode()
         found = []
         for proc in Path("/proc").iterdir():
@@ -138,9 +149,12 @@ class LiveStack:
             try:
                 blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
                 ns = os.readlink(proc / "ns" / "net")
-            except OSError:
+                # field 22 of /proc/PID/stat (after the parenthesised command): start time
+                started = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[19])
+            except (OSError, ValueError, IndexError):
                 continue
-            if mark in blob or ns in netns:
+            ours_by_ns = ns in netns and not (started_before and started > started_before)
+            if mark in blob or ours_by_ns:
                 argv0 = blob.split(b"\x00")[0].decode(errors="replace")
                 found.append(f"{proc.name}: {argv0}")
         return found

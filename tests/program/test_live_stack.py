@@ -165,11 +165,12 @@ def test_make_down_leaves_no_process_and_no_state(live_stack: LiveStack) -> None
     assert pid is not None and Path(f"/proc/{pid}").exists()
     netns = live_stack.container_netns()
     assert netns  # the serving container is running
+    since = live_stack.clock_ticks()
     down = live_stack.down()
     assert down.returncode == 0, down.stdout + down.stderr
     assert "Resources: - 9 deleted" in down.stdout
     assert f"Modal emulator (pid {pid}) stopped." in down.stdout
-    assert live_stack.processes_left(netns) == []
+    assert live_stack.processes_left(netns, started_before=since) == []
     emulator_dir = live_stack.home / "emulator"
     assert sorted(p.name for p in emulator_dir.iterdir()) == ["emulator.log"]
     assert '"resources": []' in (live_stack.home / "standin.json").read_text().replace("\n", "")
