@@ -29,7 +29,11 @@ from tests.providers.helpers import rpc_delta
 
 APP = AppProvider()
 KEYS_SECRET = "gate-keys"
-GATE_TIMEOUT_S = 8.0  # short: the failing releases wait this long before the rollback
+GATE_TIMEOUT_S = 8.0  # short, yet long enough for a good release to pass on a busy machine
+# A failing release waits the whole gate before the rollback: shorter still (the rollback's
+# own wait for the previous version gets the same bound). The provider server reports
+# progress every MODAL_GATE_PROGRESS_S = 1 s in tests (tests/providers/helpers.py).
+BAD_GATE_TIMEOUT_S = 4.0
 OLD_KEY, NEW_KEY = "sk-gate-old-0123456789abcdef", "sk-gate-new-fedcba9876543210"
 MODEL = "gate-model"
 
@@ -249,7 +253,13 @@ def test_bad_release_is_rolled_back_and_the_update_fails(
     url = good["web_url"]
 
     with pytest.raises(ProviderCallError) as err:
-        engine.up("a", APP, stack.app(spec_json=stack.kind.spec(fail=fail)))
+        engine.up(
+            "a",
+            APP,
+            stack.app(
+                spec_json=stack.kind.spec(fail=fail), health_gate_timeout_s=BAD_GATE_TIMEOUT_S
+            ),
+        )
     details = err.value.details
     assert "App 'gate' in environment 'main': update failed the health gate: v2" in details
     assert stack.kind.evidence[fail] in details  # the reason, or the container's own log line
@@ -281,7 +291,13 @@ def test_bad_release_is_rolled_back_and_the_update_fails(
 @pytest.mark.slow
 def test_failed_create_leaves_nothing_deployed(stack: Stack, emulator: EmulatorProcess) -> None:
     with pytest.raises(ProviderCallError) as err:
-        stack.engine.up("a", APP, stack.app(spec_json=stack.kind.spec(fail="start")))
+        stack.engine.up(
+            "a",
+            APP,
+            stack.app(
+                spec_json=stack.kind.spec(fail="start"), health_gate_timeout_s=BAD_GATE_TIMEOUT_S
+            ),
+        )
     details = err.value.details
     assert "App 'gate' in environment 'main': create failed the health gate: v1" in details
     assert "was stopped again" in details
