@@ -12,10 +12,12 @@ emulator keeps an existing link, so a link to the last test's volume would be us
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,16 +57,23 @@ def _drop_weights_link() -> None:
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
-    if Path(WEIGHTS_MOUNT).exists() and not Path(WEIGHTS_MOUNT).is_symlink():
-        pytest.skip(f"{WEIGHTS_MOUNT} exists on this machine: host-network volumes need it free")
-    _drop_weights_link()
-    state = tmp_path_factory.mktemp("weights-emu") / "state.sqlite3"
-    proc = EmulatorProcess(state_path=state, container_network="host").start()
-    try:
-        yield proc
-    finally:
-        proc.close()
+    # `/weights` is one path for the whole machine: a second run of this module at the same
+    # time (pytest -n without --dist loadfile splits a module) would swap the link under this
+    # one's containers. One module at a time holds it.
+    with open(Path(tempfile.gettempdir()) / "modal-llm-tests-weights.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if Path(WEIGHTS_MOUNT).exists() and not Path(WEIGHTS_MOUNT).is_symlink():
+            pytest.skip(
+                f"{WEIGHTS_MOUNT} exists on this machine: host-network volumes need it free"
+            )
         _drop_weights_link()
+        state = tmp_path_factory.mktemp("weights-emu") / "state.sqlite3"
+        proc = EmulatorProcess(state_path=state, container_network="host").start()
+        try:
+            yield proc
+        finally:
+            proc.close()
+            _drop_weights_link()
 
 
 @pytest.fixture(scope="module")
