@@ -36,18 +36,18 @@
   redeployed under another id → gone, so refresh shows the drift and the next `up` deploys
   again. Modal does not keep our spec or source digest: read keeps the recorded ones.
 - Both digests are computed before the deploy, from the files that were shipped.
+- The health gate (wait for the deploy to serve, roll back or undo) lives in `_gate.py`
+  (`GatedProvider`, this provider's base); what an App ships, and its digest, in `_source.py`.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,11 +62,10 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
-from . import _gate, _rpc
+from . import _rpc
 from ._base import (
     ADOPT_HOWTO,
     ModalAlreadyExistsError,
-    ModalProvider,
     ModalProviderError,
     ModalUnavailableError,
     check_environment,
@@ -79,11 +78,11 @@ from ._base import (
     redact,
     sha256_hex,
 )
+from ._gate import DEFAULT_GATE_TIMEOUT_S, GatedProvider, gate_secrets
+from ._source import shipped_files, source_digest
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:App"  # noqa: S105 (a Pulumi type token)
 DEPLOY_TIMEOUT_S = 1800.0
-DEFAULT_GATE_TIMEOUT_S = 2400.0  # ServingSpec defaults: startup 1800 s + request 600 s
-GATE_POLL_S = 0.25  # between two looks (a TaskList, then at most two HTTP requests)
 # Inputs that never redeploy: a change is recorded (an update without a deploy).
 RECORD_ONLY = ("adopt", "health_gate", "health_gate_timeout_s")
 # Inputs that are only what the gate sends: never compared, never in outputs.
@@ -125,102 +124,6 @@ def spec_digest(spec_json: str) -> str:
     return sha256_hex(spec_json)
 
 
-def _literal_strings(node: ast.Call) -> list[str]:
-    return [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-
-
-# Per-process caches keyed by (path, mtime_ns, size): Diff runs on every preview, and parsing
-# the app file or re-hashing unchanged files would dominate its latency.
-_DIRECTIVES: dict[tuple[str, int, int], list[tuple[str, list[str], bool]]] = {}
-_HASHES: dict[tuple[str, int, int], str] = {}
-
-
-def _stat_key(p: Path) -> tuple[str, int, int]:
-    st = p.stat()
-    return (str(p), st.st_mtime_ns, st.st_size)
-
-
-def _directives(app_p: Path) -> list[tuple[str, list[str], bool]]:
-    """(method, literal string args, has `ignore=`) of every add_local_* call in the app file."""
-    key = _stat_key(app_p)
-    cached = _DIRECTIVES.get(key)
-    if cached is not None:
-        return cached
-    found: list[tuple[str, list[str], bool]] = []
-    for node in ast.walk(ast.parse(app_p.read_text(), filename=str(app_p))):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            method = node.func.attr
-            if method in ("add_local_python_source", "add_local_dir", "add_local_file"):
-                has_ignore = any(k.arg == "ignore" for k in node.keywords)
-                found.append((method, _literal_strings(node), has_ignore))
-    _DIRECTIVES[key] = found
-    return found
-
-
-def shipped_files(
-    app_file: str | os.PathLike[str], root: str | os.PathLike[str] = "."
-) -> list[Path]:
-    """Every local file the app ships to Modal, found statically in the app file."""
-    root_p = Path(root).resolve()
-    app_p = (root_p / app_file).resolve()
-    files: set[Path] = {app_p}
-    search = [root_p, app_p.parent]
-    for method, args, has_ignore in _directives(app_p):
-        if method == "add_local_python_source":
-            for module in args:
-                files.update(_module_files(module, search, py_only=not has_ignore))
-        elif method == "add_local_dir" and args:
-            files.update(_dir_files(_resolve(args[0], search), py_only=False))
-        elif method == "add_local_file" and args:
-            p = _resolve(args[0], search)
-            if p.is_file():
-                files.add(p)
-    return sorted(files)
-
-
-def _resolve(path: str, search: list[Path]) -> Path:
-    p = Path(path)
-    if p.is_absolute():
-        return p
-    for base in search:
-        if (base / p).exists():
-            return (base / p).resolve()
-    return (search[0] / p).resolve()
-
-
-def _module_files(module: str, search: list[Path], py_only: bool) -> Iterator[Path]:
-    rel = Path(*module.split("."))
-    for base in search:
-        if (base / rel).is_dir():
-            yield from _dir_files(base / rel, py_only)
-            return
-        if (base / rel).with_suffix(".py").is_file():
-            yield (base / rel).with_suffix(".py").resolve()
-            return
-
-
-def _dir_files(d: Path, py_only: bool) -> Iterator[Path]:
-    for p in sorted(d.rglob("*")):
-        if not p.is_file() or "__pycache__" in p.parts or p.suffix == ".pyc":
-            continue
-        if py_only and p.suffix != ".py":
-            continue
-        yield p.resolve()
-
-
-def source_digest(app_file: str | os.PathLike[str], root: str | os.PathLike[str] = ".") -> str:
-    """sha256 over (path relative to root, sha256 of content) of every shipped file."""
-    root_p = Path(root).resolve()
-    lines = []
-    for p in shipped_files(app_file, root_p):
-        key = _stat_key(p)
-        digest = _HASHES.get(key)
-        if digest is None:
-            digest = _HASHES[key] = sha256_hex(p.read_bytes())
-        lines.append(f"{os.path.relpath(p, root_p)}\0{digest}")
-    return sha256_hex("\n".join(lines))
-
-
 # ---- the provider ----------------------------------------------------------------------------
 
 
@@ -228,7 +131,7 @@ def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in (props.get("extra_env") or {}).items()}
 
 
-class AppProvider(ModalProvider):
+class AppProvider(GatedProvider):
     kind = "App"
     type_token = TYPE_TOKEN
     adoptable = True
@@ -364,10 +267,6 @@ class AppProvider(ModalProvider):
         )
         return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
-    @staticmethod
-    def _target(props: Mapping[str, Any]) -> str:
-        return f"'{props.get('name')}' in environment '{environment_name(props) or '<default>'}'"
-
     def _deploy(self, props: Mapping[str, Any], action: str, tag: str = "") -> dict[str, Any]:
         creds = self.credentials()
         name, env, app_file = str(props["name"]), environment_name(props), str(props["app_file"])
@@ -423,7 +322,7 @@ class AppProvider(ModalProvider):
                     break
         if last.get("ok"):
             return last
-        secrets = [creds.token_secret, *extra.values(), *_gate_secrets(props)]
+        secrets = [creds.token_secret, *extra.values(), *gate_secrets(props)]
         message = redact(
             f"App {self._target(props)}: {action} (deploy of {app_file}) failed. Modal at"
             f" {creds.server_url} answered {last.get('error')}. ",
@@ -544,270 +443,6 @@ class AppProvider(ModalProvider):
         )
         return CreateResult(
             str(result["app_id"]), self._outputs(props, result, digests, bool(found), gate)
-        )
-
-    def _undo_failed_create(self, props: Mapping[str, Any]) -> str:
-        """A failed create must leave nothing behind (it is not in state, so destroy would
-        never stop it): a deploy can fail after Modal published the app (the answer was
-        lost). No app was deployed under this name before the create, so one there now is
-        this create's: stop it. Returns what to add to the error."""
-        from modal import exception as mexc
-
-        name, env = str(props["name"]), environment_name(props)
-
-        async def go(client: Any) -> str:
-            try:
-                app_id = await _rpc.app_by_name(client, name, env)
-            except mexc.NotFoundError:
-                return ""
-            if app_id:
-                await _rpc.app_stop(client, app_id)
-            return app_id
-
-        try:
-            stopped = self.run("clean up after a failed create", self._target(props), go)
-        except ModalProviderError:
-            return (
-                "The deploy may have reached Modal and the clean-up could not check: look for"
-                f" the app with `modal app list -e {env or '<env>'}` and stop it before rerunning."
-            )
-        if stopped:
-            return f"The app this create had deployed ({stopped}) was stopped again."
-        return "Nothing was left deployed."
-
-    # ---- health gate (issue 11) ---------------------------------------------------------------
-
-    def _production_version(self, props: Mapping[str, Any], app_id: str) -> int:
-        """The version serving now (highest in the deployment history; 0 if none)."""
-
-        async def go(client: Any) -> int:
-            return await _rpc.app_version(client, app_id)
-
-        return int(self.run("read the serving version", self._target(props), go))
-
-    def _gate_or_undo(
-        self,
-        props: Mapping[str, Any],
-        result: dict[str, Any],
-        previous: int,
-        commit: str,
-        action: str,
-        had_previous: bool,
-    ) -> dict[str, Any]:
-        """Run the gate after a deploy (when on). On failure: an update (or an adopted app)
-        is rolled back to `previous` and fails; a create's app is stopped and the create
-        fails. Returns the gate outputs."""
-        name, env = str(props["name"]), environment_name(props)
-        version = int(result.get("version") or 0)
-        out: dict[str, Any] = {
-            "previous_version": previous,
-            "commit": commit,
-            "gate_result": "off (health_gate is false)",
-            "gate_seconds": 0.0,
-            "rollback_command": _rollback_command(name, env, previous),
-        }
-        if not props.get("health_gate"):
-            return out
-        app_id = str(result["app_id"])
-        timeout = float(props.get("health_gate_timeout_s") or DEFAULT_GATE_TIMEOUT_S)
-        target = _gate.GateTarget(
-            url=str(result.get("web_url") or result.get("gate_url") or ""),
-            token_id=str(props.get("gate_token_id") or ""),
-            token_secret=str(props.get("gate_token_secret") or ""),
-            api_key=str(props.get("gate_api_key") or ""),
-            model=str(props.get("gate_model") or ""),
-        )
-        deployed_at = self._deployed_at(props, app_id, version)
-        ok, reason, elapsed = self._wait_serving(
-            props, target, app_id, deployed_at, timeout, smoke=True, what=f"v{version}"
-        )
-        if ok:
-            out["gate_result"] = f"passed: v{version} answered /ready and a smoke completion"
-            out["gate_seconds"] = round(elapsed, 3)
-            return out
-        tail = self._log_tail(props, app_id, deployed_at)
-        secrets = [*target.secrets(), *_gate_secrets(props), self.credentials().token_secret]
-        what = (
-            f"App {self._target(props)}: {action} failed the health gate: v{version}"
-            f" (tag {commit or '-'}) did not serve within {timeout:g} s (waited"
-            f" {elapsed:.1f} s): {reason}."
-        )
-        if previous and had_previous and version > previous:
-            undo = self._roll_back(props, target, app_id, previous, timeout)
-            todo = (
-                f" Fix the release (see the log), then rerun `pulumi up` (Pulumi's state keeps"
-                f" the previous inputs). By hand: `{_rollback_command(name, env, previous)}`."
-            )
-        elif previous and had_previous:
-            undo = (
-                f" Nothing to roll back to: the deploy published no new version (v{version}"
-                " was already serving)."
-            )
-            todo = " Fix the release (see the log), then rerun `pulumi up`."
-        else:
-            undo = " " + self._undo_failed_create(props)
-            todo = " Fix the release (see the log), then rerun `pulumi up`."
-        logs = "\n".join(f"  | {line}" for line in tail) or "  (no log lines)"
-        message = f"{what}{undo}{todo}\nThe container's last log lines:\n{logs}"
-        raise ModalProviderError(redact(message, secrets))
-
-    def _deployed_at(self, props: Mapping[str, Any], app_id: str, version: int) -> float:
-        """When Modal published `version` (its clock): containers enqueued before belong to
-        an older version (the test modal 1.6.4's runner uses for a recreate deploy)."""
-
-        async def go(client: Any) -> float:
-            rows = await _rpc.app_history(client, app_id)
-            at = [d for v, d, _tag in rows if v == version] or [d for _v, d, _tag in rows]
-            return max(at) if at else 0.0
-
-        return float(self.run("read the deployment history", self._target(props), go))
-
-    def _wait_serving(
-        self,
-        props: Mapping[str, Any],
-        target: _gate.GateTarget,
-        app_id: str,
-        deployed_at: float,
-        timeout: float,
-        *,
-        smoke: bool,
-        what: str,
-        replace_older: bool = True,
-    ) -> tuple[bool, str, float]:
-        """Poll until `what` serves through the edge: (if `replace_older`) no container
-        enqueued before `deployed_at` left (a rolling deploy keeps the old ones serving until
-        the new ones are ready), `/ready` 200, then (if `smoke`) a one-token completion 200.
-        Progress every few seconds. Returns (ok, last reason, seconds waited)."""
-        env = environment_name(props)
-        every = float(os.environ.get("MODAL_GATE_PROGRESS_S", "5"))
-        start = time.monotonic()
-        next_progress = start + every
-        reason = "nothing answered yet"
-        stage = "containers"
-
-        async def containers(client: Any) -> list[tuple[str, float]]:
-            return await _rpc.app_containers(client, app_id, env)
-
-        while True:
-            elapsed = time.monotonic() - start
-            remaining = timeout - elapsed
-            if not target.url:
-                return False, "the deploy reported no endpoint URL (read-back failed)", elapsed
-            old: list[str] = []
-            if replace_older:
-                live = self.run("list containers", self._target(props), containers)
-                old = [t for t, enqueued in live if enqueued and enqueued < deployed_at]
-            if old:
-                stage = "containers"
-                reason = (
-                    f"{len(old)} container(s) of the previous version still serve; {what}'s are"
-                    " not ready"
-                )
-            else:
-                status, body = _gate.ready(target, min(10.0, max(remaining, 0.5)))
-                if status != 200:
-                    stage, reason = "ready", f"GET /ready {_gate.describe(status, body)}"
-                elif not smoke:
-                    return True, "", time.monotonic() - start
-                else:
-                    status, body = _gate.smoke(target, max(remaining, 5.0))
-                    if status == 200:
-                        return True, "", time.monotonic() - start
-                    stage = "smoke"
-                    reason = (
-                        "the smoke completion (POST /v1/completions, max_tokens 1)"
-                        f" {_gate.describe(status, body)}"
-                    )
-            now = time.monotonic()
-            if now - start >= timeout:
-                return False, redact(reason, target.secrets()), now - start
-            if now >= next_progress:
-                next_progress = now + every
-                self._progress(props, app_id, deployed_at, stage, what, now - start, timeout)
-            time.sleep(GATE_POLL_S)
-
-    def _progress(
-        self,
-        props: Mapping[str, Any],
-        app_id: str,
-        since: float,
-        stage: str,
-        what: str,
-        elapsed: float,
-        timeout: float,
-    ) -> None:
-        waits = {
-            "containers": f"{what}'s containers to replace the previous version's",
-            "ready": f"{what} to answer GET /ready through the edge",
-            "smoke": f"{what} to answer a one-token completion with the stack's API key",
-        }[stage]
-        tail = self._log_tail(props, app_id, since, n=1)
-        last = tail[-1][:200] if tail else "(no log line yet)"
-        secrets = [*_gate_secrets(props), self.credentials().token_secret]
-        pulumi.log.info(
-            redact(
-                f"App {self._target(props)}: health gate waiting for {waits}"
-                f" ({elapsed:.0f} s of {timeout:g} s); latest container log: {last}",
-                secrets,
-            )
-        )
-
-    def _log_tail(
-        self, props: Mapping[str, Any], app_id: str, since: float, n: int = 20
-    ) -> list[str]:
-        """The app's last log lines since the deploy (best effort: [] if Modal fails)."""
-
-        async def go(client: Any) -> list[str]:
-            return await _rpc.app_log_tail(client, app_id, max(since - 1.0, 0.0), n)
-
-        try:
-            return list(self.run("read the app's logs", self._target(props), go))
-        except ModalProviderError:
-            return []
-
-    def _roll_back(
-        self,
-        props: Mapping[str, Any],
-        target: _gate.GateTarget,
-        app_id: str,
-        previous: int,
-        timeout: float,
-    ) -> str:
-        """AppRollback to `previous`, then wait until it answers /ready again. Returns what
-        to add to the error."""
-
-        async def go(client: Any) -> float:
-            return await _rpc.app_rollback(client, app_id, previous)
-
-        try:
-            rolled_at = float(
-                self.run(f"roll back to v{previous}", self._target(props), go, idempotent=False)
-            )
-        except ModalProviderError as e:
-            return (
-                f" The rollback to v{previous} FAILED ({e}); the failing version may be"
-                " serving: roll back by hand."
-            )
-        # The rolled-back definition may be the one the old containers still run (a rolling
-        # deploy never replaced them): whatever answers /ready through the edge now serves.
-        ok, reason, elapsed = self._wait_serving(
-            props,
-            target,
-            app_id,
-            rolled_at,
-            timeout,
-            smoke=False,
-            what=f"v{previous}",
-            replace_older=False,
-        )
-        if ok:
-            return (
-                f" Rolled back to v{previous} (Modal published it again as a new version),"
-                f" which answers /ready again ({elapsed:.1f} s)."
-            )
-        return (
-            f" Rolled back to v{previous}, but it did NOT answer again within {timeout:g} s:"
-            f" {reason}. Check `modal app logs {props.get('name')}`."
         )
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
@@ -948,10 +583,6 @@ def _live_id(id_: str, props: Mapping[str, Any]) -> str:
     return str(live) if isinstance(live, str) and live else id_
 
 
-def _gate_secrets(props: Mapping[str, Any]) -> list[str]:
-    return [str(props[k]) for k in ("gate_token_secret", "gate_api_key") if props.get(k)]
-
-
 def _recorded_gate(outputs: Mapping[str, Any]) -> dict[str, Any]:
     """The gate outputs an earlier create/update recorded (for an update without deploy)."""
     return {
@@ -961,13 +592,6 @@ def _recorded_gate(outputs: Mapping[str, Any]) -> dict[str, Any]:
         "gate_seconds": float(outputs.get("gate_seconds") or 0.0),
         "rollback_command": str(outputs.get("rollback_command") or ""),
     }
-
-
-def _rollback_command(name: str, env: str, previous: int) -> str:
-    """`modal app rollback` back to `previous`, ready to paste ("" without one)."""
-    if not previous:
-        return ""
-    return f"modal app rollback {name} v{previous}" + (f" -e {env}" if env else "")
 
 
 def _git_commit() -> str:

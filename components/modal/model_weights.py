@@ -141,7 +141,7 @@ class ModelWeightsProvider(ModalProvider):
 
     @staticmethod
     def _source_digest(props: Mapping[str, Any]) -> str:
-        from .app import source_digest
+        from ._source import source_digest
 
         return source_digest(str(props.get("app_file") or DEFAULT_APP_FILE))
 

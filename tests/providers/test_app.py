@@ -9,7 +9,8 @@ from pathlib import Path
 import modal
 import pytest
 
-from components.modal.app import AppProvider, shipped_files, source_digest
+from components.modal._source import shipped_files, source_digest
+from components.modal.app import AppProvider
 from serving.spec import ServingSpec
 from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
 from tests.harness.provider_server import Engine, ProviderCallError, ProviderServer, lifecycle

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from components.modal import AppProvider, SecretProvider, VolumeProvider
-from components.modal.app import shipped_files
+from components.modal._source import shipped_files
 from serving.spec import SERVER_NAME, ServingSpec
 from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
 from tests.harness.provider_server import Engine, Secret

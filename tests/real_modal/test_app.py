@@ -4,7 +4,8 @@ so no container runs), refresh, no-op diff, delete (stop)."""
 
 from __future__ import annotations
 
-from components.modal.app import AppProvider, source_digest
+from components.modal._source import source_digest
+from components.modal.app import AppProvider
 from serving.spec import ServingSpec
 from tests.harness.provider_server import PROJECT_ROOT, ProviderServer
 from tests.real_modal.conftest import ThrowawayEnvironment
