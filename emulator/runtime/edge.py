@@ -590,6 +590,15 @@ class Edge:
         drop = {"modal-key", "modal-secret"}
         if (head.get("authorization") or "").lower().startswith("bearer wk-"):
             drop.add("authorization")
+        # Hop-by-hop headers are the client's connection's, not the container's (RFC 9110
+        # 7.6.1): the edge keeps its own connection to the container alive. Forwarding a
+        # client's `Connection: close` made the container close right after answering; an
+        # early answer (401/403 before the body was read) then met the body still arriving,
+        # the container's kernel reset the connection, and the answer's body was lost
+        # (IncompleteRead at the client, ~1 request in 70 under load). An upgrade keeps them.
+        connection = {t.strip().lower() for t in (head.get("connection") or "").split(",")}
+        if not ("upgrade" in connection and head.get("upgrade")):
+            drop |= _HOP | connection
         headers = head.without(drop)
         te = (head.get("transfer-encoding") or "").lower()
         bodyless = head.get("content-length") in (None, "0") and "chunked" not in te
