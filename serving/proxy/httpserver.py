@@ -75,6 +75,10 @@ _STATUS_LINES = {
 _NO_BODY_STATUS = frozenset({204, 304})
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _MAX_UNREAD_BODY = 1024 * 1024  # pause reading the socket above this many unread body bytes
+# A connection closed after its answer first sends FIN and reads (dropping) what the client
+# still sends, for at most this long: closing with unread bytes makes the kernel answer RST,
+# which can destroy the answer before the client read it (nginx's lingering_close, 5 s).
+LINGER_S = 2.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _ERROR_TEXT = {
     400: b"Invalid HTTP request received.",
@@ -319,6 +323,7 @@ class _HttpProtocol(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self.reading_paused = False
         self.closing = False
+        self.linger_until: float | None = None  # half-closed: dropping input until then
         # head parsing
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
@@ -488,14 +493,16 @@ class _HttpProtocol(asyncio.Protocol):
         """The app failed: 500 if nothing was sent yet, else cut the connection."""
         if req.disconnected or self.transport is None:
             return
-        if not req.started:
+        if not req.started and self.linger_until is None:
             self.transport.write(_plain_response(500))
+            self.close_after_answer()
+            return
         self.closing = True
         self.transport.close()
 
     def write(self, data: bytes) -> None:
         transport = self.transport
-        if transport is not None and not transport.is_closing():
+        if transport is not None and not transport.is_closing() and self.linger_until is None:
             transport.write(data)
 
     async def drain(self) -> None:
@@ -512,14 +519,39 @@ class _HttpProtocol(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.resume_reading()
 
+    def close_after_answer(self) -> None:
+        """Close once what was written has gone out, without an RST that could destroy it.
+
+        FIN first (write_eof: queued data is sent before it), then whatever the client still
+        sends (a body the answer did not wait for) is read and dropped until the client
+        closes too (eof_received) or LINGER_S passes (the sweeper)."""
+        self.closing = True
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:
+            transport.close()
+            return
+        self.linger_until = self.loop.time() + LINGER_S
+        if self.reading_paused:
+            self.reading_paused = False
+            transport.resume_reading()
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes itself (a client's FIN while lingering ends it)
+
     def response_done(self, req: _Request) -> None:
         self.active = None
         transport = self.transport
         if transport is None:
             return
         if not req.keep_alive or self.closing:
-            self.closing = True
-            transport.close()
+            self.close_after_answer()
             return
         if self.pipeline:
             nxt = self.pipeline.popleft()
@@ -551,9 +583,16 @@ class _HttpProtocol(asyncio.Protocol):
         active = self.active
         if active is None or not active.started:
             transport.write(_plain_response(status))
-        transport.close()
+            self.close_after_answer()
+        else:
+            transport.close()  # cut inside a response: the client must see it cut
 
     def sweep(self, now: float) -> None:
+        if self.linger_until is not None and now > self.linger_until:
+            self.linger_until = None
+            if self.transport is not None:
+                self.transport.close()
+            return
         if self.closing or self.active is not None:
             return
         limits = self.limits
