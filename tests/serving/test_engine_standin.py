@@ -115,12 +115,14 @@ def test_a_standin_told_to_fail_start_up_fails_ready_with_its_last_lines(contain
 def test_a_standin_that_never_gets_ready_times_out_with_the_health_answer(
     containers: Any,
 ) -> None:
+    # 5 s: long enough that a loaded machine has the stand-in listening (and answering 503)
+    # before the budget (90 % of startup_s) runs out, rather than refusing the connection.
     spec = make_spec("sglang", False, fail="never-ready").model_copy(
-        update={"timeouts": make_spec("sglang", False).timeouts.model_copy(update={"startup_s": 3})}
+        update={"timeouts": make_spec("sglang", False).timeouts.model_copy(update={"startup_s": 5})}
     )
     c, _ = containers(spec)
     c.start()
-    with pytest.raises(EngineError, match=r"/health after 2\.7 s.*HTTP 503"):
+    with pytest.raises(EngineError, match=r"/health after 4\.5 s.*HTTP 503"):
         c.ready()
 
 
