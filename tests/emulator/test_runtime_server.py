@@ -57,6 +57,11 @@ def test_deploy_prints_a_working_url_and_proxy_auth_guards_it(rt: EmulatorProces
         assert token[1] not in bearer.text and "authorization" not in bearer.text.lower()
     seen = get(url + "/headers", auth_headers(token)).text.lower()
     assert "modal-secret" not in seen and "modal-key" not in seen
+    # Hop-by-hop headers are the client's connection's: the container never sees them.
+    hop = {"Connection": "close, x-hop", "Keep-Alive": "timeout=5", "X-Hop": "1", "X-End": "2"}
+    lines = get(url + "/headers", {**auth_headers(token), **hop}).text.lower().splitlines()
+    names = {line.split(":", 1)[0] for line in lines}
+    assert "x-end" in names and not names & {"connection", "keep-alive", "x-hop"}, names
 
     # Streaming (chunked) responses and request bodies pass through.
     stream = httpx.get(url + "/stream", headers=auth_headers(token), timeout=30)
