@@ -40,10 +40,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -86,13 +84,23 @@ MUTATING_METHODS = frozenset({"Create", "Update", "Delete"})
 ProviderRef = ResourceProvider | str | Mapping[str, Any]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the process that started it dies (Linux
-    PR_SET_PDEATHSIG; elsewhere nothing). Its own session keeps a terminal's Ctrl-C away from
-    it, so without this a stand-in killed outright would leave the server running."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+# The provider server's launcher: `python -c _CHILD <module> <args>`. It dies with the
+# process that started it (Linux PR_SET_PDEATHSIG, SIGTERM; elsewhere nothing): its own session
+# keeps a terminal's Ctrl-C away from it, so without this a stand-in killed outright would
+# leave the server running. Set here, after exec, not in a `preexec_fn`: a preexec_fn makes
+# Python fork (not vfork), which runs grpcio's fork handlers in the child, and grpcio 1.8x's
+# restarted poller then aborts the child before exec ("epoll_wait error: Bad file
+# descriptor", exit -6; grpc/grpc#43055), seen here once in ~10 full test runs.
+_CHILD = """
+import ctypes, os, runpy, signal, sys
+parent = int(os.environ.pop("PULUMI_STANDIN_PARENT_PID", "0") or 0)
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+if parent and os.getppid() != parent:
+    sys.exit("pulumi stand-in: the process that started this provider server is gone")
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
 
 
 class ProviderCallError(Exception):
@@ -207,7 +215,8 @@ class ProviderServer:
         )
         env.pop("PYTHONPATH", None)  # the engine does not set it: cwd makes the program importable
         # An address nobody listens on: the SDK's server never dials the engine.
-        cmd = [self.python, "-u", "-m", "pulumi.dynamic", "127.0.0.1:9"]
+        cmd = [self.python, "-u", "-c", _CHILD, "pulumi.dynamic", "127.0.0.1:9"]
+        env["PULUMI_STANDIN_PARENT_PID"] = str(os.getpid())
         out = open(self.stdout_path, "wb")  # noqa: SIM115 (kept open for the child's lifetime)
         err = open(self.stderr_path, "wb")  # noqa: SIM115
         self._proc = subprocess.Popen(
@@ -218,7 +227,6 @@ class ProviderServer:
             stderr=err,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C goes to the stand-in, which lets calls finish
-            preexec_fn=_die_with_parent,  # ...and no server outlives a killed stand-in
         )
         out.close()
         err.close()
