@@ -392,6 +392,7 @@ class ProxyApp:
         self._ready_reason = "engine health not checked yet"
         self._failed_polls = 0  # consecutive failed /health polls
         self._poller: asyncio.Task[None] | None = None
+        self._stopping = False
         self._emit_access: Callable[[str], None] = _access_emitter()
         # Request ids: a random per-process prefix + a counter (no syscall per request).
         self._id_prefix = os.urandom(8).hex().encode()
@@ -401,10 +402,12 @@ class ProxyApp:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
+        self._stopping = False
         self._emit_access = _access_emitter()
         self._poller = asyncio.get_running_loop().create_task(self._poll_health())
 
     async def shutdown(self) -> None:
+        self._stopping = True
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -440,9 +443,13 @@ class ProxyApp:
     async def _poll_health(self) -> None:
         interval = self.config.health_interval_s
         timeout = self.config.health_timeout_s
-        while True:
+        while not self._stopping:
             try:
-                ready, reason = await asyncio.wait_for(self._check_health(), timeout)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that
+                # arrives as the poll completes (gh-86296), and the poller then never ended,
+                # so shutdown waited for it forever.
+                async with asyncio.timeout(timeout):
+                    ready, reason = await self._check_health()
             except TimeoutError:
                 ready, reason = False, f"engine /health did not answer within {timeout:g} s"
             except Exception as exc:  # never let the poller die: readiness would freeze
