@@ -426,21 +426,42 @@ class _Conn(asyncio.Protocol):
                     self._complete(resp, pieces)
                     return
             elif state == _CHUNK_SIZE:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > 1024:
-                        raise UpstreamBroken("engine sent a malformed chunk size line")
+                # Whole chunks (size line, data, CRLF) are taken in one pass over an immutable
+                # copy, the buffer trimmed once: an engine's burst of many small SSE chunks in
+                # one read costs one loop turn per chunk, not three buffer moves.
+                data = bytes(buf)
+                pos = 0
+                n = len(data)
+                more = False  # a size line is cut: wait for the next read
+                while True:
+                    end = data.find(b"\r\n", pos)
+                    if end < 0:
+                        if n - pos > 1024:
+                            raise UpstreamBroken("engine sent a malformed chunk size line")
+                        more = True
+                        break
+                    line = data[pos:end]
+                    if not _HEX_RE.fullmatch(line):
+                        line = line.split(b";", 1)[0].strip(b" \t")
+                        if not _HEX_RE.fullmatch(line):
+                            raise UpstreamBroken("engine sent a malformed chunk size line")
+                    size = int(line, 16)
+                    pos = end + 2
+                    if size == 0:
+                        self._state = _TRAILERS
+                        break
+                    stop = pos + size
+                    if stop + 2 > n:  # the chunk's data is not all here: the slow states
+                        self._remaining = size
+                        self._state = _CHUNK_DATA
+                        break
+                    if data[stop : stop + 2] != b"\r\n":
+                        raise UpstreamBroken("engine sent a chunk without its CRLF terminator")
+                    pieces.append(data[pos:stop])
+                    pos = stop + 2
+                del buf[:pos]
+                if more:
                     break
-                line = bytes(buf[:end]).split(b";", 1)[0].strip(b" \t")
-                del buf[: end + 2]
-                if not _HEX_RE.fullmatch(line):
-                    raise UpstreamBroken("engine sent a malformed chunk size line")
-                size = int(line, 16)
-                if size == 0:
-                    self._state = _TRAILERS
-                else:
-                    self._remaining = size
-                    self._state = _CHUNK_DATA
             elif state == _CHUNK_DATA:
                 take = min(self._remaining, len(buf))
                 pieces.append(bytes(buf[:take]))

@@ -87,6 +87,42 @@ def test_informational_head_is_skipped_and_close_delimited_body_is_read_to_eof()
     asyncio.run(with_server(replying(response, piece=2), body))
 
 
+EVENTS = [b'data: {"i": %d, "text": "%s"}\n\n' % (i, b"w" * (i % 7)) for i in range(40)]
+BURST = (
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n"
+    + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS[:20])
+    + b"".join(b"%x;ext=1 \r\n%s\r\n" % (len(e), e) for e in EVENTS[20:])  # with extensions
+    + b"0\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("piece", [1, 5, 17, 64, 333, 100000])
+def test_a_burst_of_many_chunks_in_one_read_or_cut_anywhere(piece: int) -> None:
+    # An engine's many small SSE chunks arrive in one read (taken in one pass) or cut at any
+    # byte: the body is the same, and the connection goes back to the pool.
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        for _ in range(2):
+            assert await fetch(client) == (200, b"".join(EVENTS))
+            assert client.idle_connections == 1
+
+    asyncio.run(with_server(replying(BURST, BURST, piece=piece), body))
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b"5\r\nhelloXY0\r\n\r\n", b"zz\r\nhello\r\n0\r\n\r\n", b"0x5\r\nhello\r\n", b"1" * 1100],
+    ids=["bad-crlf", "bad-size", "hex-prefix", "size-line-too-long"],
+)
+def test_a_bad_chunk_after_good_ones_in_the_same_read_breaks_the_exchange(tail: bytes) -> None:
+    async def body(url: str) -> None:
+        with pytest.raises(UpstreamBroken):
+            await fetch(UpstreamClient(url))
+
+    response = BURST[: BURST.index(b"0\r\n\r\n")] + tail
+    asyncio.run(with_server(replying(response, piece=100000), body))
+
+
 @pytest.mark.parametrize(
     "response",
     [
