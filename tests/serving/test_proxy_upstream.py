@@ -231,3 +231,36 @@ def test_body_that_ends_past_the_pause_mark_leaves_a_working_pooled_connection()
         assert await asyncio.wait_for(fetch(client), 10) == (200, b"hello world")
 
     asyncio.run(with_server(replying(big_response, LENGTH, piece=1 << 20), body))
+
+
+def test_header_block_checked_at_once_accepts_what_the_rules_allow() -> None:
+    # One regex over the whole header block (token ":" value without controls but HTAB); a
+    # block it refuses is checked line by line for the message.
+    ok = (
+        b"HTTP/1.1 200 OK\r\nx-tab:\tv\tw \r\nx-empty:\r\nx-colon: a:b\r\n"
+        b"x-obs: caf\xe9\r\ncontent-length: 2\r\n\r\nok"
+    )
+
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        resp = await client.request(b"GET", b"/x", [])
+        await resp.head()
+        assert await resp.read_all(100) == b"ok"
+        assert resp.headers[:4] == [
+            (b"x-tab", b"v\tw"), (b"x-empty", b""), (b"x-colon", b"a:b"), (b"x-obs", b"caf\xe9"),
+        ]  # fmt: skip
+
+    asyncio.run(with_server(replying(ok), body))
+    for bad, why in (
+        (b"x-del: a\x7fb", "controls"),
+        (b"x-lf: a\nb", "controls"),
+        (b"x sp: a", "token"),
+        (b"no-colon", "token"),
+    ):
+        response = b"HTTP/1.1 200 OK\r\n" + bad + b"\r\ncontent-length: 0\r\n\r\n"
+
+        async def broken(url: str, why: str = why) -> None:
+            with pytest.raises(UpstreamBroken, match=why):
+                await fetch(UpstreamClient(url))
+
+        asyncio.run(with_server(replying(response), broken))
