@@ -149,7 +149,8 @@ def render_streams(streams: list[dict[str, Any]], out: list[str]) -> None:
     for busy, c in keys:
         sel = [r for r in streams if r["busy_cpu"] == busy and r["concurrency"] == c]
         direct = {r["rep"]: r["events_per_s"] for r in sel if r["target"] == "direct"}
-        for target in ("direct", "proxy", "nginx", "proxy on uvicorn"):
+        targets = list(dict.fromkeys(r["target"] for r in sel))  # in measuring order
+        for target in targets:
             mine = [r for r in sel if r["target"] == target]
             if not mine:
                 continue
