@@ -21,8 +21,9 @@ reps it was met. Parts:
    pool drops connections idle for 4 s, below the engine's 5 s keep-alive, which happens
    while the other targets have their slices). SSE events/s and the ratio to direct, proxy
    CPU per relayed event (from /proc, read at the window's edges).
-3. ``json``: request-body validation throughput in this process (the proxy's own parse
-   function) at 68 B, 64 KiB, 1 MiB and the 4 MiB maximum body.
+3. ``json``: request-body validation throughput in this process (the proxy's own check,
+   ``check_body``) at 68 B, 64 KiB, 1 MiB and the 4 MiB maximum body, and on a long chat
+   history of 8000 small messages.
 4. ``clients`` and ``memory`` (once): the upstream client choice, and RSS per open stream.
 Raw numbers go to bench/results/proxy.json.
 """
@@ -36,6 +37,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="json,latency,streams,clients,memory",
                    help="comma-separated parts (default: all)")  # fmt: skip
     p.add_argument("--json", type=Path, default=PROJECT_ROOT / "bench/results/proxy.json")
+    p.add_argument("--baseline-ref", default=None, metavar="GIT_REF",
+                   help="also measure the proxy as of this commit (its serving/ package, from "
+                   "git archive) as target 'proxy at REF': a change against its own past, "
+                   "in the same run")  # fmt: skip
     args = p.parse_args(argv)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -111,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
           f"load avg {info['load_avg_at_start']}", flush=True)  # fmt: skip
     # Non-stream parts use an engine that answers at once; streams a 25 tokens/s one.
     stub = StubEngineProcess(tokens=TOKENS, token_delay_ms=0, record=False).start()
-    proxy = on_uvicorn = nginx = None
+    proxy = on_uvicorn = nginx = baseline = None
     results: dict[str, Any] = {"machine": info, "quick": quick, "reps": reps}
     t_start = time.time()
+    tmp = tempfile.TemporaryDirectory(prefix="bench-proxy-baseline-")
     try:
         proxy = Proxy(stub.url)
         # the same proxy on uvicorn (`--server uvicorn`): what the own server changes
@@ -127,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             pids["nginx"] = nginx.proc.pid
         lat_targets = {**targets, "proxy on uvicorn": on_uvicorn.url}
         lat_pids = {**pids, "proxy on uvicorn": on_uvicorn.proc.pid}
+        if args.baseline_ref:
+            baseline = Proxy(stub.url, root=_export(args.baseline_ref, Path(tmp.name)))
+            name = f"proxy at {args.baseline_ref}"
+            results["baseline_ref"] = args.baseline_ref
+            lat_targets[name] = baseline.url
+            lat_pids[name] = baseline.proc.pid
 
         parts = set(args.only.split(","))
         if "json" in parts:
@@ -147,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             results["memory_bytes_per_stream"] = measure_memory(stub, 256 if quick else 1024,
                                                                 use_nginx)  # fmt: skip
     finally:
-        for thing in (proxy, on_uvicorn, nginx):
+        for thing in (proxy, on_uvicorn, nginx, baseline):
             if thing is not None:
                 thing.stop()
         stub.stop()
+        tmp.cleanup()
     results["minutes"] = (time.time() - t_start) / 60
     results["load_avg_at_end"] = machine()["load_avg_at_start"]
 
@@ -161,10 +175,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _export(ref: str, into: Path) -> Path:
+    """The ``serving`` package as of git ``ref``, unpacked under ``into``."""
+    archive = subprocess.run(
+        ["git", "archive", ref, "serving"], cwd=PROJECT_ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
 def measure_json(reps: int) -> dict[str, Any]:
-    """GB/s of the proxy's body check (orjson when installed) vs the stdlib parser."""
+    """GB/s of the proxy's body check (``check_body``: simdjson from 16 KiB, else orjson) vs
+    orjson alone and the stdlib parser."""
     from bench.proxy.loadgen import BODIES
-    from serving.proxy.app import _loads, _loads_stdlib
+    from serving.proxy.app import _loads, _loads_stdlib, check_body
 
     chunk = ("lorem ipsum dolor sit amet " * 40000).encode()
     bodies = {
@@ -181,7 +205,7 @@ def measure_json(reps: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, body in bodies.items():
         row: dict[str, Any] = {"bytes": len(body)}
-        for label, fn in (("proxy", _loads), ("stdlib", _loads_stdlib)):
+        for label, fn in (("proxy", check_body), ("orjson", _loads), ("stdlib", _loads_stdlib)):
             n = max(3, 2_000_000 // len(body))
             speeds = []
             for _ in range(reps):

@@ -136,9 +136,14 @@ http {{
 
 
 class Proxy:
-    def __init__(self, upstream: str, *extra: str) -> None:
+    """``python -m serving.proxy`` in front of ``upstream``; ``root``: run the ``serving``
+    package found there instead of this checkout's (an older version, ``--baseline-ref``)."""
+
+    def __init__(self, upstream: str, *extra: str, root: Path | None = None) -> None:
         self.port = free_port()
         env = {**os.environ, "SERVING_API_KEYS": json.dumps({"bench": digest_of(BENCH_KEY)})}
+        if root is not None:
+            env["PYTHONPATH"] = str(root)
         cmd = [
             sys.executable,
             "-m",
@@ -155,7 +160,7 @@ class Proxy:
         ]
         self.proc = subprocess.Popen(
             cmd,
-            cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=root or PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{self.port}"
         wait_http(self.url + "/ready")

@@ -319,6 +319,59 @@ try:
 except ImportError:  # pragma: no cover - orjson is pinned in pyproject.toml
     _loads = _loads_stdlib
 
+# simdjson (pysimdjson) validates a whole document without building Python objects: ~1-2 GB/s
+# on a long chat history of many small messages, where orjson, which builds every dict and
+# string, manages ~0.3-0.6 (bench/proxy, issue 13). It is used for bodies of at least
+# _SIMDJSON_FROM bytes (below that its per-call cost, ~9 us, is more than orjson's parse), and
+# only to say yes: when it refuses a body, orjson's verdict is taken instead, so a body is
+# refused only if orjson refuses it too (simdjson alone refuses integers beyond 64 bits and
+# objects nested exactly 1024 deep, which orjson accepts; nothing was found the other way:
+# tests/serving/test_proxy_input.py sends each case padded past the threshold).
+_SIMDJSON_FROM = 16 * 1024
+try:
+    import simdjson as _simdjson
+
+    _SIMD_PARSER: Any = _simdjson.Parser()
+    _SIMD_OBJECT: Any = _simdjson.Object
+except ImportError:  # pragma: no cover - pysimdjson is pinned in pyproject.toml
+    _SIMD_PARSER = None
+
+
+def check_body(body: bytes) -> tuple[str | None, bool, bool]:
+    """The request-body check: ``(problem, stream, include_usage)``; ``problem`` is None for
+    a JSON object whose ``stream`` (if present) is a boolean, else what is wrong (a 400)."""
+    if _SIMD_PARSER is not None and len(body) >= _SIMDJSON_FROM:
+        doc: Any = None
+        with contextlib.suppress(Exception):  # any refusal: orjson decides below
+            doc = _SIMD_PARSER.parse(body)
+        if doc is not None:
+            try:
+                if isinstance(doc, _SIMD_OBJECT):
+                    stream = doc.get("stream", False)
+                    options = doc.get("stream_options")
+                    usage = (
+                        isinstance(options, _SIMD_OBJECT) and options.get("include_usage") is True
+                    )
+                    del options  # the parser is reusable only once no proxy object is left
+                    if not isinstance(stream, bool):
+                        return "'stream' must be true or false", False, False
+                    return None, stream, usage
+                kind = "list" if isinstance(doc, _simdjson.Array) else type(doc).__name__
+                return f"request body must be a JSON object, got a JSON {kind}", False, False
+            finally:
+                del doc
+    try:
+        data = _loads(body)
+    except (ValueError, RecursionError) as exc:
+        return f"request body is not valid JSON ({exc.__class__.__name__})", False, False
+    if not isinstance(data, dict):
+        return f"request body must be a JSON object, got a JSON {type(data).__name__}", False, False
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        return "'stream' must be true or false", False, False
+    options = data.get("stream_options")
+    return None, stream, isinstance(options, dict) and options.get("include_usage") is True
+
 
 class _Relay:
     """What a stream's relay keeps between engine reads: where the client is in the SSE event
@@ -392,6 +445,7 @@ class ProxyApp:
         self._ready_reason = "engine health not checked yet"
         self._failed_polls = 0  # consecutive failed /health polls
         self._poller: asyncio.Task[None] | None = None
+        self._stopping = False
         self._emit_access: Callable[[str], None] = _access_emitter()
         # Request ids: a random per-process prefix + a counter (no syscall per request).
         self._id_prefix = os.urandom(8).hex().encode()
@@ -401,10 +455,12 @@ class ProxyApp:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
+        self._stopping = False
         self._emit_access = _access_emitter()
         self._poller = asyncio.get_running_loop().create_task(self._poll_health())
 
     async def shutdown(self) -> None:
+        self._stopping = True
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -440,9 +496,13 @@ class ProxyApp:
     async def _poll_health(self) -> None:
         interval = self.config.health_interval_s
         timeout = self.config.health_timeout_s
-        while True:
+        while not self._stopping:
             try:
-                ready, reason = await asyncio.wait_for(self._check_health(), timeout)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that
+                # arrives as the poll completes (gh-86296), and the poller then never ended,
+                # so shutdown waited for it forever.
+                async with asyncio.timeout(timeout):
+                    ready, reason = await self._check_health()
             except TimeoutError:
                 ready, reason = False, f"engine /health did not answer within {timeout:g} s"
             except Exception as exc:  # never let the poller die: readiness would freeze
@@ -730,24 +790,7 @@ class ProxyApp:
         )  # fmt: skip
 
     async def _validate(self, send: Send, ex: _Exchange, body: bytes) -> bool:
-        problem: str | None = None
-        try:
-            data = _loads(body)
-        except (ValueError, RecursionError) as exc:
-            problem = f"request body is not valid JSON ({exc.__class__.__name__})"
-        else:
-            if not isinstance(data, dict):
-                problem = f"request body must be a JSON object, got a JSON {type(data).__name__}"
-            else:
-                stream = data.get("stream", False)
-                if not isinstance(stream, bool):
-                    problem = "'stream' must be true or false"
-                else:
-                    ex.stream = stream
-                    options = data.get("stream_options")
-                    ex.wants_usage = (
-                        isinstance(options, dict) and options.get("include_usage") is True
-                    )
+        problem, ex.stream, ex.wants_usage = check_body(body)
         if problem is None:
             return True
         await self._error(send, ex, 400, problem, "invalid_request_error", "invalid_json")

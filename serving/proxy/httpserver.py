@@ -47,8 +47,9 @@ import http
 import logging
 import socket
 import time
+import types
 import urllib.parse
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, MutableMapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
@@ -94,6 +95,29 @@ def _plain_response(status: int) -> bytes:
         _STATUS_LINES[status] + b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
         b"connection: close\r\n\r\n%s" % (len(body), body)
     )
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, None], yielded: Any) -> Generator[Any, Any, None]:
+    """Go on driving ``coro``, which was started by hand (``_HttpProtocol._start``) and is
+    suspended on ``yielded``, inside a task: what ``yield from coro`` does for a coroutine
+    that has not started yet."""
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration:
+                return
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +348,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.reading_paused = False
         self.closing = False
         self.linger_until: float | None = None  # half-closed: dropping input until then
+        self._to_start: _Request | None = None  # made active; its app starts after the read
         # head parsing
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
@@ -371,6 +396,7 @@ class _HttpProtocol(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
+            self._start_pending()
             # An Upgrade request (h2c, websocket): served as a plain request, then the
             # connection closes; what follows the upgrade point is not parsed.
             for req in (self.active, *self.pipeline):
@@ -382,9 +408,11 @@ class _HttpProtocol(asyncio.Protocol):
             return
         except httptools.HttpParserError:
             self.refuse(400)
+            self._start_pending()
             return
         if self.in_head and self.head_bytes > self.limits.max_head_bytes and not self.closing:
             self.refuse(431)
+        self._start_pending()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -445,7 +473,11 @@ class _HttpProtocol(asyncio.Protocol):
         scope["extensions"] = {"serving.proxy.request": req}
         self.parsing = req
         if self.active is None:
-            self._serve(req)
+            # Served once this read is parsed: a request that came whole in one read (the usual
+            # case) then runs its app at once, in this callback (see _start).
+            self.active = req
+            self.idle_since = None
+            self._to_start = req
         else:  # pipelined: served after the current one; stop reading until then
             self.pipeline.append(req)
             self._pause_reading()
@@ -472,7 +504,28 @@ class _HttpProtocol(asyncio.Protocol):
     def _serve(self, req: _Request) -> None:
         self.active = req
         self.idle_since = None
-        task = self.loop.create_task(self._run(req))
+        self._start(req, eager=False)
+
+    def _start_pending(self) -> None:
+        req = self._to_start
+        if req is not None:
+            self._to_start = None
+            self._start(req, eager=not req.more_body and not self.closing)
+
+    def _start(self, req: _Request, eager: bool) -> None:
+        """Run the app for ``req``. ``eager`` (the whole request is here): step its coroutine
+        right now, in the read callback, so the request reaches the engine without waiting for
+        a task's first turn on the loop; a task takes over only if it suspends (it does once
+        it waits for the engine). Else (body still arriving, or pipelined) a task."""
+        coro = self._run(req)
+        if eager:
+            try:
+                yielded = coro.send(None)
+            except StopIteration:
+                return  # answered without waiting (401, 404, /health, ...)
+            task = self.loop.create_task(_resume(coro, yielded))
+        else:
+            task = self.loop.create_task(coro)
         tasks = self.server.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)

@@ -158,3 +158,101 @@ def test_the_fast_json_check_keeps_the_400_guarantee(
     response = raw_http(proxy.port, request)
     assert response.status == status, response
     assert len(engine.requests()) == (status == 200)
+
+
+# Bodies of 16 KiB and more are checked by simdjson first (issue 13: a long chat history of
+# small messages at >= 1 GB/s); orjson has the last word whenever simdjson refuses. The same
+# cases as above, padded past that size with a long string field, must give the same answers.
+_PAD = b'"pad": "' + b"x" * 20000 + b'", '
+LARGE_CASES = [
+    (b'{' + _PAD + b'"t": 1e400}', 400),
+    (b'{' + _PAD + b'"t": -Infinity}', 400),
+    (b'{' + _PAD + b'"t": NaN}', 400),
+    (b'{' + _PAD + b'"t": "\\ud800"}', 400),
+    (b'{' + _PAD + b'"t": "\xed\xa0\x80"}', 400),
+    (b'{' + _PAD + b'"t": "\xff"}', 400),
+    (b'{' + _PAD + b'"t": "a\x01b"}', 400),
+    (b'{' + _PAD + b'"t": 1} trailing', 400),
+    (b'{' + _PAD + b'"t": 1,}', 400),
+    (b'[' + _PAD[:-2] + b']', 400),  # an array, not an object
+    (b'"' + b"x" * 20000 + b'"', 400),  # a string
+    (b'{' + _PAD + b'"stream": "yes"}', 400),
+    (b'{' + _PAD + b'"stream": {"a": 1}}', 400),
+    (b'{' + _PAD + b'"model": "m", "seed": 123456789012345678901234567890}', 200),
+    (b'{' + _PAD + b'"t": ' + b'{"a": ' * 500 + b"1" + b"}" * 500 + b"}", 200),  # deep
+    (b'{' + _PAD + b'"t": ' + b"[" * 2000 + b"]" * 2000 + b"}", 400),  # too deep
+    (b'{' + _PAD + b'"t": "\\ud83d\\ude00", "model": "m"}', 200),  # a surrogate pair
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "status"), LARGE_CASES, ids=[f"large{i}" for i in range(len(LARGE_CASES))]
+)
+def test_large_bodies_keep_the_400_guarantee(
+    shared_pair: tuple[RunningProxy, StubEngine], body: bytes, status: int
+) -> None:
+    proxy, engine = shared_pair
+    engine.reset()
+    assert len(body) >= 16 * 1024
+    request = raw_request(
+        "POST", "/v1/chat/completions", body=body,
+        headers={**AUTH, "Content-Type": "application/json"},
+    )  # fmt: skip
+    response = raw_http(proxy.port, request)
+    assert response.status == status, response
+    if status == 400:
+        assert json.loads(response.body)["error"]["code"] == "invalid_json"
+    assert len(engine.requests()) == (status == 200)
+
+
+def test_large_stream_request_is_streamed_with_usage_as_asked(
+    shared_pair: tuple[RunningProxy, StubEngine],
+) -> None:
+    # stream / stream_options.include_usage read from a large body (the simdjson path)
+    proxy, _ = shared_pair
+    history = [{"role": "user", "content": f"message {i} " + "word " * 20} for i in range(400)]
+    for asks in (False, True):
+        body = {"model": "m", "messages": history, "stream": True}
+        if asks:
+            body["stream_options"] = {"include_usage": True}
+        raw = json.dumps(body).encode()
+        assert len(raw) >= 16 * 1024
+        with proxy.client(headers=AUTH) as c:
+            r = c.post("/v1/chat/completions", content=raw)
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.text.endswith("data: [DONE]\n\n")
+        assert ('"choices":[]' in r.text.replace(" ", "")) is asks, r.text[-400:]
+
+
+def test_the_body_check_agrees_with_orjson_on_many_shapes() -> None:
+    # The check in-process on bodies on both sides of the simdjson threshold: it accepts
+    # exactly what orjson accepts (as an object) and reads stream / include_usage the same.
+    import orjson
+
+    from serving.proxy.app import _SIMDJSON_FROM, check_body
+
+    pad = "x" * _SIMDJSON_FROM
+    deep = b"{" + _PAD + b'"t": ' + b'{"a": ' * 1022 + b"1" + b"}" * 1022 + b"}"  # 1024 levels
+    shapes: list[bytes] = (
+        [deep]
+        + [case for case, _ in LARGE_CASES]
+        + [
+            json.dumps({"pad": pad, "stream": s, "stream_options": o}).encode()
+            for s in (True, False, None, 0, "true")
+            for o in (None, {"include_usage": True}, {"include_usage": 1}, [True], "x")
+        ]
+    )
+    for body in shapes + [b[len(_PAD) + 1 :] if b.startswith(b"{" + _PAD) else b for b in shapes]:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            data = None
+        problem, stream, usage = check_body(body)
+        if not isinstance(data, dict) or not isinstance(data.get("stream", False), bool):
+            assert problem is not None, body[:80]
+            continue
+        assert problem is None, (problem, body[:80])
+        options = data.get("stream_options")
+        assert stream is data.get("stream", False)
+        assert usage is (isinstance(options, dict) and options.get("include_usage") is True)

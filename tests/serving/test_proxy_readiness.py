@@ -7,16 +7,17 @@ and logs each state change (``engine_ready`` / ``engine_not_ready`` events).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
 
 import pytest
 
-from serving.proxy import ProxyConfig
+from serving.proxy import KeyRing, ProxyApp, ProxyConfig
 from serving.proxy.__main__ import build_parser
 from tests.harness.stub_engine import StubEngine
-from tests.serving.conftest import AUTH, CHAT, RunningProxy, wait_until
+from tests.serving.conftest import AUTH, CHAT, KEYS, RunningProxy, wait_until
 
 
 def state_changes(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -85,3 +86,35 @@ def test_cli_flag_and_validation() -> None:
     assert build_parser().parse_args(["--upstream", "u", "--port", "1"]).unready_after_failures == 2
     with pytest.raises(ValueError, match="unready_after_failures=0 is invalid"):
         ProxyConfig(upstream="http://127.0.0.1:1", unready_after_failures=0)
+
+
+def test_shutdown_while_a_health_poll_completes_ends_the_poller(stub_engine: StubEngine) -> None:
+    # A cancel that arrived just as a poll finished used to be swallowed (Python 3.11's
+    # asyncio.wait_for, gh-86296): the poller kept polling and shutdown never returned (tests
+    # saw 10 s teardowns). Here the poll (a real one, to the stub) finishes in the same loop
+    # iteration as shutdown cancels the poller.
+    async def main() -> tuple[int, int]:
+        app = ProxyApp(ProxyConfig(upstream=stub_engine.url, health_interval_s=0.01), KeyRing(KEYS))
+        real = app._check_health
+        gate = asyncio.get_running_loop().create_future()
+
+        async def check() -> tuple[bool, str]:
+            result = await real()
+            await gate  # released together with the cancel below
+            return result
+
+        app._check_health = check  # type: ignore[method-assign]
+        await app.startup()
+        while stub_engine.app.health_hits == 0:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)  # the poll's answer is in: check() waits on the gate
+        gate.set_result(None)
+        stopping = asyncio.ensure_future(app.shutdown())
+        done, _ = await asyncio.wait([stopping], timeout=3)
+        assert done, "shutdown still waits for the health poller after 3 s"
+        hits = stub_engine.app.health_hits
+        await asyncio.sleep(0.1)
+        return hits, stub_engine.app.health_hits
+
+    hits_at_stop, hits_later = asyncio.run(main())
+    assert hits_later == hits_at_stop  # the poller is gone: no polls after shutdown

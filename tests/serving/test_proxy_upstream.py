@@ -87,6 +87,42 @@ def test_informational_head_is_skipped_and_close_delimited_body_is_read_to_eof()
     asyncio.run(with_server(replying(response, piece=2), body))
 
 
+EVENTS = [b'data: {"i": %d, "text": "%s"}\n\n' % (i, b"w" * (i % 7)) for i in range(40)]
+BURST = (
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n"
+    + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS[:20])
+    + b"".join(b"%x;ext=1 \r\n%s\r\n" % (len(e), e) for e in EVENTS[20:])  # with extensions
+    + b"0\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("piece", [1, 5, 17, 64, 333, 100000])
+def test_a_burst_of_many_chunks_in_one_read_or_cut_anywhere(piece: int) -> None:
+    # An engine's many small SSE chunks arrive in one read (taken in one pass) or cut at any
+    # byte: the body is the same, and the connection goes back to the pool.
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        for _ in range(2):
+            assert await fetch(client) == (200, b"".join(EVENTS))
+            assert client.idle_connections == 1
+
+    asyncio.run(with_server(replying(BURST, BURST, piece=piece), body))
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b"5\r\nhelloXY0\r\n\r\n", b"zz\r\nhello\r\n0\r\n\r\n", b"0x5\r\nhello\r\n", b"1" * 1100],
+    ids=["bad-crlf", "bad-size", "hex-prefix", "size-line-too-long"],
+)
+def test_a_bad_chunk_after_good_ones_in_the_same_read_breaks_the_exchange(tail: bytes) -> None:
+    async def body(url: str) -> None:
+        with pytest.raises(UpstreamBroken):
+            await fetch(UpstreamClient(url))
+
+    response = BURST[: BURST.index(b"0\r\n\r\n")] + tail
+    asyncio.run(with_server(replying(response, piece=100000), body))
+
+
 @pytest.mark.parametrize(
     "response",
     [
@@ -195,3 +231,36 @@ def test_body_that_ends_past_the_pause_mark_leaves_a_working_pooled_connection()
         assert await asyncio.wait_for(fetch(client), 10) == (200, b"hello world")
 
     asyncio.run(with_server(replying(big_response, LENGTH, piece=1 << 20), body))
+
+
+def test_header_block_checked_at_once_accepts_what_the_rules_allow() -> None:
+    # One regex over the whole header block (token ":" value without controls but HTAB); a
+    # block it refuses is checked line by line for the message.
+    ok = (
+        b"HTTP/1.1 200 OK\r\nx-tab:\tv\tw \r\nx-empty:\r\nx-colon: a:b\r\n"
+        b"x-obs: caf\xe9\r\ncontent-length: 2\r\n\r\nok"
+    )
+
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        resp = await client.request(b"GET", b"/x", [])
+        await resp.head()
+        assert await resp.read_all(100) == b"ok"
+        assert resp.headers[:4] == [
+            (b"x-tab", b"v\tw"), (b"x-empty", b""), (b"x-colon", b"a:b"), (b"x-obs", b"caf\xe9"),
+        ]  # fmt: skip
+
+    asyncio.run(with_server(replying(ok), body))
+    for bad, why in (
+        (b"x-del: a\x7fb", "controls"),
+        (b"x-lf: a\nb", "controls"),
+        (b"x sp: a", "token"),
+        (b"no-colon", "token"),
+    ):
+        response = b"HTTP/1.1 200 OK\r\n" + bad + b"\r\ncontent-length: 0\r\n\r\n"
+
+        async def broken(url: str, why: str = why) -> None:
+            with pytest.raises(UpstreamBroken, match=why):
+                await fetch(UpstreamClient(url))
+
+        asyncio.run(with_server(replying(response), broken))
