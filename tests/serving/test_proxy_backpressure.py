@@ -3,6 +3,7 @@ only when the engine was never reached."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import httpx
@@ -96,11 +97,19 @@ def test_connect_refused_is_retried_and_the_engine_sees_the_request_once(
     # Poll rarely so the proxy still believes the engine is up when it restarts.
     proxy = start_proxy(health_interval_s=30, connect_retries=8)
     proxy.app.client.close()  # no pooled connection: the next request must connect
-    restart = stub_engine.refuse_for(0.3)
-    with proxy.client(headers=AUTH) as c:
-        r = c.post("/v1/chat/completions", json=CHAT)
-    restart.join()
-    assert r.status_code == 200
+    stub_engine.stop()  # refusing until the proxy has been refused (no race with a timer)
+    answer: list[httpx.Response] = []
+
+    def call() -> None:
+        with proxy.client(headers=AUTH) as c:
+            answer.append(c.post("/v1/chat/completions", json=CHAT))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_until(lambda: proxy.app.client.retries >= 1, what="a refused connect")
+    stub_engine.start()  # the same port again
+    caller.join(30)
+    assert answer and answer[0].status_code == 200
     assert len(stub_engine.requests("/v1/chat/completions")) == 1
     assert proxy.app.metrics.connect_retries >= 1
 
