@@ -12,7 +12,7 @@ from tests.harness.emulator import EmulatorProcess
 #: Faster backoff for tests: failures must still go through every retry.
 RETRY_ENV = {
     "MODAL_PROVIDER_RETRY_ATTEMPTS": "4",
-    "MODAL_PROVIDER_RETRY_BASE_DELAY": "0.25",
+    "MODAL_PROVIDER_RETRY_BASE_DELAY": "0.1",
     "MODAL_PROVIDER_ATTEMPT_TIMEOUT": "1.0",
     "MODAL_GATE_PROGRESS_S": "1",  # a health gate's progress line every second (default 5)
 }
