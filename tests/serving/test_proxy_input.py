@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -149,15 +150,20 @@ def test_answer_without_reading_the_body_closes_the_connection(
 def test_the_fast_json_check_keeps_the_400_guarantee(
     shared_pair: tuple[RunningProxy, StubEngine], body: bytes, status: int
 ) -> None:
-    proxy, engine = shared_pair
+    response, engine = _post_json(shared_pair, body)
+    assert response.status == status, response
+    assert len(engine.requests()) == (status == 200)
+
+
+def _post_json(pair: tuple[RunningProxy, StubEngine], body: bytes) -> tuple[Any, StubEngine]:
+    """POST `body` as a chat completion over a raw socket: (the answer, the reset engine)."""
+    proxy, engine = pair
     engine.reset()
     request = raw_request(
         "POST", "/v1/chat/completions", body=body,
         headers={**AUTH, "Content-Type": "application/json"},
     )  # fmt: skip
-    response = raw_http(proxy.port, request)
-    assert response.status == status, response
-    assert len(engine.requests()) == (status == 200)
+    return raw_http(proxy.port, request), engine
 
 
 # Bodies of 16 KiB and more are checked by simdjson first (issue 13: a long chat history of
@@ -191,14 +197,8 @@ LARGE_CASES = [
 def test_large_bodies_keep_the_400_guarantee(
     shared_pair: tuple[RunningProxy, StubEngine], body: bytes, status: int
 ) -> None:
-    proxy, engine = shared_pair
-    engine.reset()
     assert len(body) >= 16 * 1024
-    request = raw_request(
-        "POST", "/v1/chat/completions", body=body,
-        headers={**AUTH, "Content-Type": "application/json"},
-    )  # fmt: skip
-    response = raw_http(proxy.port, request)
+    response, engine = _post_json(shared_pair, body)
     assert response.status == status, response
     if status == 400:
         assert json.loads(response.body)["error"]["code"] == "invalid_json"
