@@ -577,7 +577,8 @@ class _HttpProtocol(asyncio.Protocol):
 
         FIN first (write_eof: queued data is sent before it), then whatever the client still
         sends (a body the answer did not wait for) is read and dropped until the client
-        closes too (eof_received) or LINGER_S passes (the sweeper)."""
+        closes too (asyncio.Protocol's eof_received closes the transport) or LINGER_S passes
+        (the sweeper)."""
         self.closing = True
         transport = self.transport
         if transport is None or transport.is_closing():
@@ -594,9 +595,6 @@ class _HttpProtocol(asyncio.Protocol):
         if self.reading_paused:
             self.reading_paused = False
             transport.resume_reading()
-
-    def eof_received(self) -> bool | None:
-        return None  # the transport closes itself (a client's FIN while lingering ends it)
 
     def response_done(self, req: _Request) -> None:
         self.active = None
