@@ -76,5 +76,6 @@ def test_publish_stop_and_rollback_change_routes_before_answering(tmp_path: Path
 
         AppStop(ctx, api_pb2.AppStopRequest(app_id=app.id))
         assert runtime.route(URL_V1) is None  # stopped: 404 from the next request on
+        await runtime.close()  # removes its socket directory (no container ever ran)
 
     asyncio.run(run())
