@@ -29,7 +29,7 @@ from serving.prewarm import (
 )
 from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
 from tests.harness.provider_server import Engine, ProviderServer
-from tests.providers.helpers import server_env
+from tests.providers.helpers import modal_python, server_env
 
 TARGET = "pw-target"
 WINDOWS = [{"cron": "0 3 * * *", "duration_minutes": 60, "min_containers": 1}]
@@ -44,25 +44,12 @@ def _server(_emulator_session: EmulatorProcess) -> Iterator[ProviderServer]:
         srv.close()
 
 
-def _py(emu: EmulatorProcess, code: str, *args: str) -> Any:
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        env=emu.subprocess_env(),
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def prewarm_at(emu: EmulatorProcess, at: str) -> dict[str, Any]:
     code = (
         "import json, modal, sys; f = modal.Function.from_name(sys.argv[1], 'prewarm');"
         " print(json.dumps(f.remote(at=sys.argv[2])))"
     )
-    return dict(_py(emu, code, f"{TARGET}-prewarm", at))
+    return dict(modal_python(emu, code, f"{TARGET}-prewarm", at))
 
 
 def live_min(emu: EmulatorProcess) -> int:
@@ -70,7 +57,7 @@ def live_min(emu: EmulatorProcess) -> int:
         "import json, modal; s = modal.Server.from_name('pw-target', 'Web');"
         " print(json.dumps(s.autoscaler.settings().min_containers))"
     )
-    return int(_py(emu, code))
+    return int(modal_python(emu, code))
 
 
 def autoscaler_drift(emu: EmulatorProcess) -> dict[str, Any]:
@@ -88,7 +75,7 @@ def autoscaler_drift(emu: EmulatorProcess) -> dict[str, Any]:
         " 'override': o.min_containers if o.HasField('min_containers') else None}\n"
         "print(json.dumps(synchronizer.create_blocking(go)()))"
     )
-    return dict(_py(emu, code))
+    return dict(modal_python(emu, code))
 
 
 def deploy_target(emu: EmulatorProcess, message: str) -> str:
@@ -158,7 +145,7 @@ def test_prewarm_raises_and_restores_min_containers_and_a_deploy_resets_it(
 
     # The function is registered with its Cron schedule: firing it as the schedule would.
     call_id = emulator.run_schedule(f"{TARGET}-prewarm", "prewarm")
-    result = _py(
+    result = modal_python(
         emulator,
         "import json, modal, sys; print(json.dumps(modal.FunctionCall.from_id(sys.argv[1]).get()))",
         call_id,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.harness.emulator import EmulatorProcess
+from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
 
 #: Faster backoff for tests: failures must still go through every retry.
 RETRY_ENV = {
@@ -16,6 +18,21 @@ RETRY_ENV = {
     "MODAL_PROVIDER_ATTEMPT_TIMEOUT": "1.0",
     "MODAL_GATE_PROGRESS_S": "1",  # a health gate's progress line every second (default 5)
 }
+
+
+def modal_python(emu: EmulatorProcess, code: str, *args: str) -> Any:
+    """Run `python -c code args` as a separate modal client of `emu` (as an operator would);
+    the JSON on its last stdout line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=emu.subprocess_env(),
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def server_env(emu: EmulatorProcess, **extra: str) -> dict[str, str]:

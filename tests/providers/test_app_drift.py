@@ -10,8 +10,6 @@ The target is the runtime tests' trivial `@app.server` (tests/emulator/apps/rt_s
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -19,9 +17,9 @@ import pytest
 
 from components.modal.app import AppProvider
 from serving.spec import ServingSpec
-from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
+from tests.harness.emulator import EmulatorProcess
 from tests.harness.provider_server import Engine
-from tests.providers.helpers import mutating_calls
+from tests.providers.helpers import modal_python, mutating_calls
 
 P = AppProvider()
 NAME = "drift-target"
@@ -41,33 +39,15 @@ def inputs(message: str, app_file: str = "tests/emulator/apps/rt_server.py") -> 
 
 
 def override(emu: EmulatorProcess, **settings: int) -> dict[str, Any]:
-    """`Server.autoscaler.update` from a separate client, as an operator would run it."""
-    # The emulator's runtime picks a new deploy up on its next reconcile (well under a
-    # second): until then the server is "not deployed" to the autoscaler RPCs.
+    """`Server.autoscaler.update` from a separate client, as an operator would run it (the
+    runtime follows a deploy before AppPublish answers, so the server is known at once)."""
     code = (
-        "import json, sys, time, modal\n"
+        "import json, sys, modal\n"
         "s = modal.Server.from_name(sys.argv[1], 'Web')\n"
-        "deadline = time.monotonic() + 30\n"
-        "while True:\n"
-        "    try:\n"
-        "        s.autoscaler.update(**json.loads(sys.argv[2]))\n"
-        "        break\n"
-        "    except modal.exception.NotFoundError:\n"
-        "        if time.monotonic() > deadline:\n"
-        "            raise\n"
-        "        time.sleep(0.2)\n"
+        "s.autoscaler.update(**json.loads(sys.argv[2]))\n"
         "print(json.dumps(s.autoscaler.settings().min_containers))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, NAME, json.dumps(settings)],
-        env=emu.subprocess_env(),
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"min_containers": json.loads(proc.stdout.strip().splitlines()[-1])}
+    return {"min_containers": modal_python(emu, code, NAME, json.dumps(settings))}
 
 
 def drift_warnings(engine: Engine) -> list[str]:
