@@ -405,6 +405,17 @@ class EmulatorProcess:
         )
         return str(result["function_call_id"])
 
+    def pause_schedule(
+        self, app: str, function: str, environment: str = "", *, paused: bool = True
+    ) -> None:
+        """Stop (`paused=False`: restart) a scheduled function's automatic runs
+        (`POST /_emulator/schedules/pause`); `run_schedule` still fires it."""
+        self._request(
+            "POST",
+            "/_emulator/schedules/pause",
+            {"app": app, "function": function, "environment": environment, "paused": paused},
+        )
+
     def rpc_counts(self) -> dict[str, int]:
         """Per-method count of RPCs received since the last reset (or start)."""
         result: dict[str, int] = self._request("GET", "/_emulator/rpc-counts")

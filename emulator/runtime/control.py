@@ -5,6 +5,10 @@
 - `POST /_emulator/schedules/run` with `{"function_id": "fu-..."}` or
   `{"app": NAME, "function": TAG, "environment": ENV}`: run a scheduled function now, as its
   schedule would (an input with no arguments); answers `{"function_call_id": "fc-..."}`.
+- `POST /_emulator/schedules/pause` with the same selector and `"paused": true|false`: stop
+  (or restart) the function's automatic runs; the route above still fires it. An emulator
+  switch with no Modal counterpart, for tests that set a scheduled function's effect by hand
+  and must not race its wall-clock runs (a `*/5` Cron fires every five minutes of real time).
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ def install(control: ControlServer, runtime: Runtime) -> None:
     def edge(_body: bytes) -> Any:
         return _json(200, {"ports": runtime.edge.ports() if runtime.edge else {}})
 
-    def run_schedule(body: bytes) -> Any:
+    def selected(body: bytes) -> tuple[dict[str, Any], str]:
+        """The JSON body and the function it names (by id, or by app, tag, environment)."""
         try:
             payload = json.loads(body or b"{}")
         except ValueError:
             raise HttpError(400, "expected a JSON object") from None
+        if not isinstance(payload, dict):
+            raise HttpError(400, "expected a JSON object")
         function_id = str(payload.get("function_id", ""))
         if not function_id:
             app, function = payload.get("app"), payload.get("function")
@@ -39,10 +46,28 @@ def install(control: ControlServer, runtime: Runtime) -> None:
                 str(app), str(payload.get("environment", "")), str(function)
             )[1]
             function_id = definition.function_id
+        return payload, function_id
+
+    def run_schedule(body: bytes) -> Any:
+        _, function_id = selected(body)
         call_id = runtime.fire_schedule(function_id, reason="fired by /_emulator/schedules/run")
         return _json(200, {"function_call_id": call_id, "function_id": function_id})
+
+    def pause_schedule(body: bytes) -> Any:
+        payload, function_id = selected(body)
+        paused = payload.get("paused", True)
+        if not isinstance(paused, bool):
+            raise HttpError(400, '"paused" must be true or false')
+        try:
+            runtime.pause_schedule(function_id, paused)
+        except KeyError:
+            raise HttpError(
+                409, f"function {function_id} is not deployed: deploy its app, then pause it"
+            ) from None
+        return _json(200, {"function_id": function_id, "paused": paused})
 
     control.reset_hooks.append(runtime.reset)
     control.extra_routes[("GET", "/_emulator/containers")] = containers
     control.extra_routes[("GET", "/_emulator/edge")] = edge
     control.extra_routes[("POST", "/_emulator/schedules/run")] = run_schedule
+    control.extra_routes[("POST", "/_emulator/schedules/pause")] = pause_schedule

@@ -146,6 +146,10 @@ class Pool:
     backoff_until: float = 0.0
     last_failure: str = ""
     next_run: float | None = None  # scheduled functions: epoch seconds of the next run
+    #: `POST /_emulator/schedules/pause`: the schedule fires only from the control route
+    #: (an emulator switch, not a Modal feature: tests that drive a scheduled function by hand
+    #: must not race its wall-clock runs). Kept across redeploys of the same function.
+    schedule_paused: bool = False
     failures: int = 0  # consecutive failed starts
     #: Runtime autoscaler override (FunctionUpdateSchedulingParams), merged field by field
     #: over the deployed settings; a deploy that changes the definition drops it.
@@ -467,10 +471,27 @@ class Runtime:
         self.wake()
         return call.id
 
-    def _schedules(self) -> None:
-        now = time.time()
+    def pause_schedule(self, function_id: str, paused: bool) -> None:
+        """Stop (or restart) a deployed function's automatic runs; firing it from the
+        control route still works. KeyError when the function is not deployed."""
+        pool = self.pools.get(function_id)
+        if pool is None or pool.retired:
+            raise KeyError(function_id)
+        pool.schedule_paused = paused
+        log.info(
+            "runtime: %s: schedule %s",
+            pool.fn.function_name,
+            "paused (fires only from /_emulator/schedules/run)" if paused else "resumed",
+        )
+
+    def _schedules(self, now: float | None = None) -> None:
+        """Fire the deployed scheduled functions that are due (`now`: epoch seconds)."""
+        now = time.time() if now is None else now
         for pool in self.pools.values():
             if pool.retired or not pool.fn.HasField("schedule") or not self._deployed(pool.app_id):
+                continue
+            if pool.schedule_paused:
+                pool.next_run = None  # on resume, the next run is counted from then: no burst
                 continue
             if pool.next_run is None:
                 try:

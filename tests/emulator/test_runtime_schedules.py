@@ -1,0 +1,113 @@
+"""When the runtime fires a deployed function's schedule, and the emulator's pause switch.
+
+The loop calls `Runtime._schedules()` every autoscale tick; here it is called with a chosen
+clock, so the timing is checked without waiting for it. Modal runs a `Period` schedule every
+period from the deploy and a `Cron` at its wall-clock times (modal 1.6.4 `modal.Period` /
+`modal.Cron` docstrings). The pause switch (`POST /_emulator/schedules/pause`) has no Modal
+counterpart: it exists so a test that drives a scheduled function by hand (test_prewarm) is
+not raced by the function's real runs; the control route still fires a paused function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from pathlib import Path
+
+from modal_proto import api_pb2
+
+from emulator.handlers.apps import AppPublish
+from emulator.handlers.base import Context, ServerConfig
+from emulator.models import State
+from emulator.runtime.manager import Runtime, RuntimeOptions
+from emulator.store import Store
+
+T0 = dt.datetime(2026, 11, 26, 13, 2, 30, tzinfo=dt.UTC).timestamp()
+
+
+def _deploy(state: State, runtime: Runtime, schedule: api_pb2.Schedule) -> str:
+    ctx = Context(
+        state=state,
+        config=ServerConfig("ws", "http://127.0.0.1:1"),
+        method="AppPublish",
+        metadata={},
+        runtime=runtime,
+    )
+    state.environments.get_or_create("main", True)
+    app = state.apps.create("main", "ticks", "initializing")
+    fid = state.apps.precreate_function(app.id, "tick").id
+    fn = api_pb2.Function(function_name="tick", schedule=schedule)
+    data = api_pb2.FunctionData(
+        function_name="tick",
+        ranked_functions=[api_pb2.FunctionData.RankedFunction(rank=0, function=fn)],
+    )
+    state.apps.save_definition("fd-1", fid, data.SerializeToString(), b"")
+    AppPublish(
+        ctx,
+        api_pb2.AppPublishRequest(
+            app_id=app.id,
+            name="ticks",
+            app_state=api_pb2.APP_STATE_DEPLOYED,
+            function_ids={"tick": fid},
+            definition_ids={fid: "fd-1"},
+        ),
+    )
+    return fid
+
+
+def _runs(runtime: Runtime, function_id: str) -> int:
+    return sum(1 for c in runtime.calls.calls.values() if c.function_id == function_id)
+
+
+def test_a_period_fires_every_period_and_pausing_stops_it(tmp_path: Path) -> None:
+    async def run() -> None:
+        state = State(Store(None), "ws")
+        runtime = Runtime(state, RuntimeOptions(data_dir=tmp_path, netns=False))  # not started
+        period = api_pb2.Schedule(period=api_pb2.Schedule.Period(seconds=60))
+        fid = _deploy(state, runtime, period)
+
+        runtime._schedules(T0)  # first tick after the deploy: the next run is T0 + 60
+        runtime._schedules(T0 + 59)
+        assert _runs(runtime, fid) == 0
+        runtime._schedules(T0 + 60)
+        assert _runs(runtime, fid) == 1
+        runtime._schedules(T0 + 100)
+        assert _runs(runtime, fid) == 1  # the next one is at T0 + 120
+
+        runtime.pause_schedule(fid, True)
+        runtime._schedules(T0 + 500)
+        assert _runs(runtime, fid) == 1  # paused: no wall-clock run ...
+        runtime.fire_schedule(fid, reason="test")
+        assert _runs(runtime, fid) == 2  # ... while firing by hand still works
+
+        runtime.pause_schedule(fid, False)
+        runtime._schedules(T0 + 1000)  # resumed: counted from now, no catch-up burst
+        assert _runs(runtime, fid) == 2
+        runtime._schedules(T0 + 1059)
+        assert _runs(runtime, fid) == 2
+        runtime._schedules(T0 + 1060)
+        assert _runs(runtime, fid) == 3
+        await runtime.close()
+
+    asyncio.run(run())
+
+
+def test_a_cron_fires_at_its_wall_clock_minute(tmp_path: Path) -> None:
+    async def run() -> None:
+        state = State(Store(None), "ws")
+        runtime = Runtime(state, RuntimeOptions(data_dir=tmp_path, netns=False))
+        cron = api_pb2.Schedule(cron=api_pb2.Schedule.Cron(cron_string="*/5 * * * *"))
+        fid = _deploy(state, runtime, cron)
+
+        runtime._schedules(T0)  # 13:02:30: the next run is 13:05:00
+        runtime._schedules(T0 + 149)
+        assert _runs(runtime, fid) == 0
+        runtime._schedules(T0 + 150)
+        assert _runs(runtime, fid) == 1
+        runtime._schedules(T0 + 449)  # 13:09:59
+        assert _runs(runtime, fid) == 1
+        runtime._schedules(T0 + 450)  # 13:10:00
+        assert _runs(runtime, fid) == 2
+        await runtime.close()
+
+    asyncio.run(run())
