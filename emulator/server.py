@@ -7,7 +7,6 @@ import logging
 import shutil
 import signal
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,10 +84,11 @@ async def serve(options: Options) -> None:
         if options.runtime:
             from emulator.runtime.edge import Edge
             from emulator.runtime.manager import Runtime, RuntimeOptions
+            from emulator.runtime.scratch import make_scratch_dir
 
             data_dir = data_dir_for(options.state_path)
             if data_dir is None:
-                temp_data = Path(tempfile.mkdtemp(prefix="modal-emulator-data-"))
+                temp_data = make_scratch_dir("modal-emulator-data-")
                 data_dir = temp_data
             data_dir.mkdir(parents=True, exist_ok=True)
             runtime = Runtime(

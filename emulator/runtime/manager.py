@@ -28,7 +28,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ from emulator.ids import new_id
 from emulator.models import State
 from emulator.models.apps import App, Definition
 from emulator.runtime import containers as ct
-from emulator.runtime import netns, schedules
+from emulator.runtime import netns, schedules, scratch
 from emulator.runtime.calls import Calls
 from emulator.runtime.logs import INFO, LogStore
 from emulator.runtime.materialize import container_env, materialize, mount_ids_for
@@ -207,8 +206,8 @@ class Runtime:
         self.pools: dict[str, Pool] = {}
         self.tasks: dict[str, ct.Container] = {}
         self.use_netns = options.netns if options.netns is not None else netns.supported()
-        self._sock_dir = Path(tempfile.mkdtemp(prefix="modal-emu-"))
-        os.chmod(self._sock_dir, 0o700)
+        scratch.sweep_stale()  # what emulators killed with -9 left behind
+        self._sock_dir = scratch.make_scratch_dir("modal-emu-")
         self._roots = self._sock_dir / "roots"
         self._volumes = options.data_dir / "volumes"
         self._volumes.mkdir(parents=True, exist_ok=True)
