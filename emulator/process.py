@@ -409,7 +409,8 @@ class EmulatorProcess:
         self, app: str, function: str, environment: str = "", *, paused: bool = True
     ) -> None:
         """Stop (`paused=False`: restart) a scheduled function's automatic runs
-        (`POST /_emulator/schedules/pause`); `run_schedule` still fires it."""
+        (`POST /_emulator/schedules/pause`), by name: also before its app is deployed;
+        `run_schedule` still fires it."""
         self._request(
             "POST",
             "/_emulator/schedules/pause",

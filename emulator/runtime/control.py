@@ -5,10 +5,11 @@
 - `POST /_emulator/schedules/run` with `{"function_id": "fu-..."}` or
   `{"app": NAME, "function": TAG, "environment": ENV}`: run a scheduled function now, as its
   schedule would (an input with no arguments); answers `{"function_call_id": "fc-..."}`.
-- `POST /_emulator/schedules/pause` with the same selector and `"paused": true|false`: stop
-  (or restart) the function's automatic runs; the route above still fires it. An emulator
-  switch with no Modal counterpart, for tests that set a scheduled function's effect by hand
-  and must not race its wall-clock runs (a `*/5` Cron fires every five minutes of real time).
+- `POST /_emulator/schedules/pause` with `{"app": NAME, "function": TAG, "environment": ENV,
+  "paused": true|false}`: stop (or restart) the function's automatic runs, by name, so also
+  before its app is deployed; the route above still fires it. An emulator switch with no
+  Modal counterpart, for tests that set a scheduled function's effect by hand and must not
+  race its wall-clock runs (a `*/5` Cron fires every five minutes of real time).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from emulator.errors import NotFound
 from emulator.http import ControlServer, HttpError, _json
 from emulator.runtime.manager import Runtime
 
@@ -54,17 +56,31 @@ def install(control: ControlServer, runtime: Runtime) -> None:
         return _json(200, {"function_call_id": call_id, "function_id": function_id})
 
     def pause_schedule(body: bytes) -> Any:
-        payload, function_id = selected(body)
+        try:
+            payload = json.loads(body or b"{}")
+        except ValueError:
+            raise HttpError(400, "expected a JSON object") from None
+        if not isinstance(payload, dict):
+            raise HttpError(400, "expected a JSON object")
+        app, function = payload.get("app"), payload.get("function")
         paused = payload.get("paused", True)
+        if not isinstance(app, str) or not app or not isinstance(function, str) or not function:
+            raise HttpError(400, 'expected {"app": NAME, "function": TAG, "paused": true|false}')
         if not isinstance(paused, bool):
             raise HttpError(400, '"paused" must be true or false')
+        # By name, so the app (even its environment) need not exist yet; "" is the default
+        # environment, which must exist.
+        env_name = str(payload.get("environment", ""))
         try:
-            runtime.pause_schedule(function_id, paused)
-        except KeyError:
-            raise HttpError(
-                409, f"function {function_id} is not deployed: deploy its app, then pause it"
-            ) from None
-        return _json(200, {"function_id": function_id, "paused": paused})
+            with runtime.state.store.read() as db:
+                env_name = runtime.state.environments.resolve(env_name, db).name
+        except NotFound:
+            if not env_name:
+                raise
+        runtime.pause_schedule(env_name, app, function, paused)
+        return _json(
+            200, {"environment": env_name, "app": app, "function": function, "paused": paused}
+        )
 
     control.reset_hooks.append(runtime.reset)
     control.extra_routes[("GET", "/_emulator/containers")] = containers

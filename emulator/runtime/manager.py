@@ -145,10 +145,6 @@ class Pool:
     backoff_until: float = 0.0
     last_failure: str = ""
     next_run: float | None = None  # scheduled functions: epoch seconds of the next run
-    #: `POST /_emulator/schedules/pause`: the schedule fires only from the control route
-    #: (an emulator switch, not a Modal feature: tests that drive a scheduled function by hand
-    #: must not race its wall-clock runs). Kept across redeploys of the same function.
-    schedule_paused: bool = False
     failures: int = 0  # consecutive failed starts
     #: Runtime autoscaler override (FunctionUpdateSchedulingParams), merged field by field
     #: over the deployed settings; a deploy that changes the definition drops it.
@@ -217,6 +213,11 @@ class Runtime:
         self._closing = False
         self._servicer_factory: Any = None
         self._stopping: set[asyncio.Task[None]] = set()
+        #: `POST /_emulator/schedules/pause`: (environment, app, function) whose schedule fires
+        #: only from the control route. An emulator switch, not a Modal feature: tests that
+        #: drive a scheduled function by hand must not race its wall-clock runs. Kept by name,
+        #: so it can be set before the deploy and holds across redeploys, stops and deploys.
+        self.paused_schedules: set[tuple[str, str, str]] = set()
         self.edge: Any = None  # set by server.py (emulator.runtime.edge.Edge)
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -278,6 +279,7 @@ class Runtime:
         self.tasks.clear()
         self.calls.clear()
         self.logs.clear()
+        self.paused_schedules.clear()
 
     async def _run(self) -> None:
         last_reconcile = 0.0
@@ -470,18 +472,28 @@ class Runtime:
         self.wake()
         return call.id
 
-    def pause_schedule(self, function_id: str, paused: bool) -> None:
-        """Stop (or restart) a deployed function's automatic runs; firing it from the
-        control route still works. KeyError when the function is not deployed."""
-        pool = self.pools.get(function_id)
-        if pool is None or pool.retired:
-            raise KeyError(function_id)
-        pool.schedule_paused = paused
+    def pause_schedule(self, environment: str, app: str, function: str, paused: bool) -> None:
+        """Stop (or restart) the automatic runs of `function` of app `app` in `environment`
+        (deployed or not yet); firing it from the control route still works."""
+        key = (environment, app, function)
+        if paused:
+            self.paused_schedules.add(key)
+        else:
+            self.paused_schedules.discard(key)
         log.info(
-            "runtime: %s: schedule %s",
-            pool.fn.function_name,
+            "runtime: %s/%s.%s: schedule %s",
+            *key,
             "paused (fires only from /_emulator/schedules/run)" if paused else "resumed",
         )
+
+    def _schedule_paused(self, pool: Pool) -> bool:
+        if not self.paused_schedules:
+            return False
+        try:
+            app = self.state.apps.get(pool.app_id)
+        except Exception:
+            return False
+        return (app.env_name, app.name or "", pool.fn.function_name) in self.paused_schedules
 
     def _schedules(self, now: float | None = None) -> None:
         """Fire the deployed scheduled functions that are due (`now`: epoch seconds)."""
@@ -489,7 +501,7 @@ class Runtime:
         for pool in self.pools.values():
             if pool.retired or not pool.fn.HasField("schedule") or not self._deployed(pool.app_id):
                 continue
-            if pool.schedule_paused:
+            if self._schedule_paused(pool):
                 pool.next_run = None  # on resume, the next run is counted from then: no burst
                 continue
             if pool.next_run is None:

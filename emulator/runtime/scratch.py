@@ -12,6 +12,7 @@ here) is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -35,7 +36,11 @@ def _start_time(pid: int) -> str | None:
 
 
 def _pid_namespace() -> str:
+    """This process's pid namespace, or "?" when /proc does not show it under its own pid
+    (a /proc mounted for another pid namespace: pids read there would be someone else's)."""
     try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return "?"
         return os.readlink("/proc/self/ns/pid")
     except OSError:
         return "?"
@@ -67,6 +72,25 @@ def _owner_alive(stamp: str) -> bool:
     return now is not None and (started == "?" or now == started)
 
 
+def _remove(path: Path) -> bool:
+    """Remove a stale scratch dir, its owner stamp last: a removal that fails part way
+    leaves a directory the next sweep still recognises."""
+    for child in path.iterdir():
+        if child.name == OWNER_FILE:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                child.unlink()
+    if any(child.name != OWNER_FILE for child in path.iterdir()):
+        return False  # something could not be removed: keep the stamp for the next sweep
+    with contextlib.suppress(OSError):
+        (path / OWNER_FILE).unlink()
+        path.rmdir()
+    return not path.exists()
+
+
 def sweep_stale(root: Path | None = None) -> list[Path]:
     """Remove the scratch directories (of this user) whose owning emulator is gone."""
     root = Path(root or tempfile.gettempdir())
@@ -82,8 +106,8 @@ def sweep_stale(root: Path | None = None) -> list[Path]:
                 continue  # no owner file: not ours to judge
             if _owner_alive(stamp):
                 continue
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+            if _remove(path):
+                removed.append(path)
     if removed:
         log.info("runtime: removed %d scratch dir(s) of emulators that were killed", len(removed))
     return removed

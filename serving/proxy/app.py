@@ -340,6 +340,41 @@ except ImportError:  # pragma: no cover - pysimdjson is pinned in pyproject.toml
     _SIMD_PARSER = None
 
 
+# Objects with more top-level keys than this go to orjson: an OpenAI request has about 30
+# parameters, and listing the keys of a very wide object costs more than orjson's parse.
+_SIMD_MAX_KEYS = 64
+
+
+def _check_simd(doc: Any) -> tuple[str | None, bool, bool] | None:
+    """``check_body``'s verdict from a simdjson document; None: let orjson decide (a wide
+    object, or `stream`/`stream_options`/`include_usage` given twice: simdjson would read the
+    first, orjson and the engines' Python parsers the last)."""
+    if not isinstance(doc, _SIMD_OBJECT):
+        kind = "list" if isinstance(doc, _simdjson.Array) else type(doc).__name__
+        return f"request body must be a JSON object, got a JSON {kind}", False, False
+    if len(doc) > _SIMD_MAX_KEYS:
+        return None
+    # Looked up only when present: `get` of a missing key costs a C++ exception inside
+    # pysimdjson (~3 us each, measured).
+    keys = list(doc.keys())
+    if keys.count("stream") > 1 or keys.count("stream_options") > 1:
+        return None
+    stream = doc["stream"] if "stream" in keys else False
+    usage = False
+    if "stream_options" in keys:
+        options = doc["stream_options"]
+        if isinstance(options, _SIMD_OBJECT):
+            if len(options) > _SIMD_MAX_KEYS:
+                return None
+            option_keys = list(options.keys())
+            if option_keys.count("include_usage") > 1:
+                return None
+            usage = "include_usage" in option_keys and options["include_usage"] is True
+    if not isinstance(stream, bool):
+        return "'stream' must be true or false", False, False
+    return None, stream, usage
+
+
 def check_body(body: bytes) -> tuple[str | None, bool, bool]:
     """The request-body check: ``(problem, stream, include_usage)``; ``problem`` is None for
     a JSON object whose ``stream`` (if present) is a boolean, else what is wrong (a 400)."""
@@ -349,23 +384,13 @@ def check_body(body: bytes) -> tuple[str | None, bool, bool]:
             doc = _SIMD_PARSER.parse(body)
         if doc is not None:
             try:
-                if isinstance(doc, _SIMD_OBJECT):
-                    # Looked up only when present: `get` of a missing key costs a C++
-                    # exception inside pysimdjson (~3 us each, measured).
-                    keys = set(doc.keys())
-                    stream = doc["stream"] if "stream" in keys else False
-                    options = doc["stream_options"] if "stream_options" in keys else None
-                    usage = (
-                        isinstance(options, _SIMD_OBJECT) and options.get("include_usage") is True
-                    )
-                    del options  # the parser is reusable only once no proxy object is left
-                    if not isinstance(stream, bool):
-                        return "'stream' must be true or false", False, False
-                    return None, stream, usage
-                kind = "list" if isinstance(doc, _simdjson.Array) else type(doc).__name__
-                return f"request body must be a JSON object, got a JSON {kind}", False, False
+                verdict = _check_simd(doc)
             finally:
+                # The parser is reusable only once no proxy object of its document is left
+                # (_check_simd's locals are gone with its frame).
                 del doc
+            if verdict is not None:
+                return verdict
     try:
         data = _loads(body)
     except (ValueError, RecursionError) as exc:

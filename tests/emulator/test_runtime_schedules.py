@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from pathlib import Path
 
+import pytest
 from modal_proto import api_pb2
 
 from emulator.handlers.apps import AppPublish
-from emulator.handlers.base import Context, ServerConfig
+from emulator.handlers.base import Context, RpcCounter, ServerConfig
+from emulator.http import ControlServer, HttpError
 from emulator.models import State
+from emulator.runtime.control import install
 from emulator.runtime.manager import Runtime, RuntimeOptions
 from emulator.store import Store
 
@@ -26,6 +30,7 @@ T0 = dt.datetime(2026, 11, 26, 13, 2, 30, tzinfo=dt.UTC).timestamp()
 
 
 def _deploy(state: State, runtime: Runtime, schedule: api_pb2.Schedule) -> str:
+    """Deploy app `ticks` (environment `main`) with one function `tick` on `schedule`."""
     ctx = Context(
         state=state,
         config=ServerConfig("ws", "http://127.0.0.1:1"),
@@ -74,13 +79,13 @@ def test_a_period_fires_every_period_and_pausing_stops_it(tmp_path: Path) -> Non
         runtime._schedules(T0 + 100)
         assert _runs(runtime, fid) == 1  # the next one is at T0 + 120
 
-        runtime.pause_schedule(fid, True)
+        runtime.pause_schedule("main", "ticks", "tick", True)
         runtime._schedules(T0 + 500)
         assert _runs(runtime, fid) == 1  # paused: no wall-clock run ...
         runtime.fire_schedule(fid, reason="test")
         assert _runs(runtime, fid) == 2  # ... while firing by hand still works
 
-        runtime.pause_schedule(fid, False)
+        runtime.pause_schedule("main", "ticks", "tick", False)
         runtime._schedules(T0 + 1000)  # resumed: counted from now, no catch-up burst
         assert _runs(runtime, fid) == 2
         runtime._schedules(T0 + 1059)
@@ -108,6 +113,52 @@ def test_a_cron_fires_at_its_wall_clock_minute(tmp_path: Path) -> None:
         assert _runs(runtime, fid) == 1
         runtime._schedules(T0 + 450)  # 13:10:00
         assert _runs(runtime, fid) == 2
+        await runtime.close()
+
+    asyncio.run(run())
+
+
+def test_the_pause_route_works_by_name_and_before_the_deploy(tmp_path: Path) -> None:
+    """`POST /_emulator/schedules/pause` names the function; set before the app is deployed,
+    the first deploy's schedule never fires by itself (test_prewarm relies on this)."""
+
+    async def run() -> None:
+        state = State(Store(None), "ws")
+        runtime = Runtime(state, RuntimeOptions(data_dir=tmp_path, netns=False))
+        control = ControlServer(state, RpcCounter(), "127.0.0.1", 0)
+        install(control, runtime)
+        pause = control.extra_routes[("POST", "/_emulator/schedules/pause")]
+        state.environments.get_or_create("main", True)
+
+        status, _, body = pause(json.dumps({"app": "ticks", "function": "tick"}).encode())
+        assert status == 200  # not deployed yet; "" is the default environment
+        assert json.loads(body) == {
+            "environment": "main", "app": "ticks", "function": "tick", "paused": True,
+        }  # fmt: skip
+        period = api_pb2.Schedule(period=api_pb2.Schedule.Period(seconds=60))
+        fid = _deploy(state, runtime, period)
+        for t in (T0, T0 + 61, T0 + 500):
+            runtime._schedules(t)
+        assert _runs(runtime, fid) == 0
+
+        pause(json.dumps({"app": "ticks", "function": "tick", "paused": False}).encode())
+        runtime._schedules(T0 + 600)
+        runtime._schedules(T0 + 660)
+        assert _runs(runtime, fid) == 1
+
+        for bad in (b"[]", b"{}", b'{"app": "ticks", "function": "tick", "paused": "no"}'):
+            with pytest.raises(HttpError) as err:
+                pause(bad)
+            assert err.value.status == 400
+        # an environment that does not exist yet is taken by its name
+        bare = State(Store(None), "ws")
+        bare_runtime = Runtime(bare, RuntimeOptions(data_dir=tmp_path, netns=False))
+        bare_control = ControlServer(bare, RpcCounter(), "127.0.0.1", 0)
+        install(bare_control, bare_runtime)
+        bare_pause = bare_control.extra_routes[("POST", "/_emulator/schedules/pause")]
+        status, _, _ = bare_pause(b'{"app": "a", "function": "f", "environment": "later"}')
+        assert status == 200 and bare_runtime.paused_schedules == {("later", "a", "f")}
+        await bare_runtime.close()
         await runtime.close()
 
     asyncio.run(run())

@@ -54,6 +54,23 @@ def test_only_directories_of_owners_that_are_gone_are_removed(tmp_path: Path) ->
     assert my_start != "1"  # the "reused" case really differs from this process's start
 
 
+def test_a_dir_that_cannot_be_emptied_keeps_its_stamp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A removal that fails part way is not reported, and the next sweep still knows the
+    directory (its owner stamp goes last)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    stamp = scratch._owner_stamp(child.pid)
+    child.wait()
+    stuck = _dir(tmp_path, "modal-emu-stuck", stamp)
+    # a subdirectory that cannot be removed (as a file of another user would be)
+    monkeypatch.setattr(scratch.shutil, "rmtree", lambda *_a, **_k: None)
+    assert scratch.sweep_stale(tmp_path) == []
+    assert (stuck / scratch.OWNER_FILE).read_text() == stamp
+    monkeypatch.undo()
+    assert scratch.sweep_stale(tmp_path) == [stuck] and not stuck.exists()
+
+
 def test_a_new_scratch_dir_names_this_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -110,11 +110,12 @@ def test_prewarm_raises_and_restores_min_containers_and_a_deploy_resets_it(
         "app_file": "serving/prewarm_app.py",
         "spec_json": json.dumps(config, sort_keys=True),
     }
-    assert engine.up("prewarm", AppProvider(), prewarm_inputs) == "create"
     # The app's `*/5` Cron would also run at real time and set the minimum for the real clock,
     # undoing what the steps below set for chosen times (CI saw it once: min back to 0 between
-    # two steps). Its wall-clock runs are paused; firing it by hand still works.
+    # two steps). Its wall-clock runs are paused, by name before the deploy so that none can
+    # slip in between; firing it by hand still works.
     emulator.pause_schedule(f"{TARGET}-prewarm", "prewarm")
+    assert engine.up("prewarm", AppProvider(), prewarm_inputs) == "create"
     assert ready_containers(emulator, app_id) == 0 and live_min(emulator) == 0
 
     # Inside the window: the override starts a container with no request at all.

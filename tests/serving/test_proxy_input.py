@@ -242,6 +242,21 @@ def test_the_body_check_agrees_with_orjson_on_many_shapes() -> None:
             for s in (True, False, None, 0, "true")
             for o in (None, {"include_usage": True}, {"include_usage": 1}, [True], "x")
         ]
+        # Keys given twice: orjson (and the engines' Python parsers) take the last value,
+        # simdjson the first; the check must read what the engine will read.
+        + [
+            b'{"pad": "' + pad.encode() + b'", ' + dup + b"}"
+            for dup in (
+                b'"stream": 1, "stream": true',
+                b'"stream": false, "stream": true',
+                b'"stream": true, "stream": "yes"',
+                b'"stream": true, "stream_options": {}, "stream_options": {"include_usage": true}',
+                b'"stream": true, "stream_options": {"include_usage": false,'
+                b' "include_usage": true}',
+            )
+        ]
+        # A wide object (more top-level keys than the simdjson path lists).
+        + [json.dumps({"pad": pad, **{f"k{i}": i for i in range(100)}, "stream": True}).encode()]
     )
     for body in shapes + [b[len(_PAD) + 1 :] if b.startswith(b"{" + _PAD) else b for b in shapes]:
         try:
