@@ -29,14 +29,17 @@ def install(control: ControlServer, runtime: Runtime) -> None:
     def edge(_body: bytes) -> Any:
         return _json(200, {"ports": runtime.edge.ports() if runtime.edge else {}})
 
-    def selected(body: bytes) -> tuple[dict[str, Any], str]:
-        """The JSON body and the function it names (by id, or by app, tag, environment)."""
+    def json_object(body: bytes) -> dict[str, Any]:
         try:
             payload = json.loads(body or b"{}")
         except ValueError:
-            raise HttpError(400, "expected a JSON object") from None
+            payload = None
         if not isinstance(payload, dict):
             raise HttpError(400, "expected a JSON object")
+        return payload
+
+    def selected(payload: dict[str, Any]) -> str:
+        """The deployed function the body names (by id, or by app, tag, environment)."""
         function_id = str(payload.get("function_id", ""))
         if not function_id:
             app, function = payload.get("app"), payload.get("function")
@@ -48,20 +51,15 @@ def install(control: ControlServer, runtime: Runtime) -> None:
                 str(app), str(payload.get("environment", "")), str(function)
             )[1]
             function_id = definition.function_id
-        return payload, function_id
+        return function_id
 
     def run_schedule(body: bytes) -> Any:
-        _, function_id = selected(body)
+        function_id = selected(json_object(body))
         call_id = runtime.fire_schedule(function_id, reason="fired by /_emulator/schedules/run")
         return _json(200, {"function_call_id": call_id, "function_id": function_id})
 
     def pause_schedule(body: bytes) -> Any:
-        try:
-            payload = json.loads(body or b"{}")
-        except ValueError:
-            raise HttpError(400, "expected a JSON object") from None
-        if not isinstance(payload, dict):
-            raise HttpError(400, "expected a JSON object")
+        payload = json_object(body)
         app, function = payload.get("app"), payload.get("function")
         paused = payload.get("paused", True)
         if not isinstance(app, str) or not app or not isinstance(function, str) or not function:

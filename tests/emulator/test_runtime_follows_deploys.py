@@ -14,51 +14,22 @@ from pathlib import Path
 
 from modal_proto import api_pb2
 
-from emulator.handlers.apps import AppPublish, AppRollback, AppStop
-from emulator.handlers.base import Context, ServerConfig
-from emulator.models import State
-from emulator.runtime.manager import Runtime, RuntimeOptions
-from emulator.store import Store
+from emulator.handlers.apps import AppRollback, AppStop
+from tests.emulator.inprocess import InProcessRuntime
 
 URL_V1 = "https://ws--follow-web.modal.run"
 URL_V2 = "https://ws--follow-web-v2.modal.run"
 
 
-def _definition(state: State, function_id: str, def_id: str, url: str) -> None:
-    fn = api_pb2.Function(function_name="web", web_url=url)
-    data = api_pb2.FunctionData(
-        function_name="web",
-        ranked_functions=[api_pb2.FunctionData.RankedFunction(rank=0, function=fn)],
-    )
-    state.apps.save_definition(def_id, function_id, data.SerializeToString(), b"")
-
-
 def test_publish_stop_and_rollback_change_routes_before_answering(tmp_path: Path) -> None:
     async def run() -> None:
-        state = State(Store(None), "ws")
-        runtime = Runtime(state, RuntimeOptions(data_dir=tmp_path, netns=False))  # not started
-        ctx = Context(
-            state=state,
-            config=ServerConfig("ws", "http://127.0.0.1:1"),
-            method="AppPublish",
-            metadata={},
-            runtime=runtime,
-        )
-        state.environments.get_or_create("main", True)
-        app = state.apps.create("main", "follow", "initializing")
-        fid = state.apps.precreate_function(app.id, "web").id
+        rt = InProcessRuntime(tmp_path)  # the runtime's loop is never started
+        runtime, ctx = rt.runtime, rt.ctx
+        app_id, fid = rt.create_app("follow", "web")
 
         def publish(def_id: str, url: str) -> None:
-            _definition(state, fid, def_id, url)
-            AppPublish(
-                ctx,
-                api_pb2.AppPublishRequest(
-                    app_id=app.id,
-                    name="follow",
-                    app_state=api_pb2.APP_STATE_DEPLOYED,
-                    function_ids={"web": fid},
-                    definition_ids={fid: def_id},
-                ),
+            rt.publish(
+                app_id, "follow", fid, def_id, api_pb2.Function(function_name="web", web_url=url)
             )
 
         assert runtime.route(URL_V1) is None
@@ -70,11 +41,11 @@ def test_publish_stop_and_rollback_change_routes_before_answering(tmp_path: Path
         assert pool is not None and pool.definition.id == "fd-2"
         assert runtime.route(URL_V1) is None
 
-        AppRollback(ctx, api_pb2.AppRollbackRequest(app_id=app.id, version=1))
+        AppRollback(ctx, api_pb2.AppRollbackRequest(app_id=app_id, version=1))
         rolled = runtime.route(URL_V1)
         assert rolled is not None and rolled.definition.id == "fd-1"
 
-        AppStop(ctx, api_pb2.AppStopRequest(app_id=app.id))
+        AppStop(ctx, api_pb2.AppStopRequest(app_id=app_id))
         assert runtime.route(URL_V1) is None  # stopped: 404 from the next request on
         await runtime.close()  # removes its socket directory (no container ever ran)
 

@@ -18,44 +18,20 @@ from pathlib import Path
 import pytest
 from modal_proto import api_pb2
 
-from emulator.handlers.apps import AppPublish
-from emulator.handlers.base import Context, RpcCounter, ServerConfig
+from emulator.handlers.base import RpcCounter
 from emulator.http import ControlServer, HttpError
-from emulator.models import State
 from emulator.runtime.control import install
-from emulator.runtime.manager import Runtime, RuntimeOptions
-from emulator.store import Store
+from emulator.runtime.manager import Runtime
+from tests.emulator.inprocess import InProcessRuntime
 
 T0 = dt.datetime(2026, 11, 26, 13, 2, 30, tzinfo=dt.UTC).timestamp()
 
 
-def _deploy(state: State, runtime: Runtime, schedule: api_pb2.Schedule) -> str:
+def _deploy(rt: InProcessRuntime, schedule: api_pb2.Schedule) -> str:
     """Deploy app `ticks` (environment `main`) with one function `tick` on `schedule`."""
-    ctx = Context(
-        state=state,
-        config=ServerConfig("ws", "http://127.0.0.1:1"),
-        method="AppPublish",
-        metadata={},
-        runtime=runtime,
-    )
-    state.environments.get_or_create("main", True)
-    app = state.apps.create("main", "ticks", "initializing")
-    fid = state.apps.precreate_function(app.id, "tick").id
-    fn = api_pb2.Function(function_name="tick", schedule=schedule)
-    data = api_pb2.FunctionData(
-        function_name="tick",
-        ranked_functions=[api_pb2.FunctionData.RankedFunction(rank=0, function=fn)],
-    )
-    state.apps.save_definition("fd-1", fid, data.SerializeToString(), b"")
-    AppPublish(
-        ctx,
-        api_pb2.AppPublishRequest(
-            app_id=app.id,
-            name="ticks",
-            app_state=api_pb2.APP_STATE_DEPLOYED,
-            function_ids={"tick": fid},
-            definition_ids={fid: "fd-1"},
-        ),
+    app_id, fid = rt.create_app("ticks", "tick")
+    rt.publish(
+        app_id, "ticks", fid, "fd-1", api_pb2.Function(function_name="tick", schedule=schedule)
     )
     return fid
 
@@ -66,10 +42,9 @@ def _runs(runtime: Runtime, function_id: str) -> int:
 
 def test_a_period_fires_every_period_and_pausing_stops_it(tmp_path: Path) -> None:
     async def run() -> None:
-        state = State(Store(None), "ws")
-        runtime = Runtime(state, RuntimeOptions(data_dir=tmp_path, netns=False))  # not started
-        period = api_pb2.Schedule(period=api_pb2.Schedule.Period(seconds=60))
-        fid = _deploy(state, runtime, period)
+        rt = InProcessRuntime(tmp_path)  # the runtime's loop is never started
+        runtime = rt.runtime
+        fid = _deploy(rt, api_pb2.Schedule(period=api_pb2.Schedule.Period(seconds=60)))
 
         runtime._schedules(T0)  # first tick after the deploy: the next run is T0 + 60
         runtime._schedules(T0 + 59)
@@ -99,10 +74,9 @@ def test_a_period_fires_every_period_and_pausing_stops_it(tmp_path: Path) -> Non
 
 def test_a_cron_fires_at_its_wall_clock_minute(tmp_path: Path) -> None:
     async def run() -> None:
-        state = State(Store(None), "ws")
-        runtime = Runtime(state, RuntimeOptions(data_dir=tmp_path, netns=False))
-        cron = api_pb2.Schedule(cron=api_pb2.Schedule.Cron(cron_string="*/5 * * * *"))
-        fid = _deploy(state, runtime, cron)
+        rt = InProcessRuntime(tmp_path)
+        runtime = rt.runtime
+        fid = _deploy(rt, api_pb2.Schedule(cron=api_pb2.Schedule.Cron(cron_string="*/5 * * * *")))
 
         runtime._schedules(T0)  # 13:02:30: the next run is 13:05:00
         runtime._schedules(T0 + 149)
@@ -123,20 +97,18 @@ def test_the_pause_route_works_by_name_and_before_the_deploy(tmp_path: Path) -> 
     the first deploy's schedule never fires by itself (test_prewarm relies on this)."""
 
     async def run() -> None:
-        state = State(Store(None), "ws")
-        runtime = Runtime(state, RuntimeOptions(data_dir=tmp_path, netns=False))
-        control = ControlServer(state, RpcCounter(), "127.0.0.1", 0)
+        rt = InProcessRuntime(tmp_path)
+        runtime = rt.runtime
+        control = ControlServer(rt.state, RpcCounter(), "127.0.0.1", 0)
         install(control, runtime)
         pause = control.extra_routes[("POST", "/_emulator/schedules/pause")]
-        state.environments.get_or_create("main", True)
 
         status, _, body = pause(json.dumps({"app": "ticks", "function": "tick"}).encode())
         assert status == 200  # not deployed yet; "" is the default environment
         assert json.loads(body) == {
             "environment": "main", "app": "ticks", "function": "tick", "paused": True,
         }  # fmt: skip
-        period = api_pb2.Schedule(period=api_pb2.Schedule.Period(seconds=60))
-        fid = _deploy(state, runtime, period)
+        fid = _deploy(rt, api_pb2.Schedule(period=api_pb2.Schedule.Period(seconds=60)))
         for t in (T0, T0 + 61, T0 + 500):
             runtime._schedules(t)
         assert _runs(runtime, fid) == 0
@@ -151,14 +123,8 @@ def test_the_pause_route_works_by_name_and_before_the_deploy(tmp_path: Path) -> 
                 pause(bad)
             assert err.value.status == 400
         # an environment that does not exist yet is taken by its name
-        bare = State(Store(None), "ws")
-        bare_runtime = Runtime(bare, RuntimeOptions(data_dir=tmp_path, netns=False))
-        bare_control = ControlServer(bare, RpcCounter(), "127.0.0.1", 0)
-        install(bare_control, bare_runtime)
-        bare_pause = bare_control.extra_routes[("POST", "/_emulator/schedules/pause")]
-        status, _, _ = bare_pause(b'{"app": "a", "function": "f", "environment": "later"}')
-        assert status == 200 and bare_runtime.paused_schedules == {("later", "a", "f")}
-        await bare_runtime.close()
+        status, _, _ = pause(b'{"app": "a", "function": "f", "environment": "later"}')
+        assert status == 200 and runtime.paused_schedules == {("later", "a", "f")}
         await runtime.close()
 
     asyncio.run(run())
