@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EMULATOR_PORT ?= 8790
 STACK ?= local
 
-.PHONY: setup test lint emulator up down plan offline-up offline-down bench-proxy bench-providers gateway-config clean
+.PHONY: setup test lint emulator up down plan offline-up offline-down bench-proxy bench-proxy-instructions bench-providers gateway-config clean
 
 setup: $(STAMP)
 
@@ -78,6 +78,9 @@ gateway-config: setup
 # ---- Benchmarks (print a table; compare against a baseline in the same run) ----
 bench-proxy: setup
 	$(PY) -m bench.proxy
+
+bench-proxy-instructions: setup
+	$(PY) -m bench.proxy.instructions
 
 bench-providers: setup
 	$(PY) -m bench.providers
