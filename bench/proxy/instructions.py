@@ -121,10 +121,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     scratch = Path(tempfile.mkdtemp(prefix="bench-instr-"))
     (scratch / "base").mkdir()
-    stub = StubEngineProcess(tokens=16, token_delay_ms=0, record=False).start()
-    base = _export(args.baseline_ref, scratch / "base")
+    try:
+        base = _export(args.baseline_ref, scratch / "base")
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(scratch, ignore_errors=True)
+        print(f"cannot export serving/ at {args.baseline_ref!r}: {exc.stderr.decode().strip()}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     targets = {"this checkout": PROJECT_ROOT, f"baseline {args.baseline_ref}": base}
     results: dict[str, dict[str, float]] = {}
+    stub = StubEngineProcess(tokens=16, token_delay_ms=0, record=False).start()
     try:
         for name, kind in KINDS.items():
             if args.only not in name:
