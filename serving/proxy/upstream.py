@@ -38,6 +38,7 @@ _MAX_HEAD_BYTES = 64 * 1024
 # of being joined to it: below it the copy costs less than the second buffer.
 _GATHER_FROM = 16 * 1024
 _HEX_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk size (no sign, prefix or underscores)
+_CHUNK_LINE_RE = re.compile(rb"([0-9A-Fa-f]{1,15})\r\n")  # a chunk's size line, no extension
 # RFC 9110 5.1 field-name = token; no whitespace before the colon (RFC 9112 5.1), so an
 # obs-folded continuation line (leading space) fails here too.
 _TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -376,12 +377,15 @@ class _Conn(asyncio.Protocol):
                 resp._push(data)
                 return
             if state == _CHUNK_SIZE:  # typical SSE: exactly one whole chunk per read
-                end = data.find(b"\r\n", 0, 20)
-                if end > 0 and data.endswith(b"\r\n"):
-                    size_line = data[:end]
-                    size = int(size_line, 16) if _HEX_RE.fullmatch(size_line) else -1
-                    if size > 0 and end + 4 + size == len(data):
-                        resp._push(data[end + 2 : end + 2 + size])
+                # One regex match, not bytes.find(sub, start, end): in CPython 3.11 that
+                # parses its arguments with a format string built per call (~1.5k
+                # instructions per event, counted with bench.proxy.instructions).
+                line = _CHUNK_LINE_RE.match(data)
+                if line is not None and data.endswith(b"\r\n"):
+                    start = line.end()
+                    size = int(line.group(1), 16)
+                    if size > 0 and start + size + 2 == len(data):
+                        resp._push(data[start : start + size])
                         return
         self._buf += data
         try:
