@@ -37,7 +37,7 @@ from typing import Any
 from serving.proxy.keys import KeyRing, parse_bearer
 from serving.proxy.logs import BatchingStreamHandler
 from serving.proxy.metrics import Metrics
-from serving.proxy.sse import UsageChunkFilter, ends_event
+from serving.proxy.sse import EVENT_ENDS, UsageChunkFilter
 from serving.proxy.upstream import (
     ConnectFailed,
     UpstreamBroken,
@@ -445,7 +445,7 @@ class _Relay:
             data = strip.feed(data)
             if not data:
                 return b""  # held back: part of an event, or a dropped usage chunk
-        self.at_boundary = ends_event(data)
+        self.at_boundary = data.endswith(EVENT_ENDS)
         return data
 
     def sink(self, data: bytes) -> None:

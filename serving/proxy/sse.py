@@ -24,9 +24,9 @@ _BOUNDARY_RE = re.compile(rb"\r\n\r\n|\n\n")
 MAX_HELD_BYTES = 256 * 1024
 
 
-def ends_event(data: bytes) -> bool:
-    """True when ``data`` ends on an SSE event boundary (a blank line)."""
-    return data.endswith(b"\n\n") or data.endswith(b"\r\n\r\n")
+# What an SSE event ends with (a blank line): ``data.endswith(EVENT_ENDS)`` asks whether
+# ``data`` ends on an event boundary, in one C call (no Python function call per event).
+EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 
 
 def is_usage_only_event(event: bytes) -> bool:
@@ -56,7 +56,7 @@ class UsageChunkFilter:
         self.dropped = 0  # usage-only events removed so far
 
     def feed(self, data: bytes) -> bytes:
-        if not self._held and ends_event(data) and _EMPTY_CHOICES_RE.search(data) is None:
+        if not self._held and data.endswith(EVENT_ENDS) and not _EMPTY_CHOICES_RE.search(data):
             return data  # the common case: whole events, no usage-only chunk among them
         buf = self._held + data
         lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
