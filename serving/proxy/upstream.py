@@ -226,11 +226,14 @@ class UpstreamResponse:
         try:
             sink(data)
         except Exception as exc:
-            self._sink = None
-            self._fail(UpstreamBroken(f"relaying the engine's bytes failed: {exc!r}"))
-            conn = self._conn
-            if conn is not None:
-                conn.abort()
+            self._sink_failed(exc)
+
+    def _sink_failed(self, exc: Exception) -> None:
+        self._sink = None
+        self._fail(UpstreamBroken(f"relaying the engine's bytes failed: {exc!r}"))
+        conn = self._conn
+        if conn is not None:
+            conn.abort()
 
     def idle_s(self) -> float:
         """Seconds since the last body bytes arrived (or ``keepalive_ticks`` was called);
@@ -262,8 +265,11 @@ class UpstreamResponse:
         if self._tick_interval:
             self._last_data = self._loop.time()
         sink = self._sink
-        if sink is not None:
-            self._feed_sink(sink, data)
+        if sink is not None:  # _feed_sink inlined: this runs once per relayed SSE event
+            try:
+                sink(data)
+            except Exception as exc:
+                self._sink_failed(exc)
             return
         self._chunks.append(data)
         self._buffered += len(data)
