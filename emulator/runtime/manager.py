@@ -35,6 +35,7 @@ from typing import Any
 
 from modal_proto import api_pb2
 
+from emulator.errors import NotFound
 from emulator.ids import new_id
 from emulator.models import State
 from emulator.models.apps import App, Definition
@@ -486,22 +487,20 @@ class Runtime:
             "paused (fires only from /_emulator/schedules/run)" if paused else "resumed",
         )
 
-    def _schedule_paused(self, pool: Pool) -> bool:
-        if not self.paused_schedules:
-            return False
-        try:
-            app = self.state.apps.get(pool.app_id)
-        except Exception:
-            return False
-        return (app.env_name, app.name or "", pool.fn.function_name) in self.paused_schedules
-
     def _schedules(self, now: float | None = None) -> None:
         """Fire the deployed scheduled functions that are due (`now`: epoch seconds)."""
         now = time.time() if now is None else now
+        paused = self.paused_schedules
         for pool in self.pools.values():
-            if pool.retired or not pool.fn.HasField("schedule") or not self._deployed(pool.app_id):
+            if pool.retired or not pool.fn.HasField("schedule"):
                 continue
-            if self._schedule_paused(pool):
+            try:
+                app = self.state.apps.get(pool.app_id)  # one lookup: deployed, and paused
+            except NotFound:
+                continue
+            if not app.deployed:
+                continue
+            if paused and (app.env_name, app.name or "", pool.fn.function_name) in paused:
                 pool.next_run = None  # on resume, the next run is counted from then: no burst
                 continue
             if pool.next_run is None:
