@@ -4,9 +4,10 @@ instructions the proxy runs per request, for this checkout and a baseline, in on
 Why: the latency bench (``python -m bench.proxy``) measures what a client sees, but on a
 shared 2-core machine its medians move by ±20 µs from run to run, so a change worth 5 µs of
 CPU cannot be told from noise there. Counting instructions with valgrind's callgrind is
-repeatable: the same binary, inputs and request give the same count (±0.5 % here), whatever
-else the machine is doing. It measures CPU cost only (user space: the kernel's socket work and
-wake-ups are not counted), so it complements the latency bench and never replaces it.
+repeatable: the same binary, inputs and request give the same count (within 0.4 % on the
+non-stream kinds, 1.4 % on the stream, here), whatever else the machine is doing. It
+measures CPU cost only (user space: the kernel's socket work and wake-ups are not counted),
+so it complements the latency bench and never replaces it.
 
 How: the proxy runs under ``valgrind --tool=callgrind`` in front of the stub engine (its
 access log on, as in the latency bench). After a warm-up of 50 requests the counters are
