@@ -20,8 +20,8 @@ See docs/proxy.md for the behaviour contract and the measured overhead.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import functools
 import hashlib
 import itertools
 import json
@@ -29,22 +29,20 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str  # quoted, escaped, ASCII
 from typing import Any
 
 from serving.proxy.keys import KeyRing, parse_bearer
 from serving.proxy.logs import BatchingStreamHandler
 from serving.proxy.metrics import Metrics
-from serving.proxy.sse import EVENT_ENDS, UsageChunkFilter
+from serving.proxy.relay import ClientWriter, Relay, error_body
 from serving.proxy.upstream import (
     ConnectFailed,
-    UpstreamBroken,
     UpstreamClient,
     UpstreamError,
     UpstreamResponse,
-    UpstreamTimeout,
 )
 
 Scope = MutableMapping[str, Any]
@@ -65,6 +63,10 @@ class Route:
     method: str
     kind: int
     usage: bool = False  # responses carry an OpenAI ``usage`` object
+    method_bytes: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method_bytes", self.method.encode())
 
 
 ROUTES: dict[bytes, Route] = {
@@ -98,24 +100,7 @@ def path_fingerprint(raw_path: bytes) -> str:
 # Modal-Key/Secret, hop-by-hop headers) stays at the proxy.
 # POST bodies always go with "content-type: application/json" (they were validated as JSON).
 _FORWARD_HEADERS = frozenset({b"accept", b"user-agent", b"traceparent", b"tracestate"})
-# Engine response headers the proxy replaces or that are hop-by-hop.
-# Hop-by-hop (RFC 9110 7.6.1, plus the obsolete proxy-connection) and what the proxy sets itself;
-# headers the engine names in its own ``Connection`` header are dropped too.
-_DROP_RESPONSE_HEADERS = frozenset(
-    {
-        b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-        b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
-        b"content-length", b"date", b"server", b"x-request-id", b"x-accel-buffering",
-        b"cache-control",
-    }
-)  # fmt: skip
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
-# Starts with its literal quote so the regex engine can skip ahead to each quote; a lookbehind
-# for the backslash of an escaped quote (`(?<!\\)`) made it try every position (3x slower on a
-# typical answer); `_scan_usage` checks that byte itself.
-_USAGE_RE = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d{1,15})(?![\d.eE])')
-KEEPALIVE_COMMENT = b": keep-alive\n\n"
-_STREAM_HEADERS = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 _JSON = (b"content-type", b"application/json")
 
 
@@ -173,13 +158,15 @@ class ProxyConfig:
 
 
 class _Exchange:
-    """Per-request facts gathered for the access log and metrics."""
+    """Per-request facts gathered for the access log and metrics, and what ends the request."""
 
     __slots__ = (
+        "admitted",
         "body_unread",
         "client_gone",
         "completion_tokens",
-        "conn",
+        "done",
+        "ended",
         "error",
         "finished",
         "held",
@@ -188,6 +175,7 @@ class _Exchange:
         "overhead",
         "path",
         "prompt_tokens",
+        "relay",
         "request_id",
         "resp",
         "route",
@@ -196,7 +184,6 @@ class _Exchange:
         "t0",
         "ttft",
         "wants_usage",
-        "watch",
     )
 
     def __init__(
@@ -216,14 +203,16 @@ class _Exchange:
         self.error: str | None = None
         self.stream = False
         self.wants_usage = False  # the client set stream_options.include_usage
-        self.finished = False
+        self.finished = False  # the client's answer is complete (or failed)
         self.client_gone = False
         self.resp: UpstreamResponse | None = None
-        self.watch: _ClientWatch | None = None
+        self.relay: Relay | None = None
         self.body_unread = False  # the client announced a body the proxy has not read
         self.held = 0  # bytes of the proxy's buffer budget this request holds
-        # The proxy's own server's request object (serving/proxy/httpserver.py), else None.
-        self.conn: Any = None
+        self.admitted = False  # counted in metrics.in_flight
+        self.ended = False  # ProxyApp._end ran: slot and budget given back, access line written
+        # Set by the ASGI path (a coroutine waits for it); ``_end`` completes it.
+        self.done: asyncio.Future[None] | None = None
 
 
 def _access_emitter() -> Callable[[str], None]:
@@ -241,32 +230,108 @@ def _access_emitter() -> Callable[[str], None]:
     return access_log.info
 
 
-class _ClientWatch:
-    """Aborts the engine request the moment the client disconnects.
+class _AsgiWriter:
+    """``relay.ClientWriter`` over an ASGI ``send`` (``--server uvicorn``, or any ASGI
+    server): what the proxy writes is queued as ASGI messages, and the request's coroutine
+    sends them in order (``pump``). More than ``HIGH_WATER`` bytes queued: ``write_piece``
+    says stop, and ``when_drained`` calls back once ``send`` has taken them all.
 
-    Watching needs a task blocked in ``receive()``. Quick non-stream exchanges (the common
-    case) finish before ``WATCH_AFTER_S`` and never pay for one; streams start it at once.
-    """
+    The client leaving is seen by a task blocked in ``receive()``. Quick non-stream exchanges
+    (the common case) finish before ``WATCH_AFTER_S`` and never pay for one; streams start it
+    at once."""
 
-    __slots__ = ("_ex", "_receive", "_task", "_timer")
+    __slots__ = (
+        "_drained", "_failed", "_queue", "_queued", "_receive", "_send", "_task", "_timer",
+        "_wake", "disconnected", "on_disconnect",
+    )  # fmt: skip
+    HIGH_WATER = 64 * 1024
     WATCH_AFTER_S = 0.02
 
-    def __init__(self, receive: Receive, ex: _Exchange) -> None:
+    def __init__(self, send: Send, receive: Receive) -> None:
+        self._send = send
         self._receive = receive
-        self._ex = ex
+        self._queue: collections.deque[Message] = collections.deque()
+        self._queued = 0
+        self._wake: asyncio.Future[None] | None = None
+        self._drained: Callable[[], None] | None = None
+        self._failed = False
         self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            self.WATCH_AFTER_S, self.start
-        )
+        self._timer: asyncio.TimerHandle | None = None
+        self.disconnected = False
+        self.on_disconnect: Callable[[], None] | None = None
 
-    def start(self) -> None:
+    # -- relay.ClientWriter ----------------------------------------------------------------
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self._put({"type": "http.response.start", "status": status, "headers": headers})
+        self._put({"type": "http.response.body", "body": body, "more_body": False})
+
+    def start_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self._put({"type": "http.response.start", "status": status, "headers": headers})
+        self.watch()  # streams last: watch for the client leaving from now on
+
+    def write_piece(self, data: bytes) -> bool:
+        self._queued += len(data)
+        self._put({"type": "http.response.body", "body": data, "more_body": True})
+        return self._queued > self.HIGH_WATER
+
+    def end_stream(self, data: bytes) -> None:
+        self._put({"type": "http.response.body", "body": data, "more_body": False})
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        self._drained = callback
+
+    def fail(self) -> None:
+        self._failed = True
+        self._poke()
+
+    # -- the coroutine's side --------------------------------------------------------------
+    def _put(self, message: Message) -> None:
+        self._queue.append(message)
+        self._poke()
+
+    def _poke(self, _: object = None) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def pump(self, done: asyncio.Future[None]) -> None:
+        """Send what is queued, in order, until ``done`` (the request ended) and nothing is
+        left; raises if the relay failed (the server then answers 500 or cuts the stream)."""
+        done.add_done_callback(self._poke)
+        if self._timer is None and self._task is None:
+            self._timer = asyncio.get_running_loop().call_later(self.WATCH_AFTER_S, self.watch)
+        queue = self._queue
+        try:
+            while True:
+                while queue:
+                    message = queue.popleft()
+                    body = message.get("body")
+                    if body and message["more_body"]:
+                        self._queued -= len(body)
+                    await self._send(message)
+                if self._failed:
+                    raise RuntimeError("relaying the engine's answer failed (logged above)")
+                drained = self._drained
+                if drained is not None:
+                    self._drained = None
+                    drained()
+                    continue
+                if done.done():
+                    return
+                self._wake = asyncio.get_running_loop().create_future()
+                await self._wake
+                self._wake = None
+        finally:
+            self._stop_watch()
+
+    def watch(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._task is None and not self._ex.finished:
+        if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._watch())
 
-    def stop(self) -> None:
+    def _stop_watch(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -277,25 +342,11 @@ class _ClientWatch:
         receive = self._receive
         while (await receive())["type"] != "http.disconnect":
             pass
-        ex = self._ex
-        if not ex.finished:
-            ex.client_gone = True
-            if ex.resp is not None:
-                ex.resp.abort()
-
-
-def _client_left(ex: _Exchange) -> None:
-    """The client's connection is gone: abort the engine request (it stops generating)."""
-    if not ex.finished:
-        ex.client_gone = True
-        if ex.resp is not None:
-            ex.resp.abort()
-
-
-def _error_body(message: str, type_: str, code: str) -> bytes:
-    return json.dumps(
-        {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    ).encode()
+        self.disconnected = True
+        callback = self.on_disconnect
+        if callback is not None:
+            self.on_disconnect = None
+            callback()
 
 
 def _reject_constant(name: str) -> Any:
@@ -404,65 +455,6 @@ def check_body(body: bytes) -> tuple[str | None, bool, bool]:
     return None, stream, isinstance(options, dict) and options.get("include_usage") is True
 
 
-class _Relay:
-    """What a stream's relay keeps between engine reads: where the client is in the SSE event
-    stream, the usage seen, the filter. ``process`` is the per-read work; ``sink`` does it and
-    writes to the client straight from the engine connection's callback (own server)."""
-
-    __slots__ = (
-        "at_boundary", "error", "ex", "must_drain", "resp", "scan", "strip", "tail",
-        "usage_last", "usage_prev", "write_piece",
-    )  # fmt: skip
-
-    def __init__(self, ex: _Exchange, scan: bool, strip: UsageChunkFilter | None) -> None:
-        self.ex = ex
-        self.scan = scan
-        self.strip = strip
-        self.tail = b""
-        self.at_boundary = True  # the last byte relayed ended an SSE event
-        # Token counts are read from the last two reads that carried any (a usage object may
-        # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
-        # read would be wasted work): at the end, however the stream ends.
-        self.usage_prev: bytes | None = None
-        self.usage_last: bytes | None = None
-        self.write_piece: Callable[[bytes], bool] | None = None
-        self.resp: UpstreamResponse | None = None
-        self.must_drain = False
-        self.error: BaseException | None = None
-
-    def process(self, data: bytes) -> bytes:
-        """One engine read in, what to send the client out (b"": nothing yet)."""
-        ex = self.ex
-        if ex.ttft is None:
-            ex.ttft = time.perf_counter() - ex.t0
-        if self.scan:
-            window = self.tail + data
-            if b'_tokens"' in window:
-                self.usage_prev, self.usage_last = self.usage_last, window
-            self.tail = window[-192:]
-        strip = self.strip
-        if strip is not None:
-            data = strip.feed(data)
-            if not data:
-                return b""  # held back: part of an event, or a dropped usage chunk
-        self.at_boundary = data.endswith(EVENT_ENDS)
-        return data
-
-    def sink(self, data: bytes) -> None:
-        try:
-            data = self.process(data)
-            if data and self.write_piece is not None and self.write_piece(data):
-                # The client's socket is full: stop reading the engine until it drains.
-                resp = self.resp
-                if resp is not None:
-                    resp.pause_reading()
-                    self.must_drain = True
-                    resp.poke()
-        except Exception as exc:  # surfaced by the relay task as proxy_internal_error
-            self.error = exc
-            raise
-
-
 class ProxyApp:
     """The ASGI application. One instance per process; state is the counters and the pool."""
 
@@ -476,6 +468,7 @@ class ProxyApp:
         self._ready_reason = "engine health not checked yet"
         self._failed_polls = 0  # consecutive failed /health polls
         self._poller: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # serve_now's connects to the engine
         self._stopping = False
         self._emit_access: Callable[[str], None] = _access_emitter()
         # Request ids: a random per-process prefix + a counter (no syscall per request).
@@ -497,6 +490,8 @@ class ProxyApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
             self._poller = None
+        for task in list(self._tasks):
+            task.cancel()
         self.client.close()
         # uvicorn re-raises SIGTERM after shutdown, so atexit never runs: flush logs now.
         for logger in (access_log, event_log):
@@ -578,7 +573,41 @@ class ProxyApp:
             return True, "engine /health answered 200"
         return False, f"engine /health answered {resp.status}"
 
-    # -- ASGI entry ------------------------------------------------------------------------
+    # -- requests --------------------------------------------------------------------------
+    # One set of steps serves both ways a request comes in:
+    # - ``serve_now``: the proxy's own server (httpserver.py) hands over a request whose body
+    #   is all here (the usual case). Every step runs at once, in the server's read callback,
+    #   and the engine's answer is relayed from the engine connection's callbacks (relay.py):
+    #   no coroutine, task or future per request (only a new engine connection needs one).
+    # - ``__call__`` (ASGI): a body still arriving (own server), or ``--server uvicorn``.
+    # Each step answers the client itself when it says no and returns False. ``_end`` closes
+    # every request exactly once: in-flight slot and buffer budget back, metrics, access log.
+
+    def serve_now(self, req: Any) -> None:
+        """Serve a whole request from the proxy's own server (``req``: its request object,
+        a ``relay.ClientWriter`` with ``method``, ``raw_path``, ``headers`` and the body)."""
+        ex, auth, auth_count, content_length, forward = self._begin(
+            time.perf_counter(), req.raw_path, req.method, req.headers
+        )
+        try:
+            if (
+                self._front(req, ex, auth, auth_count)
+                and self._whole_body(req, ex, content_length, body := req.take_body())
+                and self._admit(req, ex)
+            ):
+                if not self._send_now(req, ex, body, forward):
+                    # No idle engine connection: connecting is the one wait on this path.
+                    task = asyncio.get_running_loop().create_task(
+                        self._send_connecting(req, ex, body, forward)
+                    )
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                return
+        except Exception as exc:
+            self._internal_error(ex, exc)
+            req.fail()
+        self._end(ex)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         kind = scope["type"]
@@ -587,6 +616,43 @@ class ProxyApp:
                 await self._lifespan(receive, send)
             return  # websockets are not served (uvicorn runs with ws="none")
         raw_path = scope.get("raw_path") or scope["path"].encode("latin-1")
+        ex, auth, auth_count, content_length, forward = self._begin(
+            t0, raw_path, scope["method"], scope["headers"]
+        )
+        extensions = scope.get("extensions")
+        own = extensions.get("serving.proxy.request") if extensions else None
+        writer: ClientWriter = own if own is not None else _AsgiWriter(send, receive)
+        done = ex.done = asyncio.get_running_loop().create_future()
+        try:
+            if (
+                self._front(writer, ex, auth, auth_count)
+                and (body := await self._read_body(receive, writer, ex, content_length))
+                is not None
+                and self._admit(writer, ex)
+            ):
+                if not self._send_now(writer, ex, body, forward):
+                    await self._send_connecting(writer, ex, body, forward)
+            else:
+                self._end(ex)
+            if isinstance(writer, _AsgiWriter):
+                await writer.pump(done)
+            else:
+                await done
+        except BaseException as exc:
+            relay = ex.relay
+            if relay is not None:
+                relay.abandon()  # the engine stops generating for nobody
+            if isinstance(exc, Exception):  # a bug of ours: the server answers 500 or cuts
+                self._internal_error(ex, exc)
+            raise
+        finally:
+            self._end(ex)
+
+    def _begin(
+        self, t0: float, raw_path: bytes, method: str, headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[_Exchange, bytes | None, int, bytes | None, list[tuple[bytes, bytes]]]:
+        """The request's facts from its head: the exchange, the Authorization header and how
+        many there were, Content-Length, the headers to forward."""
         route = ROUTES.get(raw_path, _UNMATCHED)
         auth: bytes | None = None
         auth_count = 0
@@ -595,7 +661,7 @@ class ProxyApp:
         chunked = False
         connection: bytes | None = None
         forward: list[tuple[bytes, bytes]] = []
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name == b"authorization":
                 auth = value
                 auth_count += 1
@@ -615,463 +681,291 @@ class ProxyApp:
             forward = [(name, value) for name, value in forward if name not in hop]
         if request_id is None or not _REQUEST_ID_RE.fullmatch(request_id):
             request_id = b"%s%08x" % (self._id_prefix, next(self._id_counter))
-        ex = _Exchange(t0, route, request_id, scope["method"], raw_path)
-        extensions = scope.get("extensions")
-        if extensions:
-            ex.conn = extensions.get("serving.proxy.request")
+        ex = _Exchange(t0, route, request_id, method, raw_path)
         if chunked or (content_length is not None and content_length != b"0"):
             ex.body_unread = True
-        try:
-            if route.kind < 0:
-                await self._error(
-                    send, ex, 404, "no such route", "not_found_error", "route_not_found"
-                )
-            elif scope["method"] != route.method:
-                await self._error(
-                    send, ex, 405, f"method not allowed; use {route.method}",
-                    "invalid_request_error", "method_not_allowed",
-                    [(b"allow", route.method.encode())],
-                )  # fmt: skip
-            elif route.kind == _HEALTH:
-                await self._plain(send, ex, 200, b'{"status":"ok"}')
-            elif route.kind == _READY:
-                if self.ready:
-                    await self._plain(send, ex, 200, b'{"ready":true}')
-                else:
-                    await self._error(
-                        send, ex, 503, f"engine not ready: {self._ready_reason}",
-                        "service_unavailable", "engine_not_ready", self._not_ready_headers,
-                    )  # fmt: skip
-            elif await self._authenticate(send, ex, auth, auth_count):
-                if route.kind == _METRICS:
-                    await self._plain(
-                        send, ex, 200, self.metrics.render(),
-                        (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
-                    )  # fmt: skip
-                else:
-                    await self._admit(receive, send, ex, content_length, forward)
-        except Exception as exc:  # a bug of ours: uvicorn answers 500 (or drops the stream)
-            ex.status = ex.status or 500  # set only once a response head was handed over
-            ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
-            event_log.exception("proxy internal error")
-            raise
-        finally:
-            self._account(ex)
+        return ex, auth, auth_count, content_length, forward
+
+    def _internal_error(self, ex: _Exchange, exc: Exception) -> None:
+        ex.status = ex.status or 500  # set only once a response head was handed over
+        ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
+        event_log.error("proxy internal error", exc_info=exc)
+
+    def _end(self, ex: _Exchange) -> None:
+        """The request is over (answered, failed or abandoned): once per request."""
+        if ex.ended:
+            return
+        ex.ended = True
+        ex.finished = True
+        if ex.admitted:
+            self.metrics.in_flight -= 1
+        self.buffered_bytes -= ex.held  # the request body, and a response read whole
+        ex.held = 0
+        done = ex.done
+        if done is not None and not done.done():
+            done.set_result(None)
+        self._account(ex)
 
     # -- steps -----------------------------------------------------------------------------
-    async def _authenticate(
-        self, send: Send, ex: _Exchange, auth: bytes | None, count: int
+    def _front(
+        self, writer: ClientWriter, ex: _Exchange, auth: bytes | None, auth_count: int
+    ) -> bool:
+        """Route, method, the proxy's own routes, key, readiness; True: go on to the engine."""
+        route = ex.route
+        if route.kind < 0:
+            self._error_now(writer, ex, 404, "no such route", "not_found_error", "route_not_found")
+        elif ex.method != route.method:
+            self._error_now(
+                writer, ex, 405, f"method not allowed; use {route.method}",
+                "invalid_request_error", "method_not_allowed",
+                [(b"allow", route.method.encode())],
+            )  # fmt: skip
+        elif route.kind == _HEALTH:
+            self._plain_now(writer, ex, 200, b'{"status":"ok"}')
+        elif route.kind == _READY:
+            if self.ready:
+                self._plain_now(writer, ex, 200, b'{"ready":true}')
+            else:
+                self._not_ready(writer, ex)
+        elif self._authenticate(writer, ex, auth, auth_count):
+            if route.kind == _METRICS:
+                self._plain_now(
+                    writer, ex, 200, self.metrics.render(),
+                    (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+                )  # fmt: skip
+            elif not self.ready:
+                self._not_ready(writer, ex)
+            else:
+                return True
+        return False
+
+    def _authenticate(
+        self, writer: ClientWriter, ex: _Exchange, auth: bytes | None, count: int
     ) -> bool:
         key = parse_bearer(auth) if count == 1 else None
         if key is None:
             why = "missing" if count == 0 else "malformed (expected one 'Bearer <key>')"
-            await self._error(
-                send, ex, 401, f"Authorization header {why}", "authentication_error",
+            self._error_now(
+                writer, ex, 401, f"Authorization header {why}", "authentication_error",
                 "missing_api_key" if count == 0 else "malformed_authorization",
                 [(b"www-authenticate", b"Bearer")],
             )  # fmt: skip
             return False
         name = self.keys.match(key)
         if name is None:
-            await self._error(
-                send, ex, 403, "API key not recognised", "permission_error", "invalid_api_key"
+            self._error_now(
+                writer, ex, 403, "API key not recognised", "permission_error", "invalid_api_key"
             )
             return False
         ex.key = name
         return True
 
-    async def _admit(
-        self,
-        receive: Receive,
-        send: Send,
-        ex: _Exchange,
-        content_length: bytes | None,
-        forward: list[tuple[bytes, bytes]],
-    ) -> None:
-        if not self.ready:
-            await self._error(
-                send, ex, 503, f"engine not ready: {self._ready_reason}",
-                "service_unavailable", "engine_not_ready", self._not_ready_headers,
+    def _not_ready(self, writer: ClientWriter, ex: _Exchange) -> None:
+        self._error_now(
+            writer, ex, 503, f"engine not ready: {self._ready_reason}",
+            "service_unavailable", "engine_not_ready", self._not_ready_headers,
+        )  # fmt: skip
+
+    def _announced(
+        self, writer: ClientWriter, ex: _Exchange, content_length: bytes | None
+    ) -> bool:
+        """The announced body size: well-formed (400), within the limit (413), within the
+        buffer budget, which it reserves before a byte is read (503)."""
+        if content_length is None:
+            return True
+        if not content_length.isdigit():
+            self._error_now(
+                writer, ex, 400, "malformed Content-Length", "invalid_request_error",
+                "invalid_content_length",
             )  # fmt: skip
-            return
-        body = b""
-        try:
-            if ex.route.method == "POST":
-                # The body is read before the in-flight slot is taken: a slow body holds only
-                # its share of the buffer budget (and at most body_timeout_s), never a slot.
-                got = await self._read_body(receive, send, ex, content_length)
-                if got is None:
-                    return
-                if not await self._validate(send, ex, got):
-                    return
-                body = got
-                forward.append(_JSON)  # validated JSON, whatever the client labelled it
-            metrics = self.metrics
-            if metrics.in_flight >= self.config.max_in_flight:
-                await self._error(
-                    send, ex, 429, f"proxy at capacity ({self.config.max_in_flight} requests "
-                    "in flight); retry after the Retry-After delay", "rate_limit_error",
-                    "proxy_at_capacity", self._busy_headers,
-                )  # fmt: skip
-                return
-            metrics.in_flight += 1
-            try:
-                await self._forward(receive, send, ex, body, forward)
-            finally:
-                metrics.in_flight -= 1
-        finally:
-            self.buffered_bytes -= ex.held  # the request body, and a response read whole
-            ex.held = 0
+            return False
+        announced = int(content_length)
+        if announced > self.config.max_body_bytes:
+            self._body_too_large(writer, ex)
+            return False
+        if not self._hold(ex, announced):
+            self._buffers_full_now(writer, ex)
+            return False
+        return True
+
+    def _whole_body(
+        self, writer: ClientWriter, ex: _Exchange, content_length: bytes | None, body: bytes
+    ) -> bool:
+        """A body that is all here: size and budget, then the JSON check (POST routes)."""
+        ex.body_unread = False
+        if ex.route.method != "POST":
+            return True
+        if not self._announced(writer, ex, content_length):
+            return False
+        if len(body) > self.config.max_body_bytes:  # chunked: no length was announced
+            self._body_too_large(writer, ex)
+            return False
+        if content_length is None and not self._hold(ex, len(body)):
+            self._buffers_full_now(writer, ex)
+            return False
+        return self._validate(writer, ex, body)
 
     async def _read_body(
-        self, receive: Receive, send: Send, ex: _Exchange, content_length: bytes | None
-    ) -> bytes | None:
-        limit = self.config.max_body_bytes
-        if content_length is not None:
-            if not content_length.isdigit():
-                await self._error(
-                    send, ex, 400, "malformed Content-Length", "invalid_request_error",
-                    "invalid_content_length",
-                )  # fmt: skip
-                return None
-            announced = int(content_length)
-            if announced > limit:
-                await self._body_too_large(send, ex)
-                return None
-            if not self._hold(ex, announced):  # reserved before a byte is read
-                await self._buffers_full(send, ex)
-                return None
-        conn = ex.conn
-        if conn is not None and not conn.more_body:
-            # Our server has the whole body already (the usual case): no wait, no timer.
-            message = await receive()
-            if message["type"] == "http.request":
-                body: bytes = message.get("body", b"")
-                if len(body) > limit:
-                    await self._body_too_large(send, ex)
-                    return None
-                if content_length is None and not self._hold(ex, len(body)):
-                    await self._buffers_full(send, ex)
-                    return None
-                ex.body_unread = False
-                return body
-            ex.client_gone = True
-            return None
-        # The whole body must have arrived by t0 + body_timeout_s.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0)
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await self._read_body_rest(send, ex, receive, content_length)
-        except TimeoutError:
-            await self._error(
-                send, ex, 408, f"request body not received within {self.config.body_timeout_s:g}"
-                " s", "invalid_request_error", "request_timeout",
-            )  # fmt: skip
-            return None
-
-    async def _read_body_rest(
         self,
-        send: Send,
-        ex: _Exchange,
         receive: Receive,
+        writer: ClientWriter,
+        ex: _Exchange,
         content_length: bytes | None,
     ) -> bytes | None:
+        """The body of an ASGI request (``_whole_body``'s checks as the pieces arrive); None:
+        answered (or the client left). The whole body must have arrived by t0 +
+        ``body_timeout_s`` (408)."""
+        if ex.route.method != "POST":
+            return b""
+        if not self._announced(writer, ex, content_length):
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0)
         limit = self.config.max_body_bytes
         parts: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                ex.client_gone = True
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await self._body_too_large(send, ex)
-                return None
-            if content_length is None and not self._hold(ex, len(chunk)):  # chunked upload
-                await self._buffers_full(send, ex)
-                return None
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                ex.body_unread = False
-                return parts[0] if len(parts) == 1 else b"".join(parts)
+        try:
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        ex.client_gone = True
+                        return None
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        self._body_too_large(writer, ex)
+                        return None
+                    if content_length is None and not self._hold(ex, len(chunk)):  # chunked
+                        self._buffers_full_now(writer, ex)
+                        return None
+                    parts.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            self._error_now(
+                writer, ex, 408, f"request body not received within "
+                f"{self.config.body_timeout_s:g} s", "invalid_request_error", "request_timeout",
+            )  # fmt: skip
+            return None
+        ex.body_unread = False
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        return body if self._validate(writer, ex, body) else None
+
+    def _validate(self, writer: ClientWriter, ex: _Exchange, body: bytes) -> bool:
+        problem, ex.stream, ex.wants_usage = check_body(body)
+        if problem is None:
+            return True
+        self._error_now(writer, ex, 400, problem, "invalid_request_error", "invalid_json")
+        return False
+
+    def _admit(self, writer: ClientWriter, ex: _Exchange) -> bool:
+        """The in-flight cap (429); the body was read first, so a slow body holds only its
+        share of the buffer budget (and at most body_timeout_s), never a slot."""
+        metrics = self.metrics
+        if metrics.in_flight >= self.config.max_in_flight:
+            self._error_now(
+                writer, ex, 429, f"proxy at capacity ({self.config.max_in_flight} requests "
+                "in flight); retry after the Retry-After delay", "rate_limit_error",
+                "proxy_at_capacity", self._busy_headers,
+            )  # fmt: skip
+            return False
+        metrics.in_flight += 1
+        ex.admitted = True
+        return True
+
+    @staticmethod
+    def _engine_headers(
+        ex: _Exchange, forward: list[tuple[bytes, bytes]]
+    ) -> list[tuple[bytes, bytes]]:
+        if ex.route.method == "POST":  # validated JSON, whatever the client labelled it
+            return [*forward, _JSON, (b"x-request-id", ex.request_id)]
+        return [*forward, (b"x-request-id", ex.request_id)]
+
+    def _send_now(
+        self, writer: ClientWriter, ex: _Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
+    ) -> bool:
+        """Send on an idle engine connection and start relaying; False: none is idle (nothing
+        was sent)."""
+        route = ex.route
+        resp = self.client.request_nowait(
+            route.method_bytes, route.path, self._engine_headers(ex, forward), body,
+            head_timeout_s=self.config.upstream_timeout_s,
+        )  # fmt: skip
+        if resp is None:
+            return False
+        self._relay(writer, ex, resp)
+        return True
+
+    async def _send_connecting(
+        self, writer: ClientWriter, ex: _Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
+    ) -> None:
+        """Send on a new engine connection (retried while the engine refuses to connect:
+        it saw nothing), then relay; answers 503 when it cannot be reached."""
+        client = self.client
+        retries_before = client.retries
+        route = ex.route
+        try:
+            try:
+                resp = await client.request(
+                    route.method_bytes, route.path, self._engine_headers(ex, forward), body,
+                    head_timeout_s=self.config.upstream_timeout_s,
+                )  # fmt: skip
+            finally:
+                self.metrics.connect_retries += client.retries - retries_before
+        except ConnectFailed as exc:
+            self.metrics.upstream_errors["connect"] += 1
+            self._set_ready(False, str(exc))
+            self._error_now(
+                writer, ex, 503, f"engine unreachable: {exc}", "service_unavailable",
+                "engine_unreachable", self._not_ready_headers,
+            )  # fmt: skip
+            self._end(ex)
+            return
+        except Exception as exc:  # a bug of ours (serve_now's task: nobody else would see it)
+            self._internal_error(ex, exc)
+            writer.fail()
+            self._end(ex)
+            return
+        self._relay(writer, ex, resp)
+
+    def _relay(self, writer: ClientWriter, ex: _Exchange, resp: UpstreamResponse) -> None:
+        t_sent = time.perf_counter()
+        if ex.held:  # the request body is written out: its share of the budget is free again
+            self.buffered_bytes -= ex.held
+            ex.held = 0
+        relay = ex.relay = Relay(self, ex, writer, self._relay_done)
+        relay.start(resp, t_sent)
+
+    def _relay_done(self, relay: Relay) -> None:
+        self._end(relay.ex)
 
     def _hold(self, ex: _Exchange, size: int) -> bool:
         """Take ``size`` bytes of the global buffer budget for ``ex`` (False: not available).
-        ``_admit`` gives back what the request held when it ends."""
+        ``_end`` gives back what the request held."""
         if self.buffered_bytes + size > self.config.max_buffered_bytes:
             return False
         self.buffered_bytes += size
         ex.held += size
         return True
 
-    async def _buffers_full(self, send: Send, ex: _Exchange) -> None:
-        await self._error(
-            send, ex, 503, f"proxy buffers full ({self.config.max_buffered_bytes} bytes of "
+    def _buffers_full_now(self, writer: ClientWriter, ex: _Exchange) -> None:
+        self._error_now(
+            writer, ex, 503, f"proxy buffers full ({self.config.max_buffered_bytes} bytes of "
             "request and response bodies held); retry after the Retry-After delay",
             "service_unavailable", "proxy_buffers_full", self._busy_headers,
         )  # fmt: skip
 
-    async def _body_too_large(self, send: Send, ex: _Exchange) -> None:
-        await self._error(
-            send, ex, 413, f"request body larger than {self.config.max_body_bytes} bytes",
+    def _body_too_large(self, writer: ClientWriter, ex: _Exchange) -> None:
+        self._error_now(
+            writer, ex, 413, f"request body larger than {self.config.max_body_bytes} bytes",
             "invalid_request_error", "request_too_large",
         )  # fmt: skip
 
-    async def _validate(self, send: Send, ex: _Exchange, body: bytes) -> bool:
-        problem, ex.stream, ex.wants_usage = check_body(body)
-        if problem is None:
-            return True
-        await self._error(send, ex, 400, problem, "invalid_request_error", "invalid_json")
-        return False
-
-    async def _forward(
+    # -- answers ---------------------------------------------------------------------------
+    def _plain_now(
         self,
-        receive: Receive,
-        send: Send,
-        ex: _Exchange,
-        body: bytes,
-        forward: list[tuple[bytes, bytes]],
-    ) -> None:
-        route = ex.route
-        forward.append((b"x-request-id", ex.request_id))
-        conn = ex.conn
-        watch: _ClientWatch | None = None
-        if conn is not None:  # our server calls back when the client leaves: no watcher task
-            if conn.disconnected:
-                ex.client_gone = True
-            else:
-                conn.on_disconnect = functools.partial(_client_left, ex)
-        else:
-            watch = ex.watch = _ClientWatch(receive, ex)
-        try:
-            await self._exchange(send, ex, route, forward, body)
-        finally:
-            ex.finished = True
-            if watch is not None:
-                watch.stop()
-            elif conn is not None:
-                conn.on_disconnect = None
-            resp = ex.resp
-            if resp is not None and not resp.finished:
-                # Only on an exception or cancellation (every normal path ends the response):
-                # close the engine connection so the engine stops generating for nobody.
-                resp.abort()
-
-    async def _exchange(
-        self,
-        send: Send,
-        ex: _Exchange,
-        route: Route,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-    ) -> None:
-        client = self.client
-        retries_before = client.retries
-        try:
-            resp = await client.request(
-                route.method.encode(), route.path, headers, body,
-                head_timeout_s=self.config.upstream_timeout_s,
-            )  # fmt: skip
-        except ConnectFailed as exc:
-            self.metrics.connect_retries += client.retries - retries_before
-            self.metrics.upstream_errors["connect"] += 1
-            self._set_ready(False, str(exc))
-            await self._error(
-                send, ex, 503, f"engine unreachable: {exc}", "service_unavailable",
-                "engine_unreachable", self._not_ready_headers,
-            )  # fmt: skip
-            return
-        self.metrics.connect_retries += client.retries - retries_before
-        ex.resp = resp
-        if ex.held:  # the request body is written out: its share of the budget is free again
-            self.buffered_bytes -= ex.held
-            ex.held = 0
-        t_sent = time.perf_counter()
-        if ex.client_gone:
-            resp.abort()
-        try:
-            await resp.head()
-            t_head = time.perf_counter()
-            if resp.content_type.startswith(b"text/event-stream"):
-                await self._relay_stream(send, ex, resp, t_sent, t_head)
-                return
-            data = await self._read_response(resp, ex)
-        except UpstreamError as exc:
-            if ex.client_gone:
-                ex.status = 499
-                return
-            timeout = isinstance(exc, UpstreamTimeout)
-            self.metrics.upstream_errors["timeout" if timeout else "broken"] += 1
-            await self._error(
-                send, ex, 504 if timeout else 502, f"engine request failed: {exc}",
-                "upstream_error", "engine_timeout" if timeout else "engine_failed",
-            )  # fmt: skip
-            return
-        if data is None:
-            await self._buffers_full(send, ex)
-            return
-        t_done = time.perf_counter()
-        drop = (
-            _DROP_RESPONSE_HEADERS | resp.hop_headers
-            if resp.hop_headers
-            else _DROP_RESPONSE_HEADERS
-        )
-        out = [(name, value) for name, value in resp.headers if name not in drop]
-        out.append((b"content-length", str(len(data)).encode()))
-        ex.finished = True
-        now = time.perf_counter()
-        ex.overhead = (t_sent - ex.t0) + (now - t_done)
-        out.append((b"x-request-id", ex.request_id))
-        out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
-        await send({"type": "http.response.start", "status": resp.status, "headers": out})
-        ex.status = resp.status
-        await send({"type": "http.response.body", "body": data, "more_body": False})
-        if route.usage and resp.status == 200 and b'_tokens"' in data:  # after the response
-            self._scan_usage(data, ex)
-
-    async def _read_response(self, resp: UpstreamResponse, ex: _Exchange) -> bytes | None:
-        """A non-stream body, read whole within ``max_response_bytes`` and the global buffer
-        budget (None, engine connection closed: the budget is used up)."""
-        limit = self.config.max_response_bytes
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            data = await resp.read()
-            if data is None:
-                continue
-            if not data:
-                return parts[0] if len(parts) == 1 else b"".join(parts)
-            size += len(data)
-            if size > limit:
-                resp.abort()
-                raise UpstreamBroken(f"engine response body exceeds {limit} bytes")
-            if not self._hold(ex, len(data)):
-                resp.abort()
-                return None
-            parts.append(data)
-
-    async def _relay_stream(
-        self,
-        send: Send,
-        ex: _Exchange,
-        resp: UpstreamResponse,
-        t_sent: float,
-        t_head: float,
-    ) -> None:
-        ex.stream = True
-        drop = (
-            _DROP_RESPONSE_HEADERS | resp.hop_headers
-            if resp.hop_headers
-            else _DROP_RESPONSE_HEADERS
-        )
-        out = [(name, value) for name, value in resp.headers if name not in drop]
-        out += _STREAM_HEADERS
-        out.append((b"x-request-id", ex.request_id))
-        ex.overhead = (t_sent - ex.t0) + (time.perf_counter() - t_head)
-        out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
-        if ex.watch is not None:
-            ex.watch.start()  # streams last: watch for the client leaving from now on
-        await send({"type": "http.response.start", "status": resp.status, "headers": out})
-        ex.status = resp.status
-        keepalive_s = self.config.keepalive_s
-        idle_limit = self.config.upstream_timeout_s
-        # Ticks every keepalive_s for the comments; with comments off (0) still one per
-        # idle_limit, so the stream silence limit holds either way.
-        resp.keepalive_ticks(keepalive_s or idle_limit)
-        scan = ex.route.usage and resp.status == 200
-        # Usage chunks the engine sends unasked are counted (scan), then dropped: see sse.py.
-        relay = _Relay(ex, scan, UsageChunkFilter() if scan and not ex.wants_usage else None)
-        conn = ex.conn
-        if conn is not None:
-            # Our server: every engine read is relayed from the engine connection's own
-            # callback (no task switch, no message dict per event); this task only handles
-            # the end, failures, keep-alive ticks and a full client socket.
-            relay.write_piece = conn.write_piece
-            relay.resp = resp
-            resp.set_sink(relay.sink)
-        try:
-            while True:
-                try:
-                    data = await resp.read()
-                except UpstreamBroken as exc:
-                    if relay.error is not None:
-                        raise relay.error from None  # a bug in the relay: proxy_internal_error
-                    if ex.client_gone:
-                        ex.status = 499
-                        return
-                    # What the filter holds back (half an event) is never sent.
-                    await self._end_stream_with_error(send, ex, str(exc), relay.at_boundary)
-                    return
-                if data is None:  # a keep-alive tick, or the relay waits for the client
-                    if relay.must_drain:
-                        relay.must_drain = False
-                        await conn.drain()
-                        resp.resume_reading()
-                        continue
-                    if resp.idle_s() >= idle_limit - 1e-3:
-                        resp.abort()
-                        await self._end_stream_with_error(
-                            send, ex, f"engine sent nothing for {idle_limit:g} s",
-                            relay.at_boundary,
-                        )  # fmt: skip
-                        return
-                    # never inside an event the engine has half sent
-                    if relay.at_boundary and keepalive_s:
-                        await send(
-                            {"type": "http.response.body", "body": KEEPALIVE_COMMENT,
-                             "more_body": True}
-                        )  # fmt: skip
-                    continue
-                if not data:
-                    break
-                data = relay.process(data)  # only without a sink (uvicorn)
-                if data:
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-            ex.finished = True
-            rest = b"" if relay.strip is None else relay.strip.flush()
-            await send({"type": "http.response.body", "body": rest, "more_body": False})
-        finally:
-            resp.set_sink(None)
-            for seen in (relay.usage_prev, relay.usage_last):
-                if seen is not None:
-                    self._scan_usage(seen, ex)
-
-    async def _end_stream_with_error(
-        self, send: Send, ex: _Exchange, why: str, at_boundary: bool
-    ) -> None:
-        """The 200 head is gone already: end with an SSE error event and ``[DONE]`` so the
-        client sees a failure, never a silently truncated stream."""
-        self.metrics.upstream_errors["mid_stream"] += 1
-        ex.error = "engine_stream_failed"
-        event = _error_body(
-            f"the engine stream failed before it finished: {why}", "upstream_error",
-            "engine_stream_failed",
-        )  # fmt: skip
-        body = b"data: " + event + b"\n\ndata: [DONE]\n\n"
-        if not at_boundary:
-            body = b"\n\n" + body  # close the engine's half-sent event first
-        ex.finished = True
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-    # -- helpers ---------------------------------------------------------------------------
-    @staticmethod
-    def _scan_usage(data: bytes, ex: _Exchange) -> None:
-        for match in _USAGE_RE.finditer(data):
-            start = match.start()
-            if start and data[start - 1] == 0x5C:  # \" : a quote inside a string, not a key
-                continue
-            name, value = match.groups()
-            if name == b"prompt_tokens":
-                ex.prompt_tokens = int(value)
-            else:
-                ex.completion_tokens = int(value)
-
-    async def _plain(
-        self,
-        send: Send,
+        writer: ClientWriter,
         ex: _Exchange,
         status: int,
         body: bytes,
@@ -1089,16 +983,15 @@ class ProxyApp:
             headers += extra
         if ex.body_unread:
             # Answered without reading the body the client announced (401, 404, 413, 429, or
-            # a GET /health with a body): close the connection rather than let uvicorn read and
-            # discard it, whatever its size.
+            # a GET /health with a body): close the connection rather than read and discard
+            # it, whatever its size.
             headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
         ex.status = status
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        writer.respond(status, headers, body)
 
-    async def _error(
+    def _error_now(
         self,
-        send: Send,
+        writer: ClientWriter,
         ex: _Exchange,
         status: int,
         message: str,
@@ -1107,7 +1000,7 @@ class ProxyApp:
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         ex.error = code
-        await self._plain(send, ex, status, _error_body(message, type_, code), _JSON, extra)
+        self._plain_now(writer, ex, status, error_body(message, type_, code), _JSON, extra)
 
     @staticmethod
     def _logged_path(ex: _Exchange) -> str:

@@ -129,7 +129,10 @@ class ServerLimits:
 
 
 class _Request:
-    """One request: the ASGI ``receive``/``send`` pair and the state they share."""
+    """One request: its head, its body as it arrives, and the two ways to answer it: the
+    ``relay.ClientWriter`` methods (``respond``, ``start_stream``, ``write_piece``,
+    ``end_stream``, ``when_drained``, ``fail``: the proxy app's, no message dicts) and the ASGI
+    ``receive``/``send`` pair (any ASGI app; the scope is built only for it)."""
 
     __slots__ = (
         "_body",
@@ -142,28 +145,39 @@ class _Request:
         "disconnected",
         "expect_continue",
         "head_request",
+        "headers",
+        "http_version",
         "keep_alive",
+        "method",
         "more_body",
         "no_body",
         "on_disconnect",
         "proto",
-        "scope",
+        "query",
+        "raw_path",
         "started",
     )
 
     def __init__(
         self,
         proto: _HttpProtocol,
-        scope: dict[str, Any],
+        method: str,
+        raw_path: bytes,
+        query: bytes,
+        headers: list[tuple[bytes, bytes]],
+        http_version: str,
         keep_alive: bool,
         expect_continue: bool,
-        head_request: bool,
     ) -> None:
         self.proto = proto
-        self.scope = scope
+        self.method = method
+        self.raw_path = raw_path
+        self.query = query
+        self.headers = headers
+        self.http_version = http_version
         self.keep_alive = keep_alive
         self.expect_continue = expect_continue
-        self.head_request = head_request
+        self.head_request = method == "HEAD"
         self._body: list[bytes] = []
         self.buffered = 0
         self.more_body = True  # the client has more body bytes to send
@@ -175,9 +189,32 @@ class _Request:
         self.disconnected = False
         self.chunked = False
         self.no_body = False
-        # Set by the app (scope["extensions"]["serving.proxy.request"] is this object): called
-        # once when the client's connection is lost, so no task has to wait in receive().
+        # Set by the app: called once when the client's connection is lost, so no task has to
+        # wait in receive().
         self.on_disconnect: Callable[[], None] | None = None
+
+    def scope(self) -> dict[str, Any]:
+        proto = self.proto
+        raw_path = self.raw_path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": self.http_version,
+            "method": self.method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": self.query,
+            "root_path": "",
+            "headers": self.headers,
+            "client": proto.client,
+            "server": proto.server_addr,
+            # The app may use this object directly (its ClientWriter methods, on_disconnect).
+            "extensions": {"serving.proxy.request": self},
+        }
 
     def wake(self) -> None:
         waiter = self._waiter
@@ -189,20 +226,25 @@ class _Request:
         self.buffered += len(data)
         self.wake()
 
+    def take_body(self) -> bytes:
+        """The whole body, once it has all arrived (``more_body`` is False)."""
+        body = self._body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self.buffered = 0
+        self._delivered = True
+        self.proto.body_consumed()
+        return data
+
     # -- ASGI receive ----------------------------------------------------------------------
     async def receive(self) -> Message:
         while True:
             if self.disconnected or self.complete:
                 return _DISCONNECT
             if not self._delivered and (self._body or not self.more_body):
-                body = self._body
-                data = body[0] if len(body) == 1 else b"".join(body)
-                body.clear()
-                self.buffered = 0
                 more = self.more_body
-                if not more:
-                    self._delivered = True
-                self.proto.body_consumed()
+                data = self.take_body()
+                self._delivered = not more
                 return {"type": "http.request", "body": data, "more_body": more}
             if self.expect_continue:
                 self.expect_continue = False
@@ -219,75 +261,105 @@ class _Request:
     async def send(self, message: Message) -> None:
         if self.disconnected:
             return
-        proto = self.proto
         if not self.started:
             if message["type"] != "http.response.start":
                 raise RuntimeError(f"expected http.response.start, got {message['type']!r}")
-            self.started = True
-            self._start(message["status"], message.get("headers", ()))
-            if proto.write_paused:
-                await proto.drain()
-            return
-        if self.complete:
-            raise RuntimeError("response already complete")
-        if message["type"] != "http.response.body":
-            raise RuntimeError(f"expected http.response.body, got {message['type']!r}")
-        body: bytes = message.get("body", b"")
-        more: bool = message.get("more_body", False)
-        if self.no_body:
-            out = b""
-        elif self.chunked:
-            out = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
-            if not more:
-                out += b"0\r\n\r\n"
+            self.start_stream(message["status"], message.get("headers", ()))
         else:
-            out = body
-        head = self._pending_head
-        if head is not None:
-            self._pending_head = None
-            out = head + out if out else head
-        if out:
-            proto.write(out)
-        if not more:
-            self.complete = True
-            self.wake()
-            proto.response_done(self)
-        elif proto.write_paused:
-            await proto.drain()
+            if self.complete:
+                raise RuntimeError("response already complete")
+            if message["type"] != "http.response.body":
+                raise RuntimeError(f"expected http.response.body, got {message['type']!r}")
+            body: bytes = message.get("body", b"")
+            if message.get("more_body", False):
+                if body:
+                    self.write_piece(body)
+            else:
+                self.end_stream(body)
+                return
+        if self.proto.write_paused:
+            await self.proto.drain()
+
+    # -- relay.ClientWriter ------------------------------------------------------------------
+    def respond(self, status: int, headers: Any, body: bytes) -> None:
+        """A whole response (``headers`` carry its content-length): one write."""
+        if self.disconnected:
+            return
+        self.started = True
+        head, _ = self._head(status, headers)
+        self.proto.write(head if self.no_body or not body else head + body)
+        self._completed()
+
+    def start_stream(self, status: int, headers: Any) -> None:
+        if self.disconnected:
+            return
+        self.started = True
+        head, length = self._head(status, headers)
+        if self.no_body or length == b"0":
+            self.proto.write(head)
+            return
+        # The body follows at once (Content-Length), or a streamed body's first piece may
+        # already be here: hold the head until the next body message, but no longer than the
+        # end of this event-loop iteration (a stream whose engine is still silent gets its head
+        # without waiting for the first event).
+        self._pending_head = head
+        if length is None:
+            self.proto.loop.call_soon(self._flush_head)
 
     def write_piece(self, body: bytes) -> bool:
-        """``send`` of a non-final, non-empty body message of a started chunked (streamed)
-        response, without the message dict and the coroutine: the app's per-event fast path.
-        Returns True when the app should ``await drain()`` (the socket's buffer is full)."""
+        """A non-final, non-empty body piece of a started response; True when the socket's
+        buffer is full (stop producing until ``when_drained``)."""
         if self.disconnected:
             return False
-        if not self.chunked:  # HTTP/1.0 close-delimited, or HEAD: the general path
-            return self._write_general(body)
-        out = b"%x\r\n%b\r\n" % (len(body), body)
+        if self.chunked:
+            out = b"%x\r\n%b\r\n" % (len(body), body)
+        elif self.no_body:
+            out = b""
+        else:  # Content-Length, or HTTP/1.0 close-delimited
+            out = body
         head = self._pending_head
         if head is not None:
             self._pending_head = None
             out = head + out
         proto = self.proto
-        proto.write(out)
+        if out:
+            proto.write(out)
         return proto.write_paused
 
-    def _write_general(self, body: bytes) -> bool:
-        out = b"" if self.no_body else body
+    def end_stream(self, body: bytes) -> None:
+        if self.disconnected:
+            return
+        if self.no_body:
+            out = b""
+        elif self.chunked:
+            out = b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body) if body else b"0\r\n\r\n"
+        else:
+            out = body
         head = self._pending_head
         if head is not None:
             self._pending_head = None
             out = head + out
         if out:
             self.proto.write(out)
-        return self.proto.write_paused
+        self._completed()
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        self.proto.when_drained(callback)
+
+    def fail(self) -> None:
+        self.proto._abandon(self)
 
     async def drain(self) -> None:
         await self.proto.drain()
 
-    def _start(self, status: int, headers: Any) -> None:
-        proto = self.proto
-        out = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status, proto.server.date]
+    def _completed(self) -> None:
+        self.complete = True
+        self.wake()
+        self.proto.response_done(self)
+
+    def _head(self, status: int, headers: Any) -> tuple[bytes, bytes | None]:
+        """The response head, and its Content-Length if it has one."""
+        out = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status, self.proto.server.date]
         length: bytes | None = None
         for name, value in headers:
             if name == b"content-length":
@@ -301,7 +373,7 @@ class _Request:
             out += (b"content-length: ", length, b"\r\n")
         self.no_body = self.head_request or status in _NO_BODY_STATUS or status < 200
         if length is None and not self.no_body:
-            if self.scope["http_version"] == "1.1":
+            if self.http_version == "1.1":
                 self.chunked = True
                 out.append(b"transfer-encoding: chunked\r\n")
             else:
@@ -309,17 +381,7 @@ class _Request:
         if not self.keep_alive:
             out.append(b"connection: close\r\n")
         out.append(b"\r\n")
-        head = b"".join(out)
-        if self.no_body or length == b"0":
-            proto.write(head)
-            return
-        # The body follows at once (Content-Length), or a streamed body's first piece may
-        # already be here: hold the head until the next body message, but no longer than the
-        # end of this event-loop iteration (a stream whose engine is still silent gets its head
-        # without waiting for the first event).
-        self._pending_head = head
-        if length is None:
-            proto.loop.call_soon(self._flush_head)
+        return b"".join(out), length
 
     def _flush_head(self) -> None:
         head = self._pending_head
@@ -345,6 +407,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.pipeline: collections.deque[_Request] = collections.deque()
         self.write_paused = False
         self._drain: asyncio.Future[None] | None = None
+        self._on_drained: list[Callable[[], None]] = []
         self.reading_paused = False
         self.closing = False
         self.linger_until: float | None = None  # half-closed: dropping input until then
@@ -381,6 +444,7 @@ class _HttpProtocol(asyncio.Protocol):
                     req.on_disconnect = None
                     callback()
         self.pipeline.clear()
+        self._on_drained.clear()
         drain = self._drain
         if drain is not None and not drain.done():
             drain.set_result(None)
@@ -422,6 +486,11 @@ class _HttpProtocol(asyncio.Protocol):
         drain = self._drain
         if drain is not None and not drain.done():
             drain.set_result(None)
+        callbacks = self._on_drained
+        if callbacks:
+            self._on_drained = []
+            for callback in callbacks:
+                callback()
 
     # -- httptools callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -450,27 +519,12 @@ class _HttpProtocol(asyncio.Protocol):
         method = parser.get_method().decode("ascii")
         version = parser.get_http_version()
         parsed = httptools.parse_url(self._url)
-        raw_path: bytes = parsed.path
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
-        scope: dict[str, Any] = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": version if version in ("1.0", "1.1") else "1.1",
-            "method": method,
-            "scheme": "http",
-            "path": path,
-            "raw_path": raw_path,
-            "query_string": parsed.query or b"",
-            "root_path": "",
-            "headers": self._headers,
-            "client": self.client,
-            "server": self.server_addr,
-        }
-        keep_alive = version == "1.1" and parser.should_keep_alive()
-        req = _Request(self, scope, keep_alive, self._expect_continue, method == "HEAD")
-        scope["extensions"] = {"serving.proxy.request": req}
+        req = _Request(
+            self, method, parsed.path, parsed.query or b"", self._headers,
+            version if version in ("1.0", "1.1") else "1.1",
+            keep_alive=version == "1.1" and parser.should_keep_alive(),
+            expect_continue=self._expect_continue,
+        )  # fmt: skip
         self.parsing = req
         if self.active is None:
             # Served once this read is parsed: a request that came whole in one read (the usual
@@ -501,7 +555,13 @@ class _HttpProtocol(asyncio.Protocol):
         self.head_t0 = None
 
     # -- serving ---------------------------------------------------------------------------
-    def _serve(self, req: _Request) -> None:
+    def _serve_next(self) -> None:
+        """Serve the first pipelined request (the one before it is complete)."""
+        if self.active is not None or not self.pipeline or self.closing:
+            return
+        req = self.pipeline.popleft()
+        if not self.pipeline:
+            self._resume_reading()
         self.active = req
         self.idle_since = None
         self._start(req, eager=False)
@@ -510,19 +570,29 @@ class _HttpProtocol(asyncio.Protocol):
         req = self._to_start
         if req is not None:
             self._to_start = None
-            self._start(req, eager=not req.more_body and not self.closing)
+            self._start(req, eager=not self.closing)
 
     def _start(self, req: _Request, eager: bool) -> None:
-        """Run the app for ``req``. ``eager`` (the whole request is here): step its coroutine
-        right now, in the read callback, so the request reaches the engine without waiting for
-        a task's first turn on the loop; a task takes over only if it suspends (it does once
-        it waits for the engine). Else (body still arriving, or pipelined) a task."""
+        """Serve ``req``. Its body all here and the app has ``serve_now`` (the proxy's): served
+        right now, in this callback, with no coroutine (the proxy answers or sends it to the
+        engine at once). Else the ASGI app: when ``eager`` and the whole request is here, its
+        coroutine is stepped right now, and a task takes over only if it suspends; else (body
+        still arriving) a task."""
+        if not req.more_body:
+            serve_now = self.server.serve_now
+            if serve_now is not None:
+                try:
+                    serve_now(req)
+                except Exception as exc:  # serve_now handles its own failures; this is a guard
+                    log.error("exception in the proxy app", exc_info=exc)
+                    self._abandon(req)
+                return
         coro = self._run(req)
-        if eager:
+        if eager and not req.more_body:
             try:
                 yielded = coro.send(None)
             except StopIteration:
-                return  # answered without waiting (401, 404, /health, ...)
+                return  # answered without waiting
             task = self.loop.create_task(_resume(coro, yielded))
         else:
             task = self.loop.create_task(coro)
@@ -532,7 +602,7 @@ class _HttpProtocol(asyncio.Protocol):
 
     async def _run(self, req: _Request) -> None:
         try:
-            await self.app(req.scope, req.receive, req.send)
+            await self.app(req.scope(), req.receive, req.send)
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
                 log.error("exception in the proxy app", exc_info=exc)
@@ -557,6 +627,13 @@ class _HttpProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is not None and not transport.is_closing() and self.linger_until is None:
             transport.write(data)
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        """``callback()`` once the socket's buffer is below its low-water mark (now, if it is)."""
+        if self.write_paused and self.transport is not None and not self.transport.is_closing():
+            self._on_drained.append(callback)
+        else:
+            self.loop.call_soon(callback)
 
     async def drain(self) -> None:
         if not self.write_paused or self.transport is None or self.transport.is_closing():
@@ -605,10 +682,9 @@ class _HttpProtocol(asyncio.Protocol):
             self.close_after_answer()
             return
         if self.pipeline:
-            nxt = self.pipeline.popleft()
-            if not self.pipeline:
-                self._resume_reading()
-            self._serve(nxt)
+            # On the next loop turn, not from inside this answer's callbacks: a long pipeline
+            # served at once would nest one call chain per request.
+            self.loop.call_soon(self._serve_next)
             return
         self.idle_since = self.loop.time()
         self._resume_reading()
@@ -678,6 +754,8 @@ class HttpServer:
         self.loop = asyncio.get_running_loop()
         self.connections: set[_HttpProtocol] = set()
         self.tasks: set[asyncio.Task[None]] = set()
+        # The app's way to serve a whole request without a coroutine (the proxy's), if any.
+        self.serve_now: Callable[[_Request], None] | None = getattr(app, "serve_now", None)
         self.date = b""
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -707,7 +785,10 @@ class HttpServer:
         for conn in list(self.connections):
             conn.shutdown()
         deadline = self.loop.time() + self.limits.graceful_s
-        while self.tasks and self.loop.time() < deadline:
+        # In progress: a task (ASGI), or a request answered from callbacks (serve_now).
+        while (
+            self.tasks or any(conn.active is not None for conn in self.connections)
+        ) and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
         for task in list(self.tasks):
             task.cancel()

@@ -20,12 +20,12 @@ import contextlib
 import re
 import socket
 import time
-from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 __all__ = [
     "ConnectFailed",
+    "ResponseListener",
     "UpstreamBroken",
     "UpstreamClient",
     "UpstreamError",
@@ -74,9 +74,32 @@ class _Aborted(UpstreamBroken):
     """The proxy aborted the exchange itself (the client went away)."""
 
 
+class ResponseListener(Protocol):
+    """Receives one response's events from the engine connection's own callbacks (no task,
+    no future): what the proxy's exchange (serving/proxy/exchange.py) implements.
+
+    Each is called at most once per event, in order: ``on_head``, then ``on_data`` per body
+    piece, then ``on_end`` or ``on_error`` (``on_error`` may come at any point, and ends the
+    response); ``on_tick`` after each ``keepalive_ticks`` interval without body bytes. If one
+    of them raises, the engine connection is dropped and ``on_bug`` is called (it must not
+    raise) instead of any further event."""
+
+    def on_head(self) -> None: ...
+    def on_data(self, data: bytes) -> None: ...
+    def on_end(self) -> None: ...
+    def on_error(self, error: UpstreamError) -> None: ...
+    def on_tick(self) -> None: ...
+    def on_bug(self, exc: Exception) -> None: ...
+
+
 class UpstreamResponse:
-    """One response being received. ``head()`` waits for status and headers; ``read()`` yields
-    body pieces as they arrive, ``b""`` at the end, or ``None`` on a keep-alive tick."""
+    """One response being received, in one of two modes:
+
+    - pull (the health check, tests): ``head()`` waits for status and headers; ``read()``
+      yields body pieces as they arrive, ``b""`` at the end, or ``None`` on a keep-alive tick;
+    - push (the proxy's requests): ``listen(listener)`` right after the request was sent, and
+      every event goes to the listener from the connection's callback (``ResponseListener``).
+    """
 
     __slots__ = (
         "_buffered",
@@ -85,13 +108,13 @@ class UpstreamResponse:
         "_done",
         "_error",
         "_head_future",
+        "_head_seen",
         "_head_timer",
         "_last_data",
         "_last_tick",
+        "_listener",
         "_loop",
         "_paused",
-        "_poked",
-        "_sink",
         "_tick_fired",
         "_tick_handle",
         "_tick_interval",
@@ -105,7 +128,8 @@ class UpstreamResponse:
     def __init__(self, conn: _Conn, loop: asyncio.AbstractEventLoop) -> None:
         self._conn: _Conn | None = conn
         self._loop = loop
-        self._head_future: asyncio.Future[None] = loop.create_future()
+        self._head_future: asyncio.Future[None] | None = None  # made by head(), if called
+        self._head_seen = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -118,19 +142,23 @@ class UpstreamResponse:
         self._tick_interval = 0.0
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_fired = False
-        self._poked = False
-        # Set by ``set_sink``: body pieces go straight to it from the connection's callback.
-        self._sink: Callable[[bytes], None] | None = None
+        self._listener: ResponseListener | None = None
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_type = b""
         # Header names the engine listed in its Connection header (hop-by-hop, not relayed).
         self.hop_headers = _NO_HOP
 
-    # -- consumer side -------------------------------------------------------------------
+    # -- consumer side (pull) ------------------------------------------------------------
     async def head(self) -> None:
         """Wait for the status line and headers (raises an ``UpstreamError`` on failure)."""
-        await self._head_future
+        if not self._head_seen:
+            if self._error is not None:
+                raise self._error
+            future = self._head_future
+            if future is None:
+                future = self._head_future = self._loop.create_future()
+            await future
 
     async def read(self) -> bytes | None:
         """Next body bytes (all that arrived since the last call), ``b""`` when the body is
@@ -151,17 +179,14 @@ class UpstreamResponse:
                 raise self._error
             if self._done:
                 return b""
-            if self._poked:  # poked while this consumer was busy elsewhere
-                self._poked = False
-                return None
             waiter = self._loop.create_future()
             self._waiter = waiter
             try:
                 await waiter
             finally:
                 self._waiter = None
-            if self._tick_fired or self._poked:
-                self._tick_fired = self._poked = False
+            if self._tick_fired:
+                self._tick_fired = False
                 if not self._chunks and not self._done and self._error is None:
                     return None
 
@@ -181,33 +206,21 @@ class UpstreamResponse:
                 raise UpstreamBroken(f"engine response body exceeds {limit} bytes")
             parts.append(data)
 
+    # -- consumer side (push) ------------------------------------------------------------
+    def listen(self, listener: ResponseListener | None) -> None:
+        """Push mode: every event of this response goes to ``listener`` (None: no more
+        events). Call it before the event loop runs again after ``request``/
+        ``request_nowait`` returned."""
+        self._listener = listener
+
     def keepalive_ticks(self, interval: float) -> None:
-        """Make ``read()`` return ``None`` after each ``interval`` seconds without data."""
+        """A tick (``read()`` returns ``None``, or ``on_tick``) after each ``interval``
+        seconds without body bytes."""
         if interval <= 0 or self._done:
             return
         self._tick_interval = interval
         self._last_data = self._loop.time()
         self._tick_handle = self._loop.call_at(self._last_data + interval, self._on_tick)
-
-    def set_sink(self, sink: Callable[[bytes], None] | None) -> None:
-        """Hand every body piece to ``sink`` as it arrives (in the connection's callback)
-        instead of queueing it for ``read()``; what is queued already goes to it now.
-        ``read()`` then returns only ``b""`` (the end), ``None`` (a tick or ``poke``) or
-        raises. If ``sink`` raises, the exchange fails (``UpstreamBroken``)."""
-        self._sink = sink
-        if sink is None or not self._chunks:
-            return
-        data = b"".join(self._chunks)
-        self._chunks.clear()
-        self._buffered = 0
-        self._feed_sink(sink, data)
-
-    def poke(self) -> None:
-        """Make a waiting ``read()`` return ``None`` (the sink wants the consumer's task)."""
-        self._poked = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     def pause_reading(self) -> None:
         conn = self._conn
@@ -222,29 +235,21 @@ class UpstreamResponse:
             if conn is not None and conn.transport is not None:
                 conn.transport.resume_reading()
 
-    def _feed_sink(self, sink: Callable[[bytes], None], data: bytes) -> None:
-        try:
-            sink(data)
-        except Exception as exc:
-            self._sink_failed(exc)
-
-    def _sink_failed(self, exc: Exception) -> None:
-        self._sink = None
-        self._fail(UpstreamBroken(f"relaying the engine's bytes failed: {exc!r}"))
-        conn = self._conn
-        if conn is not None:
-            conn.abort()
+    @property
+    def reading_paused(self) -> bool:
+        return self._paused
 
     def idle_s(self) -> float:
         """Seconds since the last body bytes arrived (or ``keepalive_ticks`` was called);
         only meaningful while keep-alive ticks are on."""
         return self._loop.time() - self._last_data
 
-    def abort(self) -> None:
-        """Drop the engine connection at once (the engine sees a disconnect and aborts)."""
+    def abort(self, error: UpstreamError | None = None) -> None:
+        """Drop the engine connection at once (the engine sees a disconnect and aborts); the
+        response fails with ``error`` (default: the client went away)."""
         if self._done:
             return
-        self._fail(_Aborted("aborted by the proxy: the client went away"))
+        self._fail(error or _Aborted("aborted by the proxy: the client went away"))
         conn = self._conn
         if conn is not None:
             conn.abort()
@@ -254,22 +259,47 @@ class UpstreamResponse:
         return self._done
 
     # -- producer side (called by the connection) -----------------------------------------
+    def _listener_failed(self, listener: ResponseListener, exc: Exception) -> None:
+        """A listener callback raised (a bug of the proxy's): drop the engine connection and
+        hand the exception to ``on_bug``; no further event reaches the listener."""
+        self._listener = None
+        if not self._done:
+            self._done = True
+            self._error = UpstreamBroken(f"handling the engine's response failed: {exc!r}")
+            self._stop_ticks()
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+        conn = self._conn
+        if conn is not None:
+            conn.abort()
+        listener.on_bug(exc)
+
     def _set_head(self) -> None:
+        self._head_seen = True
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        if not self._head_future.done():
-            self._head_future.set_result(None)
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener.on_head()
+            except Exception as exc:
+                self._listener_failed(listener, exc)
+            return
+        future = self._head_future
+        if future is not None and not future.done():
+            future.set_result(None)
 
     def _push(self, data: bytes) -> None:
         if self._tick_interval:
             self._last_data = self._loop.time()
-        sink = self._sink
-        if sink is not None:  # _feed_sink inlined: this runs once per relayed SSE event
+        listener = self._listener
+        if listener is not None:  # runs once per relayed SSE event
             try:
-                sink(data)
+                listener.on_data(data)
             except Exception as exc:
-                self._sink_failed(exc)
+                self._listener_failed(listener, exc)
             return
         self._chunks.append(data)
         self._buffered += len(data)
@@ -283,9 +313,19 @@ class UpstreamResponse:
                 conn.transport.pause_reading()
 
     def _finish(self) -> None:
+        if self._done:  # failed or aborted while its last piece was handled
+            return
         self._done = True
         self._conn = None
         self._stop_ticks()
+        listener = self._listener
+        if listener is not None:
+            self._listener = None  # nothing follows the end
+            try:
+                listener.on_end()
+            except Exception as exc:
+                self._listener_failed(listener, exc)
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -299,17 +339,26 @@ class UpstreamResponse:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        if not self._head_future.done():
-            self._head_future.set_exception(error)
+        listener = self._listener
+        if listener is not None:
+            self._listener = None  # nothing follows the failure
+            try:
+                listener.on_error(error)
+            except Exception as exc:
+                self._listener_failed(listener, exc)
+            return
+        future = self._head_future
+        if future is not None and not future.done():
+            future.set_exception(error)
             # Nobody may ever await it (the client went away first): silence the warning.
-            self._head_future.exception()
+            future.exception()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def _head_timed_out(self, timeout: float) -> None:
         self._head_timer = None
-        if self._head_future.done():
+        if self._head_seen or self._done:
             return
         self._fail(UpstreamTimeout(f"engine sent no response head within {timeout:g} s"))
         conn = self._conn
@@ -324,11 +373,20 @@ class UpstreamResponse:
         due = max(self._last_data, self._last_tick) + self._tick_interval
         if now >= due - 1e-3:
             self._last_tick = now
+            due = now + self._tick_interval
+            self._tick_handle = self._loop.call_at(due, self._on_tick)
+            listener = self._listener
+            if listener is not None:
+                try:
+                    listener.on_tick()
+                except Exception as exc:
+                    self._listener_failed(listener, exc)
+                return
             waiter = self._waiter
             if waiter is not None and not waiter.done():
                 self._tick_fired = True
                 waiter.set_result(None)
-            due = now + self._tick_interval
+            return
         self._tick_handle = self._loop.call_at(due, self._on_tick)
 
     def _stop_ticks(self) -> None:
@@ -589,11 +647,13 @@ class _Conn(asyncio.Protocol):
             resp._paused = False
             if self.transport is not None and not self.closed:
                 self.transport.resume_reading()
-        resp._finish()
+        # Back in the pool before the response's end is announced: whatever the end sets off
+        # (the next request) may use this connection at once.
         if self._keep_alive and not leftover and not self.closed:
             self.pool._release(self)
         else:
             self.abort()
+        resp._finish()
 
 
 class UpstreamClient:
@@ -644,20 +704,20 @@ class UpstreamClient:
         head_timeout_s: float | None = None,
         retry_connect: bool = True,
     ) -> UpstreamResponse:
-        """Send one request and return its response once it is *sent* (await ``head()`` next).
+        """Send one request and return its response once it is *sent* (await ``head()`` next,
+        or ``listen``). An idle pooled connection is used when there is one, else a new one.
 
         Connect failures are retried (``connect_retries`` times, exponential backoff) because
         the engine saw nothing; nothing is retried once bytes were written.
         """
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            # Cached: asyncio.get_running_loop() costs a getpid() syscall per call. A client
-            # lives on one loop (the proxy's); a closed loop means a new one took over.
-            loop = self._loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         attempt = 0
         while True:
+            conn = self._pop_idle()
+            if conn is not None:
+                break
             try:
-                conn = await self._acquire(loop)
+                conn = await self._connect(loop)
                 break
             except ConnectFailed:
                 if not retry_connect or attempt >= self.connect_retries:
@@ -665,6 +725,42 @@ class UpstreamClient:
                 await asyncio.sleep(self.retry_backoff_s * (2**attempt))
                 attempt += 1
                 self.retries += 1
+        return self._send(conn, loop, method, target, headers, body, head_timeout_s)
+
+    def request_nowait(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes = b"",
+        *,
+        head_timeout_s: float | None = None,
+    ) -> UpstreamResponse | None:
+        """``request`` on an idle pooled connection, without a coroutine; None (nothing was
+        sent) when the pool has none: then ``await request(...)``, which connects."""
+        conn = self._pop_idle()
+        if conn is None:
+            return None
+        return self._send(conn, self._running_loop(), method, target, headers, body, head_timeout_s)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            # Cached: asyncio.get_running_loop() costs a getpid() syscall per call. A client
+            # lives on one loop (the proxy's); a closed loop means a new one took over.
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def _send(
+        self,
+        conn: _Conn,
+        loop: asyncio.AbstractEventLoop,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        head_timeout_s: float | None,
+    ) -> UpstreamResponse:
         resp = UpstreamResponse(conn, loop)
         conn.start(resp, head_only=method == b"HEAD")
         out = [method, b" ", target, b" HTTP/1.1\r\nhost: ", self._host_header, b"\r\n"]
@@ -683,7 +779,8 @@ class UpstreamClient:
             resp._head_timer = loop.call_later(head_timeout_s, resp._head_timed_out, head_timeout_s)
         return resp
 
-    async def _acquire(self, loop: asyncio.AbstractEventLoop) -> _Conn:
+    def _pop_idle(self) -> _Conn | None:
+        """The most recently used idle connection that is still open and young enough."""
         idle = self._idle
         if idle:
             now = time.monotonic()
@@ -696,6 +793,9 @@ class UpstreamClient:
                     conn.abort()
                     continue
                 return conn
+        return None
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Conn:
         try:
             _, proto = await asyncio.wait_for(
                 loop.create_connection(lambda: _Conn(self), self.host, self.port),

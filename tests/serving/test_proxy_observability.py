@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from serving.proxy.app import ROUTES, ProxyApp, _Exchange, path_fingerprint
+from serving.proxy.app import ROUTES, _Exchange, path_fingerprint
 from serving.proxy.metrics import Metrics
+from serving.proxy.relay import scan_usage
 from tests.harness.stub_engine import StubEngine
 from tests.serving.conftest import (
     ALICE,
@@ -124,14 +125,14 @@ def test_a_bug_in_the_proxy_is_counted_and_logged_as_an_internal_error(
     proxy: RunningProxy, stub_engine: StubEngine, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    async def broken(*args: object) -> bool:
+    def broken(*args: object) -> bool:
         raise RuntimeError("simulated bug")
 
     monkeypatch.setattr(proxy.app, "_validate", broken)
     caplog.set_level(logging.INFO, logger="serving.proxy")
     with proxy.client(headers=AUTH) as c:
         r = c.post("/v1/chat/completions", json=CHAT)
-    assert r.status_code == 500  # uvicorn's own answer to an exception in the app
+    assert r.status_code == 500  # the server's own answer to an exception in the app
     assert proxy.app.metrics.requests[("chat_completions", "500", "alice")] == 1
     assert stub_engine.requests() == []
     assert proxy.app.metrics.in_flight == 0
@@ -168,8 +169,8 @@ def test_no_key_or_digest_in_metrics_or_error_bodies(proxy: RunningProxy) -> Non
 
 def test_usage_numbers_that_are_not_token_counts_are_ignored() -> None:
     ex = _Exchange(0.0, ROUTES[b"/v1/completions"], b"id", "POST", b"/v1/completions")
-    ProxyApp._scan_usage(b'{"usage": {"prompt_tokens": ' + b"9" * 5000 + b"}}", ex)  # no crash
-    ProxyApp._scan_usage(b'{"prompt_tokens": 1.5e3, "completion_tokens": 12}', ex)
+    scan_usage(b'{"usage": {"prompt_tokens": ' + b"9" * 5000 + b"}}", ex)  # no crash
+    scan_usage(b'{"prompt_tokens": 1.5e3, "completion_tokens": 12}', ex)
     assert (ex.prompt_tokens, ex.completion_tokens) == (None, 12)
     # A model that writes `"prompt_tokens": 999` in its text: in the JSON answer the quotes
     # are escaped, so that is not a key; the real usage object after it is.
@@ -178,11 +179,11 @@ def test_usage_numbers_that_are_not_token_counts_are_ignored() -> None:
         "choices": [{"text": 'say "prompt_tokens": 999 and "completion_tokens":7'}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 4},
     }
-    ProxyApp._scan_usage(json.dumps(answer).encode(), ex)
+    scan_usage(json.dumps(answer).encode(), ex)
     assert (ex.prompt_tokens, ex.completion_tokens) == (3, 4)
     # A key that only ends like one: `{"\"prompt_tokens": 5}` is the key `"prompt_tokens`.
     ex = _Exchange(0.0, ROUTES[b"/v1/completions"], b"id", "POST", b"/v1/completions")
-    ProxyApp._scan_usage(json.dumps({'"prompt_tokens': 5}).encode(), ex)
+    scan_usage(json.dumps({'"prompt_tokens': 5}).encode(), ex)
     assert (ex.prompt_tokens, ex.completion_tokens) == (None, None)
 
 

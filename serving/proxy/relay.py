@@ -1,0 +1,358 @@
+"""The engine's answer to one request, relayed to the client from callbacks.
+
+Once the proxy has sent a request to the engine (``app.py`` decides whether and how), a
+``Relay`` is the response's listener (``upstream.ResponseListener``): the engine connection's
+own callbacks hand it the head, each body piece, the end or a failure, and a keep-alive tick
+per silent interval; the relay writes to the client through a ``ClientWriter`` in the same
+callback. No task, coroutine or future is involved per request, and a streamed event costs one
+call from the engine's read to the client's write (issue 13: the coroutine stack, the task and
+the futures per request were most of the proxy's own time; docs/proxy.md).
+
+What the client gets:
+- a non-stream answer: read whole (so usage can be counted and a broken body becomes a 502),
+  within ``max_response_bytes`` and the global buffer budget (503 ``proxy_buffers_full``),
+  then sent in one write with the engine's headers minus the hop-by-hop ones;
+- a stream (``text/event-stream``): each piece as it arrives, ``: keep-alive`` comments while
+  the engine is silent (only between events), usage-only chunks the client did not ask for
+  counted then dropped (``sse.py``); a failure after the 200 head ends the stream with an SSE
+  error event and ``[DONE]``, never a silent truncation; the engine is read no faster than the
+  client takes the bytes (``write_piece`` says when to stop, ``when_drained`` when to go on);
+- a failure before the head: 502 (broken) or 504 (no head in time);
+- the client leaving: the engine request is aborted at once (the engine stops generating).
+
+A bug in this code (an exception in a callback) drops the engine connection and fails the
+client's response: 500 before its head, a cut connection after (``ClientWriter.fail``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from serving.proxy.sse import EVENT_ENDS, UsageChunkFilter
+from serving.proxy.upstream import UpstreamBroken, UpstreamError, UpstreamResponse, UpstreamTimeout
+
+if TYPE_CHECKING:
+    from serving.proxy.app import ProxyApp, _Exchange
+
+__all__ = ["KEEPALIVE_COMMENT", "ClientWriter", "Relay", "error_body", "scan_usage"]
+
+event_log = logging.getLogger("serving.proxy")
+
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
+_STREAM_HEADERS = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
+# Engine response headers the proxy replaces or that are hop-by-hop.
+# Hop-by-hop (RFC 9110 7.6.1, plus the obsolete proxy-connection) and what the proxy sets itself;
+# headers the engine names in its own ``Connection`` header are dropped too.
+_DROP_RESPONSE_HEADERS = frozenset(
+    {
+        b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+        b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
+        b"content-length", b"date", b"server", b"x-request-id", b"x-accel-buffering",
+        b"cache-control",
+    }
+)  # fmt: skip
+# Starts with its literal quote so the regex engine can skip ahead to each quote; a lookbehind
+# for the backslash of an escaped quote (`(?<!\\)`) made it try every position (3x slower on a
+# typical answer); `scan_usage` checks that byte itself.
+_USAGE_RE = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d{1,15})(?![\d.eE])')
+
+
+class ClientWriter(Protocol):
+    """Where a relay writes the answer: the proxy's own server's request object
+    (``httpserver._Request``), or ``app._AsgiWriter`` over an ASGI ``send``."""
+
+    disconnected: bool
+    # Called once when the client's connection is lost (set by the relay while it runs).
+    on_disconnect: Callable[[], None] | None
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole answer (headers include ``content-length``)."""
+
+    def start_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """The head of an answer whose body follows in pieces."""
+
+    def write_piece(self, data: bytes) -> bool:
+        """One non-empty piece of a started stream; True: the client's buffer is full, stop
+        producing until ``when_drained`` calls back."""
+
+    def end_stream(self, data: bytes) -> None:
+        """The stream's last bytes (may be empty) and its end."""
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the client's buffer has room again."""
+
+    def fail(self) -> None:
+        """A bug of ours: 500 if no head went out yet, else cut the connection."""
+
+
+def error_body(message: str, type_: str, code: str) -> bytes:
+    return json.dumps(
+        {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    ).encode()
+
+
+def scan_usage(data: bytes, ex: _Exchange) -> None:
+    """Token counts from an OpenAI ``usage`` object in ``data`` (the last one wins)."""
+    for match in _USAGE_RE.finditer(data):
+        start = match.start()
+        if start and data[start - 1] == 0x5C:  # \" : a quote inside a string, not a key
+            continue
+        name, value = match.groups()
+        if name == b"prompt_tokens":
+            ex.prompt_tokens = int(value)
+        else:
+            ex.completion_tokens = int(value)
+
+
+class _BuffersFull(UpstreamBroken):
+    """The non-stream answer does not fit in the proxy's buffer budget (503, not 502)."""
+
+
+class Relay:
+    """One request's engine response, relayed to the client (see the module docstring).
+    ``on_done`` is called once, when the client's answer is complete, failed or abandoned."""
+
+    __slots__ = (
+        "app", "at_boundary", "done", "ex", "on_done", "parts", "resp", "scan", "size",
+        "streaming", "strip", "t_in", "t_sent", "tail", "usage_last", "usage_prev", "writer",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        app: ProxyApp,
+        ex: _Exchange,
+        writer: ClientWriter,
+        on_done: Callable[[Relay], None],
+    ) -> None:
+        self.app = app
+        self.ex = ex
+        self.writer = writer
+        self.on_done = on_done
+        self.resp: UpstreamResponse | None = None
+        self.t_sent = 0.0  # the request was handed to the engine's socket
+        self.t_in = 0.0  # the engine's head (stream) or whole answer (non-stream) was in
+        self.done = False
+        self.streaming = False
+        # non-stream: the body read so far
+        self.parts: list[bytes] = []
+        self.size = 0
+        # stream: where the client is in the SSE event stream, the usage seen, the filter
+        self.at_boundary = True  # the last byte relayed ended an SSE event
+        self.scan = False
+        self.strip: UsageChunkFilter | None = None
+        self.tail = b""
+        # Token counts are read from the last two reads that carried any (a usage object may
+        # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
+        # read would be wasted work): at the end, however the stream ends.
+        self.usage_prev: bytes | None = None
+        self.usage_last: bytes | None = None
+
+    def start(self, resp: UpstreamResponse, t_sent: float) -> None:
+        """The request was just sent: listen to its response and to the client leaving."""
+        self.resp = resp
+        self.t_sent = t_sent
+        self.ex.resp = resp
+        resp.listen(self)
+        writer = self.writer
+        if writer.disconnected:
+            self.client_left()
+        else:
+            writer.on_disconnect = self.client_left
+
+    def abandon(self) -> None:
+        """The client's side failed (an ASGI ``send`` raised): drop the engine request, with
+        no further event (the caller ends the request)."""
+        if self.done:
+            return
+        self.done = True
+        self.ex.finished = True
+        self.writer.on_disconnect = None
+        resp = self.resp
+        if resp is not None:
+            resp.listen(None)
+            resp.abort()
+
+    # -- client side -----------------------------------------------------------------------
+    def client_left(self) -> None:
+        """The client's connection is gone: abort the engine request (it stops generating)."""
+        ex = self.ex
+        if not self.done and not ex.finished:
+            ex.client_gone = True
+            if self.resp is not None:
+                self.resp.abort()
+
+    def _drained(self) -> None:
+        if not self.done and self.resp is not None:
+            self.resp.resume_reading()
+
+    def _write(self, data: bytes) -> None:
+        if self.writer.write_piece(data):  # the client's socket is full: stop reading the engine
+            resp = self.resp
+            if resp is not None:
+                resp.pause_reading()
+            self.writer.when_drained(self._drained)
+
+    # -- ResponseListener ------------------------------------------------------------------
+    def on_head(self) -> None:
+        resp = self.resp
+        assert resp is not None
+        if resp.content_type.startswith(b"text/event-stream"):
+            self.t_in = time.perf_counter()
+            self._start_stream(resp)
+
+    def on_data(self, data: bytes) -> None:
+        if not self.streaming:  # a non-stream answer: read whole
+            self.size += len(data)
+            limit = self.app.config.max_response_bytes
+            resp = self.resp
+            assert resp is not None
+            if self.size > limit:
+                resp.abort(UpstreamBroken(f"engine response body exceeds {limit} bytes"))
+            elif not self.app._hold(self.ex, len(data)):
+                resp.abort(_BuffersFull("proxy buffers full"))
+            else:
+                self.parts.append(data)
+            return
+        ex = self.ex
+        if ex.ttft is None:
+            ex.ttft = time.perf_counter() - ex.t0
+        if self.scan:
+            window = self.tail + data
+            if b'_tokens"' in window:
+                self.usage_prev, self.usage_last = self.usage_last, window
+            self.tail = window[-192:]
+        strip = self.strip
+        if strip is not None:
+            data = strip.feed(data)
+            if not data:
+                return  # held back: part of an event, or a dropped usage chunk
+        self.at_boundary = data.endswith(EVENT_ENDS)
+        self._write(data)
+
+    def on_end(self) -> None:
+        if self.streaming:
+            self.ex.finished = True
+            self.writer.end_stream(b"" if self.strip is None else self.strip.flush())
+            self._finish()
+            return
+        self.t_in = time.perf_counter()
+        self._respond_whole()
+
+    def on_error(self, error: UpstreamError) -> None:
+        ex = self.ex
+        app = self.app
+        if ex.client_gone:
+            ex.status = 499
+        elif isinstance(error, _BuffersFull):
+            app._buffers_full_now(self.writer, ex)
+        elif not self.streaming:
+            timeout = isinstance(error, UpstreamTimeout)
+            app.metrics.upstream_errors["timeout" if timeout else "broken"] += 1
+            app._error_now(
+                self.writer, ex, 504 if timeout else 502, f"engine request failed: {error}",
+                "upstream_error", "engine_timeout" if timeout else "engine_failed",
+            )  # fmt: skip
+        else:
+            self._end_stream_with_error(str(error))
+        self._finish()
+
+    def on_tick(self) -> None:
+        resp = self.resp
+        if not self.streaming or resp is None:
+            return
+        idle_limit = self.app.config.upstream_timeout_s
+        if resp.idle_s() >= idle_limit - 1e-3:
+            resp.abort(UpstreamBroken(f"engine sent nothing for {idle_limit:g} s"))
+        elif self.at_boundary and self.app.config.keepalive_s and not resp.reading_paused:
+            self._write(KEEPALIVE_COMMENT)  # never inside an event the engine has half sent
+
+    def on_bug(self, exc: Exception) -> None:
+        ex = self.ex
+        ex.status = ex.status or 500  # set only once a response head was handed over
+        ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
+        event_log.error("proxy internal error", exc_info=exc)
+        self.writer.fail()
+        self._finish()
+
+    # -- the answer ------------------------------------------------------------------------
+    def _response_headers(self, resp: UpstreamResponse) -> list[tuple[bytes, bytes]]:
+        drop = (
+            _DROP_RESPONSE_HEADERS | resp.hop_headers
+            if resp.hop_headers
+            else _DROP_RESPONSE_HEADERS
+        )
+        return [(name, value) for name, value in resp.headers if name not in drop]
+
+    def _respond_whole(self) -> None:
+        resp = self.resp
+        assert resp is not None
+        ex = self.ex
+        parts = self.parts
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.parts = []
+        out = self._response_headers(resp)
+        out.append((b"content-length", str(len(data)).encode()))
+        ex.finished = True
+        ex.overhead = (self.t_sent - ex.t0) + (time.perf_counter() - self.t_in)
+        out.append((b"x-request-id", ex.request_id))
+        out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
+        ex.status = resp.status
+        self.writer.respond(resp.status, out, data)
+        if ex.route.usage and resp.status == 200 and b'_tokens"' in data:  # after the answer
+            scan_usage(data, ex)
+        self._finish()
+
+    def _start_stream(self, resp: UpstreamResponse) -> None:
+        ex = self.ex
+        app = self.app
+        self.streaming = True
+        ex.stream = True
+        out = self._response_headers(resp)
+        out += _STREAM_HEADERS
+        out.append((b"x-request-id", ex.request_id))
+        ex.overhead = (self.t_sent - ex.t0) + (time.perf_counter() - self.t_in)
+        out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
+        ex.status = resp.status
+        self.writer.start_stream(resp.status, out)
+        config = app.config
+        # Ticks every keepalive_s for the comments; with comments off (0) still one per
+        # upstream_timeout_s, so the stream silence limit holds either way.
+        resp.keepalive_ticks(config.keepalive_s or config.upstream_timeout_s)
+        self.scan = ex.route.usage and resp.status == 200
+        # Usage chunks the engine sends unasked are counted (scan), then dropped: see sse.py.
+        if self.scan and not ex.wants_usage:
+            self.strip = UsageChunkFilter()
+
+    def _end_stream_with_error(self, why: str) -> None:
+        """The 200 head is gone already: end with an SSE error event and ``[DONE]`` so the
+        client sees a failure, never a silently truncated stream. What the filter holds back
+        (half an event) is never sent."""
+        ex = self.ex
+        self.app.metrics.upstream_errors["mid_stream"] += 1
+        ex.error = "engine_stream_failed"
+        event = error_body(
+            f"the engine stream failed before it finished: {why}", "upstream_error",
+            "engine_stream_failed",
+        )  # fmt: skip
+        body = b"data: " + event + b"\n\ndata: [DONE]\n\n"
+        if not self.at_boundary:
+            body = b"\n\n" + body  # close the engine's half-sent event first
+        ex.finished = True
+        self.writer.end_stream(body)
+
+    def _finish(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        ex = self.ex
+        ex.finished = True
+        self.writer.on_disconnect = None
+        for seen in (self.usage_prev, self.usage_last):
+            if seen is not None:
+                scan_usage(seen, ex)
+        self.on_done(self)
