@@ -626,8 +626,7 @@ class ProxyApp:
         try:
             if (
                 self._front(writer, ex, auth, auth_count)
-                and (body := await self._read_body(receive, writer, ex, content_length))
-                is not None
+                and (body := await self._read_body(receive, writer, ex, content_length)) is not None
                 and self._admit(writer, ex)
             ):
                 if not self._send_now(writer, ex, body, forward):
@@ -766,9 +765,7 @@ class ProxyApp:
             "service_unavailable", "engine_not_ready", self._not_ready_headers,
         )  # fmt: skip
 
-    def _announced(
-        self, writer: ClientWriter, ex: _Exchange, content_length: bytes | None
-    ) -> bool:
+    def _announced(self, writer: ClientWriter, ex: _Exchange, content_length: bytes | None) -> bool:
         """The announced body size: well-formed (400), within the limit (413), within the
         buffer budget, which it reserves before a byte is read (503)."""
         if content_length is None:

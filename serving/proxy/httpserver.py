@@ -47,9 +47,8 @@ import http
 import logging
 import socket
 import time
-import types
 import urllib.parse
-from collections.abc import Awaitable, Callable, Coroutine, Generator, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
@@ -95,29 +94,6 @@ def _plain_response(status: int) -> bytes:
         _STATUS_LINES[status] + b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
         b"connection: close\r\n\r\n%s" % (len(body), body)
     )
-
-
-@types.coroutine
-def _resume(coro: Coroutine[Any, Any, None], yielded: Any) -> Generator[Any, Any, None]:
-    """Go on driving ``coro``, which was started by hand (``_HttpProtocol._start``) and is
-    suspended on ``yielded``, inside a task: what ``yield from coro`` does for a coroutine
-    that has not started yet."""
-    while True:
-        try:
-            sent = yield yielded
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:
-            try:
-                yielded = coro.throw(exc)
-            except StopIteration:
-                return
-        else:
-            try:
-                yielded = coro.send(sent)
-            except StopIteration:
-                return
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +323,8 @@ class _Request:
         self.proto.when_drained(callback)
 
     def fail(self) -> None:
-        self.proto._abandon(self)
+        if not self.complete:  # a bug after a complete answer leaves the answer alone
+            self.proto._abandon(self)
 
     async def drain(self) -> None:
         await self.proto.drain()
@@ -564,20 +541,19 @@ class _HttpProtocol(asyncio.Protocol):
             self._resume_reading()
         self.active = req
         self.idle_since = None
-        self._start(req, eager=False)
+        self._start(req)
 
     def _start_pending(self) -> None:
         req = self._to_start
         if req is not None:
             self._to_start = None
-            self._start(req, eager=not self.closing)
+            self._start(req)
 
-    def _start(self, req: _Request, eager: bool) -> None:
-        """Serve ``req``. Its body all here and the app has ``serve_now`` (the proxy's): served
-        right now, in this callback, with no coroutine (the proxy answers or sends it to the
-        engine at once). Else the ASGI app: when ``eager`` and the whole request is here, its
-        coroutine is stepped right now, and a task takes over only if it suspends; else (body
-        still arriving) a task."""
+    def _start(self, req: _Request) -> None:
+        """Serve ``req``. Its body all here and the app has ``serve_now`` (the proxy's): right
+        now, in this callback, with no coroutine (the proxy answers it or sends it to the
+        engine at once). Else (a body still arriving, or any other ASGI app) a task runs the
+        ASGI app."""
         if not req.more_body:
             serve_now = self.server.serve_now
             if serve_now is not None:
@@ -587,15 +563,7 @@ class _HttpProtocol(asyncio.Protocol):
                     log.error("exception in the proxy app", exc_info=exc)
                     self._abandon(req)
                 return
-        coro = self._run(req)
-        if eager and not req.more_body:
-            try:
-                yielded = coro.send(None)
-            except StopIteration:
-                return  # answered without waiting
-            task = self.loop.create_task(_resume(coro, yielded))
-        else:
-            task = self.loop.create_task(coro)
+        task = self.loop.create_task(self._run(req))
         tasks = self.server.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)

@@ -263,12 +263,12 @@ class Relay:
 
     def on_tick(self) -> None:
         resp = self.resp
-        if not self.streaming or resp is None:
-            return
+        if not self.streaming or resp is None or resp.reading_paused:
+            return  # paused: the engine waits for the client, not the other way round
         idle_limit = self.app.config.upstream_timeout_s
         if resp.idle_s() >= idle_limit - 1e-3:
             resp.abort(UpstreamBroken(f"engine sent nothing for {idle_limit:g} s"))
-        elif self.at_boundary and self.app.config.keepalive_s and not resp.reading_paused:
+        elif self.at_boundary and self.app.config.keepalive_s:
             self._write(KEEPALIVE_COMMENT)  # never inside an event the engine has half sent
 
     def on_bug(self, exc: Exception) -> None:

@@ -10,6 +10,8 @@ import httpx
 import pytest
 
 from serving.proxy import KeyRing, ProxyApp, ProxyConfig
+from serving.proxy.relay import Relay
+from serving.proxy.sse import UsageChunkFilter
 from tests.harness.stub_engine import Message, Receive, Scope, Send, StubEngine, UvicornThread
 from tests.serving.conftest import AUTH, CHAT, KEYS, RunningProxy, ScriptedEngine, wait_until
 
@@ -121,3 +123,59 @@ def test_no_engine_connection_outlives_cancels_timeouts_and_failures(
     )
     assert proxy.app.client.idle_connections >= 1
     assert len(stub_engine.requests()) == len(cases) + 4  # each reached the engine exactly once
+
+
+@pytest.mark.parametrize("server", ["own", "uvicorn"])
+def test_a_bug_while_relaying_an_answer_is_a_500_before_its_head(
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, server: str,
+) -> None:  # fmt: skip
+    # The relay runs in the engine connection's callbacks (serving/proxy/relay.py): an
+    # exception there must still reach the client as a failure, and end the request.
+    proxy = start_proxy(server=server)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("simulated bug in the relay")
+
+    monkeypatch.setattr(Relay, "_response_headers", broken)
+    with proxy.client(headers=AUTH) as c:
+        r = c.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 500
+        wait_until(lambda: proxy.app.metrics.in_flight == 0, what="the request to end")
+        monkeypatch.undo()
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 200  # still serving
+    assert proxy.app.metrics.requests[("chat_completions", "500", "alice")] == 1
+    assert "proxy internal error" in caplog.text
+    assert len(stub_engine.requests()) == 2
+
+
+@pytest.mark.parametrize("server", ["own", "uvicorn"])
+def test_a_bug_while_relaying_a_stream_cuts_it_and_cancels_the_engine(
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, server: str,
+) -> None:  # fmt: skip
+    proxy = start_proxy(server=server)
+    calls = 0
+    real_feed = UsageChunkFilter.feed
+
+    def feed_then_fail(self: UsageChunkFilter, data: bytes) -> bytes:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("simulated bug in the relay")
+        return real_feed(self, data)
+
+    monkeypatch.setattr(UsageChunkFilter, "feed", feed_then_fail)
+    slow = {**STREAM, "stub": {"tokens": 500, "token_delay_ms": 20}}
+    with (
+        proxy.client(headers=AUTH) as c,
+        pytest.raises(httpx.TransportError),  # cut: never a clean end of the stream
+        c.stream("POST", "/v1/chat/completions", json=slow) as r,
+    ):
+        assert r.status_code == 200
+        for _ in r.iter_raw():
+            pass
+    wait_until(lambda: stub_engine.requests()[0]["cancelled"], what="the engine's cancel")
+    assert stub_engine.requests()[0]["tokens_sent"] < 500
+    wait_until(lambda: proxy.app.metrics.in_flight == 0, what="the request to end")
+    assert "proxy internal error" in caplog.text
