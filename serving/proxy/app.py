@@ -592,20 +592,77 @@ class ProxyApp:
         try:
             if (
                 self._front(req, ex, auth, auth_count)
-                and self._whole_body(req, ex, content_length, body := req.take_body())
+                and self._announced(req, ex, content_length)
+                and self._body_fits(req, ex, content_length, body := req.take_body())
                 and self._admit(req, ex)
             ):
-                if not self._send_now(req, ex, body, forward):
-                    # No idle engine connection: connecting is the one wait on this path.
-                    task = asyncio.get_running_loop().create_task(
-                        self._send_connecting(req, ex, body, forward)
-                    )
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                self._send(req, ex, body, forward)
                 return
         except Exception as exc:
             self._internal_error(ex, exc)
             req.fail()
+        self._end(ex)
+
+    def serve_head(self, req: Any) -> bool:
+        """A request from the proxy's own server whose body is still arriving: the checks
+        that need only the head now (so a wrong key is answered before the body is sent, and
+        ``100 Continue`` goes only to a client that will be served), the rest once the body is
+        here, all from callbacks. False (nothing done): serve it through ASGI instead (a
+        chunked body, whose size is only known as it arrives)."""
+        ex, auth, auth_count, content_length, forward = self._begin(
+            time.perf_counter(), req.raw_path, req.method, req.headers
+        )
+        if content_length is None and ex.route.method == "POST":
+            return False
+        try:
+            if self._front(req, ex, auth, auth_count):
+                if ex.route.method != "POST":  # a body nobody reads (GET with a body)
+                    if self._admit(req, ex):
+                        self._send(req, ex, b"", forward)
+                        return True
+                elif self._announced(req, ex, content_length):
+                    loop = asyncio.get_running_loop()
+                    timer = loop.call_at(
+                        loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0),
+                        self._body_timed_out, req, ex,
+                    )  # fmt: skip
+
+                    def left() -> None:  # the client left while sending its body
+                        timer.cancel()
+                        ex.client_gone = True
+                        self._end(ex)
+
+                    def arrived() -> None:
+                        timer.cancel()
+                        req.on_disconnect = None
+                        try:
+                            if self._body_fits(
+                                req, ex, content_length, body := req.take_body()
+                            ) and self._admit(req, ex):
+                                self._send(req, ex, body, forward)
+                                return
+                        except Exception as exc:
+                            self._internal_error(ex, exc)
+                            req.fail()
+                        self._end(ex)
+
+                    req.on_disconnect = left
+                    req.await_body(arrived)
+                    return True
+        except Exception as exc:
+            self._internal_error(ex, exc)
+            req.fail()
+        self._end(ex)
+        return True
+
+    def _body_timed_out(self, req: Any, ex: _Exchange) -> None:
+        if ex.ended:
+            return
+        req.on_body_complete = req.on_disconnect = None
+        self._error_now(
+            req, ex, 408, f"request body not received within {self.config.body_timeout_s:g} s",
+            "invalid_request_error", "request_timeout",
+        )  # fmt: skip
         self._end(ex)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -785,15 +842,14 @@ class ProxyApp:
             return False
         return True
 
-    def _whole_body(
+    def _body_fits(
         self, writer: ClientWriter, ex: _Exchange, content_length: bytes | None, body: bytes
     ) -> bool:
-        """A body that is all here: size and budget, then the JSON check (POST routes)."""
+        """A body that is all here (its announced size was checked by ``_announced``): size
+        and budget of a chunked one, then the JSON check (POST routes)."""
         ex.body_unread = False
         if ex.route.method != "POST":
             return True
-        if not self._announced(writer, ex, content_length):
-            return False
         if len(body) > self.config.max_body_bytes:  # chunked: no length was announced
             self._body_too_large(writer, ex)
             return False
@@ -878,6 +934,18 @@ class ProxyApp:
         if ex.route.method == "POST":  # validated JSON, whatever the client labelled it
             return [*forward, _JSON, (b"x-request-id", ex.request_id)]
         return [*forward, (b"x-request-id", ex.request_id)]
+
+    def _send(
+        self, writer: ClientWriter, ex: _Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
+    ) -> None:
+        """Send to the engine and relay its answer, from a callback: at once on an idle
+        engine connection, else in a task that connects (the one wait on this path)."""
+        if not self._send_now(writer, ex, body, forward):
+            task = asyncio.get_running_loop().create_task(
+                self._send_connecting(writer, ex, body, forward)
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _send_now(
         self, writer: ClientWriter, ex: _Exchange, body: bytes, forward: list[tuple[bytes, bytes]]

@@ -127,6 +127,7 @@ class _Request:
         "method",
         "more_body",
         "no_body",
+        "on_body_complete",
         "on_disconnect",
         "proto",
         "query",
@@ -168,6 +169,8 @@ class _Request:
         # Set by the app: called once when the client's connection is lost, so no task has to
         # wait in receive().
         self.on_disconnect: Callable[[], None] | None = None
+        # Set by ``await_body``: called once the whole body is here.
+        self.on_body_complete: Callable[[], None] | None = None
 
     def scope(self) -> dict[str, Any]:
         proto = self.proto
@@ -211,6 +214,24 @@ class _Request:
         self._delivered = True
         self.proto.body_consumed()
         return data
+
+    def await_body(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the read callback) once the whole body has arrived; send
+        ``100 Continue`` now if the client waits for it. The body is not limited to 1 MiB
+        unread here: the caller has reserved its announced size."""
+        self.on_body_complete = callback
+        if self.expect_continue:
+            self.expect_continue = False
+            if not self.started:
+                self.proto.write(_CONTINUE)
+        if not self.more_body:
+            self.proto.loop.call_soon(self.body_complete)
+
+    def body_complete(self) -> None:
+        callback = self.on_body_complete
+        if callback is not None and not self.disconnected and not self.complete:
+            self.on_body_complete = None
+            callback()
 
     # -- ASGI receive ----------------------------------------------------------------------
     async def receive(self) -> Message:
@@ -389,6 +410,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.closing = False
         self.linger_until: float | None = None  # half-closed: dropping input until then
         self._to_start: _Request | None = None  # made active; its app starts after the read
+        self._body_done: _Request | None = None  # its body completed in this read
         # head parsing
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
@@ -518,7 +540,7 @@ class _HttpProtocol(asyncio.Protocol):
         if req is None or req.complete or req.disconnected:
             return  # the app answered without reading: the body is dropped
         req.body_arrived(body)
-        if req.buffered > _MAX_UNREAD_BODY:
+        if req.buffered > _MAX_UNREAD_BODY and req.on_body_complete is None:
             self._pause_reading()
 
     def on_message_complete(self) -> None:
@@ -527,6 +549,8 @@ class _HttpProtocol(asyncio.Protocol):
         if req is not None:
             req.more_body = False
             req.wake()
+            if req.on_body_complete is not None:
+                self._body_done = req  # served once this read is parsed
         self.in_head = True  # the next bytes begin a new head; its clock starts with them
         self.head_bytes = 0
         self.head_t0 = None
@@ -544,6 +568,10 @@ class _HttpProtocol(asyncio.Protocol):
         self._start(req)
 
     def _start_pending(self) -> None:
+        req = self._body_done
+        if req is not None:
+            self._body_done = None
+            req.body_complete()
         req = self._to_start
         if req is not None:
             self._to_start = None
@@ -554,14 +582,17 @@ class _HttpProtocol(asyncio.Protocol):
         now, in this callback, with no coroutine (the proxy answers it or sends it to the
         engine at once). Else (a body still arriving, or any other ASGI app) a task runs the
         ASGI app."""
-        if not req.more_body:
-            serve_now = self.server.serve_now
-            if serve_now is not None:
-                try:
-                    serve_now(req)
-                except Exception as exc:  # serve_now handles its own failures; this is a guard
-                    log.error("exception in the proxy app", exc_info=exc)
-                    self._abandon(req)
+        server = self.server
+        if server.serve_now is not None:
+            try:
+                if not req.more_body:
+                    server.serve_now(req)
+                    return
+                if server.serve_head(req):
+                    return
+            except Exception as exc:  # the app handles its own failures; this is a guard
+                log.error("exception in the proxy app", exc_info=exc)
+                self._abandon(req)
                 return
         task = self.loop.create_task(self._run(req))
         tasks = self.server.tasks
@@ -713,6 +744,10 @@ class _HttpProtocol(asyncio.Protocol):
                 req.keep_alive = False
 
 
+def _no_head(req: _Request) -> bool:
+    return False
+
+
 class HttpServer:
     """Serves ``app`` (the ASGI ``ProxyApp``; ``startup``/``shutdown`` are called directly)."""
 
@@ -722,8 +757,11 @@ class HttpServer:
         self.loop = asyncio.get_running_loop()
         self.connections: set[_HttpProtocol] = set()
         self.tasks: set[asyncio.Task[None]] = set()
-        # The app's way to serve a whole request without a coroutine (the proxy's), if any.
+        # The app's way to serve requests without a coroutine (the proxy's), if it has one:
+        # ``serve_now(req)`` for a request whose body is all here, ``serve_head(req)`` for one
+        # whose body is still arriving (False: serve it through ASGI instead).
         self.serve_now: Callable[[_Request], None] | None = getattr(app, "serve_now", None)
+        self.serve_head: Callable[[_Request], bool] = getattr(app, "serve_head", _no_head)
         self.date = b""
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None

@@ -187,6 +187,25 @@ def test_14_11_buffered_request_bodies_have_a_global_cap(
         assert c.post("/v1/chat/completions", json=big).status_code == 200
 
 
+@SERVERS
+def test_a_client_leaving_mid_body_gives_its_budget_back_and_is_a_499(
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine, server: str
+) -> None:
+    proxy = start_proxy(server=server)
+    body = json.dumps({**CHAT, "user": "u" * 3000}).encode()
+    head = raw_request("POST", "/v1/chat/completions", body=body, headers=AUTH)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
+        sock.sendall(head[: len(head) - 100])
+        wait_until(lambda: proxy.app.buffered_bytes >= len(body), what="the body to be counted")
+    wait_until(lambda: proxy.app.buffered_bytes == 0, what="the budget to be given back")
+    wait_until(
+        lambda: proxy.app.metrics.requests[("chat_completions", "499", "alice")] == 1,
+        what="the request to be counted as 499",
+    )
+    assert proxy.app.metrics.in_flight == 0
+    assert stub_engine.requests() == []
+
+
 def test_14_11_buffered_response_bodies_have_a_global_cap(
     start_proxy: Callable[..., RunningProxy], scripted_engine: Callable[..., ScriptedEngine]
 ) -> None:
