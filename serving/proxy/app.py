@@ -100,6 +100,16 @@ def path_fingerprint(raw_path: bytes) -> str:
 # Modal-Key/Secret, hop-by-hop headers) stays at the proxy.
 # POST bodies always go with "content-type: application/json" (they were validated as JSON).
 _FORWARD_HEADERS = frozenset({b"accept", b"user-agent", b"traceparent", b"tracestate"})
+# What ``_begin`` does with each request header it looks at (the rest it skips).
+_AUTHORIZATION, _FORWARD, _CONTENT_LENGTH, _REQUEST_ID, _TRANSFER_ENCODING, _CONNECTION = range(6)
+_HEADER_KINDS = {
+    b"authorization": _AUTHORIZATION,
+    b"content-length": _CONTENT_LENGTH,
+    b"x-request-id": _REQUEST_ID,
+    b"transfer-encoding": _TRANSFER_ENCODING,
+    b"connection": _CONNECTION,
+    **{name: _FORWARD for name in _FORWARD_HEADERS},
+}
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 _JSON = (b"content-type", b"application/json")
 
@@ -718,19 +728,22 @@ class ProxyApp:
         connection: bytes | None = None
         forward: list[tuple[bytes, bytes]] = []
         for name, value in headers:
-            if name == b"authorization":
+            kind = _HEADER_KINDS.get(name)
+            if kind is None:  # most headers (host, content-type, ...): one dict lookup
+                continue
+            if kind == _AUTHORIZATION:
                 auth = value
                 auth_count += 1
-            elif name == b"x-request-id":
-                request_id = value
-            elif name == b"content-length":
-                content_length = value
-            elif name == b"transfer-encoding":
-                chunked = True
-            elif name == b"connection":
-                connection = value if connection is None else connection + b"," + value
-            elif name in _FORWARD_HEADERS:
+            elif kind == _FORWARD:
                 forward.append((name, value))
+            elif kind == _CONTENT_LENGTH:
+                content_length = value
+            elif kind == _REQUEST_ID:
+                request_id = value
+            elif kind == _TRANSFER_ENCODING:
+                chunked = True
+            else:
+                connection = value if connection is None else connection + b"," + value
         if connection is not None and forward:
             # Headers the client names in Connection are hop-by-hop (RFC 9110 7.6.1).
             hop = {token.strip().lower() for token in connection.split(b",")}

@@ -47,6 +47,10 @@ _BAD_VALUE_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls but HTAB (R
 # controls but HTAB): one regex call per response instead of two per header line.
 _HEADER_BLOCK_RE = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
 _NO_HOP: frozenset[bytes] = frozenset()
+# Response headers ``_parse_head`` reads beyond name and value.
+_FRAMING_HEADERS = frozenset(
+    {b"content-length", b"transfer-encoding", b"connection", b"content-type"}
+)
 _PAUSE_AT = 1024 * 1024  # pause reading the engine socket above this many unread bytes
 _RESUME_AT = 64 * 1024
 
@@ -598,6 +602,9 @@ class _Conn(asyncio.Protocol):
                     raise UpstreamBroken("engine sent a header value with CR, LF, NUL or controls")
             name = name.lower()
             value = value.strip(b" \t")
+            headers.append((name, value))
+            if name not in _FRAMING_HEADERS:  # most headers: nothing more to look at
+                continue
             if name == b"content-length":
                 if not value.isdigit() or (length >= 0 and int(value) != length):
                     raise UpstreamBroken("engine sent a malformed or conflicting Content-Length")
@@ -613,9 +620,8 @@ class _Conn(asyncio.Protocol):
                 tokens -= {b"close", b"keep-alive", b""}
                 if tokens:
                     hop = hop | tokens
-            elif name == b"content-type":
+            else:  # content-type
                 content_type = value.lower()
-            headers.append((name, value))
         resp.status = status
         resp.headers = headers
         resp.content_type = content_type
