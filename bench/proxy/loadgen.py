@@ -4,7 +4,8 @@
 - ``{"kind": "latency", "targets": {name: url}, "n": N, "block": B, "warmup": W,
   "body": "68B" | "64KiB", "stream": false}``: sequential requests, rotating between targets
   every B requests (B = 1: one by one, "interleaved", so each request finds caches cold from
-  the other target's) so that noise from other processes hits every target alike;
+  the other target's), the order rotated each round (no target always follows the same one),
+  so that noise from other processes hits every target alike;
   per-target latencies (s) and, when present, the ``x-proxy-overhead-ms`` header values.
   With ``"stream": true`` the latency is the time to the first body bytes of a stream (the
   first event; TTFB), the rest of the stream is then read and dropped.
@@ -90,8 +91,16 @@ async def latency(job: dict[str, Any]) -> dict[str, Any]:
     lat: dict[str, list[float]] = {name: [] for name in clients}
     ovh: dict[str, list[float]] = {name: [] for name in clients}
     done = 0
+    names = list(clients)
+    turn = 0
     while done < job["n"]:
-        for name, client in clients.items():
+        # The order rotates each round: a target is not always the one right after the same
+        # other target (with "block": 1, the one after "direct" found other caches colder and
+        # was measured slower, whatever it was: a position effect, not the target's own).
+        start = turn % len(names)
+        turn += 1
+        for name in names[start:] + names[:start]:
+            client = clients[name]
             for _ in range(job["block"]):
                 elapsed, overhead = await _one(client, body, stream)
                 lat[name].append(elapsed)

@@ -1,15 +1,19 @@
-"""The proxy itself: a raw ASGI app that authenticates, admits and forwards to the engine.
+"""The proxy itself: authenticates, admits and forwards each request to the engine.
 
 Request path, in order (each step answers without touching the engine when it says no):
 1. route: the raw path bytes must equal one of ``ROUTES`` exactly (404 otherwise, 405 for a
    known path with the wrong method); no decoding or normalising, so ``//v1/...``,
    ``/v1/../metrics``, ``%2e`` or ``/V1/...`` never match;
 2. key: ``Authorization: Bearer <key>`` (401 missing/malformed, 403 unknown);
-3. readiness (503 + Retry-After) and the in-flight cap (429 + Retry-After);
-4. body: size (413) and JSON object check (400);
-5. forward over the pooled client; SSE is relayed piece by piece with keep-alive comments
-   (usage-only chunks the client did not ask for are counted, then dropped: ``sse.py``),
-   other bodies are read whole (so usage can be counted and a broken body becomes a 502).
+3. readiness (503 + Retry-After);
+4. body: size (413), the global buffer budget (503) and the JSON object check (400);
+5. the in-flight cap (429 + Retry-After), taken only once the body is in, so a slow body
+   never holds a slot;
+6. send over the pooled client; the answer is relayed by ``relay.Relay`` (streams piece by
+   piece with keep-alive comments, other bodies read whole).
+
+The same steps serve both ways in: ``serve_now``/``serve_head`` from the proxy's own server,
+from its callbacks with no coroutine per request, and ``__call__`` as an ASGI app (uvicorn).
 
 The access log never holds an unmatched path's text (a client may have put its key in it):
 only ``path_fingerprint`` and the length.
@@ -30,14 +34,15 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_str  # quoted, escaped, ASCII
 from typing import Any
 
+from serving.proxy.exchange import Exchange, Route
 from serving.proxy.keys import KeyRing, parse_bearer
 from serving.proxy.logs import BatchingStreamHandler
 from serving.proxy.metrics import Metrics
-from serving.proxy.relay import ClientWriter, Relay, error_body
+from serving.proxy.relay import ClientWriter, Relay, error_body, scan_usage
 from serving.proxy.upstream import (
     ConnectFailed,
     UpstreamClient,
@@ -54,19 +59,6 @@ access_log = logging.getLogger("serving.proxy.access")
 event_log = logging.getLogger("serving.proxy")
 
 _ENGINE, _HEALTH, _READY, _METRICS = range(4)
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    path: bytes
-    name: str  # metric/log label
-    method: str
-    kind: int
-    usage: bool = False  # responses carry an OpenAI ``usage`` object
-    method_bytes: bytes = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "method_bytes", self.method.encode())
 
 
 ROUTES: dict[bytes, Route] = {
@@ -165,64 +157,6 @@ class ProxyConfig:
                 raise ValueError(
                     f"proxy setting {name}={getattr(self, name)!r} is invalid: it must be {rule}"
                 )
-
-
-class _Exchange:
-    """Per-request facts gathered for the access log and metrics, and what ends the request."""
-
-    __slots__ = (
-        "admitted",
-        "body_unread",
-        "client_gone",
-        "completion_tokens",
-        "done",
-        "ended",
-        "error",
-        "finished",
-        "held",
-        "key",
-        "method",
-        "overhead",
-        "path",
-        "prompt_tokens",
-        "relay",
-        "request_id",
-        "resp",
-        "route",
-        "status",
-        "stream",
-        "t0",
-        "ttft",
-        "wants_usage",
-    )
-
-    def __init__(
-        self, t0: float, route: Route, request_id: bytes, method: str, path: bytes
-    ) -> None:
-        self.t0 = t0
-        self.route = route
-        self.method = method
-        self.path = path
-        self.request_id = request_id
-        self.key = "-"
-        self.status = 0
-        self.ttft: float | None = None
-        self.overhead = 0.0
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.error: str | None = None
-        self.stream = False
-        self.wants_usage = False  # the client set stream_options.include_usage
-        self.finished = False  # the client's answer is complete (or failed)
-        self.client_gone = False
-        self.resp: UpstreamResponse | None = None
-        self.relay: Relay | None = None
-        self.body_unread = False  # the client announced a body the proxy has not read
-        self.held = 0  # bytes of the proxy's buffer budget this request holds
-        self.admitted = False  # counted in metrics.in_flight
-        self.ended = False  # ProxyApp._end ran: slot and budget given back, access line written
-        # Set by the ASGI path (a coroutine waits for it); ``_end`` completes it.
-        self.done: asyncio.Future[None] | None = None
 
 
 def _access_emitter() -> Callable[[str], None]:
@@ -479,6 +413,7 @@ class ProxyApp:
         self._failed_polls = 0  # consecutive failed /health polls
         self._poller: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # serve_now's connects to the engine
+        self._running: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._emit_access: Callable[[str], None] = _access_emitter()
         # Request ids: a random per-process prefix + a counter (no syscall per request).
@@ -665,11 +600,11 @@ class ProxyApp:
         self._end(ex)
         return True
 
-    def _body_timed_out(self, req: Any, ex: _Exchange) -> None:
+    def _body_timed_out(self, req: Any, ex: Exchange) -> None:
         if ex.ended:
             return
         req.on_body_complete = req.on_disconnect = None
-        self._error_now(
+        self.answer_error(
             req, ex, 408, f"request body not received within {self.config.body_timeout_s:g} s",
             "invalid_request_error", "request_timeout",
         )  # fmt: skip
@@ -689,7 +624,7 @@ class ProxyApp:
         extensions = scope.get("extensions")
         own = extensions.get("serving.proxy.request") if extensions else None
         writer: ClientWriter = own if own is not None else _AsgiWriter(send, receive)
-        done = ex.done = asyncio.get_running_loop().create_future()
+        done = ex.done = self._loop().create_future()
         try:
             if (
                 self._front(writer, ex, auth, auth_count)
@@ -716,7 +651,7 @@ class ProxyApp:
 
     def _begin(
         self, t0: float, raw_path: bytes, method: str, headers: Iterable[tuple[bytes, bytes]]
-    ) -> tuple[_Exchange, bytes | None, int, bytes | None, list[tuple[bytes, bytes]]]:
+    ) -> tuple[Exchange, bytes | None, int, bytes | None, list[tuple[bytes, bytes]]]:
         """The request's facts from its head: the exchange, the Authorization header and how
         many there were, Content-Length, the headers to forward."""
         route = ROUTES.get(raw_path, _UNMATCHED)
@@ -750,22 +685,23 @@ class ProxyApp:
             forward = [(name, value) for name, value in forward if name not in hop]
         if request_id is None or not _REQUEST_ID_RE.fullmatch(request_id):
             request_id = b"%s%08x" % (self._id_prefix, next(self._id_counter))
-        ex = _Exchange(t0, route, request_id, method, raw_path)
+        ex = Exchange(t0, route, request_id, method, raw_path)
         if chunked or (content_length is not None and content_length != b"0"):
             ex.body_unread = True
         return ex, auth, auth_count, content_length, forward
 
-    def _internal_error(self, ex: _Exchange, exc: Exception) -> None:
+    def _internal_error(self, ex: Exchange, exc: Exception) -> None:
         ex.status = ex.status or 500  # set only once a response head was handed over
         ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
         event_log.error("proxy internal error", exc_info=exc)
 
-    def _end(self, ex: _Exchange) -> None:
+    def _end(self, ex: Exchange) -> None:
         """The request is over (answered, failed or abandoned): once per request."""
         if ex.ended:
             return
         ex.ended = True
         ex.finished = True
+        ex.duration = time.perf_counter() - ex.t0
         if ex.admitted:
             self.metrics.in_flight -= 1
         self.buffered_bytes -= ex.held  # the request body, and a response read whole
@@ -775,30 +711,38 @@ class ProxyApp:
             done.set_result(None)
         self._account(ex)
 
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._running
+        if loop is None or loop.is_closed():
+            loop = self._running = asyncio.get_running_loop()  # cached: a getpid() per call
+        return loop
+
     # -- steps -----------------------------------------------------------------------------
     def _front(
-        self, writer: ClientWriter, ex: _Exchange, auth: bytes | None, auth_count: int
+        self, writer: ClientWriter, ex: Exchange, auth: bytes | None, auth_count: int
     ) -> bool:
         """Route, method, the proxy's own routes, key, readiness; True: go on to the engine."""
         route = ex.route
         if route.kind < 0:
-            self._error_now(writer, ex, 404, "no such route", "not_found_error", "route_not_found")
+            self.answer_error(
+                writer, ex, 404, "no such route", "not_found_error", "route_not_found"
+            )
         elif ex.method != route.method:
-            self._error_now(
+            self.answer_error(
                 writer, ex, 405, f"method not allowed; use {route.method}",
                 "invalid_request_error", "method_not_allowed",
                 [(b"allow", route.method.encode())],
             )  # fmt: skip
         elif route.kind == _HEALTH:
-            self._plain_now(writer, ex, 200, b'{"status":"ok"}')
+            self.answer(writer, ex, 200, b'{"status":"ok"}')
         elif route.kind == _READY:
             if self.ready:
-                self._plain_now(writer, ex, 200, b'{"ready":true}')
+                self.answer(writer, ex, 200, b'{"ready":true}')
             else:
                 self._not_ready(writer, ex)
         elif self._authenticate(writer, ex, auth, auth_count):
             if route.kind == _METRICS:
-                self._plain_now(
+                self.answer(
                     writer, ex, 200, self.metrics.render(),
                     (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
                 )  # fmt: skip
@@ -809,12 +753,12 @@ class ProxyApp:
         return False
 
     def _authenticate(
-        self, writer: ClientWriter, ex: _Exchange, auth: bytes | None, count: int
+        self, writer: ClientWriter, ex: Exchange, auth: bytes | None, count: int
     ) -> bool:
         key = parse_bearer(auth) if count == 1 else None
         if key is None:
             why = "missing" if count == 0 else "malformed (expected one 'Bearer <key>')"
-            self._error_now(
+            self.answer_error(
                 writer, ex, 401, f"Authorization header {why}", "authentication_error",
                 "missing_api_key" if count == 0 else "malformed_authorization",
                 [(b"www-authenticate", b"Bearer")],
@@ -822,26 +766,26 @@ class ProxyApp:
             return False
         name = self.keys.match(key)
         if name is None:
-            self._error_now(
+            self.answer_error(
                 writer, ex, 403, "API key not recognised", "permission_error", "invalid_api_key"
             )
             return False
         ex.key = name
         return True
 
-    def _not_ready(self, writer: ClientWriter, ex: _Exchange) -> None:
-        self._error_now(
+    def _not_ready(self, writer: ClientWriter, ex: Exchange) -> None:
+        self.answer_error(
             writer, ex, 503, f"engine not ready: {self._ready_reason}",
             "service_unavailable", "engine_not_ready", self._not_ready_headers,
         )  # fmt: skip
 
-    def _announced(self, writer: ClientWriter, ex: _Exchange, content_length: bytes | None) -> bool:
+    def _announced(self, writer: ClientWriter, ex: Exchange, content_length: bytes | None) -> bool:
         """The announced body size: well-formed (400), within the limit (413), within the
         buffer budget, which it reserves before a byte is read (503)."""
         if content_length is None:
             return True
         if not content_length.isdigit():
-            self._error_now(
+            self.answer_error(
                 writer, ex, 400, "malformed Content-Length", "invalid_request_error",
                 "invalid_content_length",
             )  # fmt: skip
@@ -850,13 +794,13 @@ class ProxyApp:
         if announced > self.config.max_body_bytes:
             self._body_too_large(writer, ex)
             return False
-        if not self._hold(ex, announced):
-            self._buffers_full_now(writer, ex)
+        if not self.hold(ex, announced):
+            self.answer_buffers_full(writer, ex)
             return False
         return True
 
     def _body_fits(
-        self, writer: ClientWriter, ex: _Exchange, content_length: bytes | None, body: bytes
+        self, writer: ClientWriter, ex: Exchange, content_length: bytes | None, body: bytes
     ) -> bool:
         """A body that is all here (its announced size was checked by ``_announced``): size
         and budget of a chunked one, then the JSON check (POST routes)."""
@@ -866,8 +810,8 @@ class ProxyApp:
         if len(body) > self.config.max_body_bytes:  # chunked: no length was announced
             self._body_too_large(writer, ex)
             return False
-        if content_length is None and not self._hold(ex, len(body)):
-            self._buffers_full_now(writer, ex)
+        if content_length is None and not self.hold(ex, len(body)):
+            self.answer_buffers_full(writer, ex)
             return False
         return self._validate(writer, ex, body)
 
@@ -875,7 +819,7 @@ class ProxyApp:
         self,
         receive: Receive,
         writer: ClientWriter,
-        ex: _Exchange,
+        ex: Exchange,
         content_length: bytes | None,
     ) -> bytes | None:
         """The body of an ASGI request (``_whole_body``'s checks as the pieces arrive); None:
@@ -902,14 +846,14 @@ class ProxyApp:
                     if size > limit:
                         self._body_too_large(writer, ex)
                         return None
-                    if content_length is None and not self._hold(ex, len(chunk)):  # chunked
-                        self._buffers_full_now(writer, ex)
+                    if content_length is None and not self.hold(ex, len(chunk)):  # chunked
+                        self.answer_buffers_full(writer, ex)
                         return None
                     parts.append(chunk)
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            self._error_now(
+            self.answer_error(
                 writer, ex, 408, f"request body not received within "
                 f"{self.config.body_timeout_s:g} s", "invalid_request_error", "request_timeout",
             )  # fmt: skip
@@ -918,19 +862,19 @@ class ProxyApp:
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         return body if self._validate(writer, ex, body) else None
 
-    def _validate(self, writer: ClientWriter, ex: _Exchange, body: bytes) -> bool:
+    def _validate(self, writer: ClientWriter, ex: Exchange, body: bytes) -> bool:
         problem, ex.stream, ex.wants_usage = check_body(body)
         if problem is None:
             return True
-        self._error_now(writer, ex, 400, problem, "invalid_request_error", "invalid_json")
+        self.answer_error(writer, ex, 400, problem, "invalid_request_error", "invalid_json")
         return False
 
-    def _admit(self, writer: ClientWriter, ex: _Exchange) -> bool:
+    def _admit(self, writer: ClientWriter, ex: Exchange) -> bool:
         """The in-flight cap (429); the body was read first, so a slow body holds only its
         share of the buffer budget (and at most body_timeout_s), never a slot."""
         metrics = self.metrics
         if metrics.in_flight >= self.config.max_in_flight:
-            self._error_now(
+            self.answer_error(
                 writer, ex, 429, f"proxy at capacity ({self.config.max_in_flight} requests "
                 "in flight); retry after the Retry-After delay", "rate_limit_error",
                 "proxy_at_capacity", self._busy_headers,
@@ -942,26 +886,26 @@ class ProxyApp:
 
     @staticmethod
     def _engine_headers(
-        ex: _Exchange, forward: list[tuple[bytes, bytes]]
+        ex: Exchange, forward: list[tuple[bytes, bytes]]
     ) -> list[tuple[bytes, bytes]]:
         if ex.route.method == "POST":  # validated JSON, whatever the client labelled it
             return [*forward, _JSON, (b"x-request-id", ex.request_id)]
         return [*forward, (b"x-request-id", ex.request_id)]
 
     def _send(
-        self, writer: ClientWriter, ex: _Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
+        self, writer: ClientWriter, ex: Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
     ) -> None:
         """Send to the engine and relay its answer, from a callback: at once on an idle
         engine connection, else in a task that connects (the one wait on this path)."""
         if not self._send_now(writer, ex, body, forward):
-            task = asyncio.get_running_loop().create_task(
+            task = self._loop().create_task(
                 self._send_connecting(writer, ex, body, forward)
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     def _send_now(
-        self, writer: ClientWriter, ex: _Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
+        self, writer: ClientWriter, ex: Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
     ) -> bool:
         """Send on an idle engine connection and start relaying; False: none is idle (nothing
         was sent)."""
@@ -976,7 +920,7 @@ class ProxyApp:
         return True
 
     async def _send_connecting(
-        self, writer: ClientWriter, ex: _Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
+        self, writer: ClientWriter, ex: Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
     ) -> None:
         """Send on a new engine connection (retried while the engine refuses to connect:
         it saw nothing), then relay; answers 503 when it cannot be reached."""
@@ -994,7 +938,7 @@ class ProxyApp:
         except ConnectFailed as exc:
             self.metrics.upstream_errors["connect"] += 1
             self._set_ready(False, str(exc))
-            self._error_now(
+            self.answer_error(
                 writer, ex, 503, f"engine unreachable: {exc}", "service_unavailable",
                 "engine_unreachable", self._not_ready_headers,
             )  # fmt: skip
@@ -1007,7 +951,7 @@ class ProxyApp:
             return
         self._relay(writer, ex, resp)
 
-    def _relay(self, writer: ClientWriter, ex: _Exchange, resp: UpstreamResponse) -> None:
+    def _relay(self, writer: ClientWriter, ex: Exchange, resp: UpstreamResponse) -> None:
         t_sent = time.perf_counter()
         if ex.held:  # the request body is written out: its share of the budget is free again
             self.buffered_bytes -= ex.held
@@ -1018,7 +962,7 @@ class ProxyApp:
     def _relay_done(self, relay: Relay) -> None:
         self._end(relay.ex)
 
-    def _hold(self, ex: _Exchange, size: int) -> bool:
+    def hold(self, ex: Exchange, size: int) -> bool:
         """Take ``size`` bytes of the global buffer budget for ``ex`` (False: not available).
         ``_end`` gives back what the request held."""
         if self.buffered_bytes + size > self.config.max_buffered_bytes:
@@ -1027,24 +971,24 @@ class ProxyApp:
         ex.held += size
         return True
 
-    def _buffers_full_now(self, writer: ClientWriter, ex: _Exchange) -> None:
-        self._error_now(
+    def answer_buffers_full(self, writer: ClientWriter, ex: Exchange) -> None:
+        self.answer_error(
             writer, ex, 503, f"proxy buffers full ({self.config.max_buffered_bytes} bytes of "
             "request and response bodies held); retry after the Retry-After delay",
             "service_unavailable", "proxy_buffers_full", self._busy_headers,
         )  # fmt: skip
 
-    def _body_too_large(self, writer: ClientWriter, ex: _Exchange) -> None:
-        self._error_now(
+    def _body_too_large(self, writer: ClientWriter, ex: Exchange) -> None:
+        self.answer_error(
             writer, ex, 413, f"request body larger than {self.config.max_body_bytes} bytes",
             "invalid_request_error", "request_too_large",
         )  # fmt: skip
 
     # -- answers ---------------------------------------------------------------------------
-    def _plain_now(
+    def answer(
         self,
         writer: ClientWriter,
-        ex: _Exchange,
+        ex: Exchange,
         status: int,
         body: bytes,
         content_type: tuple[bytes, bytes] = _JSON,
@@ -1067,10 +1011,10 @@ class ProxyApp:
         ex.status = status
         writer.respond(status, headers, body)
 
-    def _error_now(
+    def answer_error(
         self,
         writer: ClientWriter,
-        ex: _Exchange,
+        ex: Exchange,
         status: int,
         message: str,
         type_: str,
@@ -1078,17 +1022,19 @@ class ProxyApp:
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         ex.error = code
-        self._plain_now(writer, ex, status, error_body(message, type_, code), _JSON, extra)
+        self.answer(writer, ex, status, error_body(message, type_, code), _JSON, extra)
 
     @staticmethod
-    def _logged_path(ex: _Exchange) -> str:
+    def _logged_path(ex: Exchange) -> str:
         logged = _LOGGED_PATH.get(ex.route.name)
         if logged is not None:
             return logged
         return f'"path":null,"path_sha256":"{path_fingerprint(ex.path)}","path_len":{len(ex.path)}'
 
-    def _account(self, ex: _Exchange) -> None:
-        duration = time.perf_counter() - ex.t0
+    def _account(self, ex: Exchange) -> None:
+        for seen in ex.usage_seen:
+            scan_usage(seen, ex)
+        duration = ex.duration
         status = ex.status or 499  # nothing sent: the client went away first
         if status == 499:
             ex.status = 499

@@ -1,33 +1,41 @@
-"""The proxy's own HTTP/1.1 server: one asyncio protocol on httptools, serving the ASGI app.
+"""The proxy's own HTTP/1.1 server: one asyncio protocol on httptools.
+
+It serves the proxy app from callbacks: a request is handed to ``app.serve_now(req)`` in the
+read callback that completed it (or ``app.serve_head(req)`` when its body is still arriving),
+and the app answers through the request object's ``relay.ClientWriter`` methods (``respond``,
+``start_stream``, ``write_piece``, ``end_stream``, ``when_drained``, ``fail``): no coroutine,
+task or future per request. Any other ASGI app (and the proxy app for a chunked request body)
+is served through ASGI ``receive``/``send`` in a task.
 
 Why not uvicorn (kept as ``--server uvicorn``, see ``server.py``): per request uvicorn builds an
 ``asyncio.Event``, a flow-control object and a cycle object, checks every header with a regex,
-and writes a non-stream response in two syscalls (head, then body). Here a non-stream
-response (one with ``Content-Length``) goes out in one write, a streamed chunk in one write,
-there are no per-request timers, and the head limits uvicorn lacks are built in (issue 13 and
-issue 14 item 8; figures in docs/proxy.md). What it owns, and how:
+runs the app in a task and writes a non-stream response in two syscalls (head, then body).
+Here a non-stream response goes out in one write, a streamed chunk in one write, there are no
+per-request timers, and the head limits uvicorn lacks are built in (issue 13 and issue 14
+item 8; figures in docs/proxy.md). What it owns, and how:
 
 - Parsing: ``httptools`` (llhttp), as uvicorn's default stack: it refuses bad framing
   (``Content-Length`` + ``Transfer-Encoding``, bad chunk sizes), bare CR/LF, NUL and folded
   header lines with ``400`` + close. Absolute-form targets are reduced to their path.
 - Keep-alive: HTTP/1.1 unless the client says ``Connection: close``; HTTP/1.0 closes after the
   response. An idle keep-alive connection is closed after ``keepalive_timeout_s`` (75 s).
-- Pipelining: requests parsed while one is served are queued and served in order; reading is
-  paused while any are queued.
-- ``Expect: 100-continue``: ``100 Continue`` is sent when the app first asks for the body (the
-  proxy asks only after the key check), never to a client the app answers without reading.
+- Pipelining: requests parsed while one is served are queued and served in order (the next on
+  the loop turn after the previous answer); reading is paused while any are queued.
+- ``Expect: 100-continue``: ``100 Continue`` is sent when the app asks for the body
+  (``await_body``, or the first ``receive()``: the proxy asks only after the key check), never
+  to a client the app answers without reading.
 - Head limits: ``max_head_bytes`` (431) and ``head_timeout_s`` (408), as ``server.py`` does for
-  uvicorn. A request body is held in memory until the app reads it; reading from the socket is
-  paused while more than 1 MiB waits, so a client cannot pile up unread bodies.
+  uvicorn. A request body is held in memory until the app takes it; reading from the socket is
+  paused while more than 1 MiB waits unread, so a client cannot pile up unread bodies (not for
+  a body the app awaits with ``await_body``: it reserved the announced size).
 - Responses: the app's headers as given (the proxy's own, or engine headers its upstream
   client validated), plus ``date``; ``transfer-encoding: chunked`` when the app gives no
   ``Content-Length`` (HTTP/1.1) or close-delimited (HTTP/1.0); no body for HEAD, 204, 304.
-- Write back-pressure: when the socket's buffer is over its high-water mark, ``send`` waits.
-- Disconnects: ``receive()`` returns ``http.disconnect`` once the client is gone (or, after the
-  whole body was read, once the response is complete), ``send`` becomes a no-op. The app may
-  also set ``on_disconnect`` on the request object found in
-  ``scope["extensions"]["serving.proxy.request"]`` (called once when the connection is lost)
-  and read its ``more_body`` (False: the whole body is buffered, ``receive()`` will not wait).
+- Write back-pressure: when the socket's buffer is over its high-water mark, ``write_piece``
+  returns True and ``when_drained`` calls back once it is below (ASGI: ``send`` waits).
+- Disconnects: the request's ``on_disconnect`` (set by the app) is called once when the
+  connection is lost; writes become no-ops. ASGI: ``receive()`` returns ``http.disconnect``
+  once the client is gone (or, after the whole body was read, once the response is complete).
 - Errors in the app: ``500`` + close if no response head went out yet, else the connection is
   closed (the client sees a cut response, never a silent success).
 - Shutdown: stop accepting, close idle connections, let requests in progress finish for up to

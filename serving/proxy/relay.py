@@ -31,15 +31,14 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from serving.proxy.exchange import Exchange
+from serving.proxy.metrics import Metrics
 from serving.proxy.sse import EVENT_ENDS, UsageChunkFilter
 from serving.proxy.upstream import UpstreamBroken, UpstreamError, UpstreamResponse, UpstreamTimeout
 
-if TYPE_CHECKING:
-    from serving.proxy.app import ProxyApp, _Exchange
-
-__all__ = ["KEEPALIVE_COMMENT", "ClientWriter", "Relay", "error_body", "scan_usage"]
+__all__ = ["KEEPALIVE_COMMENT", "ClientWriter", "Relay", "RelayHost", "error_body", "scan_usage"]
 
 event_log = logging.getLogger("serving.proxy")
 
@@ -90,13 +89,43 @@ class ClientWriter(Protocol):
         """A bug of ours: 500 if no head went out yet, else cut the connection."""
 
 
+class RelaySettings(Protocol):
+    @property
+    def max_response_bytes(self) -> int: ...
+    @property
+    def keepalive_s(self) -> float: ...
+    @property
+    def upstream_timeout_s(self) -> float: ...
+
+
+class RelayHost(Protocol):
+    """What a relay needs from the app that sent the request (``app.ProxyApp``)."""
+
+    @property
+    def config(self) -> RelaySettings: ...
+    @property
+    def metrics(self) -> Metrics: ...
+
+    def hold(self, ex: Exchange, size: int) -> bool:
+        """Take ``size`` bytes of the global buffer budget for ``ex`` (False: not available)."""
+
+    def answer_error(
+        self, writer: ClientWriter, ex: Exchange, status: int, message: str, type_: str,
+        code: str, extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:  # fmt: skip
+        """An OpenAI-style error answer."""
+
+    def answer_buffers_full(self, writer: ClientWriter, ex: Exchange) -> None:
+        """503 proxy_buffers_full."""
+
+
 def error_body(message: str, type_: str, code: str) -> bytes:
     return json.dumps(
         {"error": {"message": message, "type": type_, "param": None, "code": code}}
     ).encode()
 
 
-def scan_usage(data: bytes, ex: _Exchange) -> None:
+def scan_usage(data: bytes, ex: Exchange) -> None:
     """Token counts from an OpenAI ``usage`` object in ``data`` (the last one wins)."""
     for match in _USAGE_RE.finditer(data):
         start = match.start()
@@ -124,8 +153,8 @@ class Relay:
 
     def __init__(
         self,
-        app: ProxyApp,
-        ex: _Exchange,
+        app: RelayHost,
+        ex: Exchange,
         writer: ClientWriter,
         on_done: Callable[[Relay], None],
     ) -> None:
@@ -213,7 +242,7 @@ class Relay:
             assert resp is not None
             if self.size > limit:
                 resp.abort(UpstreamBroken(f"engine response body exceeds {limit} bytes"))
-            elif not self.app._hold(self.ex, len(data)):
+            elif not self.app.hold(self.ex, len(data)):
                 resp.abort(_BuffersFull("proxy buffers full"))
             else:
                 self.parts.append(data)
@@ -249,11 +278,11 @@ class Relay:
         if ex.client_gone:
             ex.status = 499
         elif isinstance(error, _BuffersFull):
-            app._buffers_full_now(self.writer, ex)
+            app.answer_buffers_full(self.writer, ex)
         elif not self.streaming:
             timeout = isinstance(error, UpstreamTimeout)
             app.metrics.upstream_errors["timeout" if timeout else "broken"] += 1
-            app._error_now(
+            app.answer_error(
                 self.writer, ex, 504 if timeout else 502, f"engine request failed: {error}",
                 "upstream_error", "engine_timeout" if timeout else "engine_failed",
             )  # fmt: skip
@@ -303,8 +332,8 @@ class Relay:
         out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
         ex.status = resp.status
         self.writer.respond(resp.status, out, data)
-        if ex.route.usage and resp.status == 200 and b'_tokens"' in data:  # after the answer
-            scan_usage(data, ex)
+        if ex.route.usage and resp.status == 200 and b'_tokens"' in data:
+            ex.usage_seen.append(data)  # read when the request is accounted, after the answer
         self._finish()
 
     def _start_stream(self, resp: UpstreamResponse) -> None:
@@ -354,5 +383,5 @@ class Relay:
         self.writer.on_disconnect = None
         for seen in (self.usage_prev, self.usage_last):
             if seen is not None:
-                scan_usage(seen, ex)
+                ex.usage_seen.append(seen)
         self.on_done(self)

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from serving.proxy.app import ROUTES, _Exchange, path_fingerprint
+from serving.proxy.app import ROUTES, path_fingerprint
+from serving.proxy.exchange import Exchange
 from serving.proxy.metrics import Metrics
 from serving.proxy.relay import scan_usage
 from tests.harness.stub_engine import StubEngine
@@ -168,13 +169,13 @@ def test_no_key_or_digest_in_metrics_or_error_bodies(proxy: RunningProxy) -> Non
 
 
 def test_usage_numbers_that_are_not_token_counts_are_ignored() -> None:
-    ex = _Exchange(0.0, ROUTES[b"/v1/completions"], b"id", "POST", b"/v1/completions")
+    ex = Exchange(0.0, ROUTES[b"/v1/completions"], b"id", "POST", b"/v1/completions")
     scan_usage(b'{"usage": {"prompt_tokens": ' + b"9" * 5000 + b"}}", ex)  # no crash
     scan_usage(b'{"prompt_tokens": 1.5e3, "completion_tokens": 12}', ex)
     assert (ex.prompt_tokens, ex.completion_tokens) == (None, 12)
     # A model that writes `"prompt_tokens": 999` in its text: in the JSON answer the quotes
     # are escaped, so that is not a key; the real usage object after it is.
-    ex = _Exchange(0.0, ROUTES[b"/v1/completions"], b"id", "POST", b"/v1/completions")
+    ex = Exchange(0.0, ROUTES[b"/v1/completions"], b"id", "POST", b"/v1/completions")
     answer = {
         "choices": [{"text": 'say "prompt_tokens": 999 and "completion_tokens":7'}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 4},
@@ -182,7 +183,7 @@ def test_usage_numbers_that_are_not_token_counts_are_ignored() -> None:
     scan_usage(json.dumps(answer).encode(), ex)
     assert (ex.prompt_tokens, ex.completion_tokens) == (3, 4)
     # A key that only ends like one: `{"\"prompt_tokens": 5}` is the key `"prompt_tokens`.
-    ex = _Exchange(0.0, ROUTES[b"/v1/completions"], b"id", "POST", b"/v1/completions")
+    ex = Exchange(0.0, ROUTES[b"/v1/completions"], b"id", "POST", b"/v1/completions")
     scan_usage(json.dumps({'"prompt_tokens': 5}).encode(), ex)
     assert (ex.prompt_tokens, ex.completion_tokens) == (None, None)
 

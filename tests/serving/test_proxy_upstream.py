@@ -264,3 +264,100 @@ def test_header_block_checked_at_once_accepts_what_the_rules_allow() -> None:
                 await fetch(UpstreamClient(url))
 
         asyncio.run(with_server(replying(response), broken))
+
+
+class _Recorder:
+    """A ResponseListener that records its events; ``fail_on`` makes one of them raise."""
+
+    def __init__(self, fail_on: str = "") -> None:
+        self.events: list[tuple[str, object]] = []
+        self.fail_on = fail_on
+        self.over = asyncio.get_running_loop().create_future()
+
+    def _note(self, name: str, value: object = None) -> None:
+        self.events.append((name, value))
+        if name == self.fail_on:
+            raise RuntimeError(f"simulated bug in {name}")
+
+    def on_head(self) -> None:
+        self._note("head")
+
+    def on_data(self, data: bytes) -> None:
+        self._note("data", data)
+
+    def on_end(self) -> None:
+        self._note("end")
+        self.over.set_result(None)
+
+    def on_error(self, error: Exception) -> None:
+        self.events.append(("error", type(error).__name__))
+        self.over.set_result(None)
+
+    def on_tick(self) -> None:
+        self._note("tick")
+
+    def on_bug(self, exc: Exception) -> None:
+        self.events.append(("bug", str(exc)))
+        self.over.set_result(None)
+
+
+@pytest.mark.parametrize("piece", [1, 1000])
+def test_a_listener_gets_head_pieces_and_end_in_order_from_the_callbacks(piece: int) -> None:
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        assert client.request_nowait(b"GET", b"/x", []) is None  # no idle connection yet
+        resp = await client.request(b"GET", b"/x", [])
+        listener = _Recorder()
+        resp.listen(listener)
+        await listener.over
+        assert listener.events[0] == ("head", None) and listener.events[-1] == ("end", None)
+        data = b"".join(v for k, v in listener.events if k == "data")  # type: ignore[misc]
+        assert data == b"hello world"
+        # the connection went back to the pool before the end was announced: reusable now
+        again = client.request_nowait(b"GET", b"/x", [])
+        assert again is not None
+        second = _Recorder()
+        again.listen(second)
+        await second.over
+        assert second.events[-1] == ("end", None)
+
+    asyncio.run(with_server(replying(CHUNKED, LENGTH, piece=piece), body))
+
+
+@pytest.mark.parametrize("fail_on", ["head", "data"])
+def test_a_listener_that_raises_gets_on_bug_once_and_the_connection_is_dropped(
+    fail_on: str,
+) -> None:
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        resp = await client.request(b"GET", b"/x", [])
+        listener = _Recorder(fail_on=fail_on)
+        resp.listen(listener)
+        await listener.over
+        await asyncio.sleep(0.05)  # any event that would still come
+        assert listener.events[-1][0] == "bug" and fail_on in str(listener.events[-1][1])
+        assert [k for k, _ in listener.events].count("bug") == 1
+        assert not any(k in ("end", "error") for k, _ in listener.events)
+        assert resp.finished and client.idle_connections == 0
+
+    asyncio.run(with_server(replying(CHUNKED, piece=1000), body))
+
+
+def test_an_abort_with_an_error_from_on_data_ends_with_that_error_only() -> None:
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        resp = await client.request(b"GET", b"/x", [])
+        listener = _Recorder()
+
+        def on_data(data: bytes) -> None:
+            listener.events.append(("data", data))
+            resp.abort(UpstreamBroken("too large"))
+
+        listener.on_data = on_data  # type: ignore[method-assign]
+        resp.listen(listener)
+        await listener.over
+        await asyncio.sleep(0.05)
+        assert [k for k, _ in listener.events] == ["head", "data", "error"]
+        assert client.idle_connections == 0  # never pooled after an abort
+
+    asyncio.run(with_server(replying(LENGTH, piece=1000), body))
