@@ -898,9 +898,7 @@ class ProxyApp:
         """Send to the engine and relay its answer, from a callback: at once on an idle
         engine connection, else in a task that connects (the one wait on this path)."""
         if not self._send_now(writer, ex, body, forward):
-            task = self._loop().create_task(
-                self._send_connecting(writer, ex, body, forward)
-            )
+            task = self._loop().create_task(self._send_connecting(writer, ex, body, forward))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

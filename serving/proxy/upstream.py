@@ -449,7 +449,7 @@ class _Conn(asyncio.Protocol):
                 # parses its arguments with a format string built per call (~1.5k
                 # instructions per event, counted with bench.proxy.instructions).
                 line = _CHUNK_LINE_RE.match(data)
-                if line is not None and data.endswith(b"\r\n"):
+                if line is not None and data[-2:] == b"\r\n":  # not endswith: see sse.py
                     start = line.end()
                     size = int(line.group(1), 16)
                     if size > 0 and start + size + 2 == len(data):
