@@ -234,7 +234,7 @@ class Relay:
     def on_head(self) -> None:
         resp = self.resp
         assert resp is not None
-        if resp.content_type.startswith(b"text/event-stream"):
+        if resp.content_type[:17] == b"text/event-stream":  # not startswith: see sse.py
             self.t_in = time.perf_counter()
             self._start_stream(resp)
 

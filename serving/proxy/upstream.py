@@ -574,7 +574,7 @@ class _Conn(asyncio.Protocol):
         """Parse a response head; returns True for a 1xx head to skip."""
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+        if len(parts) < 2 or parts[0][:7] != b"HTTP/1.":  # not startswith: see sse.py
             raise UpstreamBroken("engine sent a malformed status line")
         code = parts[1]
         if len(code) != 3 or not code.isdigit() or not b"100" <= code <= b"599":
@@ -610,7 +610,7 @@ class _Conn(asyncio.Protocol):
                     raise UpstreamBroken("engine sent a malformed or conflicting Content-Length")
                 length = int(value)
             elif name == b"transfer-encoding":
-                chunked = value.lower().endswith(b"chunked")
+                chunked = value.lower()[-7:] == b"chunked"
             elif name == b"connection":
                 tokens = {token.strip(b" \t") for token in value.lower().split(b",")}
                 if b"close" in tokens:
