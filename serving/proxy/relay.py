@@ -224,11 +224,15 @@ class Relay:
             self.resp.resume_reading()
 
     def _write(self, data: bytes) -> None:
-        if self.writer.write_piece(data):  # the client's socket is full: stop reading the engine
-            resp = self.resp
-            if resp is not None:
-                resp.pause_reading()
-            self.writer.when_drained(self._drained)
+        if self.writer.write_piece(data):
+            self._client_full()
+
+    def _client_full(self) -> None:
+        """The client's socket buffer is full: stop reading the engine until it drains."""
+        resp = self.resp
+        if resp is not None:
+            resp.pause_reading()
+        self.writer.when_drained(self._drained)
 
     # -- ResponseListener ------------------------------------------------------------------
     def on_head(self) -> None:
@@ -259,13 +263,18 @@ class Relay:
             if _HAS_TOKENS(window) is not None:
                 self.usage_prev, self.usage_last = self.usage_last, window
             self.tail = window[-192:]
+        at_boundary = data[-2:] == b"\n\n" or data[-4:] == b"\r\n\r\n"  # see sse.py
         strip = self.strip
-        if strip is not None:
+        # The filter's common case inlined (whole events, none usage-only: passed as they are);
+        # else it holds back half an event, or drops a usage-only chunk.
+        if strip is not None and (strip.held or not at_boundary or strip.may_drop(data)):
             data = strip.feed(data)
             if not data:
                 return  # held back: part of an event, or a dropped usage chunk
-        self.at_boundary = data[-2:] == b"\n\n" or data[-4:] == b"\r\n\r\n"  # see sse.py
-        self._write(data)
+            at_boundary = data[-2:] == b"\n\n" or data[-4:] == b"\r\n\r\n"
+        self.at_boundary = at_boundary
+        if self.writer.write_piece(data):  # _write inlined: this runs once per relayed event
+            self._client_full()
 
     def on_end(self) -> None:
         if self.streaming:

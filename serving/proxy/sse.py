@@ -53,36 +53,41 @@ def is_usage_only_event(event: bytes) -> bool:
 class UsageChunkFilter:
     """Feed it the engine's bytes in order; it returns what to send on (maybe ``b""``)."""
 
-    __slots__ = ("_held", "dropped")
+    __slots__ = ("dropped", "held")
+
+    # Whether ``data`` may hold a usage-only chunk (an empty ``choices`` list); a relay that
+    # sees whole events (``held`` empty, ``data`` ending on a boundary) for which this is None
+    # may pass them on without calling ``feed``: ``feed`` would return them unchanged.
+    may_drop = _EMPTY_CHOICES_RE.search
 
     def __init__(self) -> None:
-        self._held = b""
+        self.held = b""  # the start of an event whose end has not arrived yet
         self.dropped = 0  # usage-only events removed so far
 
     def feed(self, data: bytes) -> bytes:
         if (
-            not self._held
+            not self.held
             and (data[-2:] == b"\n\n" or data[-4:] == b"\r\n\r\n")  # an event boundary (see above)
             and not _EMPTY_CHOICES_RE.search(data)
         ):
             return data  # the common case: whole events, no usage-only chunk among them
-        buf = self._held + data
+        buf = self.held + data
         lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
         end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
         if end == 0:  # no complete event yet
             if len(buf) > MAX_HELD_BYTES:
-                self._held = b""
+                self.held = b""
                 return buf
-            self._held = buf
+            self.held = buf
             return b""
-        complete, self._held = buf[:end], buf[end:]
+        complete, self.held = buf[:end], buf[end:]
         if _EMPTY_CHOICES_RE.search(complete) is None:
             return complete
         return self._drop_usage_events(complete)
 
     def flush(self) -> bytes:
         """What is left at the end of the stream (an event without a final blank line)."""
-        held, self._held = self._held, b""
+        held, self.held = self.held, b""
         if held and _EMPTY_CHOICES_RE.search(held) and is_usage_only_event(held.rstrip()):
             self.dropped += 1
             return b""

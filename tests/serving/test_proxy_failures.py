@@ -3,6 +3,7 @@ request is sent twice, and the engine stops generating when nobody will read the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -10,8 +11,8 @@ import httpx
 import pytest
 
 from serving.proxy import KeyRing, ProxyApp, ProxyConfig
+from serving.proxy import relay as relay_module
 from serving.proxy.relay import Relay
-from serving.proxy.sse import UsageChunkFilter
 from tests.harness.stub_engine import Message, Receive, Scope, Send, StubEngine, UvicornThread
 from tests.serving.conftest import AUTH, CHAT, KEYS, RunningProxy, ScriptedEngine, wait_until
 
@@ -156,16 +157,16 @@ def test_a_bug_while_relaying_a_stream_cuts_it_and_cancels_the_engine(
 ) -> None:  # fmt: skip
     proxy = start_proxy(server=server)
     calls = 0
-    real_feed = UsageChunkFilter.feed
+    real_scan = relay_module._HAS_TOKENS  # the usage scan: runs on every relayed event
 
-    def feed_then_fail(self: UsageChunkFilter, data: bytes) -> bytes:
+    def scan_then_fail(data: bytes) -> re.Match[bytes] | None:
         nonlocal calls
         calls += 1
         if calls == 3:
             raise RuntimeError("simulated bug in the relay")
-        return real_feed(self, data)
+        return real_scan(data)
 
-    monkeypatch.setattr(UsageChunkFilter, "feed", feed_then_fail)
+    monkeypatch.setattr(relay_module, "_HAS_TOKENS", scan_then_fail)
     slow = {**STREAM, "stub": {"tokens": 500, "token_delay_ms": 20}}
     with (
         proxy.client(headers=AUTH) as c,
