@@ -311,8 +311,7 @@ class StandinEngineApp:
             "id": f"cmpl-standin-{id(ex):x}",
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": s.model, "choices": [choice],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": len(pieces),
-                      "total_tokens": prompt + len(pieces)},
+            "usage": usage_info(prompt, len(pieces)),
         }).encode()  # fmt: skip
         ex.call["status"] = 200
         await self.send_completion(ex, payload, len(pieces))
@@ -355,16 +354,14 @@ class StandinEngineApp:
             chunk = {"id": rid, "object": obj, "created": created, "model": s.model,
                      "choices": [delta]}  # fmt: skip
             if s.continuous_usage:
-                chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": i + 1,
-                                  "total_tokens": prompt + i + 1}  # fmt: skip
+                chunk["usage"] = usage_info(prompt, i + 1)
             event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
             if not await self.send_event(ex, i, event):
                 return
             call["tokens_sent"] = i + 1
         tail = b""
         if include_usage:
-            usage = {"prompt_tokens": prompt, "completion_tokens": len(pieces),
-                     "total_tokens": prompt + len(pieces)}  # fmt: skip
+            usage = usage_info(prompt, len(pieces))
             final = {"id": rid, "object": obj, "created": created, "model": s.model,
                      "choices": [], "usage": usage}  # fmt: skip
             tail = b"data: " + json.dumps(final).encode() + b"\n\n"
@@ -428,6 +425,18 @@ class CancelWatch:
         self._finished = True
         if not self._task.done():
             self._task.cancel()
+
+
+def usage_info(prompt: int, completion: int) -> dict[str, int]:
+    """An OpenAI ``usage`` object in vLLM's field order: its ``UsageInfo`` model declares
+    ``prompt_tokens``, ``total_tokens``, ``completion_tokens`` (vllm/entrypoints/openai/
+    engine/protocol.py), so ``completion_tokens`` comes last, the case a proxy reading the
+    counts from a stream cut between two reads must get right."""
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+    }
 
 
 def prompt_tokens(request: dict[str, Any]) -> int:
