@@ -20,6 +20,7 @@ import contextlib
 import re
 import socket
 import time
+from collections.abc import Callable
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
@@ -52,7 +53,6 @@ _FRAMING_HEADERS = frozenset(
     {b"content-length", b"transfer-encoding", b"connection", b"content-type"}
 )
 _PAUSE_AT = 1024 * 1024  # pause reading the engine socket above this many unread bytes
-_RESUME_AT = 64 * 1024
 
 # Parser states.
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILERS, _UNTIL_EOF, _IDLE = range(8)
@@ -80,7 +80,7 @@ class _Aborted(UpstreamBroken):
 
 class ResponseListener(Protocol):
     """Receives one response's events from the engine connection's own callbacks (no task,
-    no future): what the proxy's exchange (serving/proxy/exchange.py) implements.
+    no future): what the proxy's ``relay.Relay`` (serving/proxy/relay.py) implements.
 
     Each is called at most once per event, in order: ``on_head``, then ``on_data`` per body
     piece, then ``on_end`` or ``on_error`` (``on_error`` may come at any point, and ends the
@@ -263,21 +263,31 @@ class UpstreamResponse:
         return self._done
 
     # -- producer side (called by the connection) -----------------------------------------
+    def _notify(self, listener: ResponseListener, event: Callable[[], None]) -> None:
+        """Call one of ``listener``'s events; if it raises (a bug of the proxy's): drop the
+        engine connection and hand the exception to ``on_bug``; no further event follows."""
+        try:
+            event()
+        except Exception as exc:
+            self._listener_failed(listener, exc)
+
     def _listener_failed(self, listener: ResponseListener, exc: Exception) -> None:
-        """A listener callback raised (a bug of the proxy's): drop the engine connection and
-        hand the exception to ``on_bug``; no further event reaches the listener."""
         self._listener = None
         if not self._done:
-            self._done = True
-            self._error = UpstreamBroken(f"handling the engine's response failed: {exc!r}")
-            self._stop_ticks()
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
+            self._close(UpstreamBroken(f"handling the engine's response failed: {exc!r}"))
         conn = self._conn
         if conn is not None:
             conn.abort()
         listener.on_bug(exc)
+
+    def _close(self, error: UpstreamError) -> None:
+        """The response is over with ``error``: no tick, no head timeout from now on."""
+        self._done = True
+        self._error = error
+        self._stop_ticks()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
 
     def _set_head(self) -> None:
         self._head_seen = True
@@ -286,10 +296,7 @@ class UpstreamResponse:
             self._head_timer = None
         listener = self._listener
         if listener is not None:
-            try:
-                listener.on_head()
-            except Exception as exc:
-                self._listener_failed(listener, exc)
+            self._notify(listener, listener.on_head)
             return
         future = self._head_future
         if future is not None and not future.done():
@@ -299,7 +306,7 @@ class UpstreamResponse:
         if self._tick_interval:
             self._last_data = self._loop.time()
         listener = self._listener
-        if listener is not None:  # runs once per relayed SSE event
+        if listener is not None:  # _notify inlined: this runs once per relayed SSE event
             try:
                 listener.on_data(data)
             except Exception as exc:
@@ -325,10 +332,7 @@ class UpstreamResponse:
         listener = self._listener
         if listener is not None:
             self._listener = None  # nothing follows the end
-            try:
-                listener.on_end()
-            except Exception as exc:
-                self._listener_failed(listener, exc)
+            self._notify(listener, listener.on_end)
             return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -337,19 +341,11 @@ class UpstreamResponse:
     def _fail(self, error: UpstreamError) -> None:
         if self._done:
             return
-        self._done = True
-        self._error = error
-        self._stop_ticks()
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._close(error)
         listener = self._listener
         if listener is not None:
             self._listener = None  # nothing follows the failure
-            try:
-                listener.on_error(error)
-            except Exception as exc:
-                self._listener_failed(listener, exc)
+            self._notify(listener, lambda: listener.on_error(error))
             return
         future = self._head_future
         if future is not None and not future.done():
@@ -381,10 +377,7 @@ class UpstreamResponse:
             self._tick_handle = self._loop.call_at(due, self._on_tick)
             listener = self._listener
             if listener is not None:
-                try:
-                    listener.on_tick()
-                except Exception as exc:
-                    self._listener_failed(listener, exc)
+                self._notify(listener, listener.on_tick)
                 return
             waiter = self._waiter
             if waiter is not None and not waiter.done():
