@@ -535,17 +535,31 @@ class ProxyApp:
             time.perf_counter(), req.raw_path, req.method, req.headers
         )
         try:
-            if (
-                self._front(req, ex, auth, auth_count)
-                and self._announced(req, ex, content_length)
-                and self._body_fits(req, ex, content_length, body := req.take_body())
-                and self._admit(req, ex)
+            if self._front(req, ex, auth, auth_count) and self._announced(req, ex, content_length):
+                self._serve_body(req, ex, content_length, forward)
+                return
+        except Exception as exc:
+            self._bug(req, ex, exc)
+            return
+        self._end(ex)
+
+    def _serve_body(
+        self,
+        req: Any,
+        ex: Exchange,
+        content_length: bytes | None,
+        forward: list[tuple[bytes, bytes]],
+    ) -> None:
+        """``serve_now``/``serve_head``: the steps once the whole body is here."""
+        try:
+            if self._body_fits(req, ex, content_length, body := req.take_body()) and self._admit(
+                req, ex
             ):
                 self._send(req, ex, body, forward)
                 return
         except Exception as exc:
-            self._internal_error(ex, exc)
-            req.fail()
+            self._bug(req, ex, exc)
+            return
         self._end(ex)
 
     def serve_head(self, req: Any) -> bool:
@@ -566,7 +580,7 @@ class ProxyApp:
                         self._send(req, ex, b"", forward)
                         return True
                 elif self._announced(req, ex, content_length):
-                    loop = asyncio.get_running_loop()
+                    loop = self._loop()
                     timer = loop.call_at(
                         loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0),
                         self._body_timed_out, req, ex,
@@ -580,23 +594,14 @@ class ProxyApp:
                     def arrived() -> None:
                         timer.cancel()
                         req.on_disconnect = None
-                        try:
-                            if self._body_fits(
-                                req, ex, content_length, body := req.take_body()
-                            ) and self._admit(req, ex):
-                                self._send(req, ex, body, forward)
-                                return
-                        except Exception as exc:
-                            self._internal_error(ex, exc)
-                            req.fail()
-                        self._end(ex)
+                        self._serve_body(req, ex, content_length, forward)
 
                     req.on_disconnect = left
                     req.await_body(arrived)
                     return True
         except Exception as exc:
-            self._internal_error(ex, exc)
-            req.fail()
+            self._bug(req, ex, exc)
+            return True
         self._end(ex)
         return True
 
@@ -604,10 +609,7 @@ class ProxyApp:
         if ex.ended:
             return
         req.on_body_complete = req.on_disconnect = None
-        self.answer_error(
-            req, ex, 408, f"request body not received within {self.config.body_timeout_s:g} s",
-            "invalid_request_error", "request_timeout",
-        )  # fmt: skip
+        self._body_too_slow(req, ex)
         self._end(ex)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -695,12 +697,18 @@ class ProxyApp:
         ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
         event_log.error("proxy internal error", exc_info=exc)
 
+    def _bug(self, writer: ClientWriter, ex: Exchange, exc: Exception) -> None:
+        """A bug of ours on a callback path: logged and counted, the client's answer failed
+        (500 before its head, else a cut connection), the request ended."""
+        self._internal_error(ex, exc)
+        writer.fail()
+        self._end(ex)
+
     def _end(self, ex: Exchange) -> None:
         """The request is over (answered, failed or abandoned): once per request."""
         if ex.ended:
             return
         ex.ended = True
-        ex.finished = True
         ex.duration = time.perf_counter() - ex.t0
         if ex.admitted:
             self.metrics.in_flight -= 1
@@ -822,14 +830,14 @@ class ProxyApp:
         ex: Exchange,
         content_length: bytes | None,
     ) -> bytes | None:
-        """The body of an ASGI request (``_whole_body``'s checks as the pieces arrive); None:
+        """The body of an ASGI request (``_body_fits``'s checks as the pieces arrive); None:
         answered (or the client left). The whole body must have arrived by t0 +
         ``body_timeout_s`` (408)."""
         if ex.route.method != "POST":
             return b""
         if not self._announced(writer, ex, content_length):
             return None
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         deadline = loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0)
         limit = self.config.max_body_bytes
         parts: list[bytes] = []
@@ -853,10 +861,7 @@ class ProxyApp:
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            self.answer_error(
-                writer, ex, 408, f"request body not received within "
-                f"{self.config.body_timeout_s:g} s", "invalid_request_error", "request_timeout",
-            )  # fmt: skip
+            self._body_too_slow(writer, ex)
             return None
         ex.body_unread = False
         body = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -943,9 +948,7 @@ class ProxyApp:
             self._end(ex)
             return
         except Exception as exc:  # a bug of ours (serve_now's task: nobody else would see it)
-            self._internal_error(ex, exc)
-            writer.fail()
-            self._end(ex)
+            self._bug(writer, ex, exc)
             return
         self._relay(writer, ex, resp)
 
@@ -974,6 +977,12 @@ class ProxyApp:
             writer, ex, 503, f"proxy buffers full ({self.config.max_buffered_bytes} bytes of "
             "request and response bodies held); retry after the Retry-After delay",
             "service_unavailable", "proxy_buffers_full", self._busy_headers,
+        )  # fmt: skip
+
+    def _body_too_slow(self, writer: ClientWriter, ex: Exchange) -> None:
+        self.answer_error(
+            writer, ex, 408, f"request body not received within {self.config.body_timeout_s:g} s",
+            "invalid_request_error", "request_timeout",
         )  # fmt: skip
 
     def _body_too_large(self, writer: ClientWriter, ex: Exchange) -> None:

@@ -9,8 +9,6 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.proxy.upstream import UpstreamResponse
-
 __all__ = ["Exchange", "Route"]
 
 
@@ -39,7 +37,6 @@ class Exchange:
         "duration",
         "ended",
         "error",
-        "finished",
         "held",
         "key",
         "method",
@@ -48,7 +45,6 @@ class Exchange:
         "prompt_tokens",
         "relay",
         "request_id",
-        "resp",
         "route",
         "status",
         "stream",
@@ -75,9 +71,7 @@ class Exchange:
         self.error: str | None = None
         self.stream = False
         self.wants_usage = False  # the client set stream_options.include_usage
-        self.finished = False  # the client's answer is complete (or failed)
         self.client_gone = False
-        self.resp: UpstreamResponse | None = None
         self.relay: Any = None  # its relay.Relay, once the request went to the engine
         # Engine bytes that carry the usage object (a whole answer, or a stream's last two
         # reads that had one): token counts are read from them when the request is accounted.
