@@ -65,25 +65,24 @@ class UsageChunkFilter:
         self.dropped = 0  # usage-only events removed so far
 
     def feed(self, data: bytes) -> bytes:
-        if (
-            not self.held
-            and (data[-2:] == b"\n\n" or data[-4:] == b"\r\n\r\n")  # an event boundary (see above)
-            and not _EMPTY_CHOICES_RE.search(data)
-        ):
-            return data  # the common case: whole events, no usage-only chunk among them
-        buf = self.held + data
-        lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
-        end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
-        if end == 0:  # no complete event yet
-            if len(buf) > MAX_HELD_BYTES:
-                self.held = b""
-                return buf
-            self.held = buf
-            return b""
-        complete, self.held = buf[:end], buf[end:]
-        if _EMPTY_CHOICES_RE.search(complete) is None:
-            return complete
-        return self._drop_usage_events(complete)
+        if self.held:
+            data = self.held + data
+        if data[-2:] == b"\n\n" or data[-4:] == b"\r\n\r\n":  # an event boundary (see above)
+            complete, self.held = data, b""
+        else:  # hold back the incomplete last event
+            lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+            end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+            if end == 0:  # no complete event yet
+                if len(data) > MAX_HELD_BYTES:
+                    self.held = b""
+                    return data
+                self.held = data
+                return b""
+            complete, self.held = data[:end], data[end:]
+        found = _EMPTY_CHOICES_RE.search(complete)
+        if found is None:
+            return complete  # the common case: whole events, no usage-only chunk among them
+        return self._drop_usage_events(complete, found)
 
     def flush(self) -> bytes:
         """What is left at the end of the stream (an event without a final blank line)."""
@@ -93,15 +92,27 @@ class UsageChunkFilter:
             return b""
         return held
 
-    def _drop_usage_events(self, complete: bytes) -> bytes:
+    def _drop_usage_events(self, complete: bytes, found: re.Match[bytes] | None) -> bytes:
+        """``complete`` (whole events) without its usage-only ones; ``found`` is the first
+        empty ``choices`` list in it. Only the events holding one are looked at: the engine's
+        burst of many token events with the usage chunk last costs one search, not one per
+        event."""
         out: list[bytes] = []
-        start = 0
-        for sep in _BOUNDARY_RE.finditer(complete):
-            event = complete[start : sep.start()]
-            if _EMPTY_CHOICES_RE.search(event) and is_usage_only_event(event):
+        kept_from = 0  # the start of what is kept and not yet in ``out``
+        while found is not None:
+            at = found.start()
+            # the event holding the match: from the blank line before it to the one after it
+            lf, crlf = (
+                complete.rfind(b"\n\n", kept_from, at),
+                complete.rfind(b"\r\n\r\n", kept_from, at),
+            )
+            start = max(lf + 2 if lf >= 0 else kept_from, crlf + 4 if crlf >= 0 else kept_from)
+            sep = _BOUNDARY_RE.search(complete, found.end())
+            stop, after = (sep.start(), sep.end()) if sep else (len(complete), len(complete))
+            if is_usage_only_event(complete[start:stop]):
                 self.dropped += 1
-            else:
-                out.append(complete[start : sep.end()])
-            start = sep.end()
-        out.append(complete[start:])
+                out.append(complete[kept_from:start])
+                kept_from = after
+            found = _EMPTY_CHOICES_RE.search(complete, after)
+        out.append(complete[kept_from:])
         return b"".join(out)

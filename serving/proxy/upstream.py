@@ -448,9 +448,19 @@ class _Conn(asyncio.Protocol):
                     if size > 0 and start + size + 2 == len(data):
                         resp._push(data[start : start + size])
                         return
-        self._buf += data
+        pieces: list[bytes] = []
         try:
-            self._parse(resp)
+            if not self._buf and state == _CHUNK_SIZE:
+                # Several events in one read (an engine's burst): the whole chunks are taken
+                # from the read itself, only a cut last one goes through the buffer.
+                pos = self._take_chunks(data, pieces)
+                if pos == len(data):
+                    if pieces:
+                        resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                    return
+                data = data[pos:]
+            self._buf += data
+            self._parse(resp, pieces)
         except UpstreamBroken as exc:
             self.resp = None
             resp._fail(exc)
@@ -470,9 +480,10 @@ class _Conn(asyncio.Protocol):
             self.transport.abort()
 
     # parsing
-    def _parse(self, resp: UpstreamResponse) -> None:
+    def _parse(self, resp: UpstreamResponse, pieces: list[bytes]) -> None:
+        """Parse what is buffered; body pieces are added to ``pieces`` (which may hold the
+        read's earlier ones) and pushed as one."""
         buf = self._buf
-        pieces: list[bytes] = []
         while buf:
             state = self._state
             if state == _HEAD:
@@ -497,42 +508,12 @@ class _Conn(asyncio.Protocol):
                     self._complete(resp, pieces)
                     return
             elif state == _CHUNK_SIZE:
-                # Whole chunks (size line, data, CRLF) are taken in one pass over an immutable
-                # copy, the buffer trimmed once: an engine's burst of many small SSE chunks in
-                # one read costs one loop turn per chunk, not three buffer moves.
-                data = bytes(buf)
-                pos = 0
-                n = len(data)
-                more = False  # a size line is cut: wait for the next read
-                while True:
-                    end = data.find(b"\r\n", pos)
-                    if end < 0:
-                        if n - pos > 1024:
-                            raise UpstreamBroken("engine sent a malformed chunk size line")
-                        more = True
-                        break
-                    line = data[pos:end]
-                    if not _HEX_RE.fullmatch(line):
-                        line = line.split(b";", 1)[0].strip(b" \t")
-                        if not _HEX_RE.fullmatch(line):
-                            raise UpstreamBroken("engine sent a malformed chunk size line")
-                    size = int(line, 16)
-                    pos = end + 2
-                    if size == 0:
-                        self._state = _TRAILERS
-                        break
-                    stop = pos + size
-                    if stop + 2 > n:  # the chunk's data is not all here: the slow states
-                        self._remaining = size
-                        self._state = _CHUNK_DATA
-                        break
-                    if data[stop : stop + 2] != b"\r\n":
-                        raise UpstreamBroken("engine sent a chunk without its CRLF terminator")
-                    pieces.append(data[pos:stop])
-                    pos = stop + 2
+                # One pass over an immutable copy, the buffer trimmed once: a burst of many
+                # small SSE chunks costs one loop turn per chunk, not three buffer moves.
+                pos = self._take_chunks(bytes(buf), pieces)
                 del buf[:pos]
-                if more:
-                    break
+                if self._state == _CHUNK_SIZE:
+                    break  # all taken, or a size line is cut: wait for the next read
             elif state == _CHUNK_DATA:
                 take = min(self._remaining, len(buf))
                 pieces.append(bytes(buf[:take]))
@@ -562,6 +543,46 @@ class _Conn(asyncio.Protocol):
                 raise UpstreamBroken("engine sent bytes after a complete response")
         if pieces:
             resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+
+    def _take_chunks(self, data: bytes, pieces: list[bytes]) -> int:
+        """Take the whole chunks at the start of ``data`` (state ``_CHUNK_SIZE``) into
+        ``pieces``; returns how many bytes were consumed. Stops at the last chunk's size line
+        (state ``_TRAILERS``), at a chunk whose data is not all here (``_CHUNK_DATA``), or
+        at a cut size line or the end of ``data`` (state unchanged)."""
+        pos = 0
+        n = len(data)
+        size_line = _CHUNK_LINE_RE.match
+        while pos < n:
+            # A regex match from pos, not bytes.find(sub, start): in CPython 3.11 that parses
+            # its arguments with a format string built per call (~1k instructions a chunk).
+            line = size_line(data, pos)
+            if line is not None:
+                size = int(line.group(1), 16)
+                start = line.end()
+            else:  # a chunk extension, a malformed line, or a line cut by the read
+                end = data.find(b"\r\n", pos)
+                if end < 0:
+                    if n - pos > 1024:
+                        raise UpstreamBroken("engine sent a malformed chunk size line")
+                    return pos
+                text = data[pos:end].split(b";", 1)[0].strip(b" \t")
+                if not _HEX_RE.fullmatch(text):
+                    raise UpstreamBroken("engine sent a malformed chunk size line")
+                size = int(text, 16)
+                start = end + 2
+            if size == 0:
+                self._state = _TRAILERS
+                return start
+            stop = start + size
+            if stop + 2 > n:  # the chunk's data is not all here: the slow states
+                self._remaining = size
+                self._state = _CHUNK_DATA
+                return start
+            if data[stop : stop + 2] != b"\r\n":
+                raise UpstreamBroken("engine sent a chunk without its CRLF terminator")
+            pieces.append(data[start:stop])
+            pos = stop + 2
+        return pos
 
     def _parse_head(self, resp: UpstreamResponse, head: bytes) -> bool:
         """Parse a response head; returns True for a 1xx head to skip."""

@@ -144,6 +144,20 @@ def test_filter_drops_only_the_usage_event_at_every_split_point(sep: bytes) -> N
     assert run_filter([bytes([b]) for b in stream]) == (want, 1)
 
 
+@pytest.mark.parametrize("sep", [b"\n\n", b"\r\n\r\n"])
+def test_filter_looks_at_every_event_with_empty_choices_in_one_read(sep: bytes) -> None:
+    # Two usage-only events, and between them one whose choices are empty but that carries no
+    # usage (kept: only usage-only chunks are the engine's addition). The filter searches from
+    # one empty choices list to the next: each must be judged, whatever its place in the read.
+    empty_no_usage = b'data: {"id":"c1","choices":[],"system_fingerprint":"x"}'
+    events = [TOKEN_EVENTS[0], USAGE_EVENT, TOKEN_EVENTS[2], empty_no_usage, USAGE_EVENT]
+    stream = sep.join([*events, b"data: [DONE]"]) + sep
+    want = sep.join([TOKEN_EVENTS[0], TOKEN_EVENTS[2], empty_no_usage, b"data: [DONE]"]) + sep
+    assert run_filter([stream]) == (want, 2)
+    for cut in range(1, len(stream), 7):
+        assert run_filter([stream[:cut], stream[cut:]]) == (want, 2), cut
+
+
 def test_filter_passes_whole_events_untouched_and_holds_half_ones() -> None:
     f = UsageChunkFilter()
     whole = TOKEN_EVENTS[0] + b"\n\n"
