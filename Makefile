@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EMULATOR_PORT ?= 8790
 STACK ?= local
 
-.PHONY: setup test lint emulator up down plan offline-up offline-down bench-proxy bench-proxy-instructions bench-providers gateway-config clean
+.PHONY: setup test lint emulator up down plan offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config clean
 
 setup: $(STAMP)
 
@@ -81,6 +81,9 @@ bench-proxy: setup
 
 bench-proxy-instructions: setup
 	$(PY) -m bench.proxy.instructions
+
+bench-proxy-timeline: setup
+	$(PY) -m bench.proxy.timeline
 
 bench-providers: setup
 	$(PY) -m bench.providers
