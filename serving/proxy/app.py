@@ -502,9 +502,11 @@ class ProxyApp:
             )  # fmt: skip
 
     async def _check_health(self) -> tuple[bool, str]:
-        resp: UpstreamResponse | None = None
         try:
             resp = await self.client.request(b"GET", b"/health", [], retry_connect=False)
+        except UpstreamError as exc:
+            return False, str(exc)
+        try:
             await resp.head()
             await resp.read_all(1 << 16)
         except UpstreamError as exc:
@@ -512,7 +514,7 @@ class ProxyApp:
         finally:
             # Cancelled by the poller's timeout: close the connection (an engine that never
             # answers would otherwise collect one open connection per poll).
-            if resp is not None and not resp.finished:
+            if not resp.finished:
                 resp.abort()
         if resp.status == 200:
             return True, "engine /health answered 200"

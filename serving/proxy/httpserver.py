@@ -59,7 +59,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import Any
+from typing import Any, cast
 
 import httptools
 
@@ -526,8 +526,11 @@ class _HttpProtocol(asyncio.Protocol):
         method = parser.get_method().decode("ascii")
         version = parser.get_http_version()
         parsed = httptools.parse_url(self._url)
+        # httptools' stub types URL.query as bytes, but it is None when the URL has none: read
+        # untyped, so that a build compiled with mypyc does not check it against the stub.
+        query: bytes | None = cast(Any, parsed).query
         req = _Request(
-            self, method, parsed.path, parsed.query or b"", self._headers,
+            self, method, parsed.path, query or b"", self._headers,
             version if version in ("1.0", "1.1") else "1.1",
             keep_alive=version == "1.1" and parser.should_keep_alive(),
             expect_continue=self._expect_continue,
