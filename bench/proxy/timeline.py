@@ -7,7 +7,9 @@ splits it. For each streamed request the client records when the response head w
 when the first body bytes were read (the TTFB), when the stream ended, and how many body bytes
 that first read held. The stand-in engine writes the head, then each event, then the end, each
 its own write (uvicorn's ``send`` per ASGI message); with ``--token-delay-ms 0`` (the latency
-bench's TTFB mode) all of it in a burst, else the events that far apart.
+bench's TTFB mode) all of it in a burst, else the events that far apart;
+``--first-token-delay-ms`` puts a pause between the head and the first event (a prefill), so
+the head is relayed with nothing else going on.
 
 Reading it: a target whose head is as late as its first event loses its time before or at the
 head (the request's way in, the engine's head on its way out), not in relaying events. A first
@@ -98,6 +100,8 @@ def render(rows: dict[str, dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.proxy.timeline", description=__doc__)
     parser.add_argument("--requests", type=int, default=2000, help="streams per target")
+    parser.add_argument("--first-token-delay-ms", type=float, default=0.0,
+                        help="the engine's pause between its head and the first event")  # fmt: skip
     parser.add_argument("--token-delay-ms", type=float, default=0.0,
                         help="the engine's pause between events (0: a burst)")  # fmt: skip
     parser.add_argument(
@@ -107,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     print(f"machine: {info['nproc']} CPUs, {info['cpu']}, Python {info['python']}, "
           f"load avg {info['load_avg_at_start']}", flush=True)  # fmt: skip
-    stub = StubEngineProcess(tokens=16, token_delay_ms=args.token_delay_ms, record=False).start()
+    stub = StubEngineProcess(
+        tokens=16, token_delay_ms=args.token_delay_ms,
+        first_token_delay_ms=args.first_token_delay_ms, record=False,
+    ).start()  # fmt: skip
     proxy = nginx = None
     try:
         proxy = Proxy(stub.url)
@@ -121,11 +128,13 @@ def main(argv: list[str] | None = None) -> int:
             if thing is not None:
                 thing.stop()
         stub.stop()
-    print(f"\nStreamed chat, 16 events, {args.token_delay_ms:g} ms between events, "
-          f"{args.requests} per target; added ms vs direct in brackets\n")  # fmt: skip
+    print(f"\nStreamed chat, 16 events, the first {args.first_token_delay_ms:g} ms after the head, "
+          f"{args.token_delay_ms:g} ms between events, {args.requests} per target; added ms "
+          "vs direct in brackets\n")  # fmt: skip
     print(render(rows))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"machine": info, "token_delay_ms": args.token_delay_ms,
+                                     "first_token_delay_ms": args.first_token_delay_ms,
                                      "rows": rows}, indent=1))  # fmt: skip
     print(f"\nraw results: {args.json}")
     return 0
