@@ -12,7 +12,8 @@ What the client gets:
 - a non-stream answer: read whole (so usage can be counted and a broken body becomes a 502),
   within ``max_response_bytes`` and the global buffer budget (503 ``proxy_buffers_full``),
   then sent in one write with the engine's headers minus the hop-by-hop ones;
-- a stream (``text/event-stream``): each piece as it arrives, ``: keep-alive`` comments while
+- a stream (``text/event-stream``): each piece as it arrives (the last read's events and the
+  end in one write: ``on_end`` carries them), ``: keep-alive`` comments while
   the engine is silent (only between events), usage-only chunks the client did not ask for
   counted then dropped (``sse.py``); a failure after the 200 head ends the stream with an SSE
   error event and ``[DONE]``, never a silent truncation; the engine is read no faster than the
@@ -151,8 +152,9 @@ class Relay:
     ``on_done`` is called once, when the client's answer is complete, failed or abandoned."""
 
     __slots__ = (
-        "app", "at_boundary", "done", "ex", "on_done", "parts", "resp", "scan", "size",
-        "streaming", "strip", "t_in", "t_sent", "tail", "usage_last", "usage_prev", "writer",
+        "app", "at_boundary", "done", "ending", "ex", "last_out", "on_done", "parts", "resp",
+        "scan", "size", "streaming", "strip", "t_in", "t_sent", "tail", "usage_last",
+        "usage_prev", "writer",
     )  # fmt: skip
 
     def __init__(
@@ -176,6 +178,8 @@ class Relay:
         self.size = 0
         # stream: where the client is in the SSE event stream, the usage seen, the filter
         self.at_boundary = True  # the last byte relayed ended an SSE event
+        self.ending = False  # on_end is passing the last bytes through on_data
+        self.last_out = b""  # what on_data left to send with the end (while ``ending``)
         self.scan = False
         self.strip: UsageChunkFilter | None = None
         self.tail = b""
@@ -241,16 +245,10 @@ class Relay:
 
     def on_data(self, data: bytes) -> None:
         if not self.streaming:  # a non-stream answer: read whole
-            self.size += len(data)
-            limit = self.app.config.max_response_bytes
-            resp = self.resp
-            assert resp is not None
-            if self.size > limit:
-                resp.abort(UpstreamBroken(f"engine response body exceeds {limit} bytes"))
-            elif not self.app.hold(self.ex, len(data)):
-                resp.abort(_BuffersFull("proxy buffers full"))
-            else:
-                self.parts.append(data)
+            error = self._keep(data)
+            if error is not None:
+                assert self.resp is not None
+                self.resp.abort(error)
             return
         ex = self.ex
         if ex.ttft is None:
@@ -270,16 +268,41 @@ class Relay:
                 return  # held back: part of an event, or a dropped usage chunk
             at_boundary = data[-2:] == b"\n\n" or data[-4:] == b"\r\n\r\n"
         self.at_boundary = at_boundary
+        if self.ending:
+            self.last_out = data  # sent with the end, in one write
+            return
         if self.writer.write_piece(data):  # _write inlined: this runs once per relayed event
             self._client_full()
 
-    def on_end(self) -> None:
+    def on_end(self, data: bytes) -> None:
         if self.streaming:
-            self.writer.end_stream(b"" if self.strip is None else self.strip.flush())
+            if data:  # the last events came with the end: scanned and filtered as any read
+                self.ending = True
+                self.on_data(data)
+                data = self.last_out
+            if self.strip is not None:
+                data += self.strip.flush()
+            self.writer.end_stream(data)
             self._finish()
             return
+        if data:
+            error = self._keep(data)
+            if error is not None:
+                self.on_error(error)
+                return
         self.t_in = time.perf_counter()
         self._respond_whole()
+
+    def _keep(self, data: bytes) -> UpstreamError | None:
+        """Hold a piece of a non-stream answer; the error to end it with when it does not fit."""
+        self.size += len(data)
+        limit = self.app.config.max_response_bytes
+        if self.size > limit:
+            return UpstreamBroken(f"engine response body exceeds {limit} bytes")
+        if not self.app.hold(self.ex, len(data)):
+            return _BuffersFull("proxy buffers full")
+        self.parts.append(data)
+        return None
 
     def on_error(self, error: UpstreamError) -> None:
         ex = self.ex

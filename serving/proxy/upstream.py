@@ -84,13 +84,16 @@ class ResponseListener(Protocol):
 
     Each is called at most once per event, in order: ``on_head``, then ``on_data`` per body
     piece, then ``on_end`` or ``on_error`` (``on_error`` may come at any point, and ends the
-    response); ``on_tick`` after each ``keepalive_ticks`` interval without body bytes. If one
-    of them raises, the engine connection is dropped and ``on_bug`` is called (it must not
-    raise) instead of any further event."""
+    response); ``on_tick`` after each ``keepalive_ticks`` interval without body bytes.
+    ``on_end(data)`` carries the body bytes of the read that completed the response (maybe
+    none), so that a listener can write them and the end in one write: an engine's last
+    event and its end usually come in one read. If an event raises, ``on_bug`` is called (it
+    must not raise) instead of any further event, and the engine connection is dropped
+    unless the response was complete (then it is back in the pool already)."""
 
     def on_head(self) -> None: ...
     def on_data(self, data: bytes) -> None: ...
-    def on_end(self) -> None: ...
+    def on_end(self, data: bytes) -> None: ...
     def on_error(self, error: UpstreamError) -> None: ...
     def on_tick(self) -> None: ...
     def on_bug(self, exc: Exception) -> None: ...
@@ -323,7 +326,8 @@ class UpstreamResponse:
                 self._paused = True
                 conn.transport.pause_reading()
 
-    def _finish(self) -> None:
+    def _finish(self, last: bytes = b"") -> None:
+        """The response is complete; ``last``: the body bytes of the read that completed it."""
         if self._done:  # failed or aborted while its last piece was handled
             return
         self._done = True
@@ -332,8 +336,14 @@ class UpstreamResponse:
         listener = self._listener
         if listener is not None:
             self._listener = None  # nothing follows the end
-            self._notify(listener, listener.on_end)
+            try:  # _notify inlined: it takes no argument for the event
+                listener.on_end(last)
+            except Exception as exc:
+                self._listener_failed(listener, exc)
             return
+        if last:
+            self._chunks.append(last)
+            self._buffered += len(last)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -655,13 +665,13 @@ class _Conn(asyncio.Protocol):
         return False
 
     def _complete(self, resp: UpstreamResponse, pieces: list[bytes]) -> None:
-        if pieces:
-            resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        # The read's last body bytes go with the end (``on_end(data)``): one write for both.
+        last = (pieces[0] if len(pieces) == 1 else b"".join(pieces)) if pieces else b""
         self._state = _IDLE
         self.resp = None
         leftover = bool(self._buf)
         if resp._paused:
-            # The last piece pushed the unread backlog over _PAUSE_AT. The response owns no
+            # Earlier pieces pushed the unread backlog over _PAUSE_AT. The response owns no
             # connection once finished, so resume here: a paused connection in the pool would
             # never read the next response (it would hang until the head timeout).
             resp._paused = False
@@ -673,7 +683,7 @@ class _Conn(asyncio.Protocol):
             self.pool._release(self)
         else:
             self.abort()
-        resp._finish()
+        resp._finish(last)
 
 
 class UpstreamClient:

@@ -285,8 +285,8 @@ class _Recorder:
     def on_data(self, data: bytes) -> None:
         self._note("data", data)
 
-    def on_end(self) -> None:
-        self._note("end")
+    def on_end(self, data: bytes) -> None:
+        self._note("end", data)
         self.over.set_result(None)
 
     def on_error(self, error: Exception) -> None:
@@ -310,16 +310,18 @@ def test_a_listener_gets_head_pieces_and_end_in_order_from_the_callbacks(piece: 
         listener = _Recorder()
         resp.listen(listener)
         await listener.over
-        assert listener.events[0] == ("head", None) and listener.events[-1] == ("end", None)
-        data = b"".join(v for k, v in listener.events if k == "data")  # type: ignore[misc]
+        assert listener.events[0] == ("head", None) and listener.events[-1][0] == "end"
+        data = b"".join(v for k, v in listener.events if k in ("data", "end"))  # type: ignore[misc]
         assert data == b"hello world"
+        if piece == 1000:  # all in one read: the body comes with the end, for one write
+            assert listener.events == [("head", None), ("end", b"hello world")]
         # the connection went back to the pool before the end was announced: reusable now
         again = client.request_nowait(b"GET", b"/x", [])
         assert again is not None
         second = _Recorder()
         again.listen(second)
         await second.over
-        assert second.events[-1] == ("end", None)
+        assert second.events[-1][0] == "end"
 
     asyncio.run(with_server(replying(CHUNKED, LENGTH, piece=piece), body))
 
@@ -328,6 +330,7 @@ def test_a_listener_gets_head_pieces_and_end_in_order_from_the_callbacks(piece: 
 def test_a_listener_that_raises_gets_on_bug_once_and_the_connection_is_dropped(
     fail_on: str,
 ) -> None:
+    # One byte per read: the body's first pieces come through on_data, before the end.
     async def body(url: str) -> None:
         client = UpstreamClient(url)
         resp = await client.request(b"GET", b"/x", [])
@@ -339,6 +342,21 @@ def test_a_listener_that_raises_gets_on_bug_once_and_the_connection_is_dropped(
         assert [k for k, _ in listener.events].count("bug") == 1
         assert not any(k in ("end", "error") for k, _ in listener.events)
         assert resp.finished and client.idle_connections == 0
+
+    asyncio.run(with_server(replying(CHUNKED, piece=1), body))
+
+
+def test_a_listener_that_raises_at_the_end_gets_on_bug_and_the_connection_stays_pooled() -> None:
+    # The response was complete (parsed whole) before on_end: its connection is clean.
+    async def body(url: str) -> None:
+        client = UpstreamClient(url)
+        resp = await client.request(b"GET", b"/x", [])
+        listener = _Recorder(fail_on="end")
+        resp.listen(listener)
+        await listener.over
+        await asyncio.sleep(0.05)
+        assert [k for k, _ in listener.events] == ["head", "end", "bug"]
+        assert resp.finished and client.idle_connections == 1
 
     asyncio.run(with_server(replying(CHUNKED, piece=1000), body))
 
@@ -360,4 +378,5 @@ def test_an_abort_with_an_error_from_on_data_ends_with_that_error_only() -> None
         assert [k for k, _ in listener.events] == ["head", "data", "error"]
         assert client.idle_connections == 0  # never pooled after an abort
 
-    asyncio.run(with_server(replying(LENGTH, piece=1000), body))
+    # one byte per read: the first body byte comes through on_data, not with the end
+    asyncio.run(with_server(replying(LENGTH, piece=1), body))
