@@ -528,7 +528,7 @@ class _HttpProtocol(asyncio.Protocol):
         parsed = httptools.parse_url(self._url)
         # httptools' stub types URL.query as bytes, but it is None when the URL has none: read
         # untyped, so that a build compiled with mypyc does not check it against the stub
-        # (getattr, a builtin: typing.cast would add a Python call per request).
+        # (getattr, a builtin, rather than a typing.cast call per request).
         query: bytes | None = getattr(parsed, "query")  # noqa: B009
         req = _Request(
             self, method, parsed.path, query or b"", self._headers,
