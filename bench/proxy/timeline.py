@@ -1,5 +1,6 @@
-"""``python -m bench.proxy.timeline [--requests N] [--token-delay-ms D]``: where a streamed
-answer's time to first byte goes, seen from the client, for the engine called directly, the
+"""``python -m bench.proxy.timeline [--requests N] [--token-delay-ms D]
+[--first-token-delay-ms D]`` (``make bench-proxy-timeline``): where a streamed answer's time
+to first byte goes, seen from the client, for the engine called directly, the
 proxy and nginx, in one run.
 
 Why: the latency bench's TTFB row (``python -m bench.proxy``) gives one number per target. This

@@ -92,13 +92,14 @@ class UsageChunkFilter:
             return b""
         return held
 
-    def _drop_usage_events(self, complete: bytes, found: re.Match[bytes] | None) -> bytes:
-        """``complete`` (whole events) without its usage-only ones; ``found`` is the first
+    def _drop_usage_events(self, complete: bytes, first: re.Match[bytes]) -> bytes:
+        """``complete`` (whole events) without its usage-only ones; ``first`` is the first
         empty ``choices`` list in it. Only the events holding one are looked at: the engine's
         burst of many token events with the usage chunk last costs one search, not one per
         event."""
         out: list[bytes] = []
         kept_from = 0  # the start of what is kept and not yet in ``out``
+        found: re.Match[bytes] | None = first
         while found is not None:
             at = found.start()
             # the event holding the match: from the blank line before it to the one after it
