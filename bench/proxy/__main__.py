@@ -1,5 +1,7 @@
-"""``python -m bench.proxy [--quick] [--reps N] [--no-nginx] [--only PARTS]``: the proxy vs
-calling the stub engine directly vs nginx, in one run, with the issue-13 targets table.
+"""``python -m bench.proxy [--quick] [--reps N] [--no-nginx] [--only PARTS] [--baseline-ref REF
+| --baseline-root DIR]``: the proxy vs calling the stub engine directly vs nginx, in one run,
+with the issue-13 targets table; optionally also the proxy as of a commit, or from a
+directory (e.g. compiled by ``python -m bench.proxy.compiled DIR``).
 
 Starts, in separate processes: the stub engine (tests/harness/stub_engine.py, uvicorn +
 uvloop), our proxy (``python -m serving.proxy``, its own HTTP server, access log on, stderr to
@@ -98,7 +100,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="also measure the proxy as of this commit (its serving/ package, from "
                    "git archive) as target 'proxy at REF': a change against its own past, "
                    "in the same run")  # fmt: skip
+    p.add_argument("--baseline-root", type=Path, default=None, metavar="DIR",
+                   help="instead: the proxy in DIR (a directory holding a `serving` package, "
+                   "e.g. one built by `python -m bench.proxy.compiled DIR`) as target "
+                   "'proxy at DIRNAME'")  # fmt: skip
     args = p.parse_args(argv)
+    if args.baseline_ref and args.baseline_root:
+        p.error("give --baseline-ref or --baseline-root, not both")
+    if args.baseline_root and not (args.baseline_root / "serving/proxy/__main__.py").exists():
+        p.error(f"--baseline-root {args.baseline_root}: no serving/proxy/__main__.py there")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
@@ -134,10 +144,14 @@ def main(argv: list[str] | None = None) -> int:
             pids["nginx"] = nginx.proc.pid
         lat_targets = {**targets, "proxy on uvicorn": on_uvicorn.url}
         lat_pids = {**pids, "proxy on uvicorn": on_uvicorn.proc.pid}
-        if args.baseline_ref:
-            baseline = Proxy(stub.url, root=_export(args.baseline_ref, Path(tmp.name)))
-            name = f"proxy at {args.baseline_ref}"
-            results["baseline_ref"] = args.baseline_ref
+        if args.baseline_ref or args.baseline_root:
+            if args.baseline_root:
+                root, label = args.baseline_root.resolve(), args.baseline_root.resolve().name
+            else:
+                root, label = _export(args.baseline_ref, Path(tmp.name)), args.baseline_ref
+            baseline = Proxy(stub.url, root=root)
+            name = f"proxy at {label}"
+            results["baseline_ref"] = label
             lat_targets[name] = baseline.url
             lat_pids[name] = baseline.proc.pid
 

@@ -1,5 +1,6 @@
-"""``python -m bench.proxy.instructions [--baseline-ref REF] [--requests N]``: the CPU
-instructions the proxy runs per request, for this checkout and a baseline, in one run.
+"""``python -m bench.proxy.instructions [--baseline-ref REF | --baseline-root DIR]
+[--requests N]``: the CPU instructions the proxy runs per request, for this checkout and a
+baseline, in one run.
 
 Why: the latency bench (``python -m bench.proxy``) measures what a client sees, but on a
 shared 2-core machine its medians move by ±20 µs from run to run, so a change worth 5 µs of
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-ref", default="HEAD",
                         help="git ref whose serving/ package is the baseline (default HEAD, "
                         "so uncommitted changes are compared with the last commit)")  # fmt: skip
+    parser.add_argument("--baseline-root", type=Path, default=None, metavar="DIR",
+                        help="instead: the proxy in DIR (a directory holding a `serving` "
+                        "package, e.g. built by `python -m bench.proxy.compiled DIR`)")  # fmt: skip
     parser.add_argument("--requests", type=int, default=300, help="requests counted per kind")
     parser.add_argument("--only", default="", help="only the kinds whose name contains this")
     args = parser.parse_args(argv)
@@ -122,14 +126,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     scratch = Path(tempfile.mkdtemp(prefix="bench-instr-"))
     (scratch / "base").mkdir()
-    try:
-        base = _export(args.baseline_ref, scratch / "base")
-    except subprocess.CalledProcessError as exc:
-        shutil.rmtree(scratch, ignore_errors=True)
-        print(f"cannot export serving/ at {args.baseline_ref!r}: {exc.stderr.decode().strip()}",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    targets = {"this checkout": PROJECT_ROOT, f"baseline {args.baseline_ref}": base}
+    if args.baseline_root is not None:
+        base = args.baseline_root.resolve()
+        label = base.name
+        if not (base / "serving/proxy/__main__.py").exists():
+            print(f"--baseline-root {base}: no serving/proxy/__main__.py there", file=sys.stderr)
+            return 2
+    else:
+        label = args.baseline_ref
+        try:
+            base = _export(args.baseline_ref, scratch / "base")
+        except subprocess.CalledProcessError as exc:
+            shutil.rmtree(scratch, ignore_errors=True)
+            print(f"cannot export serving/ at {args.baseline_ref!r}: "
+                  f"{exc.stderr.decode().strip()}", file=sys.stderr)  # fmt: skip
+            return 2
+    targets = {"this checkout": PROJECT_ROOT, f"baseline {label}": base}
     results: dict[str, dict[str, float]] = {}
     stub = StubEngineProcess(tokens=16, token_delay_ms=0, record=False).start()
     try:
@@ -156,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {row[mine]:,.0f} | {row[baseline]:,.0f} | {change:+.1f} % |")
     out = PROJECT_ROOT / "bench" / "results" / "proxy_instructions.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"requests": args.requests, "baseline": args.baseline_ref,
+    out.write_text(json.dumps({"requests": args.requests, "baseline": label,
                                "results": results}, indent=2))  # fmt: skip
     return 0
 
