@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.baseline_ref and args.baseline_root:
         p.error("give --baseline-ref or --baseline-root, not both")
-    if args.baseline_root and not (args.baseline_root / "serving/proxy/__main__.py").exists():
-        p.error(f"--baseline-root {args.baseline_root}: no serving/proxy/__main__.py there")
+    if args.baseline_root and (problem := root_problem(args.baseline_root)):
+        p.error(problem)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
@@ -146,12 +146,14 @@ def main(argv: list[str] | None = None) -> int:
         lat_pids = {**pids, "proxy on uvicorn": on_uvicorn.proc.pid}
         if args.baseline_ref or args.baseline_root:
             if args.baseline_root:
-                root, label = args.baseline_root.resolve(), args.baseline_root.resolve().name
+                root = args.baseline_root.resolve()
+                label = root.name
+                results["baseline_root"] = str(root)
             else:
-                root, label = _export(args.baseline_ref, Path(tmp.name)), args.baseline_ref
+                root = _export(args.baseline_ref, Path(tmp.name))
+                label = results["baseline_ref"] = args.baseline_ref
             baseline = Proxy(stub.url, root=root)
             name = f"proxy at {label}"
-            results["baseline_ref"] = label
             lat_targets[name] = baseline.url
             lat_pids[name] = baseline.proc.pid
 
@@ -187,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     args.json.write_text(json.dumps(results, indent=2))
     print(f"\nraw results: {args.json}")
     return 0
+
+
+def root_problem(root: Path) -> str | None:
+    """What is wrong with ``root`` as a ``--baseline-root`` (None: it holds a proxy)."""
+    if not (root / "serving/proxy/__main__.py").exists():
+        return f"--baseline-root {root}: no serving/proxy/__main__.py there"
+    return None
 
 
 def _export(ref: str, into: Path) -> Path:

@@ -67,11 +67,9 @@ def build(out: Path) -> Path:
             f"{', '.join(MODULES)} in {out}; its output ends:\n{done.stdout[-3000:]}"
             f"{done.stderr[-3000:]}"
         )
-    missing = [m for m in MODULES if not list((out / "serving/proxy").glob(f"{m}.*.so"))]
-    if missing:
-        raise SystemExit(f"bench.proxy.compiled: mypyc built no extension for {missing} in {out}")
     # What the bench will run (cwd and PYTHONPATH = out, as bench.proxy.procs.Proxy starts it)
-    # must import the extensions, not the copied sources beside them.
+    # must import the extensions, not the copied sources beside them (a module mypyc built no
+    # extension for imports as its .py and is named here).
     probe = (
         "import importlib, sys; "
         "print(*(importlib.import_module(f'serving.proxy.{m}').__file__ for m in sys.argv[1:]))"

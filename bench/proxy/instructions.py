@@ -40,7 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.proxy.__main__ import _export, loadgen
+from bench.proxy.__main__ import _export, loadgen, root_problem
 from bench.proxy.procs import BENCH_KEY, free_port, wait_http
 from bench.standin import PROJECT_ROOT, StubEngineProcess
 from serving.proxy.keys import digest_of
@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_root is not None:
         base = args.baseline_root.resolve()
         label = base.name
-        if not (base / "serving/proxy/__main__.py").exists():
-            print(f"--baseline-root {base}: no serving/proxy/__main__.py there", file=sys.stderr)
+        if problem := root_problem(base):
+            print(problem, file=sys.stderr)
             return 2
     else:
         label = args.baseline_ref
