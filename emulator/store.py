@@ -22,7 +22,8 @@ Rules that keep this safe:
   `meta` with this schema version, every table and index of SCHEMA, and pass `PRAGMA
   quick_check`. Otherwise StoreError says what is wrong and what to do, and the file is left
   untouched (no emulator table is added to an unrelated database, a dropped table is not
-  re-created empty).
+  re-created empty). The one exception: a file of an older version that UPGRADES covers and
+  that passes the same checks is upgraded in place, in one transaction, when it is opened.
 """
 
 from __future__ import annotations
@@ -37,7 +38,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+#: In-place upgrades of an older state file: the statements that take schema version N to
+#: N + 1, run in one transaction after the file passed every check of its own version. Each
+#: step may only add columns (appended last, as SCHEMA lists them): the structure check
+#: compares table and index names, which must be the same before and after.
+UPGRADES: dict[int, tuple[str, ...]] = {
+    # 2 -> 3: App tags (AppSetTags/AppGetTags, AppCreate/AppPublish `tags`) and the tag set
+    # each version was published with. Apps and versions recorded before had none.
+    2: (
+        "ALTER TABLE apps ADD COLUMN tags TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE app_versions ADD COLUMN tags TEXT NOT NULL DEFAULT '{}'",
+    ),
+}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -91,7 +105,8 @@ CREATE TABLE IF NOT EXISTS apps (
     deployed_at REAL,
     stopped_at REAL,
     version INTEGER NOT NULL DEFAULT 0,
-    last_heartbeat REAL
+    last_heartbeat REAL,
+    tags TEXT NOT NULL DEFAULT '{}'
 );
 CREATE UNIQUE INDEX IF NOT EXISTS apps_deployed_name ON apps (env_id, deployed_name);
 CREATE TABLE IF NOT EXISTS app_versions (
@@ -105,6 +120,7 @@ CREATE TABLE IF NOT EXISTS app_versions (
     commit_dirty INTEGER NOT NULL DEFAULT 0,
     rollback_version INTEGER NOT NULL DEFAULT 0,
     layout TEXT NOT NULL,
+    tags TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (app_id, version)
 );
 CREATE TABLE IF NOT EXISTS functions (
@@ -264,17 +280,19 @@ class Store:
         self._last_ts = 0.0
         try:
             with self._lock:
-                fresh = self._check_existing()
+                found = self._check_existing()
                 if self.path is not None:
                     self._conn.execute("PRAGMA journal_mode=WAL")
                     self._conn.execute("PRAGMA synchronous=NORMAL")
                 self._conn.execute("PRAGMA busy_timeout=5000")
-                if fresh:
+                if found == 0:
                     self._conn.executescript(SCHEMA)
                     self._conn.execute(
                         "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
                         (str(SCHEMA_VERSION),),
                     )
+                elif found < SCHEMA_VERSION:
+                    self._upgrade(found)
         except sqlite3.Error as exc:
             self.close()
             if "locked" in str(exc) or "busy" in str(exc):
@@ -316,14 +334,15 @@ class Store:
             ) from None
         self._lock_file = handle
 
-    def _check_existing(self) -> bool:
-        """True for a fresh (empty) database; StoreError unless it is a usable state file."""
+    def _check_existing(self) -> int:
+        """The file's schema version, 0 for a fresh (empty) database; StoreError unless it is
+        a usable state file of this version or of one UPGRADES can bring to it."""
         tables = {
             str(row[0])
             for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         }
         if not tables:
-            return True
+            return 0
         if "meta" not in tables:
             if tables & set(TABLES):  # ours, with its meta table dropped
                 raise StateDamaged(
@@ -335,7 +354,7 @@ class Store:
                 f"file (it has the tables {shown} and no meta); the emulator will not add its "
                 "tables to it. Pass another --state FILE (a new path is created) or --memory."
             )
-        self._check_schema_version()
+        version = self._check_schema_version()
         present = {
             (str(row[0]), str(row[1]))
             for row in self._conn.execute(
@@ -354,26 +373,45 @@ class Store:
                 f"State file {self.path} is damaged: SQLite's quick_check says "
                 f"{'; '.join(problems)}. {_WHAT_TO_DO}"
             )
-        return False
+        return version
 
-    def _check_schema_version(self) -> None:
-        has_meta = self._conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
-        ).fetchone()
-        if not has_meta:
-            return
+    def _check_schema_version(self) -> int:
         row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             raise StateDamaged(
                 f"State file {self.path} is damaged: its meta table has no schema_version. "
                 f"{_WHAT_TO_DO}"
             )
-        if row["value"] != str(SCHEMA_VERSION):
-            raise SchemaMismatch(
-                f"State file {self.path} has schema version {row['value']}, this emulator "
-                f"uses {SCHEMA_VERSION}. Move or delete the file (its state cannot be "
-                "migrated), or start with another --state FILE or --memory."
+        value = str(row["value"])
+        if value == str(SCHEMA_VERSION):
+            return SCHEMA_VERSION
+        if (
+            value.isdigit()
+            and int(value) < SCHEMA_VERSION
+            and all(v in UPGRADES for v in range(int(value), SCHEMA_VERSION))
+        ):
+            return int(value)  # upgraded in place once the file has passed every check
+        raise SchemaMismatch(
+            f"State file {self.path} has schema version {value}, this emulator "
+            f"uses {SCHEMA_VERSION}. Move or delete the file (its state cannot be "
+            "migrated), or start with another --state FILE or --memory."
+        )
+
+    def _upgrade(self, version: int) -> None:
+        """Bring a checked state file of an older schema `version` to SCHEMA_VERSION, in one
+        transaction (all of it or nothing)."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            for step in range(version, SCHEMA_VERSION):
+                for statement in UPGRADES[step]:
+                    self._conn.execute(statement)
+            self._conn.execute(
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
             )
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:

@@ -1,4 +1,4 @@
-"""App lifecycle RPCs: create, look up, publish (deploy), list, stop, history, rollback."""
+"""App lifecycle RPCs: create, look up, publish (deploy), list, stop, history, rollback, tags."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def AppCreate(ctx: Context, req: api_pb2.AppCreateRequest) -> api_pb2.AppCreateR
         if req.app_state != api_pb2.APP_STATE_UNSPECIFIED
         else "ephemeral"
     )
-    app = ctx.state.apps.create(req.environment_name, req.description, state)
+    app = ctx.state.apps.create(req.environment_name, req.description, state, dict(req.tags))
     return api_pb2.AppCreateResponse(
         app_id=app.id,
         app_page_url=_page_url(ctx, app),
@@ -168,11 +168,12 @@ def AppPublish(ctx: Context, req: api_pb2.AppPublishRequest) -> api_pb2.AppPubli
         commit_hash=req.commit_info.commit_hash,
         commit_dirty=req.commit_info.dirty,
         inputs_fingerprint=_inputs_fingerprint(ctx, dict(req.definition_ids)),
+        tags=dict(req.tags),  # replaces the app's tag set (stricter reading: models/apps.py)
     )
     if ctx.state.apps.unchanged(req.app_id, publish, _same_definition):
         # A no-op redeploy: no new version, containers kept, and deployed_at == 0 (the
-        # client's "Deployment skipped: no changes detected").
-        app = ctx.state.apps.get(req.app_id)
+        # client's "Deployment skipped: no changes detected"); its tags still apply.
+        app = ctx.state.apps.publish_skipped(req.app_id, publish)
         return api_pb2.AppPublishResponse(url=_deployed_url(ctx, app), deployed_at=0.0)
     app, _version = ctx.state.apps.publish(req.app_id, publish)
     url = _deployed_url(ctx, app) if app.deployed else _page_url(ctx, app)
@@ -211,9 +212,29 @@ def AppStop(ctx: Context, req: api_pb2.AppStopRequest) -> Empty:
 
 
 @rpc
+def AppSetTags(ctx: Context, req: api_pb2.AppSetTagsRequest) -> Empty:
+    ctx.state.apps.set_tags(req.app_id, dict(req.tags))
+    return Empty()
+
+
+@rpc
+def AppGetTags(ctx: Context, req: api_pb2.AppGetTagsRequest) -> api_pb2.AppGetTagsResponse:
+    return api_pb2.AppGetTagsResponse(tags=ctx.state.apps.get_tags(req.app_id))
+
+
+@rpc
 def AppDeploymentHistory(
     ctx: Context, req: api_pb2.AppDeploymentHistoryRequest
 ) -> api_pb2.AppDeploymentHistoryResponse:
+    """Every version, newest first, with what `modal app history` shows (modal/cli/app.py
+    `history`: version, deployed_at, client_version, deployed_by, commit_info, tag).
+
+    `production_app_version`: the version serving traffic. The 1.6.4 client never reads it;
+    the name (and the `staged` deploys / `AppPromote` of the same proto) says it is the live
+    version, which may differ from the newest on Modal once a version is staged. The emulator
+    does not stage (every deploy goes live), so it is the app's current version, 0 for an app
+    that is not deployed (stopped: nothing serves).
+    """
     app = ctx.state.apps.get(req.app_id)
     versions = ctx.state.apps.history(req.app_id)
     return api_pb2.AppDeploymentHistoryResponse(
@@ -228,6 +249,11 @@ def AppDeploymentHistory(
                 rollback_version=v.rollback_version,
                 rollback_allowed=app.deployed and v.version != app.version,
                 commit_info=api_pb2.CommitInfo(commit_hash=v.commit_hash, dirty=v.commit_dirty),
+                deployment_type=(
+                    api_pb2.DEPLOYMENT_TYPE_ROLLBACK
+                    if v.rollback_version
+                    else api_pb2.DEPLOYMENT_TYPE_STANDARD
+                ),
             )
             for v in versions
         ],

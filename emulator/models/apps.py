@@ -6,6 +6,15 @@ definition of each function) is kept for history and rollback; AppStop marks it 
 frees the name (lookups by name then report it as the previous app). Rollback publishes the
 layout of an older version as a new version.
 
+Tags (key/value metadata on an app, modal 1.6.4 `App.set_tags`/`get_tags`, `App(tags=...)`):
+AppSetTags replaces the whole set; AppCreate and AppPublish carry the client's `tags` too.
+Modal does not document what a publish does to tags set earlier with `set_tags`; the emulator
+takes the stricter reading: every AppPublish (a skipped no-op deploy included) replaces the
+app's tag set with the request's (an empty map clears it), each version keeps the set it was
+published with, and a rollback restores the set of the version it rolls back to. A client that
+wants its tags to survive a deploy or a rollback must send them with the deploy or set them
+again afterwards; one written for this reading also works if Modal is more lenient.
+
 Clients heartbeat their apps (AppHeartbeat, every ~15 s). An app still initializing (a deploy
 in progress) or ephemeral whose client went silent for `heartbeat_timeout` seconds (default
 60) is stopped the next time apps are looked up or listed, as if the client had disconnected:
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +52,44 @@ _LIVE_TRANSIENT = ("initializing", "ephemeral", "detached", "detached_disconnect
 #: States that need a heartbeating client; the app is stopped when it goes silent.
 _NEEDS_CLIENT = ("initializing", "ephemeral")
 DEFAULT_HEARTBEAT_TIMEOUT = 60.0
+
+#: App tag keys and values: the client's rule, modal 1.6.4 `modal/_utils/name_utils.py`
+#: `check_tag_dict` (`is_valid_tag` with max_length=63: letters, digits, '.', '_', '-'; 1 to
+#: 63 characters), run by `App(tags=...)` and `App.set_tags` before anything is sent. Matched
+#: whole here (the client's `re.match(...$)` also lets one trailing newline through).
+TAG_RE = re.compile(r"[a-zA-Z0-9._-]{1,63}")
+#: A deployment's own tag (`modal deploy --tag`, `App.deploy(tag=...)`): the same characters,
+#: at most 50 (modal 1.6.4 `modal/runner.py` `_deploy_app`: `is_valid_tag(tag, max_length=50)`).
+DEPLOYMENT_TAG_RE = re.compile(r"[a-zA-Z0-9._-]{1,50}")
+_TAG_RULE = (
+    "tags may contain only letters, digits, dashes, periods or underscores, 1 to 63 characters "
+    "each (the modal client's rule, modal/_utils/name_utils.py check_tag_dict)"
+)
+
+
+def check_tags(rpc: str, tags: dict[str, str]) -> dict[str, str]:
+    """`tags` if every key and value follows the client's tag rule, else InvalidArgument."""
+    for key, value in tags.items():
+        if not TAG_RE.fullmatch(key):
+            raise InvalidArgument(f"{rpc}: invalid tag key {key!r}: {_TAG_RULE}.")
+        if not TAG_RE.fullmatch(value):
+            raise InvalidArgument(f"{rpc}: invalid value {value!r} for tag {key!r}: {_TAG_RULE}.")
+    return dict(tags)
+
+
+def check_deployment_tag(tag: str) -> str:
+    """An empty tag (none) or one the client would send, else InvalidArgument."""
+    if tag and not DEPLOYMENT_TAG_RE.fullmatch(tag):
+        raise InvalidArgument(
+            f"AppPublish: invalid deployment tag {tag!r}: a deployment tag may contain only "
+            "letters, digits, dashes, periods or underscores, 1 to 50 characters (the modal "
+            "client's rule, modal/runner.py)."
+        )
+    return tag
+
+
+def _tags_json(tags: dict[str, str]) -> str:
+    return json.dumps(dict(sorted(tags.items())))
 
 
 @dataclass(frozen=True)
@@ -77,6 +125,8 @@ class AppVersion:
     class_ids: dict[str, str] = field(default_factory=dict)
     definition_ids: dict[str, str] = field(default_factory=dict)
     inputs_fingerprint: str = ""
+    #: The app's tag set this version was published with (restored by a rollback to it).
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,6 +159,8 @@ class PublishRequest:
     #: What the containers of this version read at start besides the definitions (the
     #: secrets' ids and update times): a change makes a redeploy of equal definitions real.
     inputs_fingerprint: str = ""
+    #: AppPublishRequest.tags: the app's whole tag set from now on (see the module docstring).
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 def _version(row: sqlite3.Row) -> AppVersion:
@@ -127,6 +179,7 @@ def _version(row: sqlite3.Row) -> AppVersion:
         class_ids=layout.get("class_ids", {}),
         definition_ids=layout.get("definition_ids", {}),
         inputs_fingerprint=layout.get("inputs_fingerprint", ""),
+        tags=json.loads(row["tags"]),
     )
 
 
@@ -177,17 +230,24 @@ class Apps:
             raise NotFound(f"App {app_id!r} not found.")
         return row
 
-    def create(self, environment: str, description: str, state: str) -> App:
+    def create(
+        self,
+        environment: str,
+        description: str,
+        state: str,
+        tags: dict[str, str] | None = None,
+    ) -> App:
         if state not in STATES:
             raise InvalidArgument(f"AppCreate: unsupported app state {state!r}.")
+        tags = check_tags("AppCreate", tags or {})
         with self.store.tx() as db:
             env = self.environments.resolve(environment, db)
             app_id = new_id("app")
             now = self.store.now()
             db.execute(
-                "INSERT INTO apps (id, env_id, description, state, created_at, last_heartbeat)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (app_id, env.id, description[:500], state, now, now),
+                "INSERT INTO apps (id, env_id, description, state, created_at, last_heartbeat,"
+                " tags) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (app_id, env.id, description[:500], state, now, now, _tags_json(tags)),
             )
             return self._load(db, self._row(db, app_id))
 
@@ -284,6 +344,20 @@ class Apps:
                 )
             return self._load(db, self._row(db, app_id))
 
+    # ---- tags ----------------------------------------------------------------------------
+    def set_tags(self, app_id: str, tags: dict[str, str], rpc: str = "AppSetTags") -> None:
+        """Replace the app's whole tag set (modal 1.6.4 `App.set_tags`: "Any tags set on the
+        App before calling this method will be removed if they are not included")."""
+        tags = check_tags(rpc, tags)
+        with self.store.tx() as db:
+            self._row(db, app_id)
+            db.execute("UPDATE apps SET tags = ? WHERE id = ?", (_tags_json(tags), app_id))
+
+    def get_tags(self, app_id: str) -> dict[str, str]:
+        with self.store.read() as db:
+            tags: dict[str, str] = json.loads(self._row(db, app_id)["tags"])
+            return tags
+
     # ---- deploy / versions -------------------------------------------------------------
     def publish(self, app_id: str, req: PublishRequest) -> tuple[App, AppVersion | None]:
         """Record a deploy: name the app, check its objects, and add a version."""
@@ -291,6 +365,8 @@ class Apps:
             raise InvalidArgument(f"AppPublish: unsupported app state {req.state!r}.")
         if req.state == "deployed":
             check_name("App", req.name)
+        tags = _tags_json(check_tags("AppPublish", req.tags))
+        check_deployment_tag(req.tag)
         with self.store.tx() as db:
             row = self._row(db, app_id)
             if row["state"] == "stopped":
@@ -321,7 +397,9 @@ class Apps:
                     )
             now = self.store.now()
             if req.state != "deployed":
-                db.execute("UPDATE apps SET state = ? WHERE id = ?", (req.state, app_id))
+                db.execute(
+                    "UPDATE apps SET state = ?, tags = ? WHERE id = ?", (req.state, tags, app_id)
+                )
                 return self._load(db, self._row(db, app_id)), None
             self._check_url_conflicts(db, app_id, list(req.function_ids.values()))
             clash = db.execute(
@@ -352,8 +430,8 @@ class Apps:
             }
             db.execute(
                 "INSERT INTO app_versions (app_id, version, deployed_at, client_version,"
-                " deployed_by, tag, commit_hash, commit_dirty, rollback_version, layout)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
+                " deployed_by, tag, commit_hash, commit_dirty, rollback_version, layout, tags)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
                 (
                     app_id,
                     version,
@@ -364,12 +442,13 @@ class Apps:
                     req.commit_hash,
                     int(req.commit_dirty),
                     json.dumps(layout),
+                    tags,
                 ),
             )
             db.execute(
                 "UPDATE apps SET state = 'deployed', name = ?, deployed_name = ?, deployed_at = ?,"
-                " version = ?, stopped_at = NULL WHERE id = ?",
-                (req.name, req.name, now, version, app_id),
+                " version = ?, stopped_at = NULL, tags = ? WHERE id = ?",
+                (req.name, req.name, now, version, tags, app_id),
             )
             return self._load(db, self._row(db, app_id)), self._get_version(db, app_id, version)
 
@@ -415,6 +494,14 @@ class Apps:
                     return False
             return True
 
+    def publish_skipped(self, app_id: str, req: PublishRequest) -> App:
+        """A deploy `unchanged` found to change nothing: no version, but its tags still
+        replace the app's (the stricter reading, module docstring). The version keeps the set
+        it was published with."""
+        check_deployment_tag(req.tag)
+        self.set_tags(app_id, req.tags, rpc="AppPublish")
+        return self.get(app_id)
+
     @staticmethod
     def _get_version(db: sqlite3.Connection, app_id: str, version: int) -> AppVersion:
         row = db.execute(
@@ -455,6 +542,12 @@ class Apps:
 
         api.proto: "signed as we support negative 'roll back n versions' requests"; the CLI
         sends -1 for `modal app rollback APP` without a version. Version 0 does not exist.
+
+        The new version is the old one whole: its layout (with its inputs fingerprint, which
+        the no-op check of the next redeploy compares), its deployment tag and commit, and the
+        tag set it was published with, which becomes the app's tag set again (modal 1.6.4
+        modal/cli/app.py `rollback`: "the App state will be reset to the state at the time of
+        the previous deployment", read strictly: tags set since are dropped).
         """
         with self.store.tx() as db:
             row = self._row(db, app_id)
@@ -479,10 +572,11 @@ class Apps:
             old = self._get_version(db, app_id, target)
             new_version = current + 1
             now = self.store.now()
+            tags = _tags_json(old.tags)
             db.execute(
                 "INSERT INTO app_versions (app_id, version, deployed_at, client_version,"
-                " deployed_by, tag, commit_hash, commit_dirty, rollback_version, layout)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " deployed_by, tag, commit_hash, commit_dirty, rollback_version, layout, tags)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     app_id,
                     new_version,
@@ -498,13 +592,15 @@ class Apps:
                             "function_ids": old.function_ids,
                             "class_ids": old.class_ids,
                             "definition_ids": old.definition_ids,
+                            "inputs_fingerprint": old.inputs_fingerprint,
                         }
                     ),
+                    tags,
                 ),
             )
             db.execute(
-                "UPDATE apps SET version = ?, deployed_at = ? WHERE id = ?",
-                (new_version, now, app_id),
+                "UPDATE apps SET version = ?, deployed_at = ?, tags = ? WHERE id = ?",
+                (new_version, now, tags, app_id),
             )
             return self._load(db, self._row(db, app_id)), self._get_version(db, app_id, new_version)
 
