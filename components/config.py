@@ -79,9 +79,21 @@ _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _MANAGED_SPEC_FIELDS = ("volumes", "secrets", "require_pinned_revision")
 # Per-service keys that are not ServingSpec fields: consumed by the program (`weights` is the
 # source the ModelWeights resource provisions; the spec gets the volume and path instead).
-_SERVICE_ONLY_FIELDS = ("name", "gated", "adopt", "weights", "warm_schedule", "health_gate")
+_SERVICE_ONLY_FIELDS = (
+    "name",
+    "gated",
+    "adopt",
+    "weights",
+    "warm_schedule",
+    "health_gate",
+    "task",
+)
 # Per-service health gate policy (issue 11.3): see resolve_health_gate.
 HEALTH_GATE_POLICIES = ("auto", "always", "never")
+#: What the served model does (issue 21.7): it picks the health gate's smoke request
+#: (components/modal/_gate.py smoke_request): a chat model answers /v1/chat/completions, a base
+#: model without a chat template /v1/completions, an embedding model /v1/embeddings.
+SERVICE_TASKS = ("chat", "completion", "embedding")
 # Where a Modal server counts as local (the emulator): the stand-in engine runs only there.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MODAL_SERVER_URL_KEY = "modal:serverUrl"  # components/modal/_base.py CONFIG_SERVER_URL
@@ -114,6 +126,8 @@ class ServiceSettings(BaseModel):
     gate_reason: str = ""
     #: Upper bound of what one gated deploy costs (0 unless it cold-starts a container).
     gated_deploy_usd: float = 0.0
+    #: What the model serves (SERVICE_TASKS): picks the health gate's smoke request.
+    task: str = "chat"
 
     @property
     def gpus(self) -> tuple[str, ...]:
@@ -598,6 +612,13 @@ def parse_stack_config(
                 f"{', '.join(HEALTH_GATE_POLICIES)} (auto: gate when min_containers >= 1 or on "
                 f"the local stack). " + _fix_hint(ns, f"[{i}].health_gate")
             )
+        task = entry.get("task", "chat")
+        if task not in SERVICE_TASKS:
+            raise ConfigError(
+                f"{ns}:services[{i}].task = {task!r} must be one of {', '.join(SERVICE_TASKS)}"
+                " (what the model serves: the health gate sends that kind of request). "
+                + _fix_hint(ns, f"[{i}].task")
+            )
         gate_usd = cost.gated_deploy_usd(
             svc_cost, spec.timeouts.startup_s, spec.scaling.scaledown_window_s
         )
@@ -615,6 +636,7 @@ def parse_stack_config(
                 gate_enabled=gate_on,
                 gate_reason=gate_why,
                 gated_deploy_usd=gate_usd,
+                task=task,
             )
         )
 

@@ -385,8 +385,14 @@ class LLMService(pulumi.ComponentResource):
                 gate_token_secret=shared.proxy_token.token_secret,
                 gate_api_key=next(iter(self.api_keys.values())).key,
                 gate_model=spec.served_model_name,
+                gate_task=settings.task,
             ),
-            pulumi.ResourceOptions(parent=self, depends_on=mounted),
+            # customTimeouts given to the service bound its release (gate + rollback).
+            pulumi.ResourceOptions(
+                parent=self,
+                depends_on=mounted,
+                custom_timeouts=opts.custom_timeouts if opts else None,
+            ),
         )
         # Scheduled pre-warm (issue 12.3): a Cron function in the environment raises the
         # server's min_containers during each window and restores it after. Deployed after the
@@ -465,6 +471,9 @@ class LLMService(pulumi.ComponentResource):
             "gated_deploy_cost_usd": self.settings.gated_deploy_usd,
             "deployed_version": self.app.version,
             "previous_version": self.app.previous_version,
+            "known_good_version": self.app.known_good_version,
+            "deployment_tag": self.app.deployment_tag,
+            "gate_result": self.app.gate_result,
             "commit": self.app.commit,
             "rollback_command": self.app.rollback_command,
         }

@@ -1,7 +1,8 @@
 """Deploy one Modal app file in a fresh process and print one JSON line about the result.
 
 Run by the App provider as `python -m components.modal._deploy_runner --app-file F --name N
-[--environment E] [--tag T]` (T: the git commit, as `modal deploy --tag`), with MODAL_*
+[--environment E] [--tag T] [--app-tags JSON]` (T: the release's digests, as `modal deploy
+--tag`; JSON: the App tags to publish with, the release records), with MODAL_*
 credentials and SERVING_SPEC (+ the App's extra env) in the environment. A fresh process per
 deploy keeps modal's module-level state (imported app modules, the cached client, the
 environment cache) from leaking between deploys.
@@ -97,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app-file", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--environment", default="")
-    parser.add_argument("--tag", default="", help="as `modal deploy --tag` (the git commit)")
+    parser.add_argument("--tag", default="", help="as `modal deploy --tag` (the release's digests)")
+    parser.add_argument(
+        "--app-tags",
+        default="{}",
+        help="JSON object of App tags to publish with (the release records the app holds)",
+    )
     args = parser.parse_args(argv)
     try:
         from modal.cli.import_refs import import_app_from_ref, parse_import_ref
@@ -107,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         env = args.environment or config.get("environment") or ""
         ref = parse_import_ref(args.app_file, command="modal deploy")
         app = import_app_from_ref(ref, base_cmd="modal deploy")
+        # AppPublish carries the app's tags (modal 1.6.4 runner.py `_publish_app`:
+        # `tags=app_local_state.tags`): the release records go along, so a publish keeps
+        # them however Modal treats tags it does not receive. The app file's own tags win.
+        records = json.loads(args.app_tags)
+        app._local_state.tags = {**records, **app._local_state.tags}
         result = deploy_app(app, name=args.name, environment_name=env, tag=args.tag)
         out = {"ok": True, "app_id": result.app_id, **_read_back_retried(app, result.app_id)}
     except SystemExit as e:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -527,21 +528,88 @@ async def hello(client: Any) -> None:
     await client._stub.ClientHello(Empty())
 
 
-# ---- health gate (issue 11): versions, rollback, containers, logs ---------------------------
+# ---- releases (issue 21): deployments, app tags, rollback, containers, logs -----------------
 
 
-async def app_history(client: Any, app_id: str) -> list[tuple[int, float, str]]:
-    """(version, deployed_at, tag) of every deployment of the app, oldest first
-    (`AppDeploymentHistory`, what `modal app history` shows)."""
+@dataclass(frozen=True)
+class Deployment:
+    """One row of an app's deployment history (`AppDeploymentHistory`, what `modal app
+    history` shows: modal 1.6.4 cli/app.py `history`)."""
+
+    version: int
+    deployed_at: float
+    #: The deployment tag (`modal deploy --tag`, <= 50 chars: modal/runner.py `deploy_app`).
+    tag: str
+    #: The version this one rolled back to (0: a deploy, not a rollback).
+    rollback_version: int
+    #: The git commit modal recorded (runner.py `deploy_app` sends `get_git_commit_info()`).
+    commit: str
+
+
+async def app_deployments(client: Any, app_id: str) -> list[Deployment]:
+    """Every deployment of the app, oldest first."""
     from modal_proto import api_pb2
 
     hist = await client._stub.AppDeploymentHistory(
         api_pb2.AppDeploymentHistoryRequest(app_id=app_id)
     )
     rows = [
-        (int(h.version), float(h.deployed_at), str(h.tag)) for h in hist.app_deployment_histories
+        Deployment(
+            version=int(h.version),
+            deployed_at=float(h.deployed_at),
+            tag=str(h.tag),
+            rollback_version=int(h.rollback_version),
+            commit=str(h.commit_info.commit_hash),
+        )
+        for h in hist.app_deployment_histories
     ]
-    return sorted(rows)
+    return sorted(rows, key=lambda d: d.version)
+
+
+async def app_history(client: Any, app_id: str) -> list[tuple[int, float, str]]:
+    """(version, deployed_at, tag) of every deployment of the app, oldest first."""
+    return [(d.version, d.deployed_at, d.tag) for d in await app_deployments(client, app_id)]
+
+
+async def app_tags(client: Any, app_id: str) -> dict[str, str]:
+    """The app's tags (`AppGetTags`, modal 1.6.4 `App.get_tags`)."""
+    from modal_proto import api_pb2
+
+    resp = await client._stub.AppGetTags(api_pb2.AppGetTagsRequest(app_id=app_id))
+    return dict(resp.tags)
+
+
+async def app_set_tags(client: Any, app_id: str, tags: dict[str, str]) -> None:
+    """Replace the app's whole tag set (`AppSetTags`, modal 1.6.4 `App.set_tags`: "Any tags
+    set on the App before calling this method will be removed if they are not included")."""
+    from modal_proto import api_pb2
+
+    await client._stub.AppSetTags(api_pb2.AppSetTagsRequest(app_id=app_id, tags=tags))
+
+
+async def app_log_tasks(client: Any, app_id: str, since: float) -> dict[str, float]:
+    """{task id: time of its first log line} for every container that logged since `since`
+    (one `AppFetchLogs`; each `TaskLogsBatch` names its `task_id`)."""
+    import time
+
+    from google.protobuf.timestamp_pb2 import Timestamp
+    from modal_proto import api_pb2
+
+    lo, hi = Timestamp(), Timestamp()
+    lo.FromNanoseconds(int(since * 1e9))
+    hi.FromNanoseconds(int((time.time() + 60) * 1e9))
+    resp = await client._stub.AppFetchLogs(
+        api_pb2.AppFetchLogsRequest(app_id=app_id, since=lo, until=hi, limit=1000)
+    )
+    first: dict[str, float] = {}
+    for batch in resp.batches:
+        if not batch.task_id:
+            continue
+        for item in batch.items:
+            t = float(item.timestamp)
+            if batch.task_id not in first or t < first[batch.task_id]:
+                first[batch.task_id] = t
+    return first
 
 
 async def app_rollback(client: Any, app_id: str, version: int) -> float:

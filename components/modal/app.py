@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,7 @@ from . import _rpc
 from ._base import (
     ADOPT_HOWTO,
     ModalAlreadyExistsError,
+    ModalProvider,
     ModalProviderError,
     ModalUnavailableError,
     check_environment,
@@ -78,13 +80,21 @@ from ._base import (
     redact,
     sha256_hex,
 )
-from ._gate import DEFAULT_GATE_TIMEOUT_S, GatedProvider, gate_secrets
+from ._gate import DEFAULT_GATE_TIMEOUT_S, TASKS, gate_secrets
+from ._release import (
+    PASSED,
+    Release,
+    Releases,
+    describe_target,
+    parse_deployment_tag,
+    rollback_command,
+)
 from ._source import shipped_files, source_digest
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:App"  # noqa: S105 (a Pulumi type token)
 DEPLOY_TIMEOUT_S = 1800.0
 # Inputs that never redeploy: a change is recorded (an update without a deploy).
-RECORD_ONLY = ("adopt", "health_gate", "health_gate_timeout_s")
+RECORD_ONLY = ("adopt", "health_gate", "health_gate_timeout_s", "gate_task", "custom_timeouts")
 # Inputs that are only what the gate sends: never compared, never in outputs.
 GATE_INPUTS = ("gate_token_id", "gate_token_secret", "gate_api_key", "gate_model")
 _ENV_KEY_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
@@ -113,6 +123,8 @@ class AppArgs:
     gate_token_secret: pulumi.Input[str] | None = None
     gate_api_key: pulumi.Input[str] | None = None
     gate_model: pulumi.Input[str] | None = None
+    #: The served model's task, which picks the smoke request: chat, completion, embedding.
+    gate_task: pulumi.Input[str] = "chat"
 
 
 # ---- digests -------------------------------------------------------------------------------
@@ -131,7 +143,7 @@ def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in (props.get("extra_env") or {}).items()}
 
 
-class AppProvider(GatedProvider):
+class AppProvider(ModalProvider):
     kind = "App"
     type_token = TYPE_TOKEN
     adoptable = True
@@ -179,6 +191,8 @@ class AppProvider(GatedProvider):
             news["health_gate_timeout_s"] = DEFAULT_GATE_TIMEOUT_S
         if news.get("extra_env") is None:
             news["extra_env"] = {}
+        if news.get("gate_task") is None:
+            news["gate_task"] = "chat"
         spec = news.get("spec_json")
         if news.get("spec_digest") is None and isinstance(spec, str):
             news["spec_digest"] = spec_digest(spec)
@@ -197,6 +211,31 @@ class AppProvider(GatedProvider):
                         "health_gate_timeout_s",
                         f"health_gate_timeout_s {timeout!r} must be seconds in (0, 604800]"
                         " (the service's startup timeout + request timeout)",
+                    )
+                )
+        task = news.get("gate_task")
+        if task is not None and not is_unknown(task) and task not in TASKS:
+            failures.append(
+                CheckFailure(
+                    "gate_task",
+                    f"gate_task {task!r} must be one of {', '.join(TASKS)} (the served model's"
+                    " task: it picks the gate's smoke request)",
+                )
+            )
+        timeouts = news.get("custom_timeouts")
+        if timeouts is not None and not is_unknown(timeouts):
+            bad = not isinstance(timeouts, Mapping) or any(
+                k not in ("create", "update", "delete")
+                or isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or v < 0
+                for k, v in (timeouts.items() if isinstance(timeouts, Mapping) else [])
+            )
+            if bad:
+                failures.append(
+                    CheckFailure(
+                        "custom_timeouts",
+                        f"custom_timeouts {timeouts!r} must map create/update/delete to seconds",
                     )
                 )
         if news.get("health_gate") is True:
@@ -267,7 +306,64 @@ class AppProvider(GatedProvider):
         )
         return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
-    def _deploy(self, props: Mapping[str, Any], action: str, tag: str = "") -> dict[str, Any]:
+    def deploy(
+        self, props: Mapping[str, Any], action: str, tag: str, app_tags: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """Publish `props` with deployment tag `tag`, sending `app_tags` along (so Modal keeps
+        the release records whatever a publish does to tags); the read-back completed."""
+        result = self._run_deploy(props, action, tag, app_tags)
+        self._complete_read_back(props, result)
+        if not result.get("web_url") and props.get("_fallback_url"):
+            # Read-back failed (issue 11.5): the gate knocks at the URL the app had (a
+            # redeploy keeps its label, so its URL); the output stays as read back.
+            result = {**result, "gate_url": props.get("_fallback_url")}
+        return result
+
+    def undo_create(self, props: Mapping[str, Any]) -> str:
+        """A failed create must leave nothing behind (it is not in state, so destroy would
+        never stop it): a deploy can fail after Modal published the app (the answer was
+        lost). No app was deployed under this name before the create, so one there now is
+        this create's: stop it. Returns what to add to the error."""
+        from modal import exception as mexc
+
+        name, env = str(props["name"]), environment_name(props)
+
+        async def go(client: Any) -> str:
+            try:
+                app_id = await _rpc.app_by_name(client, name, env)
+            except mexc.NotFoundError:
+                return ""
+            if app_id:
+                await _rpc.app_stop(client, app_id)
+            return app_id
+
+        try:
+            stopped = self.run("clean up after a failed create", describe_target(props), go)
+        except ModalProviderError:
+            return (
+                "The deploy may have reached Modal and the clean-up could not check: look for"
+                f" the app with `modal app list -e {env or '<env>'}` and stop it"
+                f" (`modal app stop {name} -e {env or '<env>'}`) before rerunning."
+            )
+        if stopped:
+            return f"The app this create had deployed ({stopped}) was stopped again."
+        return "Nothing was left deployed."
+
+    def secrets(self, props: Mapping[str, Any]) -> list[str]:
+        """Every secret value a message about `props` must never show."""
+        return [
+            self.credentials().token_secret,
+            *_extra_env(props).values(),
+            *gate_secrets(props),
+        ]
+
+    @staticmethod
+    def _target(props: Mapping[str, Any]) -> str:
+        return describe_target(props)
+
+    def _run_deploy(
+        self, props: Mapping[str, Any], action: str, tag: str, app_tags: Mapping[str, str]
+    ) -> dict[str, Any]:
         creds = self.credentials()
         name, env, app_file = str(props["name"]), environment_name(props), str(props["app_file"])
         extra = _extra_env(props)
@@ -294,6 +390,7 @@ class AppProvider(GatedProvider):
                 child_env["MODAL_ENVIRONMENT"] = env
             cmd = [sys.executable, "-m", "components.modal._deploy_runner", "--app-file", app_file]
             cmd += ["--name", name, "--environment", env, "--tag", tag]
+            cmd += ["--app-tags", json.dumps(dict(app_tags), sort_keys=True)]
             last: dict[str, Any] = {}
             for _attempt in range(2):
                 try:
@@ -357,9 +454,9 @@ class AppProvider(GatedProvider):
         result: Mapping[str, Any],
         digests: Mapping[str, str],
         adopted: bool,
-        gate: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        gate = gate if gate is not None else _recorded_gate(result)
+        """Inputs, what is live (`result`: a release's outputs or recorded ones) and the
+        release record."""
         return {
             "name": props.get("name"),
             "environment": props.get("environment"),
@@ -380,7 +477,9 @@ class AppProvider(GatedProvider):
             "health_gate_timeout_s": float(
                 props.get("health_gate_timeout_s") or DEFAULT_GATE_TIMEOUT_S
             ),
-            **gate,
+            "gate_task": str(props.get("gate_task") or "chat"),
+            "custom_timeouts": dict(props.get("custom_timeouts") or {}),
+            **{k: result.get(k, default) for k, default in RELEASE_OUTPUTS.items()},
         }
 
     def _complete_read_back(self, props: Mapping[str, Any], result: dict[str, Any]) -> None:
@@ -407,19 +506,25 @@ class AppProvider(GatedProvider):
             warning = f"warning: App {self._target(props)}: {result['read_back_error']}"
             print(warning, file=sys.stderr)
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
+    def _live_by_name(self, props: Mapping[str, Any]) -> str:
+        """The app deployed under the resource's name now ("" when none, or no such
+        environment: the deploy reports that)."""
         from modal import exception as mexc
 
         name, env = str(props["name"]), environment_name(props)
-        adopt = bool(props.get("adopt") or False)
 
-        async def existing(client: Any) -> str:
+        async def go(client: Any) -> str:
             try:
                 return await _rpc.app_by_name(client, name, env)
             except mexc.NotFoundError:
-                return ""  # no such environment: the deploy reports it
+                return ""
 
-        found = self.run("look up before deploy", self._target(props), existing)
+        return str(self.run("look up before deploy", self._target(props), go))
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        name, env = str(props["name"]), environment_name(props)
+        adopt = bool(props.get("adopt") or False)
+        found = self._live_by_name(props)
         if found and not adopt:
             raise ModalAlreadyExistsError(
                 f"App {self._target(props)}: create refused: an app is already deployed under"
@@ -429,21 +534,10 @@ class AppProvider(GatedProvider):
                 f" {name} -e {env or '<env>'}`), or choose another name."
             )
         digests = self._digests(props)
-        previous = self._production_version(props, found) if found else 0
-        commit = _git_commit()
-        try:
-            result = self._deploy(props, "create", commit)
-        except ModalProviderError as e:
-            if found:
-                raise  # adopted: it was deployed before; never stop it
-            raise type(e)(f"{e} {self._undo_failed_create(props)}") from None
-        self._complete_read_back(props, result)
-        gate = self._gate_or_undo(
-            props, result, previous, commit, "create", had_previous=bool(found)
-        )
-        return CreateResult(
-            str(result["app_id"]), self._outputs(props, result, digests, bool(found), gate)
-        )
+        # An adopted app existed before: a failed release is rolled back, never stopped.
+        release = Release(self, props, "create", digests, found, keep_on_failure=bool(found))
+        out = release.execute()
+        return CreateResult(str(out["app_id"]), self._outputs(props, out, digests, bool(found)))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         adopted = bool(olds.get("adopted") or False)
@@ -453,61 +547,65 @@ class AppProvider(GatedProvider):
             and not self._inputs_changed(olds, news)
             and olds.get("app_id")
         ):
-            # Only `adopt` or the gate policy changed: nothing to deploy.
+            # Only `adopt`, the gate policy or timeouts changed: nothing to deploy.
             return UpdateResult(self._outputs(news, olds, digests, adopted))
-        live = _live_id(id_, olds)
-        previous = int(olds.get("version") or 0)
-        if news.get("health_gate"):
-            previous = self._production_version(news, live) or previous
-        commit = _git_commit()
-        result = self._deploy(news, "update", commit)
-        self._complete_read_back(news, result)
-        if not result.get("web_url") and olds.get("web_url"):
-            # Read-back failed (issue 11.5): the gate knocks at the URL the app had (a
-            # redeploy keeps its label, so its URL); the output stays as read back.
-            result = {**result, "gate_url": olds.get("web_url")}
-        # An app stopped behind Pulumi's back and redeployed as a new one has nothing to roll
-        # back to: a failed gate stops it, as for a create.
-        same_app = result.get("app_id") == live
-        gate = self._gate_or_undo(news, result, previous, commit, "update", had_previous=same_app)
-        if result.get("app_id") != _live_id(id_, olds):
-            # The app was stopped behind Pulumi's back and the deploy made a new one: the
-            # output app_id follows it (read/delete use it).
+        # What serves under the name now, read from Modal (not the state): an app stopped by
+        # hand leaves none (the release is then a create: a failure stops what it made).
+        live = self._live_by_name(news)
+        release = Release(
+            self,
+            {**news, "_fallback_url": olds.get("web_url") or ""},
+            "update",
+            digests,
+            live,
+            keep_on_failure=True,
+        )
+        out = release.execute()
+        if out.get("app_id") != _live_id(id_, olds):
+            # The app was stopped (or replaced) behind Pulumi's back and the deploy made a
+            # new one: the output app_id follows it (read/delete use it).
             print(
-                f"App {self._target(news)}: {_live_id(id_, olds)} was gone; redeployed as"
-                f" {result.get('app_id')}",
+                f"App {self._target(news)}: {_live_id(id_, olds)} was gone; deployed as"
+                f" {out.get('app_id')}",
                 file=sys.stderr,
             )
-        return UpdateResult(self._outputs(news, result, digests, adopted, gate))
+        return UpdateResult(self._outputs(news, out, digests, adopted))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        """What is live, read from Modal: the app deployed under the name (stopped or gone:
+        the resource is gone), its live version and what that version runs (its deployment
+        tag's digests, following a rollback to the version it went back to), and the release
+        records. A version rolled back or deployed by hand shows as other digests, so the
+        next `preview` plans an update and `up` deploys the state's release again."""
         from modal import exception as mexc
 
         name, env = str(props.get("name") or ""), environment_name(props)
-        live_id = _live_id(id_, props)
 
-        async def go(client: Any) -> tuple[str, int, str]:
+        async def go(client: Any) -> tuple[Releases, str] | None:
             try:
                 app_id = await _rpc.app_by_name(client, name, env)
             except mexc.NotFoundError:  # e.g. the environment itself was deleted
-                return "", 0, ""
-            if not app_id or app_id != live_id:
-                return "", 0, ""
-            version = await _rpc.app_version(client, live_id)
-            return app_id, version, await _rpc.app_web_url(client, live_id, name, env)
+                return None
+            if not app_id:
+                return None
+            rows = await _rpc.app_deployments(client, app_id)
+            tags = await _rpc.app_tags(client, app_id)
+            url = await _rpc.app_web_url(client, app_id, name, env)
+            return Releases(app_id, tuple(rows), tags), url
 
-        app_id, version, url = self.run("read", f"{id_} ({self._target(props)})", go)
-        if not app_id:
+        found = self.run("read", f"{id_} ({self._target(props)})", go)
+        if found is None:
             return ReadResult("", {})
+        releases, url = found
         outs: dict[str, Any] = {k: v for k, v in props.items() if k != "__provider"}
-        outs.update({"app_id": app_id, "version": version, "web_url": url, "read_back_error": ""})
         outs.setdefault("extra_env", _extra_env(props))
         outs.setdefault("adopted", False)
         if "spec_digest" not in outs and isinstance(props.get("spec_json"), str):
             outs["spec_digest"] = spec_digest(props["spec_json"])
         if "source_digest" not in outs and isinstance(props.get("app_file"), str):
             outs["source_digest"] = source_digest(props["app_file"])
-        outs["autoscaler_override"] = self._read_overrides(props, app_id)
+        outs.update(_live_outputs(releases, url, outs, name, env))
+        outs["autoscaler_override"] = self._read_overrides(props, releases.app_id)
         return ReadResult(id_, outs)
 
     def _read_overrides(self, props: Mapping[str, Any], app_id: str) -> dict[str, Any]:
@@ -583,31 +681,58 @@ def _live_id(id_: str, props: Mapping[str, Any]) -> str:
     return str(live) if isinstance(live, str) and live else id_
 
 
-def _recorded_gate(outputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The gate outputs an earlier create/update recorded (for an update without deploy)."""
-    return {
-        "previous_version": int(outputs.get("previous_version") or 0),
-        "commit": str(outputs.get("commit") or ""),
-        "gate_result": str(outputs.get("gate_result") or ""),
-        "gate_seconds": float(outputs.get("gate_seconds") or 0.0),
-        "rollback_command": str(outputs.get("rollback_command") or ""),
+#: What a release says about itself (outputs), with the value an older state lacks.
+RELEASE_OUTPUTS: dict[str, Any] = {
+    "previous_version": 0,
+    "known_good_version": 0,
+    "deployment_tag": "",
+    "commit": "",
+    "gate_result": "",
+    "gate_seconds": 0.0,
+    "rollback_command": "",
+}
+
+
+def _live_outputs(
+    releases: Releases, url: str, recorded: Mapping[str, Any], name: str, env: str
+) -> dict[str, Any]:
+    """The outputs a refresh reads from Modal: the live app and version, and, when that
+    version runs another release than the state's (rolled back or deployed by hand), digests
+    that say so (the next Diff then plans a redeploy of the state's release)."""
+    live = releases.live()
+    version = live.version if live else 0
+    tag = releases.effective_tag(version)
+    parsed = parse_deployment_tag(tag)
+    spec, src = str(recorded.get("spec_digest") or ""), str(recorded.get("source_digest") or "")
+    outcome = releases.outcome(version)
+    out: dict[str, Any] = {
+        "app_id": releases.app_id,
+        "version": version,
+        "web_url": url,
+        "read_back_error": "",
+        "known_good_version": releases.known_good(),
+        "deployment_tag": tag,
+        "commit": (live.commit if live else "") or str(recorded.get("commit") or ""),
     }
-
-
-def _git_commit() -> str:
-    """The program's git commit (short), the deploy's `--tag`; "" outside a git checkout."""
-    try:
-        proc = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
+    same = parsed is not None and spec.startswith(parsed[0]) and src.startswith(parsed[1])
+    if not same:
+        runs = f"deployment tag {tag}" if tag else "no deployment tag (deployed outside Pulumi)"
+        out["spec_digest"] = f"live v{version}: " + (parsed[0] if parsed else runs)
+        out["source_digest"] = f"live v{version}: " + (parsed[1] if parsed else runs)
+        pulumi.log.warn(
+            f"App '{name}' in environment '{env or '<default>'}': live v{version} runs {runs},"
+            " not the release in Pulumi's state (rolled back or deployed by hand):"
+            " `pulumi up` deploys the state's release again (through the health gate)."
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    sha = proc.stdout.strip()
-    return sha if proc.returncode == 0 and sha.isalnum() else ""
+    if not same or int(recorded.get("version") or 0) != version or outcome != PASSED:
+        out["gate_result"] = (
+            f"{outcome}: v{version} (the release record on the app)"
+            if outcome
+            else f"unrecorded: v{version} has no release record (deployed outside Pulumi?)"
+        )
+    good = releases.known_good()
+    out["rollback_command"] = rollback_command(name, env, good if good != version else 0)
+    return out
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:
@@ -643,7 +768,11 @@ class App(pulumi.dynamic.Resource, module="modal", name="App"):
     autoscaler_override: pulumi.Output[dict[str, dict[str, int]]]
     health_gate: pulumi.Output[bool]
     health_gate_timeout_s: pulumi.Output[float]
+    gate_task: pulumi.Output[str]
+    custom_timeouts: pulumi.Output[dict[str, float]]
     previous_version: pulumi.Output[int]
+    known_good_version: pulumi.Output[int]
+    deployment_tag: pulumi.Output[str]
     commit: pulumi.Output[str]
     gate_result: pulumi.Output[str]
     gate_seconds: pulumi.Output[float]
@@ -652,7 +781,12 @@ class App(pulumi.dynamic.Resource, module="modal", name="App"):
     def __init__(
         self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        super().__init__(AppProvider(), resource_name, app_props(args), opts)
+        props = app_props(args)
+        # customTimeouts bound the release (the dynamic-provider server does not hand the
+        # engine's `timeout` to create/update: pulumi/dynamic/__main__.py), so they travel
+        # as an input, in seconds.
+        props["custom_timeouts"] = custom_timeouts_s(opts.custom_timeouts if opts else None)
+        super().__init__(AppProvider(), resource_name, props, opts)
 
 
 def app_props(args: AppArgs) -> dict[str, Any]:
@@ -680,12 +814,42 @@ def app_props(args: AppArgs) -> dict[str, Any]:
         "gate_token_secret": _secret_or_none(args.gate_token_secret),
         "gate_api_key": _secret_or_none(args.gate_api_key),
         "gate_model": args.gate_model,
+        "gate_task": args.gate_task,
+        "custom_timeouts": {},
         "previous_version": None,
+        "known_good_version": None,
+        "deployment_tag": None,
         "commit": None,
         "gate_result": None,
         "gate_seconds": None,
         "rollback_command": None,
     }
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration_s(text: str) -> float:
+    """A Pulumi customTimeouts duration ("30m", "1h30m", "45s": Go's time.ParseDuration
+    units, which the engine parses them with) in seconds; ValueError for anything else."""
+    text = text.strip()
+    parts = _DURATION.findall(text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"{text!r} is not a duration like 30m, 1h30m or 45s")
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def custom_timeouts_s(timeouts: pulumi.CustomTimeouts | None) -> dict[str, float]:
+    """Pulumi's CustomTimeouts resource option as {create|update|delete: seconds}."""
+    if timeouts is None:
+        return {}
+    out: dict[str, float] = {}
+    for key in ("create", "update", "delete"):
+        value = getattr(timeouts, key, None)
+        if value:
+            out[key] = duration_s(str(value))
+    return out
 
 
 def _secret_or_none(value: Any) -> Any:
@@ -697,6 +861,8 @@ __all__ = [
     "AppArgs",
     "AppProvider",
     "app_props",
+    "custom_timeouts_s",
+    "duration_s",
     "shipped_files",
     "source_digest",
     "spec_digest",

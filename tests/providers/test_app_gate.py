@@ -1,19 +1,20 @@
-"""App health gate (issue 11 items 1-4) on the live local runtime.
+"""App health gate (issue 11 items 1-4, issue 21) on the live local runtime.
 
 The App provider deploys tests/providers/apps/gate_app.py (a serving-shaped `@app.server`:
 `/ready`, `/v1/completions` checking API keys against the digests in a Modal secret) to the
 emulator, which runs it behind its edge with Modal's proxy auth. The gate calls the endpoint
 as a gateway does, with the proxy token and an API key; a release that fails to start or
-never gets ready is rolled back (`AppRollback`) and the update fails naming the resource,
-the reason and the container's log tail; a failed create leaves nothing deployed; after a key
-rotation the gate's smoke request uses the NEW key, and the old one is refused.
+never gets ready, crash-loops or answers the smoke request 5xx is rolled back (`AppRollback`)
+to the last version that passed its gate, re-checked with the smoke request, and the update
+fails naming the resource, the reason, the rollback and the container's log tail; a failed
+create leaves nothing deployed; after a key rotation the gate's smoke request uses the NEW
+key, and the old one is refused. The smoke request follows the model's task.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +23,8 @@ from typing import Any
 import pytest
 
 from components.modal import AppProvider, ProxyAuthTokenProvider, SecretProvider, VolumeProvider
+from components.modal._release import deployment_tag
+from components.modal._source import source_digest
 from serving.spec import ServingSpec
 from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
 from tests.harness.provider_server import Engine, ProviderCallError, Secret, scan_for_leaks
@@ -52,6 +55,7 @@ class TestApp:
     evidence = {
         "start": "engine: CUDA out of memory while loading the model",
         "never-ready": "GET /ready answered 503",
+        "smoke-5xx": "answered 500",
     }
 
     def spec(self, fail: str = "", message: str = "pong") -> str:
@@ -144,7 +148,12 @@ class Stack:
         body = None
         if key is not None:
             headers["Authorization"] = f"Bearer {key}"
-            body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+            headers["Content-Type"] = "application/json"
+            if path == "/v1/chat/completions":
+                msg = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+                body = json.dumps({**msg, "max_tokens": 1}).encode()
+            else:
+                body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
         req = urllib.request.Request(url + path, data=body, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
@@ -164,14 +173,22 @@ def any_stack(engine: Engine, request: pytest.FixtureRequest) -> Stack:
     return Stack(engine, request.param)
 
 
-def git_commit() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short=12", "HEAD"],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+def release_tag(stack: Stack, inputs: dict[str, Any]) -> str:
+    spec = hashlib.sha256(str(inputs["spec_json"]).encode()).hexdigest()
+    return deployment_tag(spec, source_digest(stack.kind.app_file, PROJECT_ROOT))
+
+
+def records(emu: EmulatorProcess, name: str = "gate") -> dict[str, str]:
+    """The release records on the app (its tags), as the real client reads them
+    (`modal.App.lookup(...).get_tags()`, modal 1.6.4)."""
+    from tests.providers.helpers import modal_python
+
+    code = (
+        "import json, sys, modal\n"
+        "app = modal.App.lookup(sys.argv[1], environment_name='main')\n"
+        "print(json.dumps(app.get_tags()))"
+    )
+    return dict(modal_python(emu, code, name))
 
 
 def live_apps(emu: EmulatorProcess) -> list[str]:
@@ -207,11 +224,17 @@ def test_good_release_passes_the_gate_and_records_versions(
     out = engine.states["a"].outputs
     assert out["gate_result"].startswith("passed: v1"), out["gate_result"]
     assert 0 < out["gate_seconds"] < GATE_TIMEOUT_S
-    assert (out["version"], out["previous_version"]) == (1, 0)
-    assert out["commit"] == git_commit() and out["rollback_command"] == ""
-    # The deploy was tagged with the commit (`modal deploy --tag`).
+    assert (out["version"], out["previous_version"], out["known_good_version"]) == (1, 0, 1)
+    assert out["rollback_command"] == ""
+    # The deploy was tagged with what it ships (`modal deploy --tag`), modal recorded the git
+    # commit, and the gate's outcome is recorded on the app (its tags), not only in state.
+    tag = release_tag(stack, stack.app())
+    assert out["deployment_tag"] == tag
     versions = [v for v in emulator.state()["app_versions"] if v["app_id"] == out["app_id"]]
-    assert [v["tag"] for v in versions] == [git_commit()]
+    assert [v["tag"] for v in versions] == [tag]
+    assert len(out["commit"]) == 40 and versions[0]["commit_hash"] == out["commit"]
+    assert records(emulator) == {"llm-iac.gate.v1": "passed"}
+    assert "chat completion" in out["gate_result"]
     # No gate input is an output: the secrets stay in the (secret) inputs only.
     assert not {"gate_token_secret", "gate_api_key"} & set(out)
     assert stack.call(out["web_url"], "/v1/completions", OLD_KEY) == 200
@@ -219,9 +242,13 @@ def test_good_release_passes_the_gate_and_records_versions(
     update = stack.app(spec_json=stack.kind.spec(message="pong-2"))
     assert engine.up("a", APP, update) == "update"
     out = engine.states["a"].outputs
-    assert (out["version"], out["previous_version"]) == (2, 1)
+    assert (out["version"], out["previous_version"], out["known_good_version"]) == (2, 1, 2)
     assert out["gate_result"].startswith("passed: v2")
     assert out["rollback_command"] == "modal app rollback gate v1 -e main"
+    assert records(emulator) == {
+        "llm-iac.gate.v1": "passed",
+        "llm-iac.gate.v2": "passed",
+    }
 
     # The gate policy alone changes: recorded, no deploy.
     before = emulator.rpc_counts()
@@ -237,6 +264,7 @@ def test_good_release_passes_the_gate_and_records_versions(
 # waits for the engine, so the previous version keeps serving meanwhile).
 BAD_RELEASES = [
     pytest.param(TestApp(), "never-ready", id="test-app-never-ready"),
+    pytest.param(TestApp(), "smoke-5xx", id="test-app-smoke-5xx"),
     pytest.param(ServingApp(), "start", id="serving-app-start"),
     pytest.param(ServingApp(), "never-ready", id="serving-app-never-ready"),
 ]
@@ -261,11 +289,14 @@ def test_bad_release_is_rolled_back_and_the_update_fails(
             ),
         )
     details = err.value.details
-    assert "App 'gate' in environment 'main': update failed the health gate: v2" in details
+    assert "App 'gate' in environment 'main': update failed: v2 (tag spec." in details
+    assert "did not pass the health gate" in details
     assert stack.kind.evidence[fail] in details  # the reason, or the container's own log line
-    assert "Rolled back to v1" in details and "answers /ready again" in details
+    # Back to the last known-good version, re-checked with the smoke request (not /ready).
+    assert "Rolled back to v1 (last known good), live as v3, which answered a one-token chat" in (
+        details
+    )
     assert "The container's last log lines:" in details
-    assert "modal app rollback gate v1 -e main" in details
     for secret in (stack.token_secret, OLD_KEY):
         assert secret not in details and secret not in engine.server.logs()
     # Progress was reported while it waited (pulumi.log.info from the provider).
@@ -282,6 +313,11 @@ def test_bad_release_is_rolled_back_and_the_update_fails(
     assert engine.states["a"].outputs["spec_json"] == stack.kind.spec()
     history = [v["version"] for v in emulator.state()["app_versions"]]
     assert history == [1, 2, 3]  # v3 = the rollback, published as a new version
+    assert records(emulator) == {
+        "llm-iac.gate.v1": "passed",
+        "llm-iac.gate.v2": "failed",
+        "llm-iac.gate.v3": "passed",
+    }
     engine.destroy("a")
     # Neither the proxy token secret nor the API key shows anywhere the operator can see
     # (state, diffs, outputs, errors, provider logs), though the gate sent both.
@@ -299,8 +335,8 @@ def test_failed_create_leaves_nothing_deployed(stack: Stack, emulator: EmulatorP
             ),
         )
     details = err.value.details
-    assert "App 'gate' in environment 'main': create failed the health gate: v1" in details
-    assert "was stopped again" in details
+    assert "App 'gate' in environment 'main': create failed: v1" in details
+    assert "nothing of this release is left serving" in details
     assert "engine: CUDA out of memory while loading the model" in details
     assert "a" not in stack.engine.states
     assert live_apps(emulator) == []

@@ -1,9 +1,10 @@
 """The HTTP server gate_app.py starts inside its container (stdlib only).
 
-GET /ready -> 200 {"status": "ready"} (503 with `fail: never-ready`); POST /v1/completions ->
-401 without `Authorization: Bearer <key>`, 403 for a key whose sha256 is not in
+GET /ready -> 200 {"status": "ready"} (503 with `fail: never-ready`); POST /v1/completions,
+/v1/chat/completions and /v1/embeddings (the routes our serving proxy relays) -> 401 without `Authorization: Bearer <key>`, 403 for a key whose sha256 is not in
 SERVING_API_KEYS (a JSON object name -> "sha256:<hex>", from the Modal secret), else 200 with
-one token. Every request is logged on stdout (what the gate shows as the latest log line).
+one token (500 with `fail: smoke-5xx`: ready, but every request fails, as an engine whose
+model does not load its weights right would). Every request is logged on stdout (what the gate shows as the latest log line).
 """
 
 import hashlib
@@ -43,7 +44,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
-        if self.path != "/v1/completions":
+        if self.path not in ("/v1/completions", "/v1/chat/completions", "/v1/embeddings"):
             self._json(404, {"error": "not found"})
             return
         auth = self.headers.get("authorization", "")
@@ -57,7 +58,22 @@ class Handler(BaseHTTPRequestHandler):
         if SPEC.get("fail") == "never-ready":
             self._json(503, {"error": {"message": "engine not ready"}})
             return
+        if SPEC.get("fail") == "smoke-5xx":
+            self._json(500, {"error": {"message": "engine error: NaN in logits"}})
+            return
         text = SPEC.get("message", "pong")
+        if self.path == "/v1/embeddings":
+            self._json(200, {"object": "list", "model": body.get("model"),
+                             "data": [{"index": 0, "object": "embedding", "embedding": [0.5]}]})
+            return
+        if self.path == "/v1/chat/completions":
+            self._json(
+                200,
+                {"object": "chat.completion", "model": body.get("model"),
+                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                              "finish_reason": "length"}]},
+            )
+            return
         self._json(
             200,
             {"object": "text_completion", "model": body.get("model"),
