@@ -730,8 +730,9 @@ def _live_outputs(
             if outcome
             else f"unrecorded: v{version} has no release record (deployed outside Pulumi?)"
         )
-    good = releases.known_good()
-    out["rollback_command"] = rollback_command(name, env, good if good != version else 0)
+    if not same or int(recorded.get("version") or 0) != version:
+        good = releases.known_good()
+        out["rollback_command"] = rollback_command(name, env, good if good != version else 0)
     return out
 
 

@@ -77,7 +77,7 @@ class ServingApp(TestApp):
     # rolling deploy keeps the previous version's container serving meanwhile.
     evidence = {
         "start": "stand-in engine: failing start-up on purpose",
-        "never-ready": "1 container(s) of the previous version still serve; v2's are not ready",
+        "never-ready": "1 container(s) of the version it replaces still serve; v2's are not ready",
     }
 
     def _spec(self, fail: str = "", message: str = "pong") -> ServingSpec:
