@@ -1,10 +1,12 @@
 """The HTTP server gate_app.py starts inside its container (stdlib only).
 
-GET /ready -> 200 {"status": "ready"} (503 with `fail: never-ready`); POST /v1/completions,
-/v1/chat/completions and /v1/embeddings (the routes our serving proxy relays) -> 401 without `Authorization: Bearer <key>`, 403 for a key whose sha256 is not in
-SERVING_API_KEYS (a JSON object name -> "sha256:<hex>", from the Modal secret), else 200 with
-one token (500 with `fail: smoke-5xx`: ready, but every request fails, as an engine whose
-model does not load its weights right would). Every request is logged on stdout (what the gate shows as the latest log line).
+GET /ready -> 200 {"status": "ready"} (503 with `fail: never-ready`). POST /v1/completions,
+/v1/chat/completions and /v1/embeddings (the routes our serving proxy relays) -> 401 without
+`Authorization: Bearer <key>`, 403 for a key whose sha256 is not in SERVING_API_KEYS (a JSON
+object name -> "sha256:<hex>", from the Modal secret), else 200 with one token (500 with
+`fail: smoke-5xx`: ready, but every request fails, as an engine whose model does not load its
+weights right would). Every request is logged on stdout (what the gate shows as the latest
+log line).
 """
 
 import hashlib
