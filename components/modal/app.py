@@ -11,18 +11,21 @@
 - Create never deploys over an app that is already deployed under that name: it refuses,
   naming the app, unless `adopt=True`; then it deploys over it, records `adopted`, and
   destroy leaves the app deployed (it existed before Pulumi).
-- A failed create leaves nothing deployed: a deploy can fail after Modal published the app
-  (its answer lost), so an app found under the name afterwards (there was none before) is
-  stopped again, and the error says so.
+- Create and update are one release transaction (`_release.py`): publish tagged with the
+  digests, verify with the health gate (`_gate.py`, a collaborator returning an outcome),
+  then commit or roll back to the last version recorded `passed` on the app (its tags) and
+  re-check it; a failed create stops what it made. docs/providers.md has the diagram.
 - Read-back after a successful deploy (web URL, version) is best effort: the runner retries
   it, then the provider retries it; if it still fails, the create/update succeeds anyway
   (Modal completed the deploy) with `read_back_error` saying what failed, and the next
   refresh fills `web_url`/`version` in (issue 11 item 5).
-- Outputs: `app_id` (also the resource id), `web_url`, `version` (deployment history),
+- Outputs: `app_id` (also the resource id), `web_url`, `version` (the live version),
   `spec_digest`, `source_digest` (sha256 over every file the app ships: the app file plus
   what it adds with `add_local_python_source(...)`, `add_local_dir(...)`,
   `add_local_file(...)` given as string literals; `.py` files only for python sources, like
-  modal's default `ignore`), `adopted`, `read_back_error`.
+  modal's default `ignore`), `adopted`, `read_back_error`, and the release's
+  `previous_version`, `known_good_version`, `deployment_tag`, `commit`, `gate_result`,
+  `gate_seconds`, `rollback_command`.
 - Diff: spec, source, app file or extra env changed → update (redeploy); name or environment
   changed → replace; nothing changed → no change, so no deploy at all. Diff reads the local
   files (side-effect free), so an edit to serving/ shows up in `pulumi preview`.
@@ -31,13 +34,13 @@
   live id (the engine keeps the resource id). Read and delete therefore act on
   `app_id`; delete also stops the resource id when it differs, so destroy never leaves a
   deployed app (GPU spend) behind.
-- Delete stops the app (`AppStop`), unless it was adopted. Read (refresh) looks the name up
-  (`AppGetByDeploymentName`): stopped, missing (also: the environment is gone) or
-  redeployed under another id → gone, so refresh shows the drift and the next `up` deploys
-  again. Modal does not keep our spec or source digest: read keeps the recorded ones.
-- Both digests are computed before the deploy, from the files that were shipped.
-- The health gate (wait for the deploy to serve, roll back or undo) lives in `_gate.py`
-  (`GatedProvider`, this provider's base); what an App ships, and its digest, in `_source.py`.
+- Delete stops the app (`AppStop`), unless it was adopted. Read (refresh) tells what is live,
+  from Modal: the app under the name (stopped, missing or no environment → gone), its live
+  version, the digests its deployment tag carries (a version rolled back or deployed by hand
+  shows as `live vN: ...` digests, so the next `up` redeploys the state's release) and the
+  release records.
+- Both digests are computed before the deploy, from the files that were shipped; what an App
+  ships, and its digest, is `_source.py`'s.
 """
 
 from __future__ import annotations
