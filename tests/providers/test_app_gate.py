@@ -408,6 +408,11 @@ def test_policy_auto_always_never() -> None:
     assert not _stack([_svc(1, health_gate="never")]).services[0].gate_enabled
     with pytest.raises(config.ConfigError, match=r"services\[0\]\.health_gate = 'sometimes'"):
         _stack([_svc(1, health_gate="sometimes")])
+    # The task picks the gate's smoke request; an unknown one is refused with the key's path.
+    assert _stack([_svc(1, task="embedding")]).services[0].task == "embedding"
+    assert _stack([_svc(1)]).services[0].task == "chat"
+    with pytest.raises(config.ConfigError, match=r"services\[0\]\.task = 'vision'"):
+        _stack([_svc(1, task="vision")])
 
 
 def test_committed_stacks_gate_prod_and_local_not_dev() -> None:
@@ -466,6 +471,7 @@ def test_program_wires_the_gate_and_preview_says_when_it_is_off(
         assert rpc.is_rpc_secret(inputs[key]), key  # a secret input, never plain
     (svc,) = run.output("services").values()
     assert inputs["gate_model"] == svc["served_model_name"]
+    assert inputs["gate_task"] == "chat"  # the default task: a chat model's smoke request
     assert svc["health_gate_enabled"] is gated
     notes = [
         r.getMessage() for r in caplog.records if "health_gate: auto, NOT gated" in r.getMessage()
@@ -474,3 +480,74 @@ def test_program_wires_the_gate_and_preview_says_when_it_is_off(
         assert notes == []
     else:
         assert len(notes) == 1 and "up to $0.26" in notes[0], notes
+
+
+# ---- the smoke request follows the model's task (issue 21.7) --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("task", "route", "words"),
+    [
+        ("completion", "/v1/completions", "a one-token completion"),
+        ("embedding", "/v1/embeddings", "an embedding"),
+    ],
+)
+def test_the_smoke_request_follows_the_task(
+    stack: Stack, emulator: EmulatorProcess, task: str, route: str, words: str
+) -> None:
+    engine = stack.engine
+    assert engine.up("a", APP, stack.app(gate_task=task)) == "create"
+    out = engine.states["a"].outputs
+    assert out["gate_result"].startswith(f"passed: v1 answered /ready and {words} in ")
+    assert out["gate_task"] == task
+    # The container's own access log (`modal app logs`): the gate's request took that route.
+    import subprocess
+    import sys
+
+    logs = subprocess.run(
+        [sys.executable, "-m", "modal", "app", "logs", "gate", "-e", "main"],
+        env=emulator.subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    posted = [line for line in logs.splitlines() if '"POST /v1/' in line]
+    assert posted and all(route in line for line in posted), logs[-2000:]
+    engine.destroy("a")
+
+
+def test_check_refuses_an_unknown_task(stack: Stack) -> None:
+    failures = stack.engine.server.check(APP, stack.app(gate_task="vision")).failures
+    assert [f[0] for f in failures] == ["gate_task"]
+
+
+def test_custom_timeouts_bound_the_release() -> None:
+    """Pulumi's customTimeouts (Go durations, as the engine parses them) become the App's
+    `custom_timeouts` input in seconds; the gate gets half of the step's limit, the
+    rollback's re-check the rest."""
+    import pulumi
+
+    from components.modal._release import Release
+    from components.modal.app import custom_timeouts_s, duration_s
+
+    assert duration_s("30m") == 1800 and duration_s("1h30m") == 5400 and duration_s("45s") == 45
+    with pytest.raises(ValueError, match="not a duration"):
+        duration_s("10 minutes")
+    assert custom_timeouts_s(pulumi.CustomTimeouts(create="20m", update="1h")) == {
+        "create": 1200.0,
+        "update": 3600.0,
+    }
+    assert custom_timeouts_s(None) == {}
+
+    def release(action: str, **props: Any) -> Release:
+        base = {"name": "gate", "environment": "main", "health_gate": True}
+        digests = {"spec_digest": "a" * 64, "source_digest": "b" * 64}
+        return Release(APP, {**base, **props}, action, digests, "", keep_on_failure=False)
+
+    plain = release("update", health_gate_timeout_s=720.0)
+    assert (plain.gate_deadline, plain.recheck_deadline) == (720.0, 720.0)
+    bounded = release("update", health_gate_timeout_s=720.0, custom_timeouts={"update": 600})
+    assert (bounded.gate_deadline, bounded.recheck_deadline) == (300.0, 295.0)
+    # Only the step's own limit counts: a create limit does not bound an update.
+    other = release("update", health_gate_timeout_s=720.0, custom_timeouts={"create": 60})
+    assert other.gate_deadline == 720.0
