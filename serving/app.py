@@ -16,6 +16,7 @@ then the server class with its lifecycle.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -92,6 +93,45 @@ PROXY_REQUIREMENTS = [
 ]
 UV_VERSION = "0.13.8"  # the uv binary Modal copies in to install them
 
+# ---- What the container gets -----------------------------------------------------------------
+# Modal runs this file as /root/app.py; beside it ship these modules and nothing else of
+# serving/, so a test double or another app's file never reaches the container nor changes its
+# source digest. A module name ships its file, a package name its .py files, "pkg.__init__" a
+# package's own __init__.py (modal 1.6.4 modal/_utils/package_utils.py get_module_mount_info:
+# a package's directory, else the module's file). SHIPPED_IF_SPEC adds modules by the spec's
+# top-level keys: "key" when the spec has the key with a non-null value, "key=value" when it
+# holds that string. Literals only: components/modal/_source.py reads both without importing
+# this file and digests exactly what ships (tests/providers/test_shipped_source.py imports
+# each case from the shipped files alone).
+SHIPPED_MODULES = (
+    "serving.__init__",
+    "serving.engine",  # the lifecycle (Container)
+    "serving.spec",  # the spec, validated again here
+    "serving.weights",  # spec.py: WEIGHTS_MOUNT
+    "serving.engine_flags.__init__",
+    "serving.proxy",  # the auth proxy, run as `python -m serving.proxy`
+)
+SHIPPED_IF_SPEC = {
+    "engine_standin": ("serving.standin_engine",),  # the local stack's engine, no GPU
+    # the pinned release's recorded flags (serving/engine_flags/), read by spec validation
+    "engine=vllm": ("serving.engine_flags.vllm_0_33_0",),
+    "engine=sglang": ("serving.engine_flags.sglang_0_5_23",),
+}
+
+
+def shipped_modules(spec_fields: dict[str, object]) -> tuple[str, ...]:
+    """SHIPPED_MODULES plus the SHIPPED_IF_SPEC entries whose condition holds for the spec as
+    written (the raw JSON object): the rule components/modal/_source.py `condition_holds`
+    applies to the same JSON."""
+    modules = list(SHIPPED_MODULES)
+    for condition, more in SHIPPED_IF_SPEC.items():
+        key, eq, value = condition.partition("=")
+        have = spec_fields.get(key)
+        if (have == value) if eq else (have is not None):
+            modules += more
+    return tuple(modules)
+
+
 # ---- The image -------------------------------------------------------------------------------
 image = (
     modal.Image.from_registry(SPEC.engine_image)  # pinned engine release (serving/spec.py)
@@ -102,7 +142,8 @@ image = (
     .env({**SPEC.engine_env(), SPEC_ENV: SPEC_IN_IMAGE, "SERVING_APP_NAME": APP_NAME})
     .add_local_file(SPEC_PATH, SPEC_IN_IMAGE, copy=True)  # the identical spec, baked in
     .env(DEFINITION_ENV)  # last of the built layers: a key rotation rebuilds only this
-    .add_local_python_source("serving")  # proxy + lifecycle code (mounted, so it comes last)
+    # proxy + lifecycle code (mounted at container start, so it comes last)
+    .add_local_python_source(*shipped_modules(json.loads(SPEC_PATH.read_text())))
 )
 
 # ---- Volumes and secrets ---------------------------------------------------------------------

@@ -34,11 +34,15 @@ else:
 CONFIG: dict[str, Any] = json.loads(CONFIG_TEXT)
 APP_NAME = os.environ.get("SERVING_APP_NAME") or f"{CONFIG['target_app']}-prewarm"
 EVERY = "*/5 * * * *"
+# Modal runs this file as /root/prewarm_app.py; beside it ship these modules and nothing else
+# of serving/ (a literal: components/modal/_source.py digests exactly what ships without
+# importing this file; serving/app.py says how a module name is found).
+SHIPPED_MODULES = ("serving.__init__", "serving.prewarm")
 
 image = (
     modal.Image.debian_slim(python_version="3.11")
     .env({CONFIG_ENV: json.dumps(CONFIG, sort_keys=True), "SERVING_APP_NAME": APP_NAME})
-    .add_local_python_source("serving")
+    .add_local_python_source(*SHIPPED_MODULES)
 )
 app = modal.App(APP_NAME)
 

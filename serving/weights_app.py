@@ -30,6 +30,10 @@ from serving.weights import WEIGHTS_MOUNT
 APP_NAME = os.environ.get("WEIGHTS_APP_NAME") or "model-weights"
 VOLUME = os.environ.get("WEIGHTS_VOLUME") or "model-weights"
 SECRETS: list[str] = json.loads(os.environ.get("WEIGHTS_SECRETS") or "[]")
+# Modal runs this file as /root/weights_app.py; beside it ship these modules and nothing else
+# of serving/ (a literal: components/modal/_source.py digests exactly what ships without
+# importing this file; serving/app.py says how a module name is found).
+SHIPPED_MODULES = ("serving.__init__", "serving.weights")
 TIMEOUT_S = 4 * 3600  # a large model over a slow link; Modal allows up to 24 h
 # The clients the function uses, pinned like the project's dev dependencies (tested there).
 REQUIREMENTS = ["huggingface-hub==2.4.0", "boto3==1.44.5"]
@@ -45,7 +49,7 @@ image = (
             "HF_XET_HIGH_PERFORMANCE": "1",  # saturate the link on xet-backed repos
         }
     )
-    .add_local_python_source("serving")
+    .add_local_python_source(*SHIPPED_MODULES)
 )
 volume = modal.Volume.from_name(VOLUME)
 app = modal.App(APP_NAME)

@@ -23,10 +23,18 @@ def spec(max_containers: int = 1) -> str:
     ).to_json()
 
 
-def test_serving_app_ships_the_serving_package() -> None:
-    rel = {str(p.relative_to(PROJECT_ROOT)) for p in shipped_files("serving/app.py", PROJECT_ROOT)}
+def test_serving_app_ships_its_modules_not_the_whole_package() -> None:
+    """The app's manifest (tests/providers/test_shipped_source.py checks it against modal's
+    mounts): the proxy and lifecycle code, not the stand-in engine for a real-engine spec nor
+    the other apps' files."""
+    shipped = shipped_files("serving/app.py", PROJECT_ROOT, spec_json=spec())
+    rel = {str(p.relative_to(PROJECT_ROOT)) for p in shipped}
     assert {"serving/app.py", "serving/spec.py", "serving/__init__.py"} <= rel
+    assert {"serving/engine.py", "serving/proxy/__main__.py"} <= rel
     assert all(r.startswith("serving/") and r.endswith(".py") for r in rel)
+    assert (
+        not {"serving/standin_engine.py", "serving/weights_app.py", "serving/prewarm_app.py"} & rel
+    )
 
 
 def test_deploy_update_and_stop_serving_app(engine: Engine, emulator: EmulatorProcess) -> None:

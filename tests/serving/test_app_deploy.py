@@ -20,6 +20,7 @@ import modal
 import pytest
 from modal_proto import api_pb2
 
+from components.modal._source import shipped_files
 from serving.spec import (
     ENGINE_IMAGES,
     HF_CACHE_PATH,
@@ -168,8 +169,14 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
     want = hashlib.sha256(spec_path.read_bytes()).hexdigest()
     bundled = [f for m in state["mounts"] for f in json.loads(m["files"]) if f[0] == SPEC_IN_IMAGE]
     assert [f[1] for f in bundled] == [want]
-    # the serving package ships (proxy + lifecycle), the app file too
+    # the app's manifest ships (proxy + lifecycle), the app file too, and nothing else of
+    # serving/: exactly what the App's source_digest covers for this spec
     shipped = {f[0] for m in state["mounts"] for f in json.loads(m["files"])}
+    digested = shipped_files("serving/app.py", ROOT, spec_json=spec_path.read_text())
+    assert {f for f in shipped if f.startswith("/root/")} == {"/root/app.py"} | {
+        f"/root/{p.relative_to(ROOT)}" for p in digested if p != ROOT / "serving/app.py"
+    }
+    assert "/root/serving/standin_engine.py" not in shipped  # a real engine: no stand-in
     assert {"/root/serving/engine.py", "/root/serving/spec.py"} <= shipped
     assert "/root/serving/proxy/__main__.py" in shipped
     # the recorded flag lists the spec checks extra_args against, read again in the container
