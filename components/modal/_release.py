@@ -288,6 +288,10 @@ class Release:
             try:
                 published = self._published(str(result["app_id"]), result, before, pre)
             except ModalProviderError as e:
+                if not self.gate_on:
+                    # Nothing is verified anyway: Modal completed the deploy, so the release
+                    # stands; `read_back_error` says what is unknown (issue 11.5).
+                    return self._unread(result, pre, target, e)
                 # Modal took the deploy but cannot say what is live: roll back blind.
                 lost = Published(str(result["app_id"]), 0, 0.0, "", True, self.tag, "")
                 raise self._abort(
@@ -435,7 +439,7 @@ class Release:
         else:
             words = smoke_words(self.task)
             result = f"passed: v{v} answered /ready and {words} in {outcome.seconds:.1f} s"
-        good = v if record == PASSED else target
+        good = v if record == PASSED else (before.known_good() if before else 0)
         return {
             "version": v,
             "previous_version": pre,
@@ -447,6 +451,35 @@ class Release:
             "rollback_command": rollback_command(self.name, self.env, target if target != v else 0),
             "web_url": published.web_url,
             "app_id": published.app_id,
+            "read_back_error": (
+                ""
+                if published.web_url
+                else "the endpoint URL could not be read back; `pulumi refresh` fills it in"
+            ),
+        }
+
+    def _unread(
+        self, result: Mapping[str, Any], pre: int, target: int, error: ModalProviderError
+    ) -> dict[str, Any]:
+        """An ungated release whose history could not be read back: it stands, unknown."""
+        app_id = str(result["app_id"])
+        why = (
+            f"deployed as {app_id}, but what is live could not be read back: {error}"
+            " `pulumi refresh` fills it in."
+        )
+        print(f"warning: App {self.label}: {why}", file=sys.stderr)
+        return {
+            "version": int(result.get("version") or 0),
+            "previous_version": pre,
+            "known_good_version": 0,
+            "deployment_tag": self.tag,
+            "commit": "",
+            "gate_result": "off: health_gate is false, not verified",
+            "gate_seconds": 0.0,
+            "rollback_command": rollback_command(self.name, self.env, target),
+            "web_url": str(result.get("web_url") or ""),
+            "app_id": app_id,
+            "read_back_error": str(result.get("read_back_error") or why),
         }
 
     # ---- abort -----------------------------------------------------------------------------

@@ -85,7 +85,6 @@ from ._base import (
 )
 from ._gate import DEFAULT_GATE_TIMEOUT_S, TASKS, gate_secrets
 from ._release import (
-    PASSED,
     Release,
     Releases,
     describe_target,
@@ -168,10 +167,15 @@ class AppProvider(ModalProvider):
                     )
                 )
             else:
+                spec = news.get("spec_json")
                 try:
-                    shipped_files(app_file)
+                    # With the spec known, a module the spec's manifest entry names but that
+                    # is missing is found here, at preview, not in the container.
+                    shipped_files(app_file, spec_json=spec if isinstance(spec, str) else None)
                 except SyntaxError as e:
                     failures.append(CheckFailure("app_file", f"app_file does not parse: {e}"))
+                except ValueError:
+                    pass  # spec_json that is no JSON object: _check_spec names it
         failures += self._check_spec(news.get("spec_json"), news.get("spec_digest"))
         failures += check_flag(news, "adopt") + check_flag(news, "health_gate")
         failures += self._check_gate(news)
@@ -291,7 +295,8 @@ class AppProvider(ModalProvider):
             new_spec = news.get("spec_digest") or spec_digest(str(news["spec_json"]))
             return bool(
                 new_spec != olds.get("spec_digest")
-                or source_digest(str(news["app_file"])) != olds.get("source_digest")
+                or source_digest(str(news["app_file"]), spec_json=str(news["spec_json"]))
+                != olds.get("source_digest")
             )
         except (OSError, ValueError, SyntaxError):
             return True  # check() reports the problem; never hide a change
@@ -448,7 +453,9 @@ class AppProvider(ModalProvider):
         so an edit made while it runs is seen by the next Diff)."""
         return {
             "spec_digest": str(props.get("spec_digest") or spec_digest(str(props["spec_json"]))),
-            "source_digest": source_digest(str(props["app_file"])),
+            "source_digest": source_digest(
+                str(props["app_file"]), spec_json=str(props["spec_json"])
+            ),
         }
 
     def _outputs(
@@ -606,7 +613,10 @@ class AppProvider(ModalProvider):
         if "spec_digest" not in outs and isinstance(props.get("spec_json"), str):
             outs["spec_digest"] = spec_digest(props["spec_json"])
         if "source_digest" not in outs and isinstance(props.get("app_file"), str):
-            outs["source_digest"] = source_digest(props["app_file"])
+            spec = props.get("spec_json")
+            outs["source_digest"] = source_digest(
+                props["app_file"], spec_json=spec if isinstance(spec, str) else None
+            )
         outs.update(_live_outputs(releases, url, outs, name, env))
         outs["autoscaler_override"] = self._read_overrides(props, releases.app_id)
         return ReadResult(id_, outs)
@@ -727,7 +737,7 @@ def _live_outputs(
             " not the release in Pulumi's state (rolled back or deployed by hand):"
             " `pulumi up` deploys the state's release again (through the health gate)."
         )
-    if not same or int(recorded.get("version") or 0) != version or outcome != PASSED:
+    if not same or int(recorded.get("version") or 0) != version:
         out["gate_result"] = (
             f"{outcome}: v{version} (the release record on the app)"
             if outcome

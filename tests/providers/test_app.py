@@ -283,18 +283,42 @@ def test_transient_deploy_failure_is_retried_once(
     assert app_file.with_suffix(".attempts").read_text() == "2"
 
 
-def test_failed_create_leaves_nothing_deployed(engine: Engine, emulator: EmulatorProcess) -> None:
-    """Issue 11: Modal published the app but every answer was lost, so the deploy failed. A
-    failed create is not in state (destroy would never stop it): it must stop its app."""
+def test_a_create_whose_publish_answer_was_lost_is_found_and_kept(
+    engine: Engine, emulator: EmulatorProcess
+) -> None:
+    """Issue 21: Modal published the app but every answer was lost, so the deploy failed.
+    The provider looks: the app is there, so the release goes on (ungated here) and the
+    create records it; state and Modal agree, and destroy stops it."""
     emulator._request(
         "POST",
         "/_emulator/faults",
         {"method": "AppPublish", "when": "after", "status": "UNAVAILABLE", "count": 1000},
     )
-    with pytest.raises(ProviderCallError) as ei:
-        engine.up("a", P, inputs())
-    assert "was stopped again" in ei.value.details
-    assert apps(emulator) and set(apps(emulator).values()) == {"stopped"}
+    try:
+        assert engine.up("a", P, inputs()) == "create"
+    finally:
+        emulator._request("POST", "/_emulator/faults", {"clear": True})
+    st = engine.states["a"]
+    assert apps(emulator) == {st.id: "deployed"} and st.outputs["version"] == 1
+    assert "the deploy's answer was lost, but Modal published v1" in engine.server.logs()
+    engine.destroy("a")
+    assert set(apps(emulator).values()) == {"stopped"}
+
+
+def test_failed_create_leaves_nothing_deployed(engine: Engine, emulator: EmulatorProcess) -> None:
+    """Issue 11: the publish never reached Modal. A failed create is not in state (destroy
+    would never stop it): nothing may be left deployed, and a rerun is not blocked."""
+    emulator._request(
+        "POST",
+        "/_emulator/faults",
+        {"method": "AppPublish", "when": "before", "status": "UNAVAILABLE", "count": 1000},
+    )
+    try:
+        with pytest.raises(ProviderCallError) as ei:
+            engine.up("a", P, inputs())
+    finally:
+        emulator._request("POST", "/_emulator/faults", {"clear": True})
+    assert "Nothing was left deployed." in ei.value.details
+    assert "deployed" not in set(apps(emulator).values())
     assert "a" not in engine.states
-    emulator._request("POST", "/_emulator/faults", {"clear": True})
     assert engine.up("a", P, inputs()) == "create"  # the rerun is not blocked

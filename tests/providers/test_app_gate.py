@@ -175,7 +175,8 @@ def any_stack(engine: Engine, request: pytest.FixtureRequest) -> Stack:
 
 def release_tag(stack: Stack, inputs: dict[str, Any]) -> str:
     spec = hashlib.sha256(str(inputs["spec_json"]).encode()).hexdigest()
-    return deployment_tag(spec, source_digest(stack.kind.app_file, PROJECT_ROOT))
+    src = source_digest(stack.kind.app_file, PROJECT_ROOT, spec_json=str(inputs["spec_json"]))
+    return deployment_tag(spec, src)
 
 
 def records(emu: EmulatorProcess, name: str = "gate") -> dict[str, str]:
