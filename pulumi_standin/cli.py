@@ -6,6 +6,7 @@
     python -m pulumi_standin destroy --stack local          # like `pulumi destroy`
     python -m pulumi_standin output  --stack local [NAME] [--show-secrets]
       [--state FILE] [--server-url URL] [--config KEY=VALUE ...] [--target URN|NAME ...]
+      [--verbose]
 
 NOT the Pulumi engine: for machines without the Pulumi CLI, against the Modal emulator only.
 """
@@ -106,6 +107,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only this resource (its URN, or its name); repeatable",
     )
     parser.add_argument("--show-secrets", action="store_true", help="print secret outputs in clear")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help=(
+            "print a failed provider call's whole traceback (by default only the provider's"
+            " error is printed, the traceback goes to <state>.last-error.txt)"
+        ),
+    )
     args = parser.parse_args(argv)
     if args.name is not None and args.command != "output":
         parser.error(f"unexpected argument {args.name!r} for {args.command}")
@@ -145,6 +155,7 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             overrides=parse_overrides(args.config, args.secret),
             targets=tuple(args.target),
             output_name=args.name,
+            verbose=args.verbose,
         )
         hook = fault_hook(os.environ.get(FAULT_ENV))
         return run(cmd, out, before_step=hook, interrupt=Interrupt(_sigint.EVENT))

@@ -1,9 +1,15 @@
-"""What a plan or an apply prints: steps, changed keys, outputs; never a secret value."""
+"""What a plan or an apply prints: steps, changed keys, outputs; never a secret value.
+
+Step lines and the provider's progress lines (`print_progress`, written from the provider
+server's reader thread while a call runs) go out whole, one write each, and are flushed at
+once, so a pipe (`make up | tee`, a test reading the stand-in's stdout) sees them as they come.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -49,6 +55,41 @@ class Step:
     replaces: list[str] = field(default_factory=list)
     seconds: float = 0.0
     note: str = ""
+
+
+#: In-flight provider calls, as a progress line names them.
+CALL_VERBS = {
+    "Create": "creating",
+    "Update": "updating",
+    "Delete": "deleting",
+    "Read": "reading",
+    "Check": "checking",
+    "Diff": "diffing",
+}
+CALL_SYMBOLS = {"Create": "+ ", "Update": "~ ", "Delete": "- ", "Read": "~ "}
+DYNAMIC_PREFIX = "pulumi-python:dynamic/"
+_WRITE = threading.Lock()
+
+
+def emit(out: TextIO, text: str) -> None:
+    """Write `text` in one piece and flush it (lines from two threads never interleave)."""
+    with _WRITE:
+        out.write(text)
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            out.flush()
+
+
+def print_progress(method: str, type_: str, name: str, text: str, out: TextIO) -> None:
+    """One line the provider printed while `method` ran for resource `name`, in the step
+    table's columns: `  ~  modal:App   tiny-app   updating | info: App ...`. Without a call
+    (`name` empty) it is the provider's own: `  .. provider | <line>`."""
+    if not name:
+        emit(out, f"  .. provider | {text}\n")
+        return
+    short = type_.removeprefix(DYNAMIC_PREFIX) or "?"
+    symbol = CALL_SYMBOLS.get(method, "  ")
+    verb = CALL_VERBS.get(method, method.lower())
+    emit(out, f"  {symbol} {short:<22} {name:<26} {verb} | {text}\n")
 
 
 SECRET_SHOWN = "[secret]"  # noqa: S105 (what is shown instead of a secret)
@@ -147,11 +188,9 @@ def print_step(step: Step, out: TextIO, *, done: bool) -> None:
     suffix = f" [replace on: {', '.join(step.replaces)}]" if step.replaces else ""
     timing = f" ({step.seconds:.1f}s)" if done and step.op not in ("same", "skip") else ""
     note = f" {step.note}" if step.note else ""
-    out.write(
-        f"  {SYMBOLS[step.op]} {step.type:<22} {step.name:<26} {word}{suffix}{timing}{note}\n"
-    )
-    for line in step.lines:
-        out.write(f"        {line}\n")
+    text = f"  {SYMBOLS[step.op]} {step.type:<22} {step.name:<26} {word}{suffix}{timing}{note}\n"
+    text += "".join(f"        {line}\n" for line in step.lines)
+    emit(out, text)
 
 
 def summary(steps: list[Step], done: bool) -> str:

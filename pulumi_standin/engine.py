@@ -25,6 +25,15 @@ test in tests/standin/test_engine.py checks it:
   that is not empty with "inputs to import do not match the existing resource".
 - state: `on_change()` runs after every step that changed it, so a failed `up` keeps what it
   applied and a second `up` continues from there.
+- customTimeouts: parsed as the engine parses them (source_eval.go RegisterResource →
+  generateTimeoutInSeconds: Go's time.ParseDuration, in seconds; "unable to parse customTimeout
+  Value <v>" otherwise) and only handed to the provider in the request's `timeout` field:
+  Create gets the new state's `create`, Update the new state's `update`, Delete the OLD state's
+  `delete` (step.go CreateStep/UpdateStep/DeleteStep.Apply), refresh's Read the old state's
+  `read` (pulumi/pulumi#23459: "passed to providers"). The engine neither sets a deadline nor
+  cancels a step when one runs out (provider_plugin.go: every call under requestContext(), no
+  deadline), so neither does this; they are kept in the state like the engine's
+  `CustomTimeouts` (a SameStep writes the program's new ones).
 
 `before_step(op, name)` runs before each Create/Update/Delete: a fault-injection hook for tests
 (it may raise). Not modelled: a dependency graph and parallel steps (the program registers in
@@ -34,6 +43,7 @@ of an engine that crashed mid-call.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +80,68 @@ class ProtectedError(EngineError):
     """The engine's refusal to delete or replace a protected resource."""
 
 
+# Go's time.ParseDuration units, in seconds (µ as U+00B5 and U+03BC, as Go accepts both).
+_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,
+    "\u03bcs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_ELEMENT = re.compile(r"(\d*)(?:\.(\d*))?([^\d.]+)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go duration string ("30m", "1h30m", "1.5s", "-2m"), as the engine parses a
+    customTimeouts value (time.ParseDuration). Raises ValueError with the engine's message
+    (source_eval.go generateTimeoutInSeconds) for anything Go refuses, "1d" included."""
+    error = ValueError(f"unable to parse customTimeout Value {text}")
+    rest = text
+    sign = 1.0
+    if rest[:1] in ("-", "+"):
+        sign = -1.0 if rest[0] == "-" else 1.0
+        rest = rest[1:]
+    if rest == "0":
+        return 0.0
+    if not rest:
+        raise error
+    total = 0.0
+    pos = 0
+    while pos < len(rest):
+        m = _ELEMENT.match(rest, pos)
+        if m is None or not (m.group(1) or m.group(2)) or m.group(3) not in _UNITS:
+            raise error
+        whole, frac, unit = m.group(1), m.group(2) or "", m.group(3)
+        total += float(f"{whole or '0'}.{frac or '0'}") * _UNITS[unit]
+        pos = m.end()
+    return sign * total
+
+
+@dataclass(frozen=True)
+class CustomTimeouts:
+    """A resource's customTimeouts in seconds (0: not set), as `resource.CustomTimeouts` in the
+    engine's state. Passed to the provider, never enforced (see the module doc)."""
+
+    create: float = 0.0
+    update: float = 0.0
+    delete: float = 0.0
+    read: float = 0.0
+
+    @classmethod
+    def parse(
+        cls, create: str = "", update: str = "", delete: str = "", read: str = ""
+    ) -> CustomTimeouts:
+        """From the RegisterResourceRequest strings; empty ones are not set (the engine only
+        parses the ones that are not empty)."""
+        return cls(*(parse_duration(v) if v else 0.0 for v in (create, update, delete, read)))
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in self.__dict__.items() if v}
+
+
 @dataclass
 class ResourceState:
     """What the engine's state file holds for one resource."""
@@ -86,6 +158,7 @@ class ResourceState:
     #: The old half of a create-before-delete replace, still to be deleted (`Delete: true`).
     pending_delete: bool = False
     urn: str = ""
+    custom_timeouts: CustomTimeouts = CustomTimeouts()
 
 
 @dataclass(frozen=True)
@@ -97,6 +170,7 @@ class Options:
     retain_on_delete: bool = False
     ignore_changes: tuple[str, ...] = ()
     delete_before_replace: bool = False
+    custom_timeouts: CustomTimeouts = CustomTimeouts()
 
 
 def protect_replace_message(urn: str) -> str:
@@ -205,6 +279,7 @@ class Engine:
         so = opts.secret_outputs or tuple(secret_outputs)
         step, d, checked = self.plan(name, provider, inputs, options=opts)
         old = self.states.get(name)
+        timeouts = opts.custom_timeouts
 
         def new_state(id_: str, outs: dict[str, Any]) -> ResourceState:
             return ResourceState(
@@ -218,19 +293,23 @@ class Engine:
                 opts.protect,
                 opts.retain_on_delete,
                 urn=urn or (old.urn if old else ""),
+                custom_timeouts=timeouts,
             )
 
         if step == "create":
             self._before("create", name)
-            c = self.server.create(provider, checked, name=name, secret_outputs=so)
+            c = self.server.create(
+                provider, checked, name=name, secret_outputs=so, timeout=timeouts.create
+            )
             self.states[name] = new_state(c.id, c.outputs)
             self._changed()
         elif step == "same":
             assert old is not None
-            if (old.protect, old.retain_on_delete, old.secret_outputs) != (
+            if (old.protect, old.retain_on_delete, old.secret_outputs, old.custom_timeouts) != (
                 opts.protect,
                 opts.retain_on_delete,
                 so,
+                timeouts,
             ):  # a SameStep still writes the new options into the state
                 self.states[name] = new_state(old.id, old.outputs)
                 self._changed()
@@ -245,6 +324,7 @@ class Engine:
                 old_inputs=old.inputs,
                 name=name,
                 secret_outputs=so,
+                timeout=timeouts.update,
             )
             self.states[name] = new_state(old.id, outs)
             self._changed()
@@ -258,12 +338,16 @@ class Engine:
                 del self.states[name]
                 self._changed()
                 self._before("create", name)
-                c = self.server.create(provider, checked, name=name, secret_outputs=so)
+                c = self.server.create(
+                    provider, checked, name=name, secret_outputs=so, timeout=timeouts.create
+                )
                 self.states[name] = new_state(c.id, c.outputs)
                 self._changed()
             else:  # create-before-delete: the new one exists before the old one goes
                 self._before("create", name)
-                c = self.server.create(provider, checked, name=name, secret_outputs=so)
+                c = self.server.create(
+                    provider, checked, name=name, secret_outputs=so, timeout=timeouts.create
+                )
                 old.pending_delete = True
                 self.pending_deletes.append(old)
                 self.states[name] = new_state(c.id, c.outputs)
@@ -282,7 +366,14 @@ class Engine:
         if st.retain_on_delete:
             return
         self._before("delete", st.name)
-        self.server.delete(st.provider, st.id, st.outputs, old_inputs=st.inputs, name=st.name)
+        self.server.delete(
+            st.provider,
+            st.id,
+            st.outputs,
+            old_inputs=st.inputs,
+            name=st.name,
+            timeout=st.custom_timeouts.delete,  # the OLD state's (DeleteStep.Apply)
+        )
 
     def delete_pending(self) -> None:
         """Delete the old halves of replaces, newest first; a failure keeps them pending."""
@@ -314,6 +405,7 @@ class Engine:
             inputs=st.inputs,
             name=name,
             secret_outputs=st.secret_outputs,
+            timeout=st.custom_timeouts.read,
         )
         if not r.id:
             del self.states[name]
@@ -346,8 +438,8 @@ class Engine:
                 provider, id_, name=name, secret_outputs=so, import_=True
             )
         except ProviderCallError as exc:
-            tail = [ln for ln in exc.details.strip().splitlines() if ln.strip()][-1:]
-            raise ImportFailed(name, id_, f"Read failed: {' '.join(tail)}") from exc
+            # The provider's exception, whole (not the traceback's last line only).
+            raise ImportFailed(name, id_, f"Read failed: {exc.message}") from exc
         typ = self.server.type_token(provider)
         if not r.id:
             raise ImportFailed(name, id_, f"resource '{id_}' does not exist")
@@ -373,7 +465,17 @@ class Engine:
                 id_,
                 f"inputs to import do not match the existing resource (replaces={d.replaces})",
             )
-        st = ResourceState(name, provider, r.id, chk.inputs, r.outputs, so, typ, options.protect)
+        st = ResourceState(
+            name,
+            provider,
+            r.id,
+            chk.inputs,
+            r.outputs,
+            so,
+            typ,
+            options.protect,
+            custom_timeouts=options.custom_timeouts,
+        )
         self.states[name] = st
         self._changed()
         self.log.append(f"import {name} {id_}")

@@ -18,7 +18,14 @@ Engine behaviour kept here (pulumi/pulumi v3.272.0):
 - `--target URN` (or the resource name): other resources keep their state untouched and an
   untargeted new resource is not created (its inputs stand in for its outputs);
 - `destroy` with a protected resource refuses before deleting anything (a destroy's preview
-  fails on the protected delete before the update starts).
+  fails on the protected delete before the update starts);
+- `customTimeouts` reach the provider in the request's `timeout` field only (engine.py);
+  no provider call has a deadline (server.py);
+- what the provider prints while a call runs is shown at once, on the resource's own line
+  (`print_progress`); the engine forwards the same lines live, as diagnostics of the stack
+  (docs/offline.md says how the two displays differ);
+- a failed provider call shows the provider's exception whole (`ProviderCallError.message`),
+  its traceback in `<state>.last-error.txt` (or inline with `--verbose`).
 Not modelled: see docs/standin.md.
 """
 
@@ -43,15 +50,19 @@ from pulumi.runtime import rpc
 
 from pulumi_standin import _sigint
 from pulumi_standin.display import (
+    DYNAMIC_PREFIX,
     Step,
     diff_lines,
+    emit,
     print_outputs,
+    print_progress,
     print_step,
     show_output,
     summary,
 )
 from pulumi_standin.engine import (
     CheckFailed,
+    CustomTimeouts,
     Engine,
     EngineError,
     Options,
@@ -67,7 +78,7 @@ from pulumi_standin.program import (
     run_program,
     stack_config,
 )
-from pulumi_standin.server import ProviderCallError, ProviderServer
+from pulumi_standin.server import OutputLine, ProviderCallError, ProviderServer
 from pulumi_standin.statefile import NOT_THE_ENGINE, StandinError, StateFile
 from pulumi_standin.values import Secret, to_harness, to_program
 
@@ -128,6 +139,10 @@ class Command:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     targets: tuple[str, ...] = ()
     output_name: str | None = None
+    #: Show a failed provider call's whole traceback inline (else only its file is named).
+    verbose: bool = False
+    #: The Pulumi program (tests run a program of their own; the command line never sets it).
+    program: Path = PROJECT_ROOT / "__main__.py"
 
 
 # ---- the mocks that drive the engine -------------------------------------------------------
@@ -232,6 +247,16 @@ def monitor_for(mocks: pulumi.runtime.Mocks) -> RecordingMonitor:
     class OptionsMonitor(RecordingMonitor):
         def RegisterResource(self, request: Any) -> Any:
             if request.custom and isinstance(mocks, StepMocks):
+                ct = request.customTimeouts
+                try:  # source_eval.go RegisterResource: a bad value fails the registration
+                    timeouts = CustomTimeouts.parse(ct.create, ct.update, ct.delete, ct.read)
+                except ValueError as exc:
+                    error = EngineError(f"resource '{request.name}': {exc}")
+                    with mocks.lock:
+                        mocks.stopping = True
+                        if mocks.error is None:
+                            mocks.error = error
+                    raise error from None
                 mocks.request_options[(request.type, request.name)] = (
                     self.make_urn(request.parent, request.type, request.name),
                     Options(
@@ -240,6 +265,7 @@ def monitor_for(mocks: pulumi.runtime.Mocks) -> RecordingMonitor:
                         retain_on_delete=bool(request.retainOnDelete),
                         ignore_changes=tuple(request.ignoreChanges),
                         delete_before_replace=bool(request.deleteBeforeReplace),
+                        custom_timeouts=timeouts,
                     ),
                 )
             return super().RegisterResource(request)
@@ -321,17 +347,80 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
-def explain(exc: BaseException) -> str:
-    """One operator-facing message for a failure (provider tracebacks cut to their end)."""
+def explain(
+    exc: BaseException, *, traceback_file: Path | None = None, verbose: bool = False
+) -> str:
+    """One operator-facing message for a failure. A provider's: which resource and call, then
+    the provider's exception WHOLE (its first line and every line after it, nothing cut), then
+    where its traceback is (`traceback_file`), or the traceback itself with `verbose`."""
     if isinstance(exc, CheckFailed):
         reasons = "; ".join(f"{prop}: {why}" for prop, why in exc.failures)
         return f"resource '{exc.name}': the provider's Check refused the inputs: {reasons}"
     if isinstance(exc, ProviderCallError):
-        tail = [ln for ln in exc.details.strip().splitlines() if ln.strip()][-6:]
-        return f"provider {exc.method} failed ({exc.code.name}):\n  " + "\n  ".join(tail)
+        return provider_failure(exc, traceback_file=traceback_file, verbose=verbose)
     if isinstance(exc, pulumi.RunError | EngineError | StandinError | InjectedFault):
         return str(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def provider_failure(
+    exc: ProviderCallError, *, traceback_file: Path | None = None, verbose: bool = False
+) -> str:
+    who = "the provider"
+    if exc.name:
+        short = exc.type.removeprefix(DYNAMIC_PREFIX)
+        who = f"resource '{exc.name}'" + (f" ({short})" if short else "")
+    lines = [f"{who}: {exc.method} failed ({exc.code.name}):"]
+    lines += [f"  {line}" if line else "" for line in exc.message.split("\n")]
+    if exc.details.strip() != exc.message:
+        if verbose:
+            lines.append("The provider's traceback:")
+            lines += [f"  {line}" if line else "" for line in exc.details.strip().split("\n")]
+        elif traceback_file is not None:
+            lines.append(
+                f"The provider's traceback: {shown_path(traceback_file)} (or rerun with --verbose)"
+            )
+    return "\n".join(lines)
+
+
+def traceback_path(state_path: Path) -> Path:
+    """Where a failed provider call's traceback goes: beside the state file
+    (`.pulumi-offline/<stack>.last-error.txt` by default)."""
+    return state_path.with_name(state_path.stem + ".last-error.txt")
+
+
+def failure_text(cmd: Command, exc: BaseException) -> str:
+    """`explain(exc)`; a provider's traceback is written to `traceback_path` first (mode 0600,
+    replaced by the next failure)."""
+    path: Path | None = None
+    if isinstance(exc, ProviderCallError) and exc.details.strip() != exc.message:
+        path = traceback_path(cmd.state_path)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} stack '{cmd.stack}',"
+                    f" {cmd.command}: resource '{exc.name or '?'}', provider {exc.method}"
+                    f" failed with {exc.code.name}:\n\n{exc.details.rstrip()}\n"
+                )
+        if not path.exists():
+            path = None
+    return explain(exc, traceback_file=path, verbose=cmd.verbose)
+
+
+def progress_printer(out: TextIO) -> Callable[[OutputLine], None]:
+    """`ProviderServer.on_output` for a command: each line the provider prints, at once, on the
+    line of the resource whose call is in flight."""
+
+    def show(line: OutputLine) -> None:
+        call = line.call
+        if call is None:
+            print_progress("", "", "", line.text, out)
+        else:
+            print_progress(call.method, call.type, call.name, line.text, out)
+
+    return show
 
 
 def fault_hook(spec: str | None) -> Callable[[str, str], None] | None:
@@ -378,6 +467,7 @@ def run(
         interrupt = stack.enter_context((interrupt or Interrupt()).installed())
         if server is None:
             server = stack.enter_context(provider_server(cmd.stack, cmd.url, config, secret_keys))
+        stack.enter_context(_showing_output(server, out))
         engine = Engine(server, defer_replaced_deletes=True, before_step=before_step)
         state = StateFile.load(cmd.state_path, cmd.stack, engine)
         if cmd.command in ("up", "destroy", "refresh"):
@@ -388,6 +478,16 @@ def run(
             return refresh(cmd, engine, state, out, interrupt)
         return deploy(cmd, engine, state, config, secret_keys, out, interrupt)
     return 0  # pragma: no cover (ExitStack does not swallow)
+
+
+@contextlib.contextmanager
+def _showing_output(server: ProviderServer, out: TextIO) -> Iterator[None]:
+    previous = server.on_output
+    server.on_output = progress_printer(out)
+    try:
+        yield
+    finally:
+        server.on_output = previous
 
 
 def deploy(
@@ -426,6 +526,7 @@ def deploy(
             secret_keys,
             mocks=mocks,
             preview=not apply,
+            program=cmd.program,
             monitor_factory=monitor_for,
         )
         gone = [
@@ -450,11 +551,11 @@ def deploy(
             engine.finish()  # the old halves of this run's replaces
         interrupt.check()
     except KeyboardInterrupt:
-        return _stopped(mocks, engine, state, out, apply, interrupted=True)
+        return _stopped(cmd, mocks, engine, state, out, apply, interrupted=True)
     except BaseException as exc:
         if mocks.error is None:
             mocks.error = exc
-        return _stopped(mocks, engine, state, out, apply, interrupted=interrupt.requested)
+        return _stopped(cmd, mocks, engine, state, out, apply, interrupted=interrupt.requested)
     if not apply:
         for step in mocks.steps:
             print_step(step, out, done=False)
@@ -472,7 +573,13 @@ def _targeted(cmd: Command, name: str, urn: str) -> bool:
 
 
 def _stopped(
-    mocks: StepMocks, engine: Engine, state: StateFile, out: TextIO, apply: bool, interrupted: bool
+    cmd: Command,
+    mocks: StepMocks,
+    engine: Engine,
+    state: StateFile,
+    out: TextIO,
+    apply: bool,
+    interrupted: bool,
 ) -> int:
     """One message for a failed or interrupted run; the state keeps every applied step."""
     mocks.stopping = True
@@ -480,9 +587,10 @@ def _stopped(
         if apply:
             state.save(engine)
     if interrupted:
-        out.write("\ninterrupted (Ctrl-C): the step in flight finished, no new step started.\n")
+        emit(out, "\ninterrupted (Ctrl-C): the step in flight finished, no new step started.\n")
     else:
-        out.write(f"\nerror: {explain(mocks.error or RuntimeError('unknown failure'))}\n")
+        error = mocks.error or RuntimeError("unknown failure")
+        emit(out, f"\nerror: {failure_text(cmd, error)}\n")
     if apply:
         kept = len(engine.states) + len(engine.pending_deletes)
         noun = "resource" if kept == 1 else "resources"
@@ -517,7 +625,7 @@ def refresh(
         out.write("\ninterrupted (Ctrl-C): the state keeps what was refreshed.\n")
         return 130
     except (EngineError, ProviderCallError, StandinError) as exc:
-        out.write(f"\nerror: {explain(exc)}\n")
+        emit(out, f"\nerror: {failure_text(cmd, exc)}\n")
         return 1
     out.write("\n" + summary(steps, done=True) + "\n")
     return 0
@@ -560,7 +668,7 @@ def destroy(
         out.write("\ninterrupted (Ctrl-C): the state keeps every resource not deleted yet.\n")
         return 130
     except (EngineError, ProviderCallError, StandinError, InjectedFault) as exc:
-        out.write(f"\nerror: {explain(exc)}\n")
+        emit(out, f"\nerror: {failure_text(cmd, exc)}\n")
         out.write("The state file keeps every resource not deleted yet; fix it and rerun.\n")
         return 1
     if not cmd.targets:

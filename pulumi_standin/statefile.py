@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pulumi_standin.engine import Engine, ResourceState
+from pulumi_standin.engine import CustomTimeouts, Engine, ResourceState
 from pulumi_standin.values import Secret, reveal
 
 STATE_FORMAT = "modal-llm-offline-stack/1"
@@ -163,6 +163,7 @@ class StateFile:
                     retain_on_delete=bool(r.get("retain_on_delete")),
                     pending_delete=bool(r.get("pending_delete")),
                     urn=r.get("urn", ""),
+                    custom_timeouts=CustomTimeouts(**(r.get("custom_timeouts") or {})),
                 )
                 if st.pending_delete:
                     engine.pending_deletes.append(st)
@@ -183,6 +184,8 @@ class StateFile:
                     "retain_on_delete": st.retain_on_delete,
                     "pending_delete": st.pending_delete,
                     "secret_outputs": list(st.secret_outputs),
+                    # seconds; the delete of a resource uses the ones stored with it
+                    "custom_timeouts": st.custom_timeouts.as_dict(),
                     "inputs": seal_tree(st.inputs, self.box),
                     "outputs": seal_tree(st.outputs, self.box),
                     "provider": st.provider if isinstance(st.provider, str) else "",
