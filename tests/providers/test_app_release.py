@@ -357,3 +357,57 @@ def test_refresh_sees_an_app_stopped_by_hand_and_up_heals_it(
     assert engine.up("a", APP, stack.app()) == "create"
     assert engine.states["a"].outputs["gate_result"].startswith("passed: v1")
     assert len(live_apps(emulator)) == 1
+
+
+# ---- the emulator killed mid-release ---------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_modal_killed_during_the_gate_ends_on_the_known_good_version(tmp_path: Any) -> None:
+    """kill -9 of Modal (the emulator, with its state file) just after a bad release was
+    published, back a second later: the release still ends rolled back to the known-good
+    version (or names the command that finishes it), and a refresh tells the truth."""
+    from tests.harness.provider_server import ProviderServer
+    from tests.providers.helpers import server_env
+
+    emu = EmulatorProcess(state_path=tmp_path / "state.db").start()
+    try:
+        with ProviderServer(env=server_env(emu)) as srv:
+            engine = Engine(srv)
+            stack = Stack(engine, TestApp())
+            engine.up("a", APP, stack.app())
+            errors: list[str] = []
+
+            def release() -> None:
+                try:
+                    engine.up("a", APP, bad(stack, "never-ready", timeout=15.0))
+                except ProviderCallError as e:
+                    errors.append(e.details)
+
+            worker = threading.Thread(target=release)
+            worker.start()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and len(emu.state()["app_versions"]) < 2:
+                time.sleep(0.1)
+            assert len(emu.state()["app_versions"]) == 2, "the bad release never published"
+            emu.kill()
+            time.sleep(1.0)
+            emu.start()
+            worker.join(240)
+            assert not worker.is_alive()
+            (details,) = errors
+            if "Finish it with `modal app rollback gate v1 -e main`" in details:
+                modal_cli(emu, "app", "rollback", "gate", "v1", "-e", "main")
+            else:
+                assert "Rolled back to v1 (last known good)" in details, details
+            version, rolled_to = live_version(emu)
+            assert rolled_to == 1 and version >= 3
+            assert engine.refresh("a") == "update"
+            out = engine.states["a"].outputs
+            assert out["version"] == version and out["spec_json"] == stack.kind.spec()
+            assert engine.preview("a", APP, stack.app()) == "same"
+            engine.destroy("a")
+            assert live_apps(emu) == []
+    finally:
+        emu.close()
