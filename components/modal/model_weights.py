@@ -9,6 +9,17 @@
   logs` asks): each line is shown as it comes (`pulumi.log.info`). The provider waits for
   the result; a failure raises with the function's error and the last lines of its log (the
   log tail), and nothing is recorded.
+- The deadline (`PROVISION_TIMEOUT_S`, 5 h; env `MODAL_WEIGHTS_PROVISION_TIMEOUT_S` seconds,
+  read at call time) covers deploy and call: the provider reads the runner's lines with the
+  time left (progress keeps flowing) and kills the runner when none is left.
+- Transactional: a failed create/update never leaves a weights app deployed. Whatever failed
+  after the deploy began (the function, the deadline, the runner dying, Modal failing, the
+  deploy's answer lost), the spawned call is cancelled if it may still run
+  (`FunctionCallCancel`, a private raw RPC below) and the app is stopped again, found by name
+  (a lost deploy answer left no id). An update also stops the app of the last successful
+  run: it is one-shot, nothing needs it between runs, the next `up` deploys it again; the
+  state keeps the last good run (its revision is still on the volume), so read and delete
+  still work. A clean-up that fails is in the error, with the `modal app stop` command.
 - Outputs: the inputs, `revision`, `path` (the revision's directory on the volume, what the
   serving spec's `weights.path` names), `file_count`, `bytes`, `digest` (sha256 over every
   file's path, size and sha256: serving/weights.py `manifest_of`), `downloaded_bytes` of the
@@ -20,8 +31,8 @@
 - Read (refresh): the volume must still exist in the environment, else the resource reads as
   gone and the next `up` provisions again. The files themselves are not listed (Modal's
   volume listing is not implemented by the emulator): the digest is the one recorded.
-- Delete stops the weights app; the volume and its files stay (the Volume resource owns them
-  and decides: protected/retained in prod).
+- Delete stops the weights app (nothing to do after a failed update stopped it); the volume
+  and its files stay (the Volume resource owns them and decides: protected/retained in prod).
 - This package never imports `serving/`: the app file is deployed by path and the function
   called by name; the source map is validated by the stack config (serving/weights.py
   `source_problems`), here only its shape.
@@ -32,10 +43,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
+import queue
+import shlex
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,9 +83,13 @@ from ._base import (
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ModelWeights"  # noqa: S105 (a Pulumi type token)
 DEFAULT_APP_FILE = "serving/weights_app.py"
 FUNCTION_NAME = "provision"
-#: A large model over a slow link; the function's own Modal timeout is 4 h.
+#: The deadline of one provisioning (deploy + call), in seconds: a large model over a slow
+#: link; the function's own Modal timeout is 4 h. Env TIMEOUT_ENV (read at call time) sets
+#: another (tests shorten it); it is no input, so changing it never makes a diff.
 PROVISION_TIMEOUT_S = 5 * 3600.0
+TIMEOUT_ENV = "MODAL_WEIGHTS_PROVISION_TIMEOUT_S"
 LOG_TAIL_LINES = 20
+STDERR_TAIL_LINES = 10
 _KINDS = ("hf", "s3")
 _RESULT_KEYS = ("revision", "path", "file_count", "bytes", "digest", "downloaded_bytes")
 
@@ -97,6 +117,69 @@ def _source(props: Mapping[str, Any]) -> dict[str, Any]:
 
 def _secrets(props: Mapping[str, Any]) -> list[str]:
     return [str(s) for s in (props.get("secrets") or [])]
+
+
+def provision_timeout_s() -> float:
+    """The provisioning deadline: env TIMEOUT_ENV (seconds) or PROVISION_TIMEOUT_S."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return PROVISION_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ModalProviderError(
+            f"ModelWeights: {TIMEOUT_ENV}={raw!r} is not a positive number of seconds: unset it"
+            f" (the deadline is then {PROVISION_TIMEOUT_S:g}s) or set one, e.g. 36000, and rerun."
+        )
+    return value
+
+
+def stop_command(name: str, env: str) -> str:
+    """The `modal app stop` command that stops the weights app by hand (no prompt)."""
+    where = f" -e {shlex.quote(env)}" if env else ""
+    return f"modal app stop {shlex.quote(name)}{where} --yes"
+
+
+async def _function_call_cancel(client: Any, call_id: str) -> None:
+    """Cancel a spawned call and end the containers running it: the request
+    `FunctionCall.cancel(terminate_containers=True)` sends (modal 1.6.4 `modal/_functions.py`,
+    `_FunctionCall.cancel`). A raw RPC kept private here: `_rpc.py` is not this module's to
+    change. A call already gone is fine."""
+    import contextlib
+
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    with contextlib.suppress(mexc.NotFoundError):
+        await client._stub.FunctionCallCancel(
+            api_pb2.FunctionCallCancelRequest(function_call_id=call_id, terminate_containers=True)
+        )
+
+
+def _answer_of(error: BaseException) -> str:
+    """A provider error without its "<kind> <target>: <action> failed." head (the failure
+    it is quoted in already names them): from "Modal at ..." on."""
+    text = str(error)
+    at = text.find("Modal at ")
+    return text[at:] if at >= 0 else text
+
+
+@dataclass
+class _Run:
+    """What one runner run said (its JSON lines) and how it ended."""
+
+    result: dict[str, Any] = field(default_factory=dict)  # the last `{"ok": ...}` line
+    deploy_started: bool = False  # the runner began deploying the weights app
+    app_id: str = ""  # the weights app, once its deploy answered
+    call_id: str = ""  # the spawned `provision` call
+    progress: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES)
+    )
+    stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
+    returncode: int | None = None
+    timed_out: bool = False
 
 
 class ModelWeightsProvider(ModalProvider):
@@ -176,9 +259,17 @@ class ModelWeightsProvider(ModalProvider):
             f" '{environment_name(props) or '<default>'}'"
         )
 
-    def _provision(self, props: Mapping[str, Any], action: str) -> dict[str, Any]:
-        """Deploy the weights app and run `provision`, relaying its progress; the result."""
+    def _provision(
+        self, props: Mapping[str, Any], action: str, olds: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Deploy the weights app and run `provision`, relaying its progress; the result.
+
+        Transactional: on any failure (the function failing, the deadline, the runner dying,
+        a Modal error, a lost deploy answer) the call is cancelled and the weights app stopped
+        again (`_undo`) before the error is raised; `olds` (an update) names the app of the
+        last successful run, stopped too."""
         creds = self.credentials()
+        deadline_s = provision_timeout_s()
         app_file = str(props.get("app_file") or DEFAULT_APP_FILE)
         name, env = str(props["app_name"]), environment_name(props)
         child_env = {
@@ -204,39 +295,118 @@ class ModelWeightsProvider(ModalProvider):
             request.write_text(json.dumps(_source(props)))
             cmd = [sys.executable, "-m", "components.modal.model_weights", "--app-file", app_file]
             cmd += ["--name", name, "--environment", env, "--source", str(request)]
-            last, tail = self._run_streaming(cmd, child_env, props)
-        if last.get("ok"):
-            return last
-        secrets = [creds.token_secret]
-        log_tail = "\n".join(f"  | {line}" for line in [*last.get("log_tail", []), *tail][-20:])
-        answer = (
-            f"the weights function failed with {last.get('error')}"
-            if last.get("in_function")
-            else f"Modal at {creds.server_url} answered {last.get('error')}"
-        )
-        message = redact(
-            f"ModelWeights {self._target(props)}: {action} failed: {answer}."
-            + (f"\nLast lines of the function's log:\n{log_tail}\n" if log_tail else " ")
-            + (
+            run = self._run_streaming(cmd, child_env, props, deadline_s, [creds.token_secret])
+        if run.result.get("ok"):
+            return run.result
+        undo, undo_failed = self._undo(props, olds, run)
+        last = run.result
+        logs_of = run.app_id or name
+        if run.timed_out:
+            answer = (
+                f"it did not finish within its deadline of {deadline_s:g}s ({TIMEOUT_ENV},"
+                f" default {PROVISION_TIMEOUT_S:g}s): the runner was killed at the deadline"
+            )
+            what_next = (
+                f"A larger model or a slower link needs more time: set {TIMEOUT_ENV} (seconds)"
+                " in the environment of `pulumi up`. Check that the source answers from Modal"
+                f" (`modal app logs {logs_of}` shows the whole log), then rerun `pulumi up`"
+                " (an unfinished download starts over)."
+            )
+        elif not last:
+            answer = (
+                "its runner (`python -m components.modal.model_weights`) exited with"
+                f" {run.returncode} and no result"
+            )
+            what_next = (
+                "Its stderr is below; rerun `pulumi up` (a finished revision is not downloaded"
+                " again)."
+            )
+        else:
+            answer = (
+                f"the weights function failed with {last.get('error')}"
+                if last.get("in_function")
+                else f"Modal at {creds.server_url} answered {last.get('error')}"
+            )
+            what_next = (
                 "Modal is unreachable or failing: check MODAL_SERVER_URL/network and rerun"
                 " `pulumi up` (a finished revision is not downloaded again)."
                 if last.get("transient")
                 else "Fix the source (revision, bucket/prefix, credentials in the stack's secrets:"
-                f" `modal app logs {name}` shows the whole log), then rerun `pulumi up`."
-            ),
-            secrets,
-        )
-        if last.get("transient"):
+                f" `modal app logs {logs_of}` shows the whole log), then rerun `pulumi up`."
+            )
+        function_log = [*(last.get("log_tail") or run.progress)][-LOG_TAIL_LINES:]
+        parts = [f"ModelWeights {self._target(props)}: {action} failed: {answer}."]
+        if function_log:
+            parts.append("Last lines of the function's log:")
+            parts += [f"  | {line}" for line in function_log]
+        stderr = [line.rstrip() for line in run.stderr if line.strip()][-STDERR_TAIL_LINES:]
+        if stderr and not last.get("in_function"):
+            parts.append("Last lines of the runner's stderr:")
+            parts += [f"  | {line}" for line in stderr]
+        if undo:
+            parts.append(("Clean-up FAILED: " if undo_failed else "Clean-up: ") + " ".join(undo))
+        parts.append(what_next)
+        message = redact("\n".join(parts), [creds.token_secret])
+        if last.get("transient") or undo_failed:
             raise ModalUnavailableError(message)
         raise ModalProviderError(message)
 
+    def _undo(
+        self, props: Mapping[str, Any], olds: Mapping[str, Any] | None, run: _Run
+    ) -> tuple[list[str], bool]:
+        """After a failed provisioning: cancel the call if it may still run, then stop every
+        weights app of this resource that is deployed: the one this run deployed (or began
+        to: a lost deploy answer still deployed it) and, on an update, the one of the last
+        successful run (one-shot: nothing needs it between runs; the next `up` deploys it
+        again). (sentences for the error, whether a step failed)."""
+        notes: list[str] = []
+        failed = False
+        target = self._target(props)
+        if run.call_id and not run.result.get("in_function"):  # it may still be running
+            call_id = run.call_id
+
+            async def cancel(client: Any) -> None:
+                await _function_call_cancel(client, call_id)
+
+            try:
+                self.run("undo: cancel the provisioning call", target, cancel)
+                notes.append(f"The function call {call_id} was cancelled.")
+            except Exception as e:  # stopping the app below ends the call anyway
+                notes.append(
+                    f"Cancelling the function call {call_id} failed ({_answer_of(e)});"
+                    " stopping its app ends it."
+                )
+        env = environment_name(props)
+        names: list[tuple[str, str, str]] = []  # (name, whose, what was done)
+        if run.deploy_started:
+            names.append((str(props.get("app_name")), "this run deployed", "stopped again"))
+        old = str((olds or {}).get("app_name") or "")
+        if old and old not in [n for n, _, _ in names]:
+            names.append((old, "of the last successful run", "stopped (a one-shot app)"))
+        for name, whose, done in names:
+            try:
+                app_id = self._stop_app(name, env, target, "undo", "up")
+            except Exception as e:
+                failed = True
+                notes.append(f"Stopping the weights app '{name}' {whose} failed: {_answer_of(e)}")
+                continue
+            if app_id:
+                notes.append(f"The weights app '{name}' ({app_id}) {whose} was {done}.")
+        return notes, failed
+
     def _run_streaming(
-        self, cmd: list[str], env: dict[str, str], props: Mapping[str, Any]
-    ) -> tuple[dict[str, Any], list[str]]:
-        """Run the runner, log each progress line as it arrives; (last JSON result, stderr
-        tail)."""
-        tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-        last: dict[str, Any] = {}
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        props: Mapping[str, Any],
+        deadline_s: float,
+        secrets: list[str],
+    ) -> _Run:
+        """Run the runner, logging each progress line as it arrives, until it exits or the
+        deadline passes (then it is killed); what it said and how it ended."""
+        run = _Run()
+        lines: queue.Queue[str | None] = queue.Queue()
+        deadline = time.monotonic() + deadline_s
         with subprocess.Popen(
             cmd,
             env=env,
@@ -245,46 +415,71 @@ class ModelWeightsProvider(ModalProvider):
             stderr=subprocess.PIPE,
             text=True,
         ) as proc:
-            stderr: list[str] = []
+            out, err = proc.stdout, proc.stderr
+            assert out is not None and err is not None
 
-            def drain() -> None:
-                assert proc.stderr is not None
-                stderr.extend(proc.stderr)
+            def pump_stdout() -> None:
+                for line in out:
+                    lines.put(line)
+                lines.put(None)
 
-            import threading
+            def pump_stderr() -> None:
+                run.stderr.extend(err)
 
-            reader = threading.Thread(target=drain, daemon=True)
-            reader.start()
-            assert proc.stdout is not None
-            for line in proc.stdout:
+            pumps = [threading.Thread(target=f, daemon=True) for f in (pump_stdout, pump_stderr)]
+            for pump in pumps:
+                pump.start()
+            # Reading stdout to its end before a deadline is checked made the deadline dead
+            # code: lines are read with the time left, and the runner is killed when none is.
+            ended = False
+            while not ended:
                 try:
-                    item = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(item, dict):
-                    continue
-                if "progress" in item:
-                    pulumi.log.info(f"ModelWeights '{props.get('app_name')}': {item['progress']}")
-                elif "ok" in item:
-                    last = item
-            try:
-                proc.wait(timeout=PROVISION_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
+                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if line is None:
+                    ended = True
+                else:
+                    self._take(run, line, props, secrets)
+            if ended:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    ended = False
+            if not ended:
                 proc.kill()
-                raise ModalUnavailableError(
-                    f"ModelWeights {self._target(props)}: provisioning did not finish within"
-                    f" {PROVISION_TIMEOUT_S:.0f}s and was stopped. Check `modal app logs"
-                    f" {props.get('app_name')}`, then rerun `pulumi up`."
-                ) from None
-            reader.join(timeout=5)
-            tail.extend(line.rstrip() for line in stderr if line.strip())
-        if not last:
-            last = {
-                "ok": False,
-                "error": f"the weights runner exited with {proc.returncode} and no result",
-                "transient": False,
-            }
-        return last, list(tail) if not last.get("ok") else []
+                proc.wait()
+            for pump in pumps:
+                pump.join(timeout=5)
+            while not lines.empty():  # what arrived with the deadline still counts
+                line = lines.get_nowait()
+                if line is not None:
+                    self._take(run, line, props, secrets)
+            run.returncode = proc.returncode
+        run.timed_out = not ended and not run.result.get("ok")
+        return run
+
+    @staticmethod
+    def _take(run: _Run, line: str, props: Mapping[str, Any], secrets: list[str]) -> None:
+        """Record one stdout line of the runner (see `main`); progress goes to Pulumi's log."""
+        try:
+            item = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(item, dict):
+            return
+        if "progress" in item:
+            text = redact(str(item["progress"]), secrets)
+            run.progress.append(text)
+            pulumi.log.info(f"ModelWeights '{props.get('app_name')}': {text}")
+        elif item.get("phase") == "deploy":
+            run.deploy_started = True
+        elif "deployed" in item:
+            run.app_id = str(item["deployed"])
+        elif "call_id" in item:
+            run.call_id = str(item["call_id"])
+        elif "ok" in item:
+            run.result = item
 
     def _outputs(self, props: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -310,9 +505,11 @@ class ModelWeightsProvider(ModalProvider):
         return CreateResult(self._id(props), self._outputs(props, result))
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        result = self._provision(news, "update")
-        if olds.get("app_name") and olds.get("app_name") != news.get("app_name"):
-            self._stop_app(olds)  # the weights app under its old name is no longer ours
+        result = self._provision(news, "update", olds)
+        old = str(olds.get("app_name") or "")
+        if old and old != news.get("app_name"):
+            # The weights app under its old name is no longer ours.
+            self._stop_app(old, environment_name(olds), self._target(news), "update", "up")
         return UpdateResult(self._outputs(news, result))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
@@ -326,24 +523,34 @@ class ModelWeightsProvider(ModalProvider):
             return ReadResult("", {})
         return ReadResult(id_, {k: v for k, v in props.items() if k != "__provider"})
 
-    def _stop_app(self, props: Mapping[str, Any]) -> None:
+    def _stop_app(self, name: str, env: str, target: str, step: str, rerun: str) -> str:
+        """Stop the app deployed as `name` in `env` (for `step`: undo, update, delete): its id,
+        "" when none is deployed (or the environment is gone). A failure raises an error
+        holding the `modal app stop` command that finishes the job by hand (`rerun`: the
+        pulumi command that retries it)."""
         from modal import exception as mexc
 
-        name, env = str(props.get("app_name") or ""), environment_name(props)
-
-        async def go(client: Any) -> None:
+        async def go(client: Any) -> str:
             try:
                 app_id = await _rpc.app_by_name(client, name, env)
             except mexc.NotFoundError:
-                return  # the environment is gone, and the app with it
+                return ""  # the environment is gone, and the app with it
             if app_id:
                 await _rpc.app_stop(client, app_id)
+            return app_id
 
-        self.run("stop the weights app of", self._target(props), go)
+        hint = (
+            f"The weights app '{name}' is left deployed: stop it with `{stop_command(name, env)}`"
+            f" (or rerun `pulumi {rerun}`)."
+        )
+        action = f"{step}: stop the weights app '{name}'"
+        return self.run(action, target, go, hints={Exception: hint})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        # The files stay on the volume: the Volume resource owns them.
-        self._stop_app(props)
+        # The files stay on the volume: the Volume resource owns them. After a failed update
+        # the app is already stopped: nothing to do then.
+        name = str(props.get("app_name") or "")
+        self._stop_app(name, environment_name(props), self._target(props), "delete", "destroy")
 
 
 class ModelWeights(pulumi.dynamic.Resource, module="modal", name="ModelWeights"):
@@ -396,8 +603,6 @@ FOLLOW_EVERY_S = 2.0  # how often the runner asks for new log lines while the ca
 
 async def _log_lines(app_id: str, function_id: str, since: float) -> list[tuple[float, str]]:
     """(timestamp, line) of the function's log since `since` (what `modal app logs` reads)."""
-    import time
-
     from modal.client import _Client
 
     client = await _Client.from_env()
@@ -407,9 +612,9 @@ async def _log_lines(app_id: str, function_id: str, since: float) -> list[tuple[
 def main(argv: list[str] | None = None) -> int:
     """Deploy the weights app, spawn `provision` with the source, follow its log and print
     JSON lines: `{"progress": "..."}` per log line, then `{"ok": true, "app_id", <result>}`
-    or `{"ok": false, "error", "transient", "log_tail": [...]}`."""
-    import time
-
+    or `{"ok": false, "error", "transient", "log_tail": [...]}`. On the way it says where it
+    is, for the provider's undo: `{"phase": "deploy"}` just before deploying,
+    `{"deployed": app_id}` once deployed, `{"call_id": ...}` once `provision` is spawned."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--app-file", required=True)
     parser.add_argument("--name", required=True)
@@ -448,11 +653,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ref = parse_import_ref(args.app_file, command="modal deploy")
         app = import_app_from_ref(ref, base_cmd="modal deploy")
+        _emit({"phase": "deploy"})  # from here on the app may be deployed (the answer lost)
         deployed = deploy_app(app, name=args.name, environment_name=env)
+        _emit({"deployed": deployed.app_id})
         fn = modal.Function.from_name(args.name, FUNCTION_NAME, environment_name=env)
         started = time.time() - 1.0
         phase = "call"
         call = fn.spawn(source)
+        _emit({"call_id": call.object_id})
         function_id = fn.object_id
         result: Any = None
         try:

@@ -15,16 +15,28 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from components.modal.model_weights import ModelWeightsProvider
+from components.modal._base import ModalProviderError
+from components.modal.environment import EnvironmentProvider
+from components.modal.model_weights import (
+    PROVISION_TIMEOUT_S,
+    TIMEOUT_ENV,
+    ModelWeightsProvider,
+    provision_timeout_s,
+)
 from components.modal.secret import SecretProvider
 from components.modal.volume import VolumeProvider
 from serving.spec import ServingSpec
@@ -355,3 +367,307 @@ def yaml_services(weights: dict[str, Any]) -> list[dict[str, Any]]:
     raw = yaml.safe_load((PROJECT_ROOT / "Pulumi.local.yaml").read_text())
     services = raw["config"]["modal-llm:services"]
     return [{**services[0], "weights": weights}]
+
+
+# ---- a failed provisioning is undone (issue 21 item 9) -----------------------------------------
+#
+# Every failure after the weights app was deployed ends with the app stopped again, checked
+# with the real modal client (`modal app list --json`, as an operator would), not the
+# provider's word: the function failing (create and update), a lost deploy answer, the
+# deadline, the runner dying; and a clean-up that itself fails names the command that ends it.
+
+MISSING = "3" * 40  # a revision the hub does not have
+
+
+def deployed_apps(emu: EmulatorProcess, env: str) -> set[str]:
+    """Names of the apps `modal app list --json -e ENV` shows as not stopped (keys: the
+    columns in snake case, modal 1.6.4 cli/utils.py `display_table`; states: cli/app.py
+    `APP_STATE_TO_MESSAGE`)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "modal", "app", "list", "--json", "-e", env],
+        env=emu.subprocess_env(),
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    return {r["description"] for r in rows if r["state"] not in ("stopped", "stopping...")}
+
+
+def modal_cli(emu: EmulatorProcess, command: str) -> subprocess.CompletedProcess[str]:
+    """Run a `modal ...` command line (as printed in an error) against the emulator."""
+    args = shlex.split(command)
+    assert args[0] == "modal", command
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        env=emu.subprocess_env(),
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def wait_no_containers(emu: EmulatorProcess, app_id: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while emu.live_containers(app_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert emu.live_containers(app_id) == [], f"containers of {app_id} left running"
+
+
+def _arm(emu: EmulatorProcess, rpc: str, when: str, count: int) -> None:
+    emu._request(
+        "POST",
+        "/_emulator/faults",
+        {"method": rpc, "when": when, "status": "UNAVAILABLE", "count": count},
+    )
+
+
+@pytest.fixture
+def stalled_hub(hub: FakeHub) -> Iterator[FakeHub]:
+    """The fake hub, answering its file listing but holding every file download until the
+    test ends: a source that never finishes (a huge model over a slow link)."""
+    release = threading.Event()
+    handle = hub._handle
+
+    def stalled(h: Any, head: bool) -> None:
+        if "/resolve/" in h.path:
+            release.wait(120)
+        handle(h, head)
+
+    hub._handle = stalled  # type: ignore[method-assign]
+    try:
+        yield hub
+    finally:
+        release.set()
+
+
+def runner_pids(app_name: str) -> list[int]:
+    """Pids of the ModelWeights runners provisioning `app_name` (this machine's /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"components.modal.model_weights" in argv and app_name.encode() in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_failed_create_stops_its_weights_app_and_the_environment_can_be_destroyed(
+    engine: Engine, emu: EmulatorProcess, hub: FakeHub
+) -> None:
+    """The issue's case: before, the app stayed deployed and the environment's delete was
+    refused ("still holds apps deployed: tiny-weights")."""
+    engine.up("env", EnvironmentProvider(), {"name": "wt"})
+    engine.up("vol", VolumeProvider(), {"name": "tiny-weights", "environment": "wt"})
+    engine.up(
+        "secret",
+        SecretProvider(),
+        {"name": "huggingface-token", "environment": "wt", "values": {"HF_TOKEN": HF_TOKEN}},
+    )
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("w", P, hf_inputs(hub, MISSING, environment="wt"))
+    msg = ei.value.details
+    assert f"ModelWeights hf://{REPO}@{MISSING} into volume 'tiny-weights'" in msg
+    assert "create failed: the weights function failed with" in msg and "404" in msg
+    undone = r"Clean-up: The weights app 'tiny-weights' \(ap-\w+\) this run deployed was stopped"
+    assert re.search(undone + r" again\.", msg), msg
+    logs = re.search(r"`(modal app logs ap-\w+)`", msg)  # by id: a stopped app has no name
+    assert logs is not None, msg
+    shown = modal_cli(emu, logs.group(1))  # the hint, as printed, shows the whole log
+    assert shown.returncode == 0 and "Revision Not Found" in shown.stdout, shown.stderr[-2000:]
+    assert HF_TOKEN not in msg and (emu.token_secret or "-") not in msg
+    assert "w" not in engine.states
+    assert deployed_apps(emu, "wt") == set()
+    (app,) = [a for a in emu.state()["apps"] if a["name"] == "tiny-weights"]
+    wait_no_containers(emu, app["id"])
+    for name in ("secret", "vol", "env"):  # the rest of the stack goes: nothing refused
+        engine.destroy(name)
+    assert "wt" not in {e["name"] for e in emu.state()["environments"]}
+
+
+def test_failed_update_stops_the_app_of_the_last_run_yet_refresh_and_destroy_work(
+    engine: Engine, emu: EmulatorProcess, hub: FakeHub
+) -> None:
+    """After a failed update no weights app stays deployed (a one-shot app: nothing needs it
+    between runs); the state keeps the last good run, which still reads, the next `up`
+    deploys the app again, and a delete after a failed update finds nothing to stop."""
+    setup_storage(engine, {"huggingface-token": {"HF_TOKEN": HF_TOKEN}})
+    engine.up("w", P, hf_inputs(hub))
+    before = dict(engine.states["w"].outputs)
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("w", P, hf_inputs(hub, MISSING))
+    msg = ei.value.details
+    assert "update failed: the weights function failed with" in msg
+    assert "Clean-up: The weights app 'tiny-weights' (ap-" in msg and "stopped again" in msg
+    assert deployed_apps(emu, "main") == set()
+    assert engine.states["w"].outputs == before  # the last good run, still on the volume
+    assert (volume_dir(emu) / REV1 / "config.json").is_file()
+    assert engine.refresh("w") == "same"
+    assert engine.up("w", P, hf_inputs(hub, REV2)) == "update"  # the fixed source
+    assert engine.states["w"].outputs["path"] == REV2
+    assert [a["name"] for a in emu.state()["apps"] if a["state"] == "deployed"] == ["tiny-weights"]
+    with pytest.raises(ProviderCallError):
+        engine.up("w", P, hf_inputs(hub, MISSING))
+    engine.destroy("w")
+    assert "w" not in engine.states and deployed_apps(emu, "main") == set()
+
+
+def test_failed_update_under_a_new_app_name_stops_both_apps(
+    engine: Engine, emu: EmulatorProcess, hub: FakeHub
+) -> None:
+    setup_storage(engine, {"huggingface-token": {"HF_TOKEN": HF_TOKEN}})
+    engine.up("w", P, hf_inputs(hub))
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("w", P, hf_inputs(hub, MISSING, app_name="tiny-weights-2"))
+    msg = ei.value.details
+    assert re.search(
+        r"Clean-up: The weights app 'tiny-weights-2' \(ap-\w+\) this run deployed was stopped"
+        r" again\. The weights app 'tiny-weights' \(ap-\w+\) of the last successful run was"
+        r" stopped \(a one-shot app\)\.",
+        msg,
+    ), msg
+    assert deployed_apps(emu, "main") == set()
+    assert engine.states["w"].outputs["app_name"] == "tiny-weights"
+    engine.destroy("w")  # finds nothing to stop
+
+
+def test_lost_deploy_answer_is_undone(engine: Engine, emu: EmulatorProcess, hub: FakeHub) -> None:
+    """Modal deployed the app but the answer never came back: the runner failed without an
+    app id, and the app is found by name and stopped."""
+    setup_storage(engine, {"huggingface-token": {"HF_TOKEN": HF_TOKEN}})
+    _arm(emu, "AppPublish", "after", 1000)
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("w", P, hf_inputs(hub))
+    emu._request("POST", "/_emulator/faults", {"clear": True})
+    msg = ei.value.details
+    assert f"create failed: Modal at {emu.url} answered" in msg
+    assert "Clean-up: The weights app 'tiny-weights' (ap-" in msg
+    assert [a["state"] for a in emu.state()["apps"] if a["name"] == "tiny-weights"] == [
+        "stopped"
+    ]  # it was deployed (the fault came after AppPublish ran), and is stopped again
+    assert deployed_apps(emu, "main") == set() and "w" not in engine.states
+
+
+def test_deadline_kills_the_runner_cancels_the_call_and_stops_the_app(
+    emu: EmulatorProcess, stalled_hub: FakeHub
+) -> None:
+    deadline = 6.0
+    env = server_env(emu, **{TIMEOUT_ENV: f"{deadline:g}"})  # a server of its own: the env
+    emu.reset()
+    _drop_weights_link()  # as the `engine` fixture does
+    try:
+        with ProviderServer(env=env) as srv:
+            engine = Engine(srv)
+            setup_storage(engine, {"huggingface-token": {"HF_TOKEN": HF_TOKEN}})
+            started = time.monotonic()
+            with pytest.raises(ProviderCallError) as ei:
+                engine.up("w", P, hf_inputs(stalled_hub))
+            took = time.monotonic() - started
+            logs = srv.logs()
+    finally:
+        _drop_weights_link()
+    msg = ei.value.details
+    for secret in (HF_TOKEN, emu.token_secret or "-"):
+        assert secret not in msg and secret not in logs
+    assert deadline <= took < deadline + 6, took
+    assert f"it did not finish within its deadline of {deadline:g}s ({TIMEOUT_ENV}" in msg
+    assert f"set {TIMEOUT_ENV} (seconds)" in msg and "rerun `pulumi up`" in msg
+    undone = (
+        r"Clean-up: The function call fc-\w+ was cancelled\. The weights app 'tiny-weights'"
+        r" \(ap-\w+\) this run deployed was stopped again\."
+    )
+    assert re.search(undone, msg), msg
+    # Progress kept flowing while the provider waited, and is the error's log tail.
+    listing = f"hf://{REPO}@{REV1}: 3 files, 10297 bytes to download"
+    assert f"ModelWeights 'tiny-weights': {listing}" in logs
+    assert f"  | {listing}" in msg
+    assert emu.rpc_counts().get("FunctionCallCancel") == 1
+    assert deployed_apps(emu, "main") == set() and runner_pids("tiny-weights") == []
+    (app,) = [a for a in emu.state()["apps"] if a["name"] == "tiny-weights"]
+    wait_no_containers(emu, app["id"])
+
+
+def test_runner_killed_mid_call_is_undone(
+    engine: Engine, emu: EmulatorProcess, server: ProviderServer, stalled_hub: FakeHub
+) -> None:
+    setup_storage(engine, {"huggingface-token": {"HF_TOKEN": HF_TOKEN}})
+    name = f"crash-weights-{os.getpid()}"
+    errors: list[str] = []
+
+    def up() -> None:
+        try:
+            engine.up("w", P, hf_inputs(stalled_hub, app_name=name))
+        except ProviderCallError as e:
+            errors.append(e.details)
+
+    worker = threading.Thread(target=up)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        listing = f"ModelWeights '{name}': hf://{REPO}@{REV1}: 3 files, 10297 bytes to download"
+        while listing not in server.logs() and time.monotonic() < deadline:
+            time.sleep(0.2)  # the call runs (the module's server logs every test: by app name)
+        (pid,) = runner_pids(name)
+        os.kill(pid, signal.SIGKILL)  # the runner this test's `up` started, by its pid
+    finally:
+        for left in runner_pids(name):  # a failed step above: never leave it to the next test
+            os.kill(left, signal.SIGKILL)
+        worker.join(60)
+    (msg,) = errors
+    assert "its runner (`python -m components.modal.model_weights`) exited with -9" in msg
+    assert HF_TOKEN not in msg and (emu.token_secret or "-") not in msg
+    assert re.search(r"The function call fc-\w+ was cancelled", msg), msg
+    assert f"The weights app '{name}' (ap-" in msg and "stopped again" in msg
+    assert deployed_apps(emu, "main") == set()
+
+
+def test_failed_cleanup_names_the_modal_app_stop_command_that_finishes_it(
+    engine: Engine, emu: EmulatorProcess, hub: FakeHub
+) -> None:
+    setup_storage(engine, {"huggingface-token": {"HF_TOKEN": HF_TOKEN}})
+    _arm(emu, "AppStop", "before", 1000)  # Modal keeps failing the clean-up's stop
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("w", P, hf_inputs(hub, MISSING))
+    emu._request("POST", "/_emulator/faults", {"clear": True})
+    msg = ei.value.details
+    assert "create failed: the weights function failed with" in msg  # the cause comes first
+    assert "Clean-up FAILED: Stopping the weights app 'tiny-weights' this run deployed" in msg
+    assert f"failed: Modal at {emu.url} answered" in msg and "before AppStop" in msg
+    command = re.search(r"`(modal app stop [^`]+)`", msg)
+    assert command is not None, msg
+    assert command.group(1) == "modal app stop tiny-weights -e main --yes"
+    assert HF_TOKEN not in msg and (emu.token_secret or "-") not in msg
+    assert deployed_apps(emu, "main") == {"tiny-weights"}  # it did fail
+    done = modal_cli(emu, command.group(1))  # the command, exactly as printed, finishes it
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert deployed_apps(emu, "main") == set()
+
+
+def test_a_lost_stop_answer_in_the_cleanup_is_ridden_out(
+    engine: Engine, emu: EmulatorProcess, hub: FakeHub
+) -> None:
+    setup_storage(engine, {"huggingface-token": {"HF_TOKEN": HF_TOKEN}})
+    _arm(emu, "AppStop", "after", 1)  # the stop applied, its answer lost once
+    with pytest.raises(ProviderCallError) as ei:
+        engine.up("w", P, hf_inputs(hub, MISSING))
+    msg = ei.value.details
+    assert "Clean-up FAILED" not in msg and "modal app stop" not in msg
+    assert deployed_apps(emu, "main") == set()
+
+
+def test_provision_timeout_must_be_a_positive_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    assert provision_timeout_s() == PROVISION_TIMEOUT_S == 5 * 3600
+    monkeypatch.setenv(TIMEOUT_ENV, "2.5")
+    assert provision_timeout_s() == 2.5
+    for bad in ("0", "-1", "soon", "nan", "inf"):
+        monkeypatch.setenv(TIMEOUT_ENV, bad)
+        with pytest.raises(ModalProviderError, match=f"{TIMEOUT_ENV}='{bad}' is not a positive"):
+            provision_timeout_s()
