@@ -65,15 +65,29 @@ class Handler(BaseHTTPRequestHandler):
             return
         text = SPEC.get("message", "pong")
         if self.path == "/v1/embeddings":
-            self._json(200, {"object": "list", "model": body.get("model"),
-                             "data": [{"index": 0, "object": "embedding", "embedding": [0.5]}]})
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "model": body.get("model"),
+                    "data": [{"index": 0, "object": "embedding", "embedding": [0.5]}],
+                },
+            )
             return
         if self.path == "/v1/chat/completions":
             self._json(
                 200,
-                {"object": "chat.completion", "model": body.get("model"),
-                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                              "finish_reason": "length"}]},
+                {
+                    "object": "chat.completion",
+                    "model": body.get("model"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "finish_reason": "length",
+                        }
+                    ],
+                },
             )
             return
         self._json(
