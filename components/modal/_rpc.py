@@ -656,3 +656,18 @@ async def app_log_tail(client: Any, app_id: str, since: float, n: int) -> list[s
         for item in batch.items:
             lines.extend(part for part in item.data.splitlines() if part.strip())
     return lines[-n:]
+
+
+async def function_call_cancel(client: Any, call_id: str) -> None:
+    """Cancel a spawned call and end the containers running it: the request
+    `FunctionCall.cancel(terminate_containers=True)` sends (modal 1.6.4 `modal/_functions.py`,
+    `_FunctionCall.cancel`). A call already gone is fine."""
+    import contextlib
+
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    with contextlib.suppress(mexc.NotFoundError):
+        await client._stub.FunctionCallCancel(
+            api_pb2.FunctionCallCancelRequest(function_call_id=call_id, terminate_containers=True)
+        )

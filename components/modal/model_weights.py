@@ -142,22 +142,6 @@ def stop_command(name: str, env: str) -> str:
     return f"modal app stop {shlex.quote(name)}{where} --yes"
 
 
-async def _function_call_cancel(client: Any, call_id: str) -> None:
-    """Cancel a spawned call and end the containers running it: the request
-    `FunctionCall.cancel(terminate_containers=True)` sends (modal 1.6.4 `modal/_functions.py`,
-    `_FunctionCall.cancel`). A raw RPC kept private here: `_rpc.py` is not this module's to
-    change. A call already gone is fine."""
-    import contextlib
-
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    with contextlib.suppress(mexc.NotFoundError):
-        await client._stub.FunctionCallCancel(
-            api_pb2.FunctionCallCancelRequest(function_call_id=call_id, terminate_containers=True)
-        )
-
-
 def _answer_of(error: BaseException) -> str:
     """A provider error without its "<kind> <target>: <action> failed." head (the failure
     it is quoted in already names them): from "Modal at ..." on."""
@@ -366,7 +350,7 @@ class ModelWeightsProvider(ModalProvider):
             call_id = run.call_id
 
             async def cancel(client: Any) -> None:
-                await _function_call_cancel(client, call_id)
+                await _rpc.function_call_cancel(client, call_id)
 
             try:
                 self.run("undo: cancel the provisioning call", target, cancel)

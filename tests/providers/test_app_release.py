@@ -411,3 +411,49 @@ def test_modal_killed_during_the_gate_ends_on_the_known_good_version(tmp_path: A
             assert live_apps(emu) == []
     finally:
         emu.close()
+
+
+# ---- every RPC of a release failing for good: the invariant ---------------------------------
+
+RELEASE_RPCS = [
+    "AppGetByDeploymentName",
+    "AppDeploymentHistory",
+    "AppGetTags",
+    "AppSetTags",
+    "TaskList",
+    "AppFetchLogs",
+    "AppRollback",
+    "AppStop",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", RELEASE_RPCS)
+def test_any_release_rpc_failing_leaves_the_known_good_version_live(
+    stack: Stack, emulator: EmulatorProcess, method: str
+) -> None:
+    """A bad release while one RPC fails every time it is sent (from the first call of the
+    release on): the `up` fails, and once Modal answers again the live version runs the
+    known-good release, or the error named the one command that makes it so; a refresh
+    then agrees with Modal, and no other app is left deployed."""
+    engine = stack.engine
+    engine.up("a", APP, stack.app())
+    good_tag = engine.states["a"].outputs["deployment_tag"]
+    fault(emulator, method)
+    try:
+        with pytest.raises(ProviderCallError) as err:
+            engine.up("a", APP, bad(stack, "never-ready", timeout=3.0))
+    finally:
+        clear(emulator)
+    details = err.value.details
+    version, rolled_to = live_version(emulator)
+    if version == 2:  # the failed release is live: the error must say how to undo it
+        assert "Finish it with `modal app rollback gate v1 -e main`" in details, details
+        modal_cli(emulator, "app", "rollback", "gate", "v1", "-e", "main")
+        version, rolled_to = live_version(emulator)
+    assert version in (1, 3) and rolled_to in (0, 1), details
+    engine.refresh("a")
+    out = engine.states["a"].outputs
+    assert out["version"] == version and out["deployment_tag"] == good_tag
+    assert engine.preview("a", APP, stack.app()) == "same"
+    assert len(live_apps(emulator)) == 1
