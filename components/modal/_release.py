@@ -273,7 +273,13 @@ class Release:
     def execute(self) -> dict[str, Any]:
         """Publish, verify, commit or roll back. Returns the release outputs; raises a
         ModalProviderError saying what failed, what was undone and what to do next."""
-        before = self.read(self.app_id_before) if self.app_id_before else None
+        try:
+            before = self.read(self.app_id_before) if self.app_id_before else None
+        except ModalProviderError as e:
+            raise type(e)(
+                f"{e} Nothing was published (the release reads what is live first); what"
+                " served before keeps serving."
+            ) from None
         if before is not None:
             self.records.update(before.records())
         pre = before.version() if before else 0

@@ -97,8 +97,6 @@ TYPE_TOKEN = "pulumi-python:dynamic/modal:App"  # noqa: S105 (a Pulumi type toke
 DEPLOY_TIMEOUT_S = 1800.0
 # Inputs that never redeploy: a change is recorded (an update without a deploy).
 RECORD_ONLY = ("adopt", "health_gate", "health_gate_timeout_s", "gate_task", "custom_timeouts")
-# Inputs that are only what the gate sends: never compared, never in outputs.
-GATE_INPUTS = ("gate_token_id", "gate_token_secret", "gate_api_key", "gate_model")
 _ENV_KEY_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -436,7 +434,7 @@ class AppProvider(ModalProvider):
         if last.get("transient"):
             raise ModalUnavailableError(
                 message + "Modal is unreachable or failing: check MODAL_SERVER_URL/network and"
-                " rerun `pulumi up`; the previous deployment keeps serving."
+                " rerun `pulumi up`."
             )
         if "AuthError" in str(last.get("error")):
             raise ModalProviderError(
