@@ -417,6 +417,7 @@ def test_modal_killed_during_the_gate_ends_on_the_known_good_version(tmp_path: A
 
 RELEASE_RPCS = [
     "AppGetByDeploymentName",
+    "FunctionCreate",  # one of the deploy's own calls before AppPublish
     "AppDeploymentHistory",
     "AppGetTags",
     "AppSetTags",
@@ -457,3 +458,23 @@ def test_any_release_rpc_failing_leaves_the_known_good_version_live(
     assert out["version"] == version and out["deployment_tag"] == good_tag
     assert engine.preview("a", APP, stack.app()) == "same"
     assert len(live_apps(emulator)) == 1
+
+
+@pytest.mark.parametrize("method", ["AppGetByDeploymentName", "AppDeploymentHistory", "AppGetTags"])
+def test_a_refresh_that_cannot_read_fails_and_keeps_the_state(
+    stack: Stack, emulator: EmulatorProcess, method: str
+) -> None:
+    """A refresh never guesses: when Modal cannot say what is live, it fails and the state
+    stays as it was (no resource dropped as gone, no outputs invented)."""
+    engine = stack.engine
+    engine.up("a", APP, stack.app())
+    before = dict(engine.states["a"].outputs)
+    fault(emulator, method)
+    try:
+        with pytest.raises(ProviderCallError) as err:
+            engine.refresh("a")
+    finally:
+        clear(emulator)
+    assert f"{method}" in err.value.details or "read failed" in err.value.details
+    assert engine.states["a"].outputs == before
+    assert engine.refresh("a") == "same"
