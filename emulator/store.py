@@ -19,10 +19,12 @@ Rules that keep this safe:
   connection is closed, so closing it never drops SQLite's locks.)
 - Nothing is written to a file before it is known to be an emulator state file of this
   schema: an empty file (or none) becomes a fresh state; anything else must be SQLite, have
-  `meta` with this schema version, every table and index of SCHEMA, and pass `PRAGMA
-  quick_check`. Otherwise StoreError says what is wrong and what to do, and the file is left
-  untouched (no emulator table is added to an unrelated database, a dropped table is not
-  re-created empty). The one exception: a file of an older version that UPGRADES covers and
+  `meta` with this schema version, every table and index of SCHEMA with SCHEMA's columns
+  (names, order, types, NOT NULL, defaults, keys: a renamed column is refused at start, not
+  met by the first request that reads it), and pass `PRAGMA quick_check`. Otherwise
+  StoreError says what is wrong and what to do, and the file is left untouched (no
+  emulator table is added to an unrelated database, a dropped table is not re-created
+  empty). The one exception: a file of an older version that UPGRADES covers and
   that passes the same checks is upgraded in place, in one transaction, when it is opened.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -42,8 +45,8 @@ SCHEMA_VERSION = 3
 
 #: In-place upgrades of an older state file: the statements that take schema version N to
 #: N + 1, run in one transaction after the file passed every check of its own version. Each
-#: step may only add columns (appended last, as SCHEMA lists them): the structure check
-#: compares table and index names, which must be the same before and after.
+#: step may only add columns (`ALTER TABLE t ADD COLUMN c ...`, appended last, as SCHEMA lists
+#: them): the structure check expects SCHEMA's columns without the ones added after N.
 UPGRADES: dict[int, tuple[str, ...]] = {
     # 2 -> 3: App tags (AppSetTags/AppGetTags, AppCreate/AppPublish `tags`) and the tag set
     # each version was published with. Apps and versions recorded before had none.
@@ -240,6 +243,79 @@ def _expected_objects() -> set[tuple[str, str]]:
         db.close()
 
 
+#: One table's columns as SQLite reports them (`PRAGMA table_info`: name, declared type,
+#: NOT NULL, default, primary-key position), or one index's columns (`PRAGMA index_info`).
+Structure = dict[str, tuple[tuple[Any, ...], ...]]
+
+_ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)", re.IGNORECASE)
+
+
+def _structure(db: sqlite3.Connection) -> Structure:
+    """Every table's and index's columns, keyed `table NAME` / `index NAME`."""
+    out: Structure = {}
+    for kind, name in db.execute(
+        "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'index')"
+        " AND name NOT LIKE 'sqlite_%'"
+    ).fetchall():
+        pragma = "table_info" if kind == "table" else "index_info"
+        rows = db.execute(f"PRAGMA {pragma}({_quote(str(name))})").fetchall()
+        cols: tuple[tuple[Any, ...], ...]
+        if kind == "table":  # (name, type, notnull, default, pk)
+            cols = tuple((r[1], str(r[2]).upper(), r[3], r[4], r[5]) for r in rows)
+        else:  # (column name) in index order
+            cols = tuple((r[2],) for r in rows)
+        out[f"{kind} {name}"] = cols
+    return out
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _expected_structure(version: int) -> Structure:
+    """The structure SCHEMA makes, without the columns UPGRADES added after `version`."""
+    db = sqlite3.connect(":memory:")
+    try:
+        db.executescript(SCHEMA)
+        expected = _structure(db)
+    finally:
+        db.close()
+    for step in range(version, SCHEMA_VERSION):
+        for statement in UPGRADES.get(step, ()):
+            match = _ADD_COLUMN.search(statement)
+            if match is not None:
+                key = f"table {match.group(1)}"
+                expected[key] = tuple(c for c in expected[key] if c[0] != match.group(2))
+    return expected
+
+
+def _structure_differences(found: Structure, expected: Structure) -> list[str]:
+    """What differs, one short phrase per table or index (objects of its own are allowed)."""
+    out: list[str] = []
+    for key, cols in sorted(expected.items()):
+        have = found.get(key)
+        if have is None or have == cols:
+            continue  # a missing object is reported by the caller
+        names, want = [c[0] for c in have], [c[0] for c in cols]
+        lost = [n for n in want if n not in names]
+        extra = [n for n in names if n not in want]
+        if lost or extra:
+            parts = []
+            if lost:
+                parts.append(f"column(s) {', '.join(lost)} missing")
+            if extra:
+                parts.append(f"unexpected column(s) {', '.join(extra)}")
+            out.append(f"{key}: {' and '.join(parts)}")
+        elif names != want:
+            out.append(f"{key}: columns in another order ({', '.join(names)})")
+        else:
+            changed = [h[0] for h, w in zip(have, cols, strict=True) if h != w]
+            out.append(
+                f"{key}: column(s) {', '.join(changed)} changed (type, NOT NULL, default or key)"
+            )
+    return out
+
+
 _WHAT_TO_DO = (
     "Restore it from a backup, or move it away (the emulator then starts with an empty "
     "state), or start with another --state FILE or --memory."
@@ -366,6 +442,13 @@ class Store:
             raise StateDamaged(
                 f"State file {self.path} is damaged: {', '.join(missing)} missing (an emptied "
                 f"table is not the same state). {_WHAT_TO_DO}"
+            )
+        differences = _structure_differences(_structure(self._conn), _expected_structure(version))
+        if differences:
+            raise StateDamaged(
+                f"State file {self.path} is damaged: its structure is not the emulator's schema "
+                f"version {version} ({'; '.join(differences[:4])}"
+                f"{'; ...' if len(differences) > 4 else ''}). {_WHAT_TO_DO}"
             )
         problems = [str(row[0]) for row in self._conn.execute("PRAGMA quick_check(3)")]
         if problems != ["ok"]:
