@@ -493,6 +493,41 @@ def resolve_health_gate(
     )
 
 
+#: The schemes modal 1.6.4's client connects with (`modal/_utils/grpc_utils.py` create_channel:
+#: http, https, unix; anything else raises "Unknown scheme" at the first call, which the
+#: providers would then retry for minutes).
+MODAL_URL_SCHEMES = ("http", "https", "unix")
+
+
+def server_url_problem(url: str) -> str | None:
+    """Why `url` (modal:serverUrl / MODAL_SERVER_URL) cannot reach a Modal server, or None.
+
+    A comma-separated list is allowed (the client races them: create_channel_with_fallback);
+    each entry must be http(s) with a host and a numeric port, or unix:PATH."""
+    entries = [u.strip() for u in url.split(",")]
+    for entry in entries:
+        where = f"{entry!r}: " if len(entries) > 1 else ""
+        parts = urlsplit(entry)
+        if parts.scheme not in MODAL_URL_SCHEMES:
+            return (
+                f"{where}scheme {parts.scheme or '(none)'!r} is not one the Modal client"
+                f" speaks ({', '.join(MODAL_URL_SCHEMES)})"
+            )
+        if parts.scheme == "unix":
+            if not parts.path:
+                return f"{where}a unix URL needs a socket path"
+            continue
+        if not parts.hostname:
+            return f"{where}no host"
+        try:
+            port = parts.port
+        except ValueError:
+            return f"{where}port {parts.netloc.rpartition(':')[2]!r} is not a number (1-65535)"
+        if port == 0:
+            return f"{where}port 0 cannot be connected to"
+    return None
+
+
 def _check_standin_server(ns: str, stack: str, modal_server_url: str | None) -> None:
     """engineStandin only where the Modal server is local: the stand-in answers every request
     with fixed text, which must never be what a real endpoint serves."""
@@ -733,6 +768,19 @@ def load_stack_config(
     server_url = pulumi.runtime.get_config(MODAL_SERVER_URL_KEY) or os.environ.get(
         "MODAL_SERVER_URL"
     )
+    if server_url:
+        problem = server_url_problem(server_url)
+        if problem:
+            from_config = bool(pulumi.runtime.get_config(MODAL_SERVER_URL_KEY))
+            fix = (
+                f"Fix it in Pulumi.{pulumi.get_stack()}.yaml: pulumi config set "
+                f"{MODAL_SERVER_URL_KEY} http://127.0.0.1:8790 (the emulator), or pulumi config "
+                f"rm {MODAL_SERVER_URL_KEY} for Modal itself"
+                if from_config
+                else "Fix or unset the MODAL_SERVER_URL environment variable"
+            )
+            source = MODAL_SERVER_URL_KEY if from_config else "env MODAL_SERVER_URL"
+            raise ConfigError(f"{source} = {server_url!r}: {problem}. {fix}.")
     parsed = parse_stack_config(
         {k: v for k, v in values.items() if v is not None},
         stack=pulumi.get_stack(),

@@ -16,12 +16,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import yaml
+
 from pulumi_standin import _sigint
-from pulumi_standin.program import PROJECT, PROJECT_ROOT
+from pulumi_standin.program import (
+    PROJECT,
+    PROJECT_ROOT,
+    StackFileError,
+    load_stack_file,
+    server_url_problem,
+)
 from pulumi_standin.stack import (
     FAULT_ENV,
     Command,
@@ -36,6 +45,10 @@ from pulumi_standin.statefile import StandinError
 from pulumi_standin.values import Secret
 
 COMMANDS = ["preview", "up", "refresh", "destroy", "output"]
+#: Where a preview without any emulator URL points the providers. A preview runs Check and Diff
+#: only, which never call Modal (docs/offline.md), so nothing is ever sent there; were a call
+#: made, it would fail on this closed loopback port, never reach a real Modal.
+NO_EMULATOR_URL = "http://127.0.0.1:9"
 
 
 def parse_overrides(pairs: list[str], secret_pairs: list[str] | None = None) -> dict[str, Any]:
@@ -53,6 +66,85 @@ def parse_overrides(pairs: list[str], secret_pairs: list[str] | None = None) -> 
             full = key if ":" in key else f"{PROJECT}:{key}"
             overrides[full] = Secret(value) if flag == "--secret" else value
     return overrides
+
+
+def stack_file_config(stack_file: Path) -> dict[str, Any]:
+    """The stack file's `config:` mapping; a YAML error or a bad `modal:serverUrl` in it is one
+    line naming the file (and line and column), before anything runs."""
+    try:
+        raw = load_stack_file(stack_file)
+        load_stack_file(PROJECT_ROOT / "Pulumi.yaml")
+    except StackFileError as exc:
+        raise StandinError(str(exc)) from None
+    config: dict[str, Any] = dict(raw.get("config") or {})
+    if "modal:serverUrl" in config:
+        problem = server_url_problem(config["modal:serverUrl"])
+        if problem:
+            raise StandinError(
+                f"{stack_file.name}: modal:serverUrl {config['modal:serverUrl']!r} {problem};"
+                " the local stack names its emulator, e.g. modal:serverUrl:"
+                " http://127.0.0.1:8790"
+            )
+    return config
+
+
+def server_url(args: argparse.Namespace, raw_config: dict[str, Any], out: TextIO) -> str:
+    """The emulator URL of this run (--server-url, else MODAL_SERVER_URL, else the stack's
+    modal:serverUrl), checked at once. A preview needs none: without one it gets
+    NO_EMULATOR_URL and says so (it never calls Modal)."""
+    given = args.server_url or os.environ.get("MODAL_SERVER_URL")
+    if given:
+        problem = server_url_problem(given)
+        if problem:
+            source = "--server-url" if args.server_url else "MODAL_SERVER_URL"
+            raise StandinError(f"{source} {given!r} {problem}")
+    elif args.command == "preview" and "modal:serverUrl" not in raw_config:
+        out.write(
+            f"note: no emulator URL for stack '{args.stack}' (no --server-url, MODAL_SERVER_URL"
+            " or modal:serverUrl) and none is needed: a preview runs Check and Diff only, which"
+            " never call Modal.\n"
+        )
+        return resolve_server_url(args.stack, NO_EMULATOR_URL)
+    return resolve_server_url(args.stack, args.server_url)
+
+
+def one_run_warnings(stack: str, overrides: dict[str, Any]) -> list[str]:
+    """A warning per `--config`/`--secret` value of an `up` that differs from the stack file:
+    it is never saved, so the next `up` without it (`make up`) goes back to the file's value
+    and undoes this run's change (a rotated key is rotated back)."""
+    try:
+        saved = dict(load_stack_file(PROJECT_ROOT / f"Pulumi.{stack}.yaml").get("config") or {})
+    except StackFileError:
+        return []
+    warnings = []
+    for key, value in overrides.items():
+        secret = isinstance(value, Secret)
+        text = str(value.value if secret else value)
+        try:
+            parsed: Any = yaml.safe_load(text)
+        except yaml.YAMLError:
+            parsed = text
+        if key in saved and saved[key] in (parsed, text):
+            continue
+        flag = "--secret" if secret else "--config"
+        ns_key = key.removeprefix(f"{PROJECT}:") if key.startswith(f"{PROJECT}:") else key
+        if isinstance(parsed, dict) and parsed and not secret:
+            keep = "; ".join(
+                f"pulumi config set --path {shlex.quote(f'{ns_key}.{k}')}"
+                f" {shlex.quote(str(v))} --stack {stack}"
+                for k, v in parsed.items()
+            )
+        else:
+            shown = "<value>" if secret else shlex.quote(text)
+            keep = f"pulumi config set {'--secret ' if secret else ''}{key} {shown} --stack {stack}"
+        warnings.append(
+            f"warning: {flag} {key} is for this run only and never saved: the next `up` without"
+            f" it (`make up` too) goes back to Pulumi.{stack}.yaml's value"
+            f" ({'unset' if key not in saved else 'as saved'}) and undoes this change"
+            f" (a rotated key is rotated back). To keep it, save it in the stack: {keep}"
+            f" (Pulumi CLI), or write it under config: in Pulumi.{stack}.yaml."
+        )
+    return warnings
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -116,7 +208,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             " error is printed, the traceback goes to <state>.last-error.txt)"
         ),
     )
-    args = parser.parse_args(argv)
+    # Intermixed: `output --stack local endpoint_url` (options before the name) works as
+    # `output endpoint_url --stack local` does, like `pulumi stack output NAME --stack S`.
+    args = parser.parse_intermixed_args(argv)
     if args.name is not None and args.command != "output":
         parser.error(f"unexpected argument {args.name!r} for {args.command}")
     return args
@@ -130,8 +224,12 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     try:
         if not stack_file.exists():
             raise StandinError(f"no stack file {stack_file.name} in {PROJECT_ROOT}")
+        raw_config = stack_file_config(stack_file)
         state_path = args.state or PROJECT_ROOT / ".pulumi-offline" / f"{args.stack}.json"
-        url = "" if args.command == "output" else resolve_server_url(args.stack, args.server_url)
+        url = "" if args.command == "output" else server_url(args, raw_config, out)
+        if args.command == "up":
+            for line in one_run_warnings(args.stack, parse_overrides(args.config, args.secret)):
+                out.write(line + "\n")
         encrypted = secure_keys(args.stack)
         if encrypted and args.command == "up":
             raise StandinError(

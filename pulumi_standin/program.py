@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pulumi
 import yaml
@@ -53,6 +54,71 @@ TEST_SECRETS: dict[str, str] = {
     f"{PROJECT}:hfToken": "hf_test_token_value_0123456789",
     f"{PROJECT}:alertWebhookUrl": "https://hooks.example.test/alert-0123456789",
 }
+
+
+class StackFileError(ValueError):
+    """A stack or project file that cannot be read: one line naming the file, line and column."""
+
+
+def load_stack_file(path: Path) -> dict[str, Any]:
+    """The mapping in a `Pulumi.<stack>.yaml` (or `Pulumi.yaml`), or StackFileError with ONE line.
+
+    A YAML syntax error (a tab where indentation is expected, an unclosed quote, ...) is
+    reported as `FILE:LINE:COLUMN: what the YAML parser found`, 1-based as editors count, not as
+    the parser's traceback; a file whose top level or `config:` is not a mapping likewise."""
+    name = path.name
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise StackFileError(f"{name}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
+        what = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
+        start = exc.context_mark
+        if exc.problem and exc.context and start is not None and start is not mark:
+            what += f" ({exc.context} at {start.line + 1}:{start.column + 1})"
+        lines = text.splitlines()
+        line = lines[mark.line] if mark is not None and mark.line < len(lines) else ""
+        if "'\\t'" in what or (mark is not None and "\t" in line[: mark.column + 1]):
+            what += " (a tab: YAML indents with spaces only)"
+        raise StackFileError(f"{where}: invalid YAML: {what}") from None
+    except yaml.YAMLError as exc:
+        raise StackFileError(f"{name}: invalid YAML: {' '.join(str(exc).split())}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise StackFileError(f"{name}: the top level must be a mapping (config: ...)")
+    config = raw.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise StackFileError(f"{name}: `config:` must be a mapping of key: value")
+    return raw
+
+
+def server_url_problem(url: object) -> str | None:
+    """Why `url` cannot be the Modal emulator's URL (`modal:serverUrl`), or None.
+
+    The stand-in drives the local emulator only: one `http://` (or `https://`) URL with a host
+    and, if given, a numeric port. What modal 1.6.4's client would do with anything else is
+    fail late (`_utils/grpc_utils.py` create_channel raises "Unknown scheme" for ftp://, and a
+    non-numeric port fails in urlparse), which the providers then retry for minutes."""
+    if not isinstance(url, str) or not url.strip():
+        return "must be a URL such as http://127.0.0.1:8790"
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https"):
+        return f"scheme {parts.scheme or '(none)'!r} is not http or https"
+    if not parts.hostname:
+        return "has no host"
+    try:
+        port = parts.port
+    except ValueError:
+        raw_port = parts.netloc.rpartition(":")[2]
+        return f"port {raw_port!r} is not a number from 1 to 65535"
+    if port == 0:
+        return "port 0 is not a port a client can reach"
+    return None
 
 
 @dataclass
@@ -207,7 +273,7 @@ def _cli_string(value: Any) -> str:
 
 def project_defaults() -> dict[str, Any]:
     """`project:key` -> default, for every key Pulumi.yaml declares with a default."""
-    project = yaml.safe_load((PROJECT_ROOT / "Pulumi.yaml").read_text())
+    project = load_stack_file(PROJECT_ROOT / "Pulumi.yaml")
     name = project["name"]
     return {
         (key if ":" in key else f"{name}:{key}"): decl["default"]
@@ -232,7 +298,7 @@ def stack_config(
     With `with_defaults`, Pulumi.yaml's declared defaults fill in the keys left unset, as the
     CLI does before it starts the program.
     """
-    raw = yaml.safe_load((PROJECT_ROOT / f"Pulumi.{stack}.yaml").read_text())
+    raw = load_stack_file(PROJECT_ROOT / f"Pulumi.{stack}.yaml")
     values: dict[str, Any] = dict(raw.get("config") or {})
     values.update(overrides or {})
     config: dict[str, str] = {}
@@ -384,9 +450,12 @@ __all__ = [
     "ProgramRun",
     "RecordingMonitor",
     "Registration",
+    "StackFileError",
     "fake_outputs",
+    "load_stack_file",
     "project_defaults",
     "run_program",
+    "server_url_problem",
     "stack_config",
     "to_harness",
     "to_program",
