@@ -4,10 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-EMULATOR_PORT ?= 8790
 STACK ?= local
 
-.PHONY: setup test lint emulator up down plan offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config clean
+.PHONY: setup test lint emulator up down plan offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config gateway clean
 
 setup: $(STAMP)
 
@@ -41,11 +40,12 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy emulator components serving watchers pulumi_standin bench tests scripts __main__.py
 
-# Modal's control plane + runtime on loopback, in the foreground (Ctrl-C stops it). Same state
-# and pid file as `make up`'s, so `make up` reuses it and `make down` stops it.
+# This checkout's Modal control plane + runtime on loopback, in the foreground (Ctrl-C stops it).
+# Same state, pid file and port choice as `make up`'s (8790, else a free port when another
+# checkout or program holds it; EMULATOR_PORT=N insists on N), so `make up` reuses it and
+# `make down` stops it.
 emulator: setup
-	mkdir -p .modal-emulator && echo $$$$ > .modal-emulator/emulator.pid && \
-	exec $(PY) -m emulator serve --port $(EMULATOR_PORT) --state .modal-emulator/state.sqlite3
+	./scripts/emulator.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
@@ -62,18 +62,30 @@ down: setup
 
 # Offline stand-in for `pulumi preview --diff` / `pulumi up` on machines without the Pulumi CLI:
 # the pulumi_standin package: program under mocks + the SDK's provider server + the emulator (docs/offline.md).
-# NOT the Pulumi engine. `plan` needs no emulator; `offline-up`/`offline-down` need `make emulator`.
+# NOT the Pulumi engine. `plan` needs no emulator (any stack); `offline-up`/`offline-down` use this
+# checkout's emulator (`make emulator`), never another checkout's.
 plan: setup
 	$(PY) scripts/offline_stack.py preview --stack $(STACK)
 
 offline-up: setup
-	$(PY) scripts/offline_stack.py up --stack $(STACK)
+	url="$$(./scripts/emulator.sh url)" && \
+	    $(PY) scripts/offline_stack.py up --stack $(STACK) --server-url "$$url"
 
 offline-down: setup
-	$(PY) scripts/offline_stack.py destroy --stack $(STACK)
+	url="$$(./scripts/emulator.sh url)" && \
+	    $(PY) scripts/offline_stack.py destroy --stack $(STACK) --server-url "$$url"
 
 gateway-config: setup
 	$(PY) scripts/gateway_config.py --stack $(STACK)
+
+# LiteLLM in front of the stack, on 127.0.0.1:$(GATEWAY_PORT): its own venv, the file
+# gateway-config writes (with the gateway's master key), and the cost map packaged with LiteLLM
+# (no fetch: starts offline). Clients send `Authorization: Bearer <master key>` (in the file).
+GATEWAY_PORT ?= 4000
+gateway: gateway-config $(LITELLM_STAMP)
+	LITELLM_LOCAL_MODEL_COST_MAP=True exec $(LITELLM_VENV)/bin/litellm \
+	    --config .gateway/litellm-$(STACK).yaml --host 127.0.0.1 --port $(GATEWAY_PORT) \
+	    --telemetry False
 
 # ---- Benchmarks (print a table; compare against a baseline in the same run) ----
 bench-proxy: setup

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make down`: destroy what `make up` made in the emulator (with whichever engine holds it:
 # the Pulumi CLI's stack in .pulumi-state/, the stand-in's in .pulumi-offline/local.json),
-# stop the emulator on the stack's port (started by `make up` or `make emulator`), and remove
-# the emulator's state. The stacks themselves stay (empty); remove .pulumi-state/ and
+# stop THIS checkout's emulator (started by `make up` or `make emulator`; known by its pid
+# file and state file, never by its port: another checkout's emulator keeps serving), and
+# remove the emulator's state. The stacks themselves stay (empty); remove .pulumi-state/ and
 # .pulumi-offline/ to forget them too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,20 +12,19 @@ STACK="${1:-local}"
 . scripts/local-env.sh
 
 require_local_stack "$STACK"
+read_stack_url
 destroyed=0
 if standin_has_resources; then
-    LOCAL_ENGINE=standin
     start_emulator # destroy talks to it
     standin destroy
     destroyed=1
 fi
 if [ -d .pulumi-state ]; then
     if find_pulumi_cli; then
-        LOCAL_ENGINE=cli
-        check_emulator_port
         start_emulator
         if select_existing_stack "$STACK"; then
-            pulumi destroy --yes --non-interactive --stack "$STACK"
+            cli_config_args
+            pulumi destroy --yes --non-interactive --stack "$STACK" "${CLI_CONFIG_ARGS[@]}"
             destroyed=1
         fi
     else

@@ -9,6 +9,17 @@ file (`.pulumi-offline/<stack>.json`, `--state`), or a saved copy of that JSON w
 token: keep it out of git (`.gateway/` carries its own `.gitignore`, and the root .gitignore
 lists `.gateway/` too) and out of logs.
 
+The YAML file starts LiteLLM as it is (`make gateway`, or the command this prints):
+- `general_settings.master_key`, the key the gateway's own clients send (LiteLLM 1.106.12
+  refuses to start without one: proxy/auth/master_key_boot_check.py). Generated here once
+  (`sk-` + 64 hex digits) and kept across rewrites: a key already in the file stays, so a
+  master key you put there yourself is kept too.
+- LiteLLM fetches its model cost map from the internet at import time unless
+  LITELLM_LOCAL_MODEL_COST_MAP=True (litellm_core_utils/get_model_cost_map.py); it has to be an
+  environment variable (read before any config), so the printed command sets it.
+Rerun it after every `pulumi up` that rotates or revokes a key: the file holds the keys of the
+outputs it was written from (`make up` rewrites the local stack's file itself when it exists).
+
 For the `local` stack the file backend and passphrase of scripts/local-env.sh are used unless
 PULUMI_BACKEND_URL / PULUMI_CONFIG_PASSPHRASE are already set.
 """
@@ -18,14 +29,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT_KEYS = {"yaml": "gateway_config", "json": "gateway_config_json"}
+LITELLM = ".venv/litellm/bin/litellm"  # `make gateway` / `make test` install it there
 
 
 class GatewayConfigError(RuntimeError):
@@ -81,6 +97,38 @@ def render(outputs: dict[str, Any], fmt: str) -> str:
             "this program first, and read outputs with --show-secrets"
         )
     return value if value.endswith("\n") else value + "\n"
+
+
+def existing_master_key(path: Path) -> str | None:
+    """The master key of a gateway file written before (kept across rewrites), if any."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    settings = doc.get("general_settings") if isinstance(doc, dict) else None
+    key = settings.get("master_key") if isinstance(settings, dict) else None
+    return key if isinstance(key, str) and key.strip() else None
+
+
+def with_master_key(content: str, master_key: str) -> str:
+    """The LiteLLM YAML with `general_settings.master_key` set (unless the document has one)."""
+    doc = yaml.safe_load(content)
+    if not isinstance(doc, dict):
+        raise GatewayConfigError("the gateway_config output is not a YAML mapping")
+    settings = doc.setdefault("general_settings", {})
+    if not isinstance(settings, dict):
+        raise GatewayConfigError("the gateway_config output's general_settings is not a mapping")
+    settings.setdefault("master_key", master_key)
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def start_command(path: Path, port: int = 4000) -> str:
+    """The command that starts LiteLLM on this file, offline (the packaged cost map)."""
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return (
+        f"LITELLM_LOCAL_MODEL_COST_MAP=True {LITELLM} --config {shlex.quote(str(shown))}"
+        f" --host 127.0.0.1 --port {port} --telemetry False"
+    )
 
 
 def write_private(path: Path, content: str) -> None:
@@ -154,8 +202,23 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     suffix = "yaml" if args.format == "yaml" else "json"
     out = args.out or ROOT / ".gateway" / f"litellm-{args.stack}.{suffix}"
+    if args.format == "json":
+        write_private(out, content)
+        print(f"wrote {out} (mode 0600; it contains API keys and the Modal proxy token)")
+        return 0
+    master_key = existing_master_key(out) or "sk-" + secrets.token_hex(32)
+    try:
+        content = with_master_key(content, master_key)
+    except (GatewayConfigError, yaml.YAMLError) as exc:
+        print(f"gateway-config: {exc}", file=sys.stderr)
+        return 1
     write_private(out, content)
-    print(f"wrote {out} (mode 0600; it contains API keys and the Modal proxy token)")
+    print(
+        f"wrote {out} (mode 0600; it contains API keys, the Modal proxy token and the"
+        " gateway's master key, general_settings.master_key)"
+    )
+    print(f"Start LiteLLM with it (offline; or: make gateway STACK={args.stack}):")
+    print(f"  {start_command(out)}")
     return 0
 
 

@@ -1,4 +1,6 @@
-# Shared by scripts/up.sh and scripts/down.sh (sourced, not run): the local stack's environment.
+# shellcheck shell=bash disable=SC2034 # its variables are read by the scripts that source it
+# Shared by scripts/up.sh, scripts/down.sh and scripts/emulator.sh (sourced, not run): the local
+# stack's environment.
 #
 # - The engine (LOCAL_ENGINE): the Pulumi CLI, pinned to the SDK's version, found on PATH or in
 #   ~/.pulumi/bin, else installed with Pulumi's official installer (one quick attempt; where
@@ -11,32 +13,45 @@
 # - PULUMI_CONFIG_PASSPHRASE: encrypts the local stack's secrets (its generated API keys and
 #   proxy token, all emulator-only). Defaults to "local-emulator"; export your own to override.
 #   `pulumi stack init` writes a non-secret `encryptionsalt:` line into Pulumi.local.yaml.
-# - The Modal emulator on 127.0.0.1:$EMULATOR_PORT, state in $EMULATOR_DIR/state.sqlite3, pid
-#   in $EMULATOR_DIR/emulator.pid (also written by `make emulator`; one found listening on the
-#   port is reused too). It accepts any token; the providers get throwaway
-#   MODAL_TOKEN_ID/MODAL_TOKEN_SECRET values. The port comes from Pulumi.local.yaml's
-#   modal:serverUrl, which the CLI's providers use (it wins over MODAL_SERVER_URL there): with
-#   the CLI an EMULATOR_PORT that disagrees stops here with the command that changes the stack
-#   file. The stand-in passes the emulator URL to the providers itself, so any port works.
+# - The Modal emulator: THIS checkout's own, known by its state file ($EMULATOR_DIR/state.sqlite3,
+#   an absolute path on its command line) and its pid file ($EMULATOR_DIR/emulator.pid, also
+#   written by `make emulator`), never by its port: an emulator of another checkout on the same
+#   machine is neither reused nor stopped. Its port: EMULATOR_PORT when exported (that port or a
+#   clear stop), else the one Pulumi.local.yaml's modal:serverUrl names (8790) when it and the
+#   next one (the emulator's control surface) are free, else a free pair. It accepts any token;
+#   the providers get throwaway MODAL_TOKEN_ID/MODAL_TOKEN_SECRET values.
+# - The stack file keeps modal:serverUrl (a plain `pulumi up --stack local` must never reach
+#   real Modal, so the local stack always names a loopback emulator). When the emulator runs on
+#   another port, each run gets the actual URL for that run only: the stand-in with
+#   --server-url, the CLI with --config-file $EMULATOR_DIR/Pulumi.local.run.yaml (the stack
+#   file with the actual URL, scripts/stack_file.py); Pulumi.local.yaml is never rewritten.
 
 PULUMI_VERSION="3.272.0" # same version as the pulumi Python SDK pinned in pyproject.toml
 PULUMI_INSTALL_URL="${PULUMI_INSTALL_URL:-https://get.pulumi.com}" # Pulumi's official installer
-# The emulator URL the local stack file points at (modal:serverUrl), and its port.
-STACK_SERVER_URL="$(sed -n 's/^ *modal:serverUrl: *//p' Pulumi.local.yaml 2>/dev/null | tr -d "\"'" | head -n 1)"
-STACK_EMULATOR_PORT="${STACK_SERVER_URL##*:}"
-STACK_EMULATOR_PORT="${STACK_EMULATOR_PORT%%/*}"
-EMULATOR_PORT="${EMULATOR_PORT:-${STACK_EMULATOR_PORT:-8790}}"
+# The emulator URL and port the stack file names (modal:serverUrl): read_stack_url sets them.
+STACK_SERVER_URL=""
+STACK_EMULATOR_PORT=""
+EMULATOR_PORT_ASKED="${EMULATOR_PORT:-}" # exported by the user: that port, or a clear stop
+EMULATOR_PORT=""                         # the port of this run's emulator (start_emulator)
+EMULATOR_URL=""                          # its URL, what the engine gets (start_emulator)
 EMULATOR_DIR="${EMULATOR_DIR:-.modal-emulator}"
 EMULATOR_PID_FILE="$EMULATOR_DIR/emulator.pid"
 EMULATOR_LOG="$EMULATOR_DIR/emulator.log"
+# The identity of this checkout's emulator: its state file, as an absolute path.
+EMULATOR_STATE="$(realpath -m "$EMULATOR_DIR/state.sqlite3")"
+EMULATOR_RUN_CONFIG="$EMULATOR_DIR/Pulumi.local.run.yaml"
+CLI_CONFIG_ARGS=() # (--config-file FILE) when the CLI must be told the emulator's actual URL
 PY=".venv/bin/python"
 STANDIN_STATE="${STANDIN_STATE:-.pulumi-offline/local.json}"
+# The LiteLLM file `make gateway-config` writes; `make up` rewrites it when it exists.
+GATEWAY_FILE="${GATEWAY_FILE:-.gateway/litellm-local.yaml}"
 LOCAL_ENGINE="" # cli | standin, set by choose_engine
 
 export PULUMI_BACKEND_URL="file://$PWD/.pulumi-state"
 export PULUMI_CONFIG_PASSPHRASE="${PULUMI_CONFIG_PASSPHRASE-local-emulator}"
 export PULUMI_SKIP_UPDATE_CHECK=true
-export MODAL_SERVER_URL="http://127.0.0.1:$EMULATOR_PORT"
+# Never a Modal of the user's environment: start_emulator sets the emulator's actual URL.
+export MODAL_SERVER_URL="http://127.0.0.1:${EMULATOR_PORT_ASKED:-8790}"
 export MODAL_TOKEN_ID="${MODAL_TOKEN_ID:-ak-local-emulator}"
 export MODAL_TOKEN_SECRET="${MODAL_TOKEN_SECRET:-as-local-emulator}"
 
@@ -45,13 +60,28 @@ die() {
     exit 1
 }
 
-# EMULATOR_PORT must be the port Pulumi.local.yaml's modal:serverUrl names: the providers use
-# that URL, so an emulator started elsewhere would never be reached.
-check_emulator_port() {
-    if [ "$LOCAL_ENGINE" != "standin" ] && [ -n "$STACK_EMULATOR_PORT" ] && [ "$EMULATOR_PORT" != "$STACK_EMULATOR_PORT" ]; then
-        die "EMULATOR_PORT=$EMULATOR_PORT, but Pulumi.local.yaml's modal:serverUrl is \
-$STACK_SERVER_URL and the providers use that URL. Either unset EMULATOR_PORT, or point the \
-stack at the new port: pulumi config set modal:serverUrl http://127.0.0.1:$EMULATOR_PORT --stack local"
+# Reads Pulumi.local.yaml's modal:serverUrl (STACK_SERVER_URL, STACK_EMULATOR_PORT), checked at
+# once: a YAML error or a URL that is not http(s) on this machine with a numeric port stops here
+# with one line, before any emulator starts.
+read_stack_url() {
+    local found
+    found="$("$PY" scripts/stack_file.py server-url --stack "$STACK")" || exit 1
+    STACK_SERVER_URL="${found% *}"
+    STACK_EMULATOR_PORT="${found##* }"
+}
+
+# For the Pulumi CLI: when this checkout's emulator is not where the stack file points, write
+# the stack file with the actual URL and pass it with --config-file (CLI_CONFIG_ARGS), for this
+# run only. The stand-in needs none of this: it gets --server-url.
+cli_config_args() {
+    CLI_CONFIG_ARGS=()
+    if [ "$EMULATOR_URL" != "$STACK_SERVER_URL" ]; then
+        "$PY" scripts/stack_file.py run-config --stack "$STACK" --server-url "$EMULATOR_URL" \
+            --out "$EMULATOR_RUN_CONFIG" || exit 1
+        CLI_CONFIG_ARGS=(--config-file "$EMULATOR_RUN_CONFIG")
+        echo "This checkout's emulator is on $EMULATOR_URL, not Pulumi.local.yaml's \
+$STACK_SERVER_URL: pulumi gets the actual URL with --config-file $EMULATOR_RUN_CONFIG for \
+this run (Pulumi.local.yaml stays as committed)."
     fi
 }
 
@@ -147,50 +177,151 @@ standin_has_resources() {
 sys.exit(0 if json.load(open(sys.argv[1])).get("resources") else 1)' "$STANDIN_STATE" 2>/dev/null
 }
 
-# The pid of an emulator serving $EMULATOR_PORT: ours (pid file, also written by `make
-# emulator`), else whatever `python -m emulator serve` listens on the port. Empty if none.
-emulator_pid() {
-    local pid=""
-    if [ -f "$EMULATOR_PID_FILE" ] && kill -0 "$(cat "$EMULATOR_PID_FILE")" 2>/dev/null; then
-        pid="$(cat "$EMULATOR_PID_FILE")"
-    elif command -v ss >/dev/null 2>&1; then
-        pid="$(ss -ltnpH "sport = :$EMULATOR_PORT" 2>/dev/null | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -n 1)"
+# The absolute --state file of process $1 if it is a `python -m emulator serve`, else nothing.
+emulator_state_of() {
+    local pid="$1" arg prev="" state="" cwd
+    local -a args
+    mapfile -t args < <(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null)
+    case " ${args[*]:-} " in *" -m emulator serve "*) ;; *) return 0 ;; esac
+    for arg in "${args[@]}"; do
+        [ "$prev" = "--state" ] && state="$arg"
+        case "$arg" in --state=*) state="${arg#--state=}" ;; esac
+        prev="$arg"
+    done
+    [ -n "$state" ] || return 0
+    if [ "${state#/}" = "$state" ]; then
+        cwd="$(readlink "/proc/$pid/cwd" 2>/dev/null)" || return 0
+        state="$cwd/$state"
     fi
-    if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "-m emulator serve"; then
+    realpath -m "$state"
+}
+
+# The --port of process $1's command line (the emulator this checkout started), else nothing.
+emulator_port_of() {
+    local arg prev=""
+    local -a args
+    mapfile -t args < <(tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null)
+    for arg in "${args[@]}"; do
+        [ "$prev" = "--port" ] && echo "$arg" && return 0
+        case "$arg" in --port=*) echo "${arg#--port=}" && return 0 ;; esac
+        prev="$arg"
+    done
+}
+
+# The pid of THIS checkout's emulator: the pid file's process, if it is alive and is an
+# emulator serving this checkout's state file (a pid reused by another process, or another
+# checkout's emulator on the same port, is not ours). Empty if none.
+emulator_pid() {
+    local pid
+    [ -f "$EMULATOR_PID_FILE" ] || return 0
+    pid="$(cat "$EMULATOR_PID_FILE" 2>/dev/null)"
+    case "$pid" in '' | *[!0-9]*) return 0 ;; esac
+    kill -0 "$pid" 2>/dev/null || return 0
+    if [ "$(emulator_state_of "$pid")" = "$EMULATOR_STATE" ]; then
         echo "$pid"
     fi
 }
 
 port_taken() {
-    (exec 3<>"/dev/tcp/127.0.0.1/$EMULATOR_PORT") 2>/dev/null
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-start_emulator() {
-    mkdir -p "$EMULATOR_DIR"
-    local pid
-    pid="$(emulator_pid)"
-    if [ -n "$pid" ]; then
-        echo "Modal emulator already running on 127.0.0.1:$EMULATOR_PORT (pid $pid): reusing it."
+# A loopback port P with P+1 free too (the emulator's control surface is PORT+1).
+free_port_pair() {
+    "$PY" -c 'import socket
+for _ in range(50):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with socket.socket() as s2:
+        try:
+            s2.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+    print(port)
+    break'
+}
+
+# Sets EMULATOR_PORT for a new emulator: EMULATOR_PORT as exported (taken: stop), else the stack
+# file's port when it and the next one are free, else a free pair (said in one line).
+pick_emulator_port() {
+    if [ -n "$EMULATOR_PORT_ASKED" ]; then
+        EMULATOR_PORT="$EMULATOR_PORT_ASKED"
+        if port_taken "$EMULATOR_PORT"; then
+            die "127.0.0.1:$EMULATOR_PORT (EMULATOR_PORT) is in use by another program or \
+another checkout's emulator; unset EMULATOR_PORT to let this checkout pick a free port"
+        fi
         return 0
     fi
-    if port_taken; then
-        die "127.0.0.1:$EMULATOR_PORT is taken by something that is not the Modal emulator; \
-free it, or use another port (see check_emulator_port in scripts/local-env.sh)"
+    if ! port_taken "$STACK_EMULATOR_PORT" && ! port_taken "$((STACK_EMULATOR_PORT + 1))"; then
+        EMULATOR_PORT="$STACK_EMULATOR_PORT"
+        return 0
     fi
+    EMULATOR_PORT="$(free_port_pair)"
+    [ -n "$EMULATOR_PORT" ] || die "no free pair of loopback ports for the Modal emulator"
+    echo "127.0.0.1:$STACK_EMULATOR_PORT (Pulumi.local.yaml's port) is in use by another program \
+or another checkout's emulator: this checkout's emulator takes 127.0.0.1:$EMULATOR_PORT."
+}
+
+# Starts this checkout's emulator in the background, or reuses it when it runs already; sets
+# EMULATOR_PORT, EMULATOR_URL and MODAL_SERVER_URL to where it listens. A free port taken by
+# someone else between the check and the start (another checkout's `make up` at the same time)
+# is retried on another free pair.
+start_emulator() {
+    mkdir -p "$EMULATOR_DIR"
+    local pid attempt
+    pid="$(emulator_pid)"
+    if [ -n "$pid" ]; then
+        EMULATOR_PORT="$(emulator_port_of "$pid")"
+        if [ -n "$EMULATOR_PORT_ASKED" ] && [ "$EMULATOR_PORT_ASKED" != "$EMULATOR_PORT" ]; then
+            die "this checkout's Modal emulator (pid $pid) runs on 127.0.0.1:$EMULATOR_PORT, \
+not EMULATOR_PORT=$EMULATOR_PORT_ASKED: unset EMULATOR_PORT, or \`make down\` first"
+        fi
+        set_emulator_url
+        echo "Modal emulator already running on 127.0.0.1:$EMULATOR_PORT (pid $pid, this \
+checkout's: $EMULATOR_DIR): reusing it."
+        return 0
+    fi
+    for attempt in 1 2 3; do
+        if [ "$attempt" = 1 ]; then
+            pick_emulator_port
+        else
+            EMULATOR_PORT="$(free_port_pair)"
+            echo "Port taken meanwhile: trying 127.0.0.1:$EMULATOR_PORT instead."
+        fi
+        if launch_emulator; then
+            set_emulator_url
+            return 0
+        fi
+        # Retried only when the port was ours to pick and someone took it meanwhile.
+        if [ -n "$EMULATOR_PORT_ASKED" ] || ! grep -q "cannot listen on" "$EMULATOR_LOG"; then
+            break
+        fi
+    done
+    tail -n 20 "$EMULATOR_LOG" >&2
+    die "the Modal emulator exited during start-up (see $EMULATOR_LOG)"
+}
+
+set_emulator_url() {
+    EMULATOR_URL="http://127.0.0.1:$EMULATOR_PORT"
+    export MODAL_SERVER_URL="$EMULATOR_URL"
+}
+
+# One start on $EMULATOR_PORT, waiting for the ready line: 0 when ready, 1 when it exited.
+launch_emulator() {
     echo "Starting the Modal emulator on 127.0.0.1:$EMULATOR_PORT (log: $EMULATOR_LOG)..."
-    nohup "$PY" -m emulator serve --port "$EMULATOR_PORT" \
-        --state "$EMULATOR_DIR/state.sqlite3" >"$EMULATOR_LOG" 2>&1 &
+    nohup "$PY" -m emulator serve --port "$EMULATOR_PORT" --state "$EMULATOR_STATE" \
+        >"$EMULATOR_LOG" 2>&1 &
     echo $! >"$EMULATOR_PID_FILE"
-    local i
-    for i in $(seq 1 100); do
+    local _
+    for _ in $(seq 1 100); do
         if grep -q "MODAL EMULATOR READY" "$EMULATOR_LOG" 2>/dev/null; then
             grep "MODAL EMULATOR READY" "$EMULATOR_LOG"
             return 0
         fi
         if ! kill -0 "$(cat "$EMULATOR_PID_FILE")" 2>/dev/null; then
             rm -f "$EMULATOR_PID_FILE"
-            tail -n 20 "$EMULATOR_LOG" >&2
-            die "the Modal emulator exited during start-up (is port $EMULATOR_PORT taken?)"
+            return 1
         fi
         sleep 0.2
     done
@@ -198,17 +329,17 @@ free it, or use another port (see check_emulator_port in scripts/local-env.sh)"
     die "the Modal emulator did not report ready within 20 s (see $EMULATOR_LOG)"
 }
 
-# Stops the emulator on $EMULATOR_PORT (ours, or one `make emulator` started) and waits until
-# it is gone (it stops its containers first).
+# Stops THIS checkout's emulator (started by `make up` or `make emulator`) and waits until it is
+# gone (it stops its containers first). Another checkout's emulator is never touched.
 stop_emulator() {
     local pid
     pid="$(emulator_pid)"
     if [ -z "$pid" ]; then
-        echo "Modal emulator not running."
+        echo "Modal emulator not running (this checkout's: $EMULATOR_DIR)."
     else
         kill -TERM "$pid" # it stops every container before it exits
-        local i
-        for i in $(seq 1 100); do
+        local _
+        for _ in $(seq 1 100); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.2
         done
@@ -223,7 +354,7 @@ stop_emulator() {
 
 # The emulator's state in $EMULATOR_DIR (SQLite file, volumes, edge ports); its log is kept.
 remove_emulator_state() {
-    rm -rf "$EMULATOR_DIR/state.sqlite3" "$EMULATOR_DIR/state.sqlite3-wal" \
+    rm -rf "$EMULATOR_RUN_CONFIG" "$EMULATOR_DIR/state.sqlite3" "$EMULATOR_DIR/state.sqlite3-wal" \
         "$EMULATOR_DIR/state.sqlite3-shm" "$EMULATOR_DIR/state.sqlite3-journal" \
         "$EMULATOR_DIR/state.sqlite3.d"
 }

@@ -7,7 +7,10 @@
 or the stand-in's state file), sends a chat completion to every service's endpoint through the
 emulator's edge with the stack's proxy token (Modal-Key/Modal-Secret) and an API key (our
 proxy's Bearer key) until it answers 200 (the first request cold-starts the container), then
-prints the endpoint, a copy-paste curl, and runs that very curl and prints its answer.
+prints the endpoint, a copy-paste curl, and runs that curl and prints its answer. The curl it
+runs gets its headers (the proxy token secret and the API key among them) from a file of mode
+0600 in a private temporary directory (`-H @FILE`, curl >= 7.55), deleted right after: no
+secret is ever on a process command line, where any local user could read it (/proc/PID/cmdline).
 `outputs` prints the outputs as JSON, secrets revealed (what `make gateway-config` reads).
 
 Why the curl shows the proxy token secret and an API key in clear, and only here: they are
@@ -24,9 +27,11 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -128,6 +133,21 @@ def curl_command(url: str, headers: dict[str, str], body: dict[str, Any]) -> str
     return " \\\n    ".join(lines)
 
 
+def run_curl(
+    url: str, headers: dict[str, str], body: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    """The printed curl, run with its headers read from a private file (`-H @FILE`): its
+    command line holds the URL and the body only, never a credential."""
+    with tempfile.TemporaryDirectory(prefix="local-stack-curl-") as tmp:
+        header_file = Path(tmp) / "headers"
+        fd = os.open(header_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.writelines(f"{name}: {value}\n" for name, value in headers.items())
+        command = ["curl", "-sS", url, "-H", f"@{header_file}", "-d", json.dumps(body),
+                   "-w", "\nHTTP %{http_code}\n"]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
 def check(outputs: dict[str, Any], stack: str, timeout: float) -> int:
     if stack != "local":
         raise LocalStackError(
@@ -169,7 +189,7 @@ def check(outputs: dict[str, Any], stack: str, timeout: float) -> int:
     print()
     print(command)
     print()
-    answer = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    answer = run_curl(url, headers, body)
     print(answer.stdout.rstrip("\n"))
     if answer.returncode != 0 or not answer.stdout.rstrip().endswith("HTTP 200"):
         print(answer.stderr.rstrip("\n"), file=sys.stderr)
