@@ -62,6 +62,7 @@ class LiveStack:
             "EMULATOR_PORT": str(self.port),
             "EMULATOR_DIR": str(self.home / "emulator"),
             "STANDIN_STATE": str(self.home / "standin.json"),
+            "GATEWAY_FILE": str(self.home / "gateway" / "litellm-local.yaml"),
             "LANG": "C.UTF-8",
         }
 

@@ -20,8 +20,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from tests.program.live_stack import LiveStack, live_stack
+from tests.program.runner import PROJECT_ROOT
 from tests.providers.helpers import mutating_calls
 
 pytestmark = pytest.mark.slow
@@ -144,6 +146,9 @@ def test_rotating_a_key_revokes_the_old_one_live(live_stack: LiveStack) -> None:
     old = live_stack.outputs()
     rotated = live_stack.standin("up", "--config", ROTATION)
     assert rotated.returncode == 0, rotated.stdout + rotated.stderr
+    # Issue 22.13: a one-run value says that the next plain `up` undoes it, and how to keep it.
+    assert "--config modal-llm:apiKeyRotation is for this run only" in rotated.stdout
+    assert "pulumi config set --path apiKeyRotation.gateway 2026-12-01" in rotated.stdout
     assert "Resources: ~ 2 updated, +- 1 replaced, 6 unchanged" in rotated.stdout
     new = live_stack.outputs()
     old_key, new_key = old["api_keys"]["gateway"], new["api_keys"]["gateway"]
@@ -158,6 +163,32 @@ def test_rotating_a_key_revokes_the_old_one_live(live_stack: LiveStack) -> None:
     assert status == 403
     assert post(url, creds(new, new_key))[0] == 200
     assert post(url, creds(new, new["api_keys"]["dev"]))[0] == 200  # the other key still works
+
+
+def test_22_12_make_up_rewrites_the_gateway_file_with_the_live_keys(live_stack: LiveStack) -> None:
+    """The gateway file never keeps a revoked key: `make up` rewrites it when it exists. Also
+    what issue 22.13's warning says: the plain `make up` after a one-run rotation rotates back
+    (the stack file has no rotation marker), so the key changes again."""
+    gateway_file = Path(live_stack.env["GATEWAY_FILE"])
+    written = subprocess.run(
+        [".venv/bin/python", "scripts/gateway_config.py", "--engine", "standin",
+         "--state", str(live_stack.home / "standin.json"), "--out", str(gateway_file)],
+        cwd=PROJECT_ROOT, env=live_stack.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    before = yaml.safe_load(gateway_file.read_text())
+    old_key = before["model_list"][0]["litellm_params"]["api_key"]
+
+    again = live_stack.up()
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Resources: ~ 2 updated, +- 1 replaced, 6 unchanged" in again.stdout  # rotated back
+    assert "rewritten with the stack's current keys" in again.stdout
+    after = yaml.safe_load(gateway_file.read_text())
+    new_key = live_stack.outputs()["api_keys"]["gateway"]
+    assert new_key != old_key
+    assert after["model_list"][0]["litellm_params"]["api_key"] == new_key
+    assert old_key not in gateway_file.read_text()
+    assert after["general_settings"]["master_key"] == before["general_settings"]["master_key"]
 
 
 def test_make_down_leaves_no_process_and_no_state(live_stack: LiveStack) -> None:

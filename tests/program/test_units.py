@@ -21,12 +21,29 @@ def test_every_modal_gpu_has_a_price_with_provenance() -> None:
     assert all(p > 0 for p in cost.GPU_PRICES_USD_PER_HOUR.values())
     for gpu, note in cost.GPU_PRICE_PROVENANCE.items():
         assert note.startswith(("confirmed 20", "UNCONFIRMED")), gpu
-    assert cost.GPU_PRICES_SOURCE == "https://modal.com/pricing"
-    # A real calendar date, not in the future, and not so old that nobody notices.
-    as_of = dt.date.fromisoformat(cost.GPU_PRICES_AS_OF)
-    assert as_of <= dt.date.today()
-    assert (dt.date.today() - as_of).days < 2 * 365, "re-check the GPU prices"
-    assert cost.GPU_PRICES_AS_OF in " ".join(cost.GPU_PRICE_PROVENANCE.values())
+    # The date is a real calendar date, and the confirmed rows say they were checked on it.
+    # (How old it may get is for people to judge, in docs/program.md "Cost guard", not for a
+    # test that starts failing on a date: issue 22.15.)
+    dt.date.fromisoformat(cost.GPU_PRICES_AS_OF)
+    confirmed = [n for n in cost.GPU_PRICE_PROVENANCE.values() if n.startswith("confirmed")]
+    assert confirmed and all(n.startswith(f"confirmed {cost.GPU_PRICES_AS_OF}") for n in confirmed)
+
+
+def test_22_15_the_unit_tests_pass_years_after_the_price_date(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No test here depends on today's date: run as if five years after GPU_PRICES_AS_OF."""
+    later = dt.date.fromisoformat(cost.GPU_PRICES_AS_OF) + dt.timedelta(days=5 * 365)
+
+    class Later(dt.date):
+        @classmethod
+        def today(cls) -> Later:
+            return cls(later.year, later.month, later.day)
+
+    monkeypatch.setattr(dt, "date", Later)
+    test_every_modal_gpu_has_a_price_with_provenance()
+    test_cost_idle_baseline_and_worst_case()
+    test_budget_guard()
 
 
 def test_cost_idle_baseline_and_worst_case() -> None:
