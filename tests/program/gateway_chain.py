@@ -43,6 +43,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from pulumi.runtime import rpc
 
 from components.api_keys import ApiKeyProvider
@@ -277,13 +278,17 @@ def modal_side(tmp_path: Path, processes: list[subprocess.Popen[bytes]]) -> Iter
 def start_litellm(
     config_yaml: str, tmp_path: Path, processes: list[subprocess.Popen[bytes]]
 ) -> tuple[str, str]:
-    """A LiteLLM proxy on a free loopback port with this config: (base URL, master key)."""
+    """A LiteLLM proxy on a free loopback port with this config: (base URL, master key).
+
+    The master key is the config's own (`general_settings.master_key`, what `make
+    gateway-config` writes into the file) or, for a bare program output, a fresh one."""
     litellm = litellm_bin()
     config_file = tmp_path / "litellm.yaml"
     config_file.write_text(config_yaml)
     config_file.chmod(0o600)
     port = free_port()
-    master_key = "sk-" + secrets.token_hex(16)
+    settings = (yaml.safe_load(config_yaml) or {}).get("general_settings") or {}
+    master_key = str(settings.get("master_key") or "sk-" + secrets.token_hex(16))
     log = tmp_path / "litellm.log"
     env = {
         **os.environ,
