@@ -25,6 +25,9 @@ scale-down window). `model_info.disable_background_health_check` keeps it out of
 background loop and, with `general_settings.health_check_skip_disabled_background_models`
 (components/overflow.py, which renders the full document), out of an on-demand GET /health.
 The overflow form (in-house servers first, Modal on saturation) is components/overflow.py.
+The gateway's own master key (LiteLLM refuses to start without one) is not part of this
+output: it guards the gateway, not Modal, so scripts/gateway_config.py (`make gateway-config`)
+adds it to the file it writes, generated once and kept across rewrites.
 """
 
 from __future__ import annotations

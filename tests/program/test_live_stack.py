@@ -178,16 +178,21 @@ def test_22_12_make_up_rewrites_the_gateway_file_with_the_live_keys(live_stack: 
     assert written.returncode == 0, written.stderr
     before = yaml.safe_load(gateway_file.read_text())
     old_key = before["model_list"][0]["litellm_params"]["api_key"]
+    once = live_stack.standin("up", "--config", 'apiKeyRotation={"gateway": "2026-12-22"}')
+    assert once.returncode == 0, once.stdout + once.stderr
+    rotated_key = live_stack.outputs()["api_keys"]["gateway"]
+    assert rotated_key != old_key
 
     again = live_stack.up()
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "Resources: ~ 2 updated, +- 1 replaced, 6 unchanged" in again.stdout  # rotated back
+    assert "+- 1 replaced" in again.stdout, again.stdout  # the key, rotated back
     assert "rewritten with the stack's current keys" in again.stdout
     after = yaml.safe_load(gateway_file.read_text())
     new_key = live_stack.outputs()["api_keys"]["gateway"]
-    assert new_key != old_key
+    assert new_key not in (old_key, rotated_key)
     assert after["model_list"][0]["litellm_params"]["api_key"] == new_key
     assert old_key not in gateway_file.read_text()
+    assert rotated_key not in gateway_file.read_text()
     assert after["general_settings"]["master_key"] == before["general_settings"]["master_key"]
 
 
