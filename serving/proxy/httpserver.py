@@ -20,19 +20,29 @@ item 8; figures in docs/proxy.md). What it owns, and how:
 - Keep-alive: HTTP/1.1 unless the client says ``Connection: close``; HTTP/1.0 closes after the
   response. An idle keep-alive connection is closed after ``keepalive_timeout_s`` (75 s).
 - Pipelining: requests parsed while one is served are queued and served in order (the next on
-  the loop turn after the previous answer); reading is paused while any are queued.
+  the loop turn after the previous answer); reading is paused while any are queued. The next
+  one is served only once the client has taken the previous answer (the socket's buffer is
+  below its high-water mark): a client that pipelines and never reads gets nothing more
+  served, nothing more read (issue 22 item 1). At most ``MAX_PIPELINE`` requests are read
+  ahead of the one being served; past that the queued ones are answered and the connection
+  closes (the client retries the rest, RFC 9112 9.3.2).
 - ``Expect: 100-continue``: ``100 Continue`` is sent when the app asks for the body
   (``await_body``, or the first ``receive()``: the proxy asks only after the key check), never
   to a client the app answers without reading.
 - Head limits: ``max_head_bytes`` (431) and ``head_timeout_s`` (408), as ``server.py`` does for
   uvicorn. A request body is held in memory until the app takes it; reading from the socket is
   paused while more than 1 MiB waits unread, so a client cannot pile up unread bodies (not for
-  a body the app awaits with ``await_body``: it reserved the announced size).
+  a body the app awaits with ``await_body``: it charges each piece to its budget as it arrives,
+  ``on_body_piece``). A large body the app awaits can be collected in one anonymous mapping
+  (``collect``): its memory is the bytes that arrived, contiguous (no join copy), and goes
+  back to the system as soon as the body is dropped.
 - Responses: the app's headers as given (the proxy's own, or engine headers its upstream
   client validated), plus ``date``; ``transfer-encoding: chunked`` when the app gives no
   ``Content-Length`` (HTTP/1.1) or close-delimited (HTTP/1.0); no body for HEAD, 204, 304.
 - Write back-pressure: when the socket's buffer is over its high-water mark, ``write_piece``
-  returns True and ``when_drained`` calls back once it is below (ASGI: ``send`` waits).
+  returns True and ``when_drained`` calls back once it is below (ASGI: ``send`` waits);
+  ``when_flushed`` calls back then or when the connection is gone (the app keeps an answer's
+  bytes in its buffer budget until then).
 - Disconnects: the request's ``on_disconnect`` (set by the app) is called once when the
   connection is lost; writes become no-ops. ASGI: ``receive()`` returns ``http.disconnect``
   once the client is gone (or, after the whole body was read, once the response is complete).
@@ -53,6 +63,7 @@ import collections
 import contextlib
 import http
 import logging
+import mmap
 import socket
 import time
 import urllib.parse
@@ -83,6 +94,10 @@ _STATUS_LINES = {
 _NO_BODY_STATUS = frozenset({204, 304})
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _MAX_UNREAD_BODY = 1024 * 1024  # pause reading the socket above this many unread body bytes
+# Requests parsed ahead of the one being served, at most (their heads and bodies are held).
+MAX_PIPELINE = 16
+# An answer's body from this size goes out in one writev with its head (no join copy).
+_GATHER_FROM = 16 * 1024
 # A connection closed after its answer first sends FIN and reads (dropping) what the client
 # still sends, for at most this long: closing with unread bytes makes the kernel answer RST,
 # which can destroy the answer before the client read it (nginx's lingering_close, 5 s).
@@ -121,7 +136,9 @@ class _Request:
     __slots__ = (
         "_body",
         "_delivered",
+        "_filled",
         "_pending_head",
+        "_sink",
         "_waiter",
         "buffered",
         "chunked",
@@ -136,6 +153,7 @@ class _Request:
         "more_body",
         "no_body",
         "on_body_complete",
+        "on_body_piece",
         "on_disconnect",
         "proto",
         "query",
@@ -164,6 +182,8 @@ class _Request:
         self.expect_continue = expect_continue
         self.head_request = method == "HEAD"
         self._body: list[bytes] = []
+        self._sink: mmap.mmap | None = None  # the body's mapping, when ``collect`` made one
+        self._filled = 0
         self.buffered = 0
         self.more_body = True  # the client has more body bytes to send
         self._delivered = False  # the app received the last body message
@@ -179,6 +199,9 @@ class _Request:
         self.on_disconnect: Callable[[], None] | None = None
         # Set by ``await_body``: called once the whole body is here.
         self.on_body_complete: Callable[[], None] | None = None
+        # Set by the app for a body it awaits: called with the size of each piece as it
+        # arrives (the app charges it to its buffer budget, and may answer at once).
+        self.on_body_piece: Callable[[int], None] | None = None
 
     def scope(self) -> dict[str, Any]:
         proto = self.proto
@@ -209,15 +232,48 @@ class _Request:
             waiter.set_result(None)
 
     def body_arrived(self, data: bytes) -> None:
-        self._body.append(data)
+        sink = self._sink
+        if sink is None:
+            self._body.append(data)
+        else:
+            end = self._filled + len(data)
+            sink[self._filled : end] = data
+            self._filled = end
         self.buffered += len(data)
+        charge = self.on_body_piece
+        if charge is not None:
+            charge(len(data))
         self.wake()
 
-    def take_body(self) -> bytes:
+    def collect(self, size: int) -> None:
+        """Collect the rest of a ``size``-byte body (its Content-Length: the parser delivers
+        exactly that) in one anonymous mapping: pages are backed only as bytes arrive, the body
+        is contiguous when complete (no join copy of its pieces), and the memory goes back to
+        the system when the last reference to the body is dropped (a join of many pieces left
+        the freed pieces in the heap: 64 slow 4 MiB bodies took a proxy to 518 MB, issue 22
+        item 4)."""
+        if self._sink is not None or size <= 0:
+            return
+        sink = mmap.mmap(-1, size)
+        filled = 0
+        for piece in self._body:
+            sink[filled : filled + len(piece)] = piece
+            filled += len(piece)
+        self._body.clear()
+        self._sink = sink
+        self._filled = filled
+
+    def take_body(self) -> bytes | memoryview:
         """The whole body, once it has all arrived (``more_body`` is False)."""
-        body = self._body
-        data = body[0] if len(body) == 1 else b"".join(body)
-        body.clear()
+        sink = self._sink
+        data: bytes | memoryview
+        if sink is not None:
+            self._sink = None
+            data = memoryview(sink)[: self._filled]
+        else:
+            body = self._body
+            data = body[0] if len(body) == 1 else b"".join(body)
+            body.clear()
         self.buffered = 0
         self._delivered = True
         self.proto.body_consumed()
@@ -250,7 +306,7 @@ class _Request:
                 more = self.more_body
                 data = self.take_body()
                 self._delivered = not more
-                return {"type": "http.request", "body": data, "more_body": more}
+                return {"type": "http.request", "body": bytes(data), "more_body": more}
             if self.expect_continue:
                 self.expect_continue = False
                 if not self.started:
@@ -286,14 +342,21 @@ class _Request:
             await self.proto.drain()
 
     # -- relay.ClientWriter ------------------------------------------------------------------
-    def respond(self, status: int, headers: Any, body: bytes) -> None:
-        """A whole response (``headers`` carry its content-length): one write."""
+    def respond(self, status: int, headers: Any, body: bytes) -> bool:
+        """A whole response (``headers`` carry its content-length): one write. True: the
+        socket's buffer is over its high-water mark (``when_flushed`` says when it is not)."""
         if self.disconnected:
-            return
+            return False
         self.started = True
         head, _ = self._head(status, headers)
-        self.proto.write(head if self.no_body or not body else head + body)
+        if self.no_body or not body:
+            self.proto.write(head)
+        elif len(body) < _GATHER_FROM:
+            self.proto.write(head + body)
+        else:  # one writev, no copy of a large body
+            self.proto.write_two(head, body)
         self._completed()
+        return self.proto.write_paused
 
     def start_stream(self, status: int, headers: Any) -> None:
         if self.disconnected:
@@ -350,6 +413,11 @@ class _Request:
 
     def when_drained(self, callback: Callable[[], None]) -> None:
         self.proto.when_drained(callback)
+
+    def when_flushed(self, callback: Callable[[], None]) -> None:
+        """``callback()`` once the socket's buffer is below its low-water mark or the
+        connection is gone, whichever comes first (now, if it is below already)."""
+        self.proto.after_flush(callback)
 
     def fail(self) -> None:
         if not self.complete:  # a bug after a complete answer leaves the answer alone
@@ -414,8 +482,10 @@ class _HttpProtocol(asyncio.Protocol):
         self.write_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._on_drained: list[Callable[[], None]] = []
+        self._on_flushed: list[Callable[[], None]] = []  # on drain or on connection loss
         self.reading_paused = False
         self.closing = False
+        self.read_ahead_full = False  # MAX_PIPELINE reached: the rest of the input is dropped
         self.linger_until: float | None = None  # half-closed: dropping input until then
         self._to_start: _Request | None = None  # made active; its app starts after the read
         self._body_done: _Request | None = None  # its body completed in this read
@@ -455,9 +525,10 @@ class _HttpProtocol(asyncio.Protocol):
         drain = self._drain
         if drain is not None and not drain.done():
             drain.set_result(None)
+        self._flushed()
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        if self.closing or self.read_ahead_full:
             return
         if self.in_head:
             if self.head_t0 is None:
@@ -478,6 +549,9 @@ class _HttpProtocol(asyncio.Protocol):
                 self.transport.close()  # type: ignore[union-attr]
             return
         except httptools.HttpParserError:
+            if self.read_ahead_full:  # the parse was stopped on purpose: see on_message_begin
+                self._start_pending()
+                return
             self.refuse(400)
             self._start_pending()
             return
@@ -498,9 +572,23 @@ class _HttpProtocol(asyncio.Protocol):
             self._on_drained = []
             for callback in callbacks:
                 callback()
+        self._flushed()
+
+    def _flushed(self) -> None:
+        callbacks = self._on_flushed
+        if callbacks:
+            self._on_flushed = []
+            for callback in callbacks:
+                callback()
 
     # -- httptools callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
+        if self.active is not None and len(self.pipeline) >= MAX_PIPELINE:
+            # Read-ahead is full: answer what is queued, then close (the client retries the
+            # rest). Raising stops the parser here; what follows in this read is dropped.
+            self.read_ahead_full = True
+            self.pipeline[-1].keep_alive = False
+            raise _ReadAheadFull
         self._url = b""
         self._headers = []
         self._expect_continue = False
@@ -552,7 +640,7 @@ class _HttpProtocol(asyncio.Protocol):
         if req is None or req.complete or req.disconnected:
             return  # the app answered without reading: the body is dropped
         req.body_arrived(body)
-        if req.buffered > _MAX_UNREAD_BODY and req.on_body_complete is None:
+        if req.buffered > _MAX_UNREAD_BODY and req.on_body_complete is None and not req.complete:
             self._pause_reading()
 
     def on_message_complete(self) -> None:
@@ -639,12 +727,26 @@ class _HttpProtocol(asyncio.Protocol):
         if transport is not None and not transport.is_closing() and self.linger_until is None:
             transport.write(data)
 
+    def write_two(self, head: bytes, body: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing() and self.linger_until is None:
+            transport.writelines((head, body))
+
     def when_drained(self, callback: Callable[[], None]) -> None:
         """``callback()`` once the socket's buffer is below its low-water mark (now, if it is)."""
         if self.write_paused and self.transport is not None and not self.transport.is_closing():
             self._on_drained.append(callback)
         else:
             self.loop.call_soon(callback)
+
+    def after_flush(self, callback: Callable[[], None]) -> None:
+        """``callback()`` once the socket's buffer is below its low-water mark, or when the
+        connection is lost; at once if neither is pending."""
+        transport = self.transport
+        if self.write_paused and transport is not None and not transport.is_closing():
+            self._on_flushed.append(callback)
+        else:
+            callback()
 
     async def drain(self) -> None:
         if not self.write_paused or self.transport is None or self.transport.is_closing():
@@ -691,6 +793,25 @@ class _HttpProtocol(asyncio.Protocol):
             return
         if not req.keep_alive or self.closing:
             self.close_after_answer()
+            return
+        if self.write_paused:
+            # The client has not taken this answer yet: serve and read nothing more until it
+            # does (a client that pipelines and never reads made the proxy buffer answers
+            # without bound, issue 22 item 1). The keep-alive timeout ends a connection that
+            # stays this way (``sweep``).
+            self.idle_since = self.loop.time()
+            self._pause_reading()
+            self._on_drained.append(self._after_answer)
+            return
+        if self.pipeline:  # _after_answer inlined: once per request
+            self.loop.call_soon(self._serve_next)
+            return
+        self.idle_since = self.loop.time()
+        self._resume_reading()
+
+    def _after_answer(self) -> None:
+        """The answer is out and the client keeps up: the next pipelined request, or read."""
+        if self.active is not None or self.closing or self.transport is None:
             return
         if self.pipeline:
             # On the next loop turn, not from inside this answer's callbacks: a long pipeline
@@ -743,7 +864,10 @@ class _HttpProtocol(asyncio.Protocol):
                     self.transport.close()  # type: ignore[union-attr]
         elif self.idle_since is not None and now - self.idle_since > limits.keepalive_timeout_s:
             self.closing = True
-            self.transport.close()  # type: ignore[union-attr]
+            if self.write_paused:  # a client that reads nothing: drop what waits for it
+                self.transport.abort()  # type: ignore[union-attr]
+            else:
+                self.transport.close()  # type: ignore[union-attr]
 
     def shutdown(self) -> None:
         if self.active is None:
@@ -754,6 +878,10 @@ class _HttpProtocol(asyncio.Protocol):
             self.active.keep_alive = False
             for req in self.pipeline:
                 req.keep_alive = False
+
+
+class _ReadAheadFull(Exception):
+    """Raised from a parser callback to stop parsing: ``MAX_PIPELINE`` requests are queued."""
 
 
 def _no_head(req: _Request) -> bool:

@@ -15,6 +15,13 @@ response). This subclass adds, per connection:
   response is in progress (a pipelined head waits for it) nor to an idle keep-alive connection
   between requests (uvicorn's keep-alive timeout covers that).
 
+- read-ahead: at most ``MAX_PIPELINE`` pipelined requests are queued behind the one being
+  served (uvicorn queues every request a read holds); past that the queued ones are answered,
+  the rest of the input is dropped and the connection closes after the last queued answer
+  (the client retries the rest, RFC 9112 9.3.2), as the proxy's own server does. uvicorn
+  itself serves the next pipelined request only after the previous answer's ``send``, which
+  waits while the socket's buffer is full, so a client that never reads stalls its pipeline.
+
 One periodic sweep per server (every ``head_timeout_s / 2``, at most 1 s) checks the deadlines;
 no timer per connection or request. Request *bodies* are timed by the app (``body_timeout_s``,
 works on any server).
@@ -26,6 +33,8 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from serving.proxy.httpserver import MAX_PIPELINE
 
 __all__ = ["guarded_httptools_protocol"]
 
@@ -50,6 +59,7 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._parsed_head = 0  # request-target + header bytes parsed for the current head
         self._head_t0: float | None = None  # loop time the current head began
         self._closing = False
+        self._read_ahead_full = False  # MAX_PIPELINE queued: the rest of the input is dropped
 
     # -- connection lifecycle -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -65,7 +75,7 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._closing:
+        if self._closing or self._read_ahead_full:
             return
         if self._in_head:
             if self._head_t0 is None:
@@ -92,6 +102,14 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self._read_ahead_full:
+            return
+        if len(self.pipeline) >= MAX_PIPELINE:
+            # Not queued: the newest queued request closes the connection after its answer,
+            # and nothing more of this connection is parsed into requests.
+            self._read_ahead_full = True
+            self.pipeline[0][0].keep_alive = False  # uvicorn queues with appendleft
+            return
         if self._parsed_head > self.max_head_bytes:
             # Not handed to the app; the body callbacks below ignore the rest of this message.
             self._refuse(431)
@@ -99,11 +117,11 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
-        if not self._closing:
+        if not self._closing and not self._read_ahead_full:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        if self._closing:
+        if self._closing or self._read_ahead_full:
             return
         super().on_message_complete()
         self._in_head = True  # the next bytes start a new head (its clock starts with them)
