@@ -18,7 +18,9 @@ What the client gets:
   counted then dropped (``sse.py``); a failure after the 200 head ends the stream with an SSE
   error event and ``[DONE]``, never a silent truncation; the engine is read no faster than the
   client takes the bytes (``write_piece`` says when to stop, ``when_drained`` when to go on);
-- a failure before the head: 502 (broken) or 504 (no head in time);
+- a failure before the head: 502 (broken) or 504 (no head, or for a non-stream answer no
+  whole answer, within ``upstream_timeout_s``); a stream broken after its 200 head is
+  accounted as 502 (504 when the engine fell silent), never as the 200 the client saw first;
 - the client leaving: the engine request is aborted at once (the engine stops generating).
 
 A bug in this code (an exception in a callback) drops the engine connection and fails the
@@ -74,8 +76,9 @@ class ClientWriter(Protocol):
     # Called once when the client's connection is lost (set by the relay while it runs).
     on_disconnect: Callable[[], None] | None
 
-    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """A whole answer (headers include ``content-length``)."""
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """A whole answer (headers include ``content-length``); True: the client has not
+        taken all of it yet (``when_flushed`` says when it has)."""
 
     def start_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """The head of an answer whose body follows in pieces."""
@@ -89,6 +92,10 @@ class ClientWriter(Protocol):
 
     def when_drained(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the client's buffer has room again."""
+
+    def when_flushed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once what was written has gone to the client, or the client is
+        gone."""
 
     def fail(self) -> None:
         """A bug of ours: 500 if no head went out yet, else cut the connection."""
@@ -152,7 +159,8 @@ class Relay:
     ``on_done`` is called once, when the client's answer is complete, failed or abandoned."""
 
     __slots__ = (
-        "app", "at_boundary", "done", "ending", "ex", "last_out", "on_done", "parts", "resp",
+        "app", "at_boundary", "backlogged", "done", "ending", "ex", "last_out", "on_done",
+        "parts", "resp",
         "scan", "size", "streaming", "strip", "t_in", "t_sent", "tail", "usage_last",
         "usage_prev", "writer",
     )  # fmt: skip
@@ -172,6 +180,7 @@ class Relay:
         self.t_sent = 0.0  # the request was handed to the engine's socket
         self.t_in = 0.0  # the engine's head (stream) or whole answer (non-stream) was in
         self.done = False
+        self.backlogged = False  # the whole answer is not all taken by the client yet
         self.streaming = False
         # non-stream: the body read so far
         self.parts: list[bytes] = []
@@ -319,7 +328,7 @@ class Relay:
                 "upstream_error", "engine_timeout" if timeout else "engine_failed",
             )  # fmt: skip
         else:
-            self._end_stream_with_error(str(error))
+            self._end_stream_with_error(error)
         self._finish()
 
     def on_tick(self) -> None:
@@ -328,13 +337,14 @@ class Relay:
             return  # paused: the engine waits for the client, not the other way round
         idle_limit = self.app.config.upstream_timeout_s
         if resp.idle_s() >= idle_limit - 1e-3:
-            resp.abort(UpstreamBroken(f"engine sent nothing for {idle_limit:g} s"))
+            resp.abort(UpstreamTimeout(f"engine sent nothing for {idle_limit:g} s"))
         elif self.at_boundary and self.app.config.keepalive_s:
             self._write(KEEPALIVE_COMMENT)  # never inside an event the engine has half sent
 
     def on_bug(self, exc: Exception) -> None:
         ex = self.ex
-        ex.status = ex.status or 500  # set only once a response head was handed over
+        # 500 before a head went out; a stream cut after its head is one too (not its 200)
+        ex.status = 500 if self.streaming or not ex.status else ex.status
         ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
         event_log.error("proxy internal error", exc_info=exc)
         self.writer.fail()
@@ -362,7 +372,7 @@ class Relay:
         out.append((b"x-request-id", ex.request_id))
         out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
         ex.status = resp.status
-        self.writer.respond(resp.status, out, data)
+        self.backlogged = self.writer.respond(resp.status, out, data)
         if ex.route.usage and resp.status == 200 and _HAS_TOKENS(data) is not None:
             ex.usage_seen.append(data)  # read when the request is accounted, after the answer
         self._finish()
@@ -379,6 +389,7 @@ class Relay:
         out.append((b"x-proxy-overhead-ms", f"{ex.overhead * 1000:.3f}".encode()))
         ex.status = resp.status
         self.writer.start_stream(resp.status, out)
+        resp.end_deadline()  # the stream's silence limit (ticks) times it from here
         config = app.config
         # Ticks every keepalive_s for the comments; with comments off (0) still one per
         # upstream_timeout_s, so the stream silence limit holds either way.
@@ -388,15 +399,18 @@ class Relay:
         if self.scan and not ex.wants_usage:
             self.strip = UsageChunkFilter()
 
-    def _end_stream_with_error(self, why: str) -> None:
+    def _end_stream_with_error(self, error: UpstreamError) -> None:
         """The 200 head is gone already: end with an SSE error event and ``[DONE]`` so the
         client sees a failure, never a silently truncated stream. What the filter holds back
-        (half an event) is never sent."""
+        (half an event) is never sent. The request is accounted as what it is (issue 22 item
+        4): 502, or 504 when the engine fell silent, with the error ``engine_stream_failed``
+        (the client saw a 200 head, then the error event)."""
         ex = self.ex
         self.app.metrics.upstream_errors["mid_stream"] += 1
         ex.error = "engine_stream_failed"
+        ex.status = 504 if isinstance(error, UpstreamTimeout) else 502
         event = error_body(
-            f"the engine stream failed before it finished: {why}", "upstream_error",
+            f"the engine stream failed before it finished: {error}", "upstream_error",
             "engine_stream_failed",
         )  # fmt: skip
         body = b"data: " + event + b"\n\ndata: [DONE]\n\n"

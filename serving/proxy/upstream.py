@@ -71,7 +71,7 @@ class UpstreamBroken(UpstreamError):
 
 
 class UpstreamTimeout(UpstreamBroken):
-    """The engine did not send a response head in time."""
+    """The engine did not answer in time (no head, an incomplete answer, a silent stream)."""
 
 
 class _Aborted(UpstreamBroken):
@@ -129,6 +129,7 @@ class UpstreamResponse:
         "content_type",
         "headers",
         "hop_headers",
+        "request_pending",
         "status",
     )
 
@@ -155,6 +156,9 @@ class UpstreamResponse:
         self.content_type = b""
         # Header names the engine listed in its Connection header (hop-by-hop, not relayed).
         self.hop_headers = _NO_HOP
+        # Right after the request was written: part of it still waits in the connection's
+        # write buffer (over its high-water mark); ``when_request_written`` says when not.
+        self.request_pending = False
 
     # -- consumer side (pull) ------------------------------------------------------------
     async def head(self) -> None:
@@ -229,6 +233,22 @@ class UpstreamResponse:
         self._last_data = self._loop.time()
         self._tick_handle = self._loop.call_at(self._last_data + interval, self._on_tick)
 
+    def end_deadline(self) -> None:
+        """No deadline for the rest of this response (``head_timeout_s`` of ``request``
+        covered its head): a stream, timed by its silence limit from now on."""
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def when_request_written(self, callback: Callable[[], None]) -> None:
+        """``callback()`` once the write buffer is below its low-water mark, or when the
+        connection is gone (its buffer with it); at once if neither is pending."""
+        conn = self._conn
+        if conn is not None and conn.write_paused and not conn.closed:
+            conn.on_written.append(callback)
+        else:
+            callback()
+
     def pause_reading(self) -> None:
         conn = self._conn
         if not self._paused and conn is not None and conn.transport is not None:
@@ -294,13 +314,16 @@ class UpstreamResponse:
 
     def _set_head(self) -> None:
         self._head_seen = True
+        listener = self._listener
+        if listener is not None:
+            # Push mode: the deadline stays until the response is complete (a non-stream
+            # answer whose body stalls must end too, issue 22 item 3), unless the listener
+            # ends it (``end_deadline``: a stream, whose silence limit takes over).
+            self._notify(listener, listener.on_head)
+            return
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        listener = self._listener
-        if listener is not None:
-            self._notify(listener, listener.on_head)
-            return
         future = self._head_future
         if future is not None and not future.done():
             future.set_result(None)
@@ -333,6 +356,9 @@ class UpstreamResponse:
         self._done = True
         self._conn = None
         self._stop_ticks()
+        if self._head_timer is not None:  # push mode: the deadline ran until the end
+            self._head_timer.cancel()
+            self._head_timer = None
         listener = self._listener
         if listener is not None:
             self._listener = None  # nothing follows the end
@@ -368,9 +394,10 @@ class UpstreamResponse:
 
     def _head_timed_out(self, timeout: float) -> None:
         self._head_timer = None
-        if self._head_seen or self._done:
+        if self._done:
             return
-        self._fail(UpstreamTimeout(f"engine sent no response head within {timeout:g} s"))
+        what = "its whole answer" if self._head_seen else "a response head"
+        self._fail(UpstreamTimeout(f"engine did not send {what} within {timeout:g} s"))
         conn = self._conn
         if conn is not None:
             conn.abort()
@@ -416,13 +443,30 @@ class _Conn(asyncio.Protocol):
         self._state = _IDLE
         self._remaining = 0
         self._keep_alive = True
+        self.write_paused = False  # the write buffer is over its high-water mark
+        self.on_written: list[Callable[[], None]] = []  # called once it is below, or lost
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._written()
+
+    def _written(self) -> None:
+        callbacks = self.on_written
+        if callbacks:
+            self.on_written = []
+            for callback in callbacks:
+                callback()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._written()
         resp = self.resp
         self.resp = None
         if resp is None:
@@ -498,7 +542,7 @@ class _Conn(asyncio.Protocol):
             state = self._state
             if state == _HEAD:
                 end = buf.find(b"\r\n\r\n")
-                if end < 0:
+                if end < 0 or end > _MAX_HEAD_BYTES:  # also a whole head that came in one read
                     if len(buf) > _MAX_HEAD_BYTES:
                         raise UpstreamBroken("engine response head is larger than 64 KiB")
                     break
@@ -605,6 +649,8 @@ class _Conn(asyncio.Protocol):
             raise UpstreamBroken("engine sent a malformed status code")
         status = int(code)
         if status < 200:
+            if status == 101:  # never asked for (no Upgrade is sent): nothing HTTP follows
+                raise UpstreamBroken("engine switched protocols (101) though no upgrade was asked")
             return True
         headers: list[tuple[bytes, bytes]] = []
         length = -1
@@ -689,8 +735,11 @@ class _Conn(asyncio.Protocol):
 class UpstreamClient:
     """Keep-alive pool of connections to one ``http://host:port`` origin.
 
-    ``idle_ttl_s`` must stay below the engine's own keep-alive timeout (uvicorn: 5 s) so we
-    never write a request onto a connection the engine is closing at the same moment.
+    ``idle_ttl_s`` must stay below the engine's own keep-alive timeout so we never write a
+    request onto a connection the engine is closing at the same moment: uvicorn's default is
+    5 s, so the engine must be started with a longer one than the proxy's
+    ``--upstream-idle-s`` (vLLM: ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, SGLang:
+    ``SGLANG_TIMEOUT_KEEP_ALIVE``; docs/proxy.md).
     """
 
     def __init__(
@@ -702,6 +751,7 @@ class UpstreamClient:
         retry_backoff_s: float = 0.05,
         idle_ttl_s: float = 4.0,
         max_idle: int = 1024,
+        max_connecting: int = 32,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
@@ -720,6 +770,12 @@ class UpstreamClient:
         self.retry_backoff_s = retry_backoff_s
         self.idle_ttl_s = idle_ttl_s
         self.max_idle = max_idle
+        # New connections being made at once, at most: a burst after a quiet spell (or at
+        # start) ramps up instead of opening hundreds at once against a busy engine; requests
+        # past it wait for a connect slot or for a connection another request gives back.
+        self.max_connecting = max_connecting
+        self._connecting = 0
+        self._waiters: collections.deque[asyncio.Future[_Conn | None]] = collections.deque()
         self._idle: list[_Conn] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.retries = 0  # connect retries done (a metric)
@@ -729,13 +785,15 @@ class UpstreamClient:
         method: bytes,
         target: bytes,
         headers: list[tuple[bytes, bytes]],
-        body: bytes = b"",
+        body: bytes | memoryview = b"",
         *,
         head_timeout_s: float | None = None,
         retry_connect: bool = True,
     ) -> UpstreamResponse:
         """Send one request and return its response once it is *sent* (await ``head()`` next,
         or ``listen``). An idle pooled connection is used when there is one, else a new one.
+        ``head_timeout_s``: the head must arrive within it (pull mode), or, with a listener
+        (push mode), the whole response unless the listener calls ``end_deadline``.
 
         Connect failures are retried (``connect_retries`` times, exponential backoff) because
         the engine saw nothing; nothing is retried once bytes were written.
@@ -746,23 +804,61 @@ class UpstreamClient:
             conn = self._pop_idle()
             if conn is not None:
                 break
+            if self._connecting >= self.max_connecting:
+                conn = await self._wait_for_slot(loop)
+                if conn is not None:  # one given back by a finished request
+                    break
+                continue
+            self._connecting += 1
             try:
                 conn = await self._connect(loop)
                 break
             except ConnectFailed:
                 if not retry_connect or attempt >= self.connect_retries:
                     raise
-                await asyncio.sleep(self.retry_backoff_s * (2**attempt))
-                attempt += 1
-                self.retries += 1
+            finally:
+                self._connecting -= 1
+                self._wake_waiter(None)
+            await asyncio.sleep(self.retry_backoff_s * (2**attempt))
+            attempt += 1
+            self.retries += 1
         return self._send(conn, loop, method, target, headers, body, head_timeout_s)
+
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop) -> _Conn | None:
+        """Wait until a connect slot frees up (None) or a request gives its connection back
+        (that connection, open)."""
+        waiter: asyncio.Future[_Conn | None] = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            conn = await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # woken as we were cancelled
+                handed = waiter.result()
+                if handed is not None:
+                    self._release(handed)  # pass the connection on
+                else:
+                    self._wake_waiter(None)  # and the free slot
+            raise
+        if conn is not None and (conn.closed or conn.transport is None):
+            return None
+        return conn
+
+    def _wake_waiter(self, conn: _Conn | None) -> bool:
+        """Hand ``conn`` (or a free connect slot: None) to the first waiting request."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return True
+        return False
 
     def request_nowait(
         self,
         method: bytes,
         target: bytes,
         headers: list[tuple[bytes, bytes]],
-        body: bytes = b"",
+        body: bytes | memoryview = b"",
         *,
         head_timeout_s: float | None = None,
     ) -> UpstreamResponse | None:
@@ -788,12 +884,14 @@ class UpstreamClient:
         method: bytes,
         target: bytes,
         headers: list[tuple[bytes, bytes]],
-        body: bytes,
+        body: bytes | memoryview,
         head_timeout_s: float | None,
     ) -> UpstreamResponse:
         resp = UpstreamResponse(conn, loop)
         conn.start(resp, head_only=method == b"HEAD")
-        out = [method, b" ", target, b" HTTP/1.1\r\nhost: ", self._host_header, b"\r\n"]
+        out: list[bytes | memoryview] = [
+            method, b" ", target, b" HTTP/1.1\r\nhost: ", self._host_header, b"\r\n"
+        ]  # fmt: skip
         for name, value in headers:
             out += (name, b": ", value, b"\r\n")
         if body or method in (b"POST", b"PUT", b"PATCH"):
@@ -805,6 +903,8 @@ class UpstreamClient:
             conn.transport.write(b"".join(out))
         else:  # one writev of head and body: the body is not copied once more
             conn.transport.writelines((b"".join(out), body))
+        if conn.write_paused:
+            resp.request_pending = True
         if head_timeout_s:
             resp._head_timer = loop.call_later(head_timeout_s, resp._head_timed_out, head_timeout_s)
         return resp
@@ -844,6 +944,8 @@ class UpstreamClient:
         return conn
 
     def _release(self, conn: _Conn) -> None:
+        if self._waiters and self._wake_waiter(conn):
+            return
         if len(self._idle) >= self.max_idle:
             conn.abort()
             return
