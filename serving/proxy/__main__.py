@@ -86,7 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="failed /health polls in a row before a ready engine is marked not "
                    "ready")  # fmt: skip
     p.add_argument("--upstream-timeout-s", type=float, default=d.upstream_timeout_s,
-                   help="how long to wait for the engine's response head (504 after)")  # fmt: skip
+                   help="how long to wait for the engine's response head, or for a whole "
+                   "non-stream answer (504 after); also a stream's longest silence")  # fmt: skip
+    p.add_argument("--upstream-idle-s", type=float, default=d.upstream_idle_s,
+                   help="how long an idle engine connection is kept for reuse; the engine's "
+                   "keep-alive must be longer (vLLM: env VLLM_HTTP_TIMEOUT_KEEP_ALIVE, SGLang: "
+                   "env SGLANG_TIMEOUT_KEEP_ALIVE)")  # fmt: skip
+    p.add_argument("--upstream-max-connecting", type=int, default=d.upstream_max_connecting,
+                   help="new engine connections being made at once, at most (a burst ramps "
+                   "up; requests past it wait for a slot or a freed connection)")  # fmt: skip
     p.add_argument("--connect-retries", type=int, default=d.connect_retries,
                    help="retries on connect refused (nothing was sent)")  # fmt: skip
     p.add_argument("--max-buffered-bytes", type=int, default=d.max_buffered_bytes,
@@ -124,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             health_timeout_s=args.health_timeout_s,
             unready_after_failures=args.unready_after_failures,
             upstream_timeout_s=args.upstream_timeout_s,
+            upstream_idle_s=args.upstream_idle_s,
+            upstream_max_connecting=args.upstream_max_connecting,
             connect_retries=args.connect_retries,
             max_buffered_bytes=args.max_buffered_bytes,
             body_timeout_s=args.body_timeout_s,

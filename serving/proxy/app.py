@@ -6,7 +6,8 @@ Request path, in order (each step answers without touching the engine when it sa
    ``/v1/../metrics``, ``%2e`` or ``/V1/...`` never match;
 2. key: ``Authorization: Bearer <key>`` (401 missing/malformed, 403 unknown);
 3. readiness (503 + Retry-After);
-4. body: size (413), the global buffer budget (503) and the JSON object check (400);
+4. body: size (413), the buffer budget charged as the bytes arrive, the key's share of it
+   and the whole of it (503), and the JSON object check (400; a GET route takes no body);
 5. the in-flight cap (429 + Retry-After), taken only once the body is in, so a slow body
    never holds a slot;
 6. send over the pooled client; the answer is relayed by ``relay.Relay`` (streams piece by
@@ -26,10 +27,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
 import logging
+import mmap
 import os
 import re
 import time
@@ -103,6 +106,10 @@ _HEADER_KINDS = {
     **{name: _FORWARD for name in _FORWARD_HEADERS},
 }
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+# Bodies announced at this size or more that are still arriving are collected in one anonymous
+# mapping (httpserver._Request.collect): below it a body fits in a read or two anyway.
+_COLLECT_FROM = 256 * 1024
+_COLLECT_DIGITS = len(str(_COLLECT_FROM))  # shorter Content-Length values are smaller
 _JSON = (b"content-type", b"application/json")
 
 
@@ -119,7 +126,15 @@ class ProxyConfig:
     # Once the engine has been ready, this many failed polls in a row make it not ready (one
     # slow or failed poll alone does not turn requests away for a whole interval).
     unready_after_failures: int = 2
-    upstream_timeout_s: float = 600.0  # wait for the engine's response head
+    # The engine's response head (streams; and a stream's longest silence) or its whole
+    # non-stream answer must have arrived this long after the request was sent (504).
+    upstream_timeout_s: float = 600.0
+    # Idle engine connections are kept this long for reuse; the engine's own keep-alive must
+    # be longer (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, SGLang: SGLANG_TIMEOUT_KEEP_ALIVE), or a
+    # request can be written onto a connection the engine is closing.
+    upstream_idle_s: float = 60.0
+    # New engine connections being made at once, at most (a burst ramps up).
+    upstream_max_connecting: int = 32
     max_response_bytes: int = 64 * 1024 * 1024  # non-stream bodies are read whole
     # All request bodies being read or held plus all non-stream responses being read, together
     # (503 proxy_buffers_full above): bounds memory whatever the number of connections.
@@ -141,6 +156,8 @@ class ProxyConfig:
             ("health_timeout_s", self.health_timeout_s > 0, "> 0"),
             ("unready_after_failures", self.unready_after_failures >= 1, "at least 1"),
             ("upstream_timeout_s", self.upstream_timeout_s > 0, "> 0"),
+            ("upstream_idle_s", self.upstream_idle_s > 0, "> 0"),
+            ("upstream_max_connecting", self.upstream_max_connecting >= 1, "at least 1"),
             ("max_response_bytes", self.max_response_bytes >= 1, "at least 1"),
             (
                 "max_buffered_bytes",
@@ -185,8 +202,8 @@ class _AsgiWriter:
     at once."""
 
     __slots__ = (
-        "_drained", "_failed", "_queue", "_queued", "_receive", "_send", "_task", "_timer",
-        "_wake", "disconnected", "on_disconnect",
+        "_drained", "_failed", "_flushed", "_queue", "_queued", "_receive", "_send", "_task",
+        "_timer", "_wake", "disconnected", "on_disconnect",
     )  # fmt: skip
     HIGH_WATER = 64 * 1024
     WATCH_AFTER_S = 0.02
@@ -199,15 +216,24 @@ class _AsgiWriter:
         self._wake: asyncio.Future[None] | None = None
         self._drained: Callable[[], None] | None = None
         self._failed = False
+        self._flushed: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.disconnected = False
         self.on_disconnect: Callable[[], None] | None = None
 
     # -- relay.ClientWriter ----------------------------------------------------------------
-    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         self._put({"type": "http.response.start", "status": status, "headers": headers})
+        if len(body) > self.HIGH_WATER:
+            # The end goes in a message of its own: the server's ``send`` waits for its
+            # socket to drain before taking it, so ``when_flushed`` callbacks run only once
+            # the client has taken the body (uvicorn's send drains first).
+            self._queued += len(body)  # counted like a piece (the pump takes it off)
+            self._put({"type": "http.response.body", "body": body, "more_body": True})
+            body = b""
         self._put({"type": "http.response.body", "body": body, "more_body": False})
+        return True  # queued: sent by the request's coroutine (``when_flushed`` then)
 
     def start_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._put({"type": "http.response.start", "status": status, "headers": headers})
@@ -223,6 +249,17 @@ class _AsgiWriter:
 
     def when_drained(self, callback: Callable[[], None]) -> None:
         self._drained = callback
+
+    def when_flushed(self, callback: Callable[[], None]) -> None:
+        self._flushed.append(callback)
+
+    def flushed(self) -> None:
+        """The request's coroutine is done sending (or failed): run ``when_flushed``'s."""
+        callbacks = self._flushed
+        if callbacks:
+            self._flushed = []
+            for callback in callbacks:
+                callback()
 
     def fail(self) -> None:
         self._failed = True
@@ -302,8 +339,8 @@ def _reject_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def _loads_stdlib(body: bytes) -> Any:
-    return _DECODER.decode(body.decode("utf-8"))
+def _loads_stdlib(body: bytes | memoryview) -> Any:
+    return _DECODER.decode(bytes(body).decode("utf-8"))
 
 
 # orjson (Rust, ~2 GB/s on string-heavy bodies vs ~0.1 GB/s for the stdlib here: bench/proxy)
@@ -313,7 +350,7 @@ def _loads_stdlib(body: bytes) -> Any:
 try:
     from orjson import loads as _orjson_loads
 
-    _loads: Callable[[bytes], Any] = _orjson_loads
+    _loads: Callable[[bytes | memoryview], Any] = _orjson_loads
 except ImportError:  # pragma: no cover - orjson is pinned in pyproject.toml
     _loads = _loads_stdlib
 
@@ -370,7 +407,7 @@ def _check_simd(doc: Any) -> tuple[str | None, bool, bool] | None:
     return None, stream, usage
 
 
-def check_body(body: bytes) -> tuple[str | None, bool, bool]:
+def check_body(body: bytes | memoryview) -> tuple[str | None, bool, bool]:
     """The request-body check: ``(problem, stream, include_usage)``; ``problem`` is None for
     a JSON object whose ``stream`` (if present) is a boolean, else what is wrong (a 400)."""
     if _SIMD_PARSER is not None and len(body) >= _SIMDJSON_FROM:
@@ -405,9 +442,20 @@ class ProxyApp:
     def __init__(self, config: ProxyConfig, keys: KeyRing) -> None:
         self.config = config
         self.buffered_bytes = 0  # request + non-stream response bodies held (max_buffered_bytes)
+        # Request-body bytes held per key: each key may hold its share of the budget at most,
+        # so one key's uploads never keep another key from its share (issue 22 item 2).
+        self.key_share = max(
+            config.max_body_bytes, config.max_buffered_bytes // max(1, len(keys.names))
+        )
+        self.key_held = dict.fromkeys(keys.names, 0)
         self.keys = keys
         self.metrics = Metrics()
-        self.client = UpstreamClient(config.upstream, connect_retries=config.connect_retries)
+        self.client = UpstreamClient(
+            config.upstream,
+            connect_retries=config.connect_retries,
+            idle_ttl_s=config.upstream_idle_s,
+            max_connecting=config.upstream_max_connecting,
+        )
         self.ready = False
         self._ready_reason = "engine health not checked yet"
         self._failed_polls = 0  # consecutive failed /health polls
@@ -576,30 +624,15 @@ class ProxyApp:
         if content_length is None and ex.route.method == "POST":
             return False
         try:
-            if self._front(req, ex, auth, auth_count):
-                if ex.route.method != "POST":  # a body nobody reads (GET with a body)
-                    if self._admit(req, ex):
-                        self._send(req, ex, b"", forward)
-                        return True
-                elif self._announced(req, ex, content_length):
-                    loop = self._loop()
-                    timer = loop.call_at(
-                        loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0),
-                        self._body_timed_out, req, ex,
-                    )  # fmt: skip
-
-                    def left() -> None:  # the client left while sending its body
-                        timer.cancel()
-                        ex.client_gone = True
-                        self._end(ex)
-
-                    def arrived() -> None:
-                        timer.cancel()
-                        req.on_disconnect = None
-                        self._serve_body(req, ex, content_length, forward)
-
-                    req.on_disconnect = left
-                    req.await_body(arrived)
+            if not self._front(req, ex, auth, auth_count):
+                pass
+            elif ex.route.method != "POST":  # a GET route with a body
+                self._unexpected_body(req, ex)
+            elif self._announced(req, ex, content_length):
+                if not self.hold_body(ex, req.buffered):  # what came with the head
+                    self.answer_buffers_full(req, ex)
+                else:
+                    self._await_body(req, ex, content_length, forward)
                     return True
         except Exception as exc:
             self._bug(req, ex, exc)
@@ -607,10 +640,53 @@ class ProxyApp:
         self._end(ex)
         return True
 
+    def _await_body(
+        self,
+        req: Any,
+        ex: Exchange,
+        content_length: bytes | None,
+        forward: list[tuple[bytes, bytes]],
+    ) -> None:
+        """``serve_head``: wait for the rest of the body, charging each piece to the buffer
+        budget as it arrives (a declared size reserves nothing: 64 connections announcing
+        4 MiB and sending one byte held the whole budget, issue 22 item 2), within
+        ``body_timeout_s``; then the remaining steps."""
+        loop = self._loop()
+        timer = loop.call_at(
+            loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0),
+            self._body_timed_out, req, ex,
+        )  # fmt: skip
+
+        def left() -> None:  # the client left while sending its body
+            timer.cancel()
+            req.on_body_piece = None
+            ex.client_gone = True
+            self._end(ex)
+
+        def piece(size: int) -> None:  # a piece arrived: charge it, or refuse the request
+            if not ex.ended and not self.hold_body(ex, size):
+                timer.cancel()
+                req.on_body_piece = req.on_body_complete = req.on_disconnect = None
+                self.answer_buffers_full(req, ex)
+                self._end(ex)
+
+        def arrived() -> None:
+            timer.cancel()
+            req.on_disconnect = req.on_body_piece = None
+            self._serve_body(req, ex, content_length, forward)
+
+        req.on_disconnect = left
+        req.on_body_piece = piece
+        if content_length is not None and len(content_length) >= _COLLECT_DIGITS:
+            size = int(content_length)
+            if size >= _COLLECT_FROM:
+                req.collect(size)
+        req.await_body(arrived)
+
     def _body_timed_out(self, req: Any, ex: Exchange) -> None:
         if ex.ended:
             return
-        req.on_body_complete = req.on_disconnect = None
+        req.on_body_complete = req.on_disconnect = req.on_body_piece = None
         self._body_too_slow(req, ex)
         self._end(ex)
 
@@ -651,6 +727,8 @@ class ProxyApp:
                 self._internal_error(ex, exc)
             raise
         finally:
+            if isinstance(writer, _AsgiWriter):
+                writer.flushed()
             self._end(ex)
 
     def _begin(
@@ -714,6 +792,9 @@ class ProxyApp:
         ex.duration = time.perf_counter() - ex.t0
         if ex.admitted:
             self.metrics.in_flight -= 1
+        if ex.body_held:
+            self.key_held[ex.key] -= ex.body_held
+            ex.body_held = 0
         self.buffered_bytes -= ex.held  # the request body, and a response read whole
         ex.held = 0
         done = ex.done
@@ -762,6 +843,15 @@ class ProxyApp:
                 return True
         return False
 
+    def _unexpected_body(self, writer: ClientWriter, ex: Exchange) -> None:
+        """A GET route takes no body: refused (400) like an invalid POST body, never
+        forwarded (issue 22 item 4)."""
+        route = ex.route
+        self.answer_error(
+            writer, ex, 400, f"{route.method} {route.path.decode()} takes no request body",
+            "invalid_request_error", "unexpected_body",
+        )  # fmt: skip
+
     def _authenticate(
         self, writer: ClientWriter, ex: Exchange, auth: bytes | None, count: int
     ) -> bool:
@@ -790,8 +880,8 @@ class ProxyApp:
         )  # fmt: skip
 
     def _announced(self, writer: ClientWriter, ex: Exchange, content_length: bytes | None) -> bool:
-        """The announced body size: well-formed (400), within the limit (413), within the
-        buffer budget, which it reserves before a byte is read (503)."""
+        """The announced body size: well-formed (400), within the limit (413). It reserves
+        nothing: the body's bytes are charged to the buffer budget as they arrive."""
         if content_length is None:
             return True
         if not content_length.isdigit():
@@ -800,27 +890,32 @@ class ProxyApp:
                 "invalid_content_length",
             )  # fmt: skip
             return False
-        announced = int(content_length)
-        if announced > self.config.max_body_bytes:
+        if int(content_length) > self.config.max_body_bytes:
             self._body_too_large(writer, ex)
-            return False
-        if not self.hold(ex, announced):
-            self.answer_buffers_full(writer, ex)
             return False
         return True
 
     def _body_fits(
-        self, writer: ClientWriter, ex: Exchange, content_length: bytes | None, body: bytes
+        self,
+        writer: ClientWriter,
+        ex: Exchange,
+        content_length: bytes | None,
+        body: bytes | memoryview,
     ) -> bool:
-        """A body that is all here (its announced size was checked by ``_announced``): size
-        and budget of a chunked one, then the JSON check (POST routes)."""
+        """A body that is all here (its announced size was checked by ``_announced``): its
+        size, the bytes not charged to the budget yet (all of a body that came with its
+        head), then the JSON check (POST routes; a GET route takes none)."""
         ex.body_unread = False
         if ex.route.method != "POST":
+            if body:
+                self._unexpected_body(writer, ex)
+                return False
             return True
-        if len(body) > self.config.max_body_bytes:  # chunked: no length was announced
+        size = len(body)
+        if size > self.config.max_body_bytes:  # chunked: no length was announced
             self._body_too_large(writer, ex)
             return False
-        if content_length is None and not self.hold(ex, len(body)):
+        if size > ex.body_held and not self.hold_body(ex, size - ex.body_held):
             self.answer_buffers_full(writer, ex)
             return False
         return self._validate(writer, ex, body)
@@ -831,11 +926,14 @@ class ProxyApp:
         writer: ClientWriter,
         ex: Exchange,
         content_length: bytes | None,
-    ) -> bytes | None:
+    ) -> bytes | memoryview | None:
         """The body of an ASGI request (``_body_fits``'s checks as the pieces arrive); None:
         answered (or the client left). The whole body must have arrived by t0 +
         ``body_timeout_s`` (408)."""
         if ex.route.method != "POST":
+            if ex.body_unread:  # not read: the answer closes the connection
+                self._unexpected_body(writer, ex)
+                return None
             return b""
         if not self._announced(writer, ex, content_length):
             return None
@@ -844,6 +942,10 @@ class ProxyApp:
         limit = self.config.max_body_bytes
         parts: list[bytes] = []
         size = 0
+        # A large announced body is collected in one mapping (see httpserver._Request.collect).
+        sink = None
+        if content_length is not None and int(content_length) >= _COLLECT_FROM:
+            sink = mmap.mmap(-1, int(content_length))
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
@@ -852,24 +954,35 @@ class ProxyApp:
                         ex.client_gone = True
                         return None
                     chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
+                    end = size + len(chunk)
+                    if end > limit:
                         self._body_too_large(writer, ex)
                         return None
-                    if content_length is None and not self.hold(ex, len(chunk)):  # chunked
+                    if not self.hold_body(ex, len(chunk)):  # charged as it arrives
                         self.answer_buffers_full(writer, ex)
                         return None
-                    parts.append(chunk)
+                    if sink is not None and end > len(sink):  # more than announced
+                        parts.append(bytes(sink[:size]))
+                        sink = None
+                    if sink is not None:
+                        sink[size:end] = chunk
+                    else:
+                        parts.append(chunk)
+                    size = end
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
             self._body_too_slow(writer, ex)
             return None
         ex.body_unread = False
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        body: bytes | memoryview
+        if sink is not None and not parts:
+            body = memoryview(sink)[:size]
+        else:
+            body = parts[0] if len(parts) == 1 else b"".join(parts)
         return body if self._validate(writer, ex, body) else None
 
-    def _validate(self, writer: ClientWriter, ex: Exchange, body: bytes) -> bool:
+    def _validate(self, writer: ClientWriter, ex: Exchange, body: bytes | memoryview) -> bool:
         problem, ex.stream, ex.wants_usage = check_body(body)
         if problem is None:
             return True
@@ -900,7 +1013,11 @@ class ProxyApp:
         return [*forward, (b"x-request-id", ex.request_id)]
 
     def _send(
-        self, writer: ClientWriter, ex: Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
+        self,
+        writer: ClientWriter,
+        ex: Exchange,
+        body: bytes | memoryview,
+        forward: list[tuple[bytes, bytes]],
     ) -> None:
         """Send to the engine and relay its answer, from a callback: at once on an idle
         engine connection, else in a task that connects (the one wait on this path)."""
@@ -910,7 +1027,11 @@ class ProxyApp:
             task.add_done_callback(self._tasks.discard)
 
     def _send_now(
-        self, writer: ClientWriter, ex: Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
+        self,
+        writer: ClientWriter,
+        ex: Exchange,
+        body: bytes | memoryview,
+        forward: list[tuple[bytes, bytes]],
     ) -> bool:
         """Send on an idle engine connection and start relaying; False: none is idle (nothing
         was sent)."""
@@ -925,7 +1046,11 @@ class ProxyApp:
         return True
 
     async def _send_connecting(
-        self, writer: ClientWriter, ex: Exchange, body: bytes, forward: list[tuple[bytes, bytes]]
+        self,
+        writer: ClientWriter,
+        ex: Exchange,
+        body: bytes | memoryview,
+        forward: list[tuple[bytes, bytes]],
     ) -> None:
         """Send on a new engine connection (retried while the engine refuses to connect:
         it saw nothing), then relay; answers 503 when it cannot be reached."""
@@ -956,28 +1081,80 @@ class ProxyApp:
 
     def _relay(self, writer: ClientWriter, ex: Exchange, resp: UpstreamResponse) -> None:
         t_sent = time.perf_counter()
-        if ex.held:  # the request body is written out: its share of the budget is free again
-            self.buffered_bytes -= ex.held
-            ex.held = 0
+        size = ex.body_held
+        if size:
+            # The request body's share of the budget is free again once the engine's socket
+            # has taken it (until then its bytes wait in the connection's write buffer).
+            if resp.request_pending:
+                resp.when_request_written(functools.partial(self.body_written, ex))
+            else:  # body_written inlined: the usual case, once per request
+                ex.body_held = 0
+                ex.held -= size
+                self.buffered_bytes -= size
+                self.key_held[ex.key] -= size
         relay = ex.relay = Relay(self, ex, writer, self._relay_done)
         relay.start(resp, t_sent)
 
     def _relay_done(self, relay: Relay) -> None:
-        self._end(relay.ex)
+        ex = relay.ex
+        if relay.backlogged and (response := ex.held - ex.body_held):  # a whole answer's bytes
+            # The client has not taken the answer yet: its bytes stay in the budget until it
+            # has (or has gone), so that clients that do not read cannot pile up answers.
+            ex.held -= response
+            relay.writer.when_flushed(functools.partial(self._give_back, response))
+        self._end(ex)
 
     def hold(self, ex: Exchange, size: int) -> bool:
-        """Take ``size`` bytes of the global buffer budget for ``ex`` (False: not available).
-        ``_end`` gives back what the request held."""
+        """Take ``size`` bytes of the buffer budget for ``ex`` (a non-stream answer being
+        read; False: not available). ``_end`` gives back what the request held."""
         if self.buffered_bytes + size > self.config.max_buffered_bytes:
             return False
         self.buffered_bytes += size
         ex.held += size
         return True
 
+    def hold_body(self, ex: Exchange, size: int) -> bool:
+        """Take ``size`` bytes of request body for ``ex``, as they arrive: within the budget
+        and within the key's share of it (False: not available; ``ex.share_full`` says
+        which). Given back once the engine's socket has taken the body, or at ``_end``."""
+        key_held = self.key_held
+        held = key_held[ex.key] + size
+        if held > self.key_share:
+            ex.share_full = True
+            return False
+        if self.buffered_bytes + size > self.config.max_buffered_bytes:
+            return False
+        key_held[ex.key] = held
+        self.buffered_bytes += size
+        ex.held += size
+        ex.body_held += size
+        return True
+
+    def body_written(self, ex: Exchange) -> None:
+        """The engine's socket has taken the request body: its bytes are free again."""
+        size = ex.body_held
+        if size:
+            ex.body_held = 0
+            ex.held -= size
+            self.buffered_bytes -= size
+            self.key_held[ex.key] -= size
+
+    def _give_back(self, size: int) -> None:
+        self.buffered_bytes -= size
+
     def answer_buffers_full(self, writer: ClientWriter, ex: Exchange) -> None:
+        if ex.share_full:
+            why = (
+                f"this key's share of the proxy's body buffers is full ({self.key_share} "
+                "bytes of request bodies held)"
+            )
+        else:
+            why = (
+                f"proxy buffers full ({self.config.max_buffered_bytes} bytes of request and "
+                "response bodies held)"
+            )
         self.answer_error(
-            writer, ex, 503, f"proxy buffers full ({self.config.max_buffered_bytes} bytes of "
-            "request and response bodies held); retry after the Retry-After delay",
+            writer, ex, 503, f"{why}; retry after the Retry-After delay",
             "service_unavailable", "proxy_buffers_full", self._busy_headers,
         )  # fmt: skip
 

@@ -30,6 +30,7 @@ class Exchange:
 
     __slots__ = (
         "admitted",
+        "body_held",
         "body_unread",
         "client_gone",
         "completion_tokens",
@@ -46,6 +47,7 @@ class Exchange:
         "relay",
         "request_id",
         "route",
+        "share_full",
         "status",
         "stream",
         "t0",
@@ -78,6 +80,8 @@ class Exchange:
         self.usage_seen: list[bytes] = []
         self.body_unread = False  # the client announced a body the proxy has not read
         self.held = 0  # bytes of the proxy's buffer budget this request holds
+        self.body_held = 0  # of which request-body bytes (also counted in the key's share)
+        self.share_full = False  # refused because its key's share of the budget was full
         self.admitted = False  # counted in metrics.in_flight
         self.ended = False  # ProxyApp._end ran: slot and budget given back, accounted
         self.duration = 0.0  # seconds from the first byte handled to the end
