@@ -31,8 +31,9 @@ class _Writer:
         self.on_disconnect: Any = None
         self.calls: list[tuple[str, bytes]] = []
 
-    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         self.calls.append(("respond", body))
+        return False
 
     def start_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.calls.append(("start_stream", b""))  # the head is held until the first write
@@ -45,6 +46,9 @@ class _Writer:
         self.calls.append(("end_stream", data))
 
     def when_drained(self, callback: Any) -> None:
+        callback()
+
+    def when_flushed(self, callback: Any) -> None:
         callback()
 
     def fail(self) -> None:
