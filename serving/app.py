@@ -116,6 +116,7 @@ SHIPPED_IF_SPEC = {
     # the pinned release's recorded flags (serving/engine_flags/), read by spec validation
     "engine=vllm": ("serving.engine_flags.vllm_0_33_0",),
     "engine=sglang": ("serving.engine_flags.sglang_0_5_23",),
+    "engine_version=0.26.0": ("serving.engine_flags.vllm_0_26_0",),  # a vLLM the spec may name
 }
 
 

@@ -34,17 +34,49 @@ from serving.weights import WEIGHTS_MOUNT
 
 Engine = Literal["vllm", "sglang"]
 
-# ---- Pinned engines -------------------------------------------------------------------------
-# Flag names move between releases, so the rendered command line and extra_args are checked
-# against these exact versions' own argument parsers (serving/engine_flags/<engine>_<version>.py,
-# recorded by scripts/record_engine_flags.py).
-ENGINE_VERSIONS: dict[str, str] = {"vllm": "0.33.0", "sglang": "0.5.23"}
-# The images the container runs: vLLM's OpenAI server image per release; SGLang's plain release
-# tag (published for every release; the "-cuXXX[-runtime]" variants vary between releases).
-ENGINE_IMAGES: dict[str, str] = {
-    "vllm": "vllm/vllm-openai:v0.33.0",
-    "sglang": "lmsysorg/sglang:v0.5.23",
+# ---- Engine releases -------------------------------------------------------------------------
+# The spec names its engine release (`engine_version`; unset: the default below). Flag names
+# move between releases, so the rendered command line and extra_args are checked against that
+# release's own argument parser (serving/engine_flags/<engine>_<version>.py, recorded by
+# scripts/record_engine_flags.py), and the container runs that release's image.
+
+
+class EngineRelease(NamedTuple):
+    """A release the spec may name: its image, and how far the project has verified it."""
+
+    image: str
+    #: "gpu": served on a real GPU by this project's GPU harness, through serving/engine.py and
+    #: the proxy (docs/gpu.md has the card, date and figures); "parser": only the flags were
+    #: checked, against the release's recorded parser (nothing ever ran it).
+    verified: Literal["gpu", "parser"]
+    #: Where the verification is written down.
+    evidence: str
+
+
+# The images: vLLM's OpenAI server image per release; SGLang's plain release tag (published
+# for every release; the "-cuXXX[-runtime]" variants vary between releases).
+ENGINE_RELEASES: dict[str, dict[str, EngineRelease]] = {
+    "vllm": {
+        "0.33.0": EngineRelease(
+            "vllm/vllm-openai:v0.33.0",
+            "parser",
+            "serving/engine_flags/vllm_0_33_0.py (needs torch 2.14; the lent GPU has 2.11)",
+        ),
+        "0.26.0": EngineRelease(
+            "vllm/vllm-openai:v0.26.0",
+            "gpu",
+            "docs/gpu.md: one H100 80GB HBM3, torch 2.11.0, python -m bench.gpu.remote run",
+        ),
+    },
+    "sglang": {
+        "0.5.23": EngineRelease(
+            "lmsysorg/sglang:v0.5.23", "parser", "serving/engine_flags/sglang_0_5_23.py"
+        ),
+    },
 }
+# The release a spec gets when it names none (the project's pins).
+ENGINE_VERSIONS: dict[str, str] = {"vllm": "0.33.0", "sglang": "0.5.23"}
+ENGINE_IMAGES: dict[str, str] = {e: ENGINE_RELEASES[e][v].image for e, v in ENGINE_VERSIONS.items()}
 
 # ---- Ports and paths inside the container ---------------------------------------------------
 PROXY_PORT = 8000  # what Modal routes to: the auth proxy, never the engine
@@ -69,6 +101,23 @@ MODAL_WEB_RESPONSE_LIMIT_S = 150
 
 # Engine defaults the seeds' learnings call for (docs/serving.md explains each one).
 DEFAULT_GPU_MEMORY_FRACTION: dict[str, float] = {"vllm": 0.92, "sglang": 0.88}
+
+# How long the engine's HTTP server keeps an idle connection open. The proxy keeps idle engine
+# connections in its pool for 60 s (serving/proxy `--upstream-idle-s`); the engine must keep
+# them longer, so that it is always the proxy that closes an idle connection. Otherwise the
+# engine's close (uvicorn's default: 5 s) races the proxy's next request on that connection,
+# and a pool that drops its connections sooner than 5 s reopens them all at once on the next
+# burst: on one H100 at 256 streams that doubled the TTFT p99 through the proxy (issue 24).
+ENGINE_KEEPALIVE_S = 75
+# The variable each engine reads it from: vLLM vllm/envs.py VLLM_HTTP_TIMEOUT_KEEP_ALIVE (int,
+# default 5), passed as uvicorn's timeout_keep_alive by vllm/entrypoints/openai/api_server.py
+# (0.26.0); SGLang sglang/srt/environ.py SGLANG_TIMEOUT_KEEP_ALIVE (EnvInt, default 5), passed
+# the same way by sglang/srt/entrypoints/http_server.py (0.5.15 and 0.5.23; releases before
+# it hard-coded timeout_keep_alive=5).
+ENGINE_KEEPALIVE_ENV: dict[str, str] = {
+    "vllm": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE",
+    "sglang": "SGLANG_TIMEOUT_KEEP_ALIVE",
+}
 
 
 class GpuType(NamedTuple):
@@ -118,7 +167,8 @@ _PROXY_KEYS = "secrets.api_keys: the proxy checks keys, an engine key would lock
 # Flags the spec renders itself (with their aliases), and the field that controls each one.
 # extra_args may not repeat them: a second value would silently win or fail at engine start.
 # Spellings the engine's parser maps to one of these (aliases of the same action, unique
-# prefixes, vLLM's `_` for `-`) are reserved too: see `extra_args_problems`.
+# prefixes, vLLM's `_` for `-`) are reserved too: see `extra_args_problems`. The tables hold the
+# spellings of every release in ENGINE_RELEASES; `release_flags` gives one release's table.
 RESERVED_FLAGS: dict[str, dict[str, str]] = {
     "vllm": {
         "--model": "model",
@@ -132,7 +182,8 @@ RESERVED_FLAGS: dict[str, dict[str, str]] = {
         "--device-memory-utilization": "gpu_memory_fraction",
         "--max-model-len": "context_length",
         "--enable-sleep-mode": "snapshot",
-        "--disable-sleep-mode": "snapshot",
+        "--disable-sleep-mode": "snapshot",  # 0.33.0's negation
+        "--no-enable-sleep-mode": "snapshot",  # 0.26.0's
         "--download-dir": "volumes.hf_cache",
         "--api-key": _PROXY_KEYS,
     },
@@ -165,13 +216,18 @@ REFUSED_FLAGS: dict[str, dict[str, str]] = {
 # replaces the default (e.g. "--no-async-scheduling", "--generation-config", "auto").
 OVERRIDABLE_DEFAULTS: dict[str, dict[str, frozenset[str]]] = {
     "vllm": {
+        # 0.33.0 negates these with --disable-..., 0.26.0 with --no-enable-...
         "--enable-prefix-caching": frozenset(
-            {"--enable-prefix-caching", "--disable-prefix-caching"}
+            {"--enable-prefix-caching", "--disable-prefix-caching", "--no-enable-prefix-caching"}
         ),
         "--async-scheduling": frozenset({"--async-scheduling", "--no-async-scheduling"}),
         "--generation-config": frozenset({"--generation-config"}),
         "--enable-force-include-usage": frozenset(
-            {"--enable-force-include-usage", "--disable-force-include-usage"}
+            {
+                "--enable-force-include-usage",
+                "--disable-force-include-usage",
+                "--no-enable-force-include-usage",
+            }
         ),
     },
     "sglang": {
@@ -347,6 +403,10 @@ class ServingSpec(_Model):
     """What to serve, on which GPUs, how it scales, and where its caches and secrets live."""
 
     engine: Engine
+    # The engine release (ENGINE_RELEASES): its image and its recorded parser. A spec that
+    # names none gets ENGINE_VERSIONS' (filled in on validation); to_json() leaves the default
+    # out, so specs from before the field keep their digest.
+    engine_version: str = ""
     model: str
     revision: str | None = None
     served_model_name: str
@@ -378,6 +438,15 @@ class ServingSpec(_Model):
     weights: WeightsVolume | None = None
 
     # ---- field checks ----------------------------------------------------------------------
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_engine_version(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("engine_version") is None:
+            default = ENGINE_VERSIONS.get(str(data.get("engine")))
+            if default is not None:
+                data = {**data, "engine_version": default}
+        return data
 
     @field_validator("model")
     @classmethod
@@ -475,6 +544,21 @@ class ServingSpec(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> ServingSpec:
         problems: list[tuple[str, str]] = []
+        releases = ENGINE_RELEASES[self.engine]
+        if self.engine_version not in releases:
+            known = ", ".join(
+                f"{v} ({'verified on a GPU' if r.verified == 'gpu' else 'parser only'})"
+                for v, r in sorted(releases.items())
+            )
+            problems.append(
+                (
+                    "engine_version",
+                    f"{self.engine} {self.engine_version!r} is not a release the project knows; "
+                    f"known: {known}. A new one needs its parser recorded "
+                    "(scripts/record_engine_flags.py) and an entry in ENGINE_RELEASES",
+                )
+            )
+            _raise_problems("ServingSpec", problems, self)  # nothing else can be checked
         n = self.gpu_count
         if n & (n - 1):
             problems.append(
@@ -523,7 +607,7 @@ class ServingSpec(_Model):
                     "Face: Files and versions -> History)",
                 )
             )
-        problems += extra_args_problems(self.engine, self.extra_args)
+        problems += extra_args_problems(self.engine, self.extra_args, self.engine_version)
         if self.proxy.max_in_flight < self.scaling.max_concurrency:
             problems.append(
                 (
@@ -544,12 +628,12 @@ class ServingSpec(_Model):
         return [self.gpu] if isinstance(self.gpu, str) else list(self.gpu)
 
     @property
-    def engine_version(self) -> str:
-        return ENGINE_VERSIONS[self.engine]
+    def engine_release(self) -> EngineRelease:
+        return ENGINE_RELEASES[self.engine][self.engine_version]
 
     @property
     def engine_image(self) -> str:
-        return ENGINE_IMAGES[self.engine]
+        return self.engine_release.image
 
     @property
     def engine_cache_path(self) -> str:
@@ -671,7 +755,7 @@ class ServingSpec(_Model):
 
     def _default_wanted(self, flag: str) -> bool:
         overrides = OVERRIDABLE_DEFAULTS[self.engine][flag]
-        flags = engine_flags(self.engine)
+        flags = engine_flags(self.engine, self.engine_version)
         for _, token in _flags_in(self.extra_args):
             option, _ = flags.resolve(parser_name(self.engine, token))
             if option is not None and overrides & set(flags.aliases(option)):
@@ -682,6 +766,8 @@ class ServingSpec(_Model):
         """Environment for the engine process (and the image), caches on the volumes."""
         cache = self.engine_cache_path
         env = {
+            # idle connections: the proxy's pool closes them, never the engine (see the constant)
+            ENGINE_KEEPALIVE_ENV[self.engine]: str(ENGINE_KEEPALIVE_S),
             "HF_HOME": HF_CACHE_PATH,  # weights and tokenizer files on the HF volume
             "HF_XET_HIGH_PERFORMANCE": "1",  # saturate the network on first download
             "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",  # torch.compile artifacts
@@ -709,10 +795,13 @@ class ServingSpec(_Model):
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, compact separators, every field written out (but
-        `engine_standin` when unset: specs from before that field keep their digest)."""
+        `engine_standin` and `weights` when unset and `engine_version` when it is the default:
+        specs from before those fields keep their digest)."""
         unset = {"engine_standin"} if self.engine_standin is None else set()
         if self.weights is None:
             unset.add("weights")
+        if self.engine_version == ENGINE_VERSIONS[self.engine]:
+            unset.add("engine_version")
         data = self.model_dump(mode="json", exclude=unset)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -817,18 +906,40 @@ def _flags_in(args: list[str]) -> list[tuple[int, str]]:
     ]
 
 
-def engine_flags(engine: str) -> FlagList:
-    """The pinned release's recorded flag list (serving/engine_flags/)."""
-    return flag_list(engine, ENGINE_VERSIONS[engine])
+def engine_flags(engine: str, version: str | None = None) -> FlagList:
+    """A release's recorded flag list (serving/engine_flags/); the default release's if None."""
+    return flag_list(engine, version or ENGINE_VERSIONS[engine])
 
 
-def extra_args_problems(engine: str, args: list[str]) -> list[tuple[str, str]]:
-    """(field, why) for each flag in `args` the pinned engine would reject or that the spec
-    renders itself, however it is spelled: aliases of the same parser action, vLLM's `_` for
-    `-` and `--flag.key` forms, and argparse's unique-prefix abbreviations (`--max-model`).
-    Abbreviations are refused even for harmless flags: write the flag out.
+class ReleaseFlags(NamedTuple):
+    """One release's flag table: the spellings its parser has of what the spec renders."""
+
+    #: flag -> the spec field that sets it (extra_args may not use any spelling of it)
+    reserved: dict[str, str]
+    #: default flag the spec adds -> the spellings of it (or its negation) that replace it
+    overridable: dict[str, frozenset[str]]
+
+
+def release_flags(engine: str, version: str | None = None) -> ReleaseFlags:
+    """RESERVED_FLAGS and OVERRIDABLE_DEFAULTS as one release spells them (vLLM 0.26.0 negates
+    with `--no-enable-...` where 0.33.0 says `--disable-...`)."""
+    options = engine_flags(engine, version).options
+    return ReleaseFlags(
+        {f: field for f, field in RESERVED_FLAGS[engine].items() if f in options},
+        {d: alts & options for d, alts in OVERRIDABLE_DEFAULTS[engine].items()},
+    )
+
+
+def extra_args_problems(
+    engine: str, args: list[str], version: str | None = None
+) -> list[tuple[str, str]]:
+    """(field, why) for each flag in `args` that engine release (default: the pinned one)
+    would reject or that the spec renders itself, however it is spelled: aliases of the same
+    parser action, vLLM's `_` for `-` and `--flag.key` forms, and argparse's unique-prefix
+    abbreviations (`--max-model`). Abbreviations are refused even for harmless flags: write
+    the flag out.
     """
-    flags = engine_flags(engine)
+    flags = engine_flags(engine, version)
     reserved = RESERVED_FLAGS[engine]
     refused = REFUSED_FLAGS[engine]
 

@@ -352,9 +352,14 @@ def test_to_json_is_canonical_and_complete() -> None:
     data = json.loads(text)
     assert list(data) == sorted(data)
     assert list(data["scaling"]) == sorted(data["scaling"])
-    # defaults written out too, but engine_standin when unset (specs from before the field
-    # keep their text and digest, so existing apps see no change)
-    assert set(data) == set(ServingSpec.model_fields) - {"engine_standin", "weights"}
+    # defaults written out too, but engine_standin and weights when unset and engine_version
+    # when it is the default (specs from before those fields keep their text and digest, so
+    # existing apps see no change)
+    assert set(data) == set(ServingSpec.model_fields) - {
+        "engine_standin",
+        "weights",
+        "engine_version",
+    }
     with_standin = make(engine_standin={"fail": "start"})
     assert json.loads(with_standin.to_json())["engine_standin"] == {
         "fail": "start",
@@ -546,6 +551,7 @@ def test_a_spec_written_before_engine_standin_keeps_its_text() -> None:
     old = make().model_dump(mode="json")
     del old["engine_standin"]
     del old["weights"]  # a later optional field, left out the same way
+    del old["engine_version"]  # the default release: left out too
     text = json.dumps(old, sort_keys=True, separators=(",", ":"))
     assert ServingSpec.from_json(text).to_json() == text
 

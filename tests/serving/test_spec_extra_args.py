@@ -67,6 +67,30 @@ ACCEPTED_SPELLINGS: dict[str, list[list[str]]] = {
 }
 
 
+# vLLM 0.26.0 (a release the spec may name): its own negation of the sleep-mode flag, and
+# 0.33.0's spellings it lacks are left out of what its parser is fed.
+OLD_VLLM = "0.26.0"
+OLD_VLLM_BYPASSES = [
+    *[a for a in BYPASSES["vllm"] if a != ["--disable_sleep_mode"]],
+    ["--no_enable_sleep_mode"],
+]
+OLD_VLLM_FIELDS = [
+    *[f for a, f in zip(BYPASSES["vllm"], FIELDS["vllm"], strict=True)
+      if a != ["--disable_sleep_mode"]],
+    "snapshot",
+]  # fmt: skip
+
+
+def release_bypasses(engine: str, version: str) -> list[list[str]]:
+    """BYPASSES as the release's parser spells them."""
+    return OLD_VLLM_BYPASSES if (engine, version) == ("vllm", OLD_VLLM) else BYPASSES[engine]
+
+
+def release_accepted(engine: str, version: str) -> list[list[str]]:
+    """ACCEPTED_SPELLINGS the release's parser takes (every one so far)."""
+    return ACCEPTED_SPELLINGS[engine]
+
+
 def bypass_cases() -> list[tuple[str, list[str], str]]:
     return [
         (engine, args, field)
@@ -82,6 +106,19 @@ def test_every_spelling_of_a_rendered_flag_is_refused(
     msg = problems(engine=engine, extra_args=["--trust-remote-code", *args])["extra_args[1]"]
     assert args[0].split("=")[0] in msg and f"set {field}" in msg
     assert "already rendered by the spec" in msg or "which the spec renders" in msg
+
+
+@pytest.mark.parametrize(
+    ("args", "field"), list(zip(OLD_VLLM_BYPASSES, OLD_VLLM_FIELDS, strict=True))
+)
+def test_every_spelling_is_refused_in_an_older_release_too(args: list[str], field: str) -> None:
+    msg = problems(engine_version=OLD_VLLM, extra_args=["--trust-remote-code", *args])
+    assert f"set {field}" in msg["extra_args[1]"], msg
+
+
+@pytest.mark.parametrize("args", ACCEPTED_SPELLINGS["vllm"])
+def test_free_spellings_are_accepted_in_an_older_release_too(args: list[str]) -> None:
+    assert make(engine_version=OLD_VLLM, extra_args=args).extra_args == args
 
 
 @pytest.mark.parametrize(
