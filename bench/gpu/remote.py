@@ -1,0 +1,485 @@
+"""The GPU machine's side of the harness: ``python3 -m bench.gpu.remote prepare|run``.
+
+Runs with the image's python3 (3.12, torch 2.11.0) in the repository root of the device's
+copy of the working tree; results go to ``$OUT`` (at most 8 files come back). Two calls back
+to back (the machine keeps /tmp for ~30 s after a call; docs/gpu.md has the exact calls):
+
+``prepare`` (carry ``.gpu-payload/site``): unpack vLLM and the packages the image lacks into
+/tmp/site (all but vLLM's kernel library, which comes with the next call), write the ``vllm``
+command, make the random-initialised model (bench.gpu.mkmodel) and link it where the weights
+volume would be (/weights/gpu-model), probe the imports (with a stand-in for the kernel
+library), and parse the spec's command lines with vLLM's real parser, comparing its flags with
+the recorded serving/engine_flags/vllm_0_26_0.py. Writes prepare.json and prepare.log.
+
+``run`` (carry ``.gpu-payload/csrc``): place the kernel library, then the phases:
+- ``checks``: ``pytest tests/gpu`` (real vLLM through ``python -m serving.engine`` and the
+  proxy: readiness and warm-up, the snapshot cycle, usage in streams, a client that
+  disconnects mid-stream, bad flags); pytest.txt, checks.json, checks-engine.log;
+- ``bench``: ``python -m serving.engine`` with the default spec, then bench.gpu.load direct vs
+  proxy (bench.json, bench-engine.log, cpu.jsonl: per-process CPU each second).
+run.json holds the card, the versions, the proxy's and the engine's keep-alive settings and
+each phase's time; run.log what was printed. The table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import lzma
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from bench.gpu import device
+
+PAYLOAD = device.ROOT / ".gpu-payload"
+C_LIB = "vllm/_C_stable_libtorch.abi3.so"
+STUB = "vllm/_C_stable_libtorch.py"
+ENGINE_START_LINES = re.compile(
+    r"Loading weights took|Model loading took|torch\.compile|Compil|Graph capturing|CUDA graph"
+    r"|init engine|Available KV cache|Maximum concurrency|healthy after|warm-up done"
+    r"|SERVING READY|fall asleep|freed|wake up|Error|error:"
+)
+PROBE_MODULES = [
+    "vllm",
+    "vllm.entrypoints.openai.api_server",
+    "vllm.entrypoints.cli.main",
+    "vllm.v1.engine.core",
+    "vllm.v1.worker.gpu_model_runner",
+    "vllm.model_executor.models.llama",
+    "vllm.v1.attention.backends.flash_attn",
+    "vllm.v1.sample.sampler",
+    "vllm.v1.structured_output",
+    "orjson",
+    "simdjson",
+    "httptools",
+    "uvloop",
+    "pydantic",
+]
+
+
+def out_dir() -> Path:
+    out = Path(os.environ.get("OUT") or "gpu-out")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def sh(cmd: list[str], **kw: Any) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    return (done.stdout + done.stderr).strip()
+
+
+def card() -> dict[str, str]:
+    q = "name,memory.total,driver_version"
+    if shutil.which("nvidia-smi") is None:
+        return {"gpu": "none (no nvidia-smi)", "memory": "", "driver": "", "gpus": "0"}
+    line = sh(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"]).splitlines()
+    name, memory, driver = ([*line[0].split(", "), "", ""] if line else ["", "", ""])[:3]
+    return {"gpu": name, "memory": memory, "driver": driver, "gpus": str(len(line))}
+
+
+def versions(with_site: bool) -> dict[str, str]:
+    code = (
+        "import json, sys, importlib.metadata as m\n"
+        "names = ['torch', 'transformers', 'tokenizers', 'triton', 'vllm', 'pydantic', 'httpx']\n"
+        "v = {}\n"
+        "for n in names:\n"
+        "    try: v[n] = m.version(n)\n"
+        "    except m.PackageNotFoundError: v[n] = None\n"
+        "v['python'] = sys.version.split()[0]\n"
+        "print(json.dumps(v))\n"
+    )
+    env = device.run_env() if with_site else dict(os.environ)
+    found: dict[str, str] = json.loads(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env).stdout
+        or "{}"
+    )
+    return found
+
+
+class Log:
+    """Print and keep: the reply shows the output's tail, the file comes back whole."""
+
+    def __init__(self, path: Path) -> None:
+        self.f = path.open("w")
+        self.t0 = time.monotonic()
+
+    def __call__(self, msg: str) -> None:
+        line = f"[{time.monotonic() - self.t0:6.1f}s] {msg}"
+        print(line, flush=True)
+        self.f.write(line + "\n")
+        self.f.flush()
+
+
+# ---- prepare (call 1) -----------------------------------------------------------------------
+
+
+def prepare(args: argparse.Namespace) -> int:
+    out = out_dir()
+    log = Log(out / "prepare.log")
+    result: dict[str, Any] = {"card": card(), "date": time.strftime("%Y-%m-%d %H:%M UTC")}
+    result["image"] = versions(with_site=False)
+    log(f"card {result['card']}; image {result['image']}")
+    t = time.monotonic()
+    archive = PAYLOAD / "site" / "rest.tar.xz"
+    if not archive.exists():
+        log(f"{archive} is missing: carry .gpu-payload/site (built by python -m bench.gpu.payload)")
+        return 2
+    if device.SITE.exists():
+        shutil.rmtree(device.SITE)
+    device.SITE.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(device.SITE, filter="tar")
+    result["unpack_s"] = round(time.monotonic() - t, 1)
+    log(f"unpacked {archive.name} into {device.SITE} in {result['unpack_s']} s")
+    (device.SITE / STUB).write_text("# stand-in until the kernel library is placed (run)\n")
+    device.BIN.mkdir(parents=True, exist_ok=True)
+    wrapper = device.BIN / "vllm"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'export PYTHONPATH="{device.SITE}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        f'exec {sys.executable} -m vllm.entrypoints.cli.main "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    t = time.monotonic()
+    made = subprocess.run(
+        [sys.executable, "-m", "bench.gpu.mkmodel", str(device.MODEL_DIR)],
+        cwd=device.ROOT,
+        capture_output=True,
+        text=True,
+    )
+    said = made.stdout.strip().splitlines() or made.stderr.strip().splitlines()[-3:]
+    result["model"] = said[-1] if said else f"mkmodel exited {made.returncode}"
+    result["model_s"] = round(time.monotonic() - t, 1)
+    log(f"model in {result['model_s']} s: {result['model'][:300]}")
+    device.WEIGHTS_ROOT.mkdir(exist_ok=True)
+    link = device.WEIGHTS_ROOT / device.WEIGHTS_PATH
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(device.MODEL_DIR)
+    result["site"] = versions(with_site=True)
+    result["imports"] = probe_imports()
+    bad = {m: e for m, e in result["imports"].items() if e != "ok"}
+    log(f"imports: {len(result['imports']) - len(bad)} ok, failed: {bad or 'none'}")
+    result["flags"] = check_flags(out, log)
+    (out / "prepare.json").write_text(json.dumps(result, indent=1) + "\n")
+    log("prepare done; now `run` (within ~30 s, before the machine goes back)")
+    return 0 if not bad and result["flags"].get("rc") == 0 else 1
+
+
+def probe_imports() -> dict[str, str]:
+    code = (
+        "import importlib, json, sys\n"
+        "res = {}\n"
+        "for m in sys.argv[1:]:\n"
+        "    try:\n"
+        "        importlib.import_module(m); res[m] = 'ok'\n"
+        "    except Exception as e:\n"
+        "        res[m] = repr(e)[:300]\n"
+        "print(json.dumps(res))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *PROBE_MODULES],
+        capture_output=True,
+        text=True,
+        env=device.run_env(),
+    )
+    try:
+        found: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        found = {"(probe)": done.stderr[-800:]}
+    return found
+
+
+def flag_argvs() -> list[list[str]]:
+    """The argvs (without `vllm serve`) the GPU runs and the spec's own matrix render."""
+    sys.path[:0] = [str(device.ROOT), str(device.SITE)]
+    from serving.spec import ServingSpec
+
+    specs = [
+        device.spec_dict(),
+        device.spec_dict(snapshot=True),
+        {**device.spec_dict(), "gpu_count": 2, "gpu_memory_fraction": 0.85},
+        device.spec_dict(extra_args=["--no-enable-prefix-caching", "--max-num-seqs", "64"]),
+        device.spec_dict(extra_args=["--api-server-count", "4"]),
+    ]
+    return [ServingSpec.model_validate(s).engine_command(8001)[2:] for s in specs]
+
+
+def check_flags(out: Path, log: Log) -> dict[str, Any]:
+    """vLLM's real parser takes the rendered argvs; its flags equal the recorded list."""
+    recorded = device.ROOT / "serving" / "engine_flags" / "vllm_0_26_0.py"
+    argv_file = out / "argvs.json"
+    argv_file.write_text(json.dumps(flag_argvs()))
+    # scripts/record_engine_flags.py, through the shim that knows 0.26.0's module layout
+    shim = [sys.executable, "-m", "bench.gpu.flags_shim", "vllm"]
+    cmd = [*shim, "--check-argv", str(argv_file)]
+    if recorded.exists():
+        cmd += ["--expect", str(recorded)]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=device.ROOT, env=device.run_env(), timeout=300
+    )
+    argv_file.unlink()
+    said = (done.stdout + done.stderr[-1500:]).strip()
+    log(f"flag check rc={done.returncode}: {said[-600:]}")
+    if not recorded.exists():  # first time: bring the recording back to commit it
+        rec = subprocess.run(
+            shim,
+            capture_output=True,
+            text=True,
+            cwd=device.ROOT,
+            env=device.run_env(),
+        )
+        (out / "vllm_0_26_0.py").write_text(rec.stdout)
+    return {"rc": done.returncode, "output": said[-3000:]}
+
+
+# ---- run (call 2) ---------------------------------------------------------------------------
+
+
+def place_library(log: Log) -> None:
+    target = device.SITE / C_LIB
+    packed = PAYLOAD / "csrc" / "C_stable.so.xz"
+    if not (device.SITE / "vllm").exists():
+        raise SystemExit(
+            f"{device.SITE} has no vllm: this machine did not run `prepare` (it went back "
+            "between the calls?); run prepare again, then run at once"
+        )
+    if not target.exists():
+        if not packed.exists():
+            raise SystemExit(f"{packed} is missing: carry .gpu-payload/csrc")
+        t = time.monotonic()
+        with lzma.open(packed) as src, target.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        log(f"placed {C_LIB} in {time.monotonic() - t:.1f} s")
+    (device.SITE / STUB).unlink(missing_ok=True)
+
+
+def proxy_idle_setting() -> dict[str, Any]:
+    """The proxy's engine-pool settings as serving.engine starts it (its parser's defaults)."""
+    code = (
+        "import json\n"
+        "from serving.proxy.__main__ import build_parser\n"
+        "opts = {a.option_strings[0]: a.default for a in build_parser()._actions\n"
+        "        if a.option_strings and a.option_strings[0].startswith('--upstream')}\n"
+        "print(json.dumps(opts, default=str))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=device.run_env()
+    )
+    try:
+        opts: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": done.stderr[-500:]}
+    if "--upstream-idle-s" not in opts:
+        opts["note"] = "proxy as shipped: no --upstream-idle-s (its pool's own idle TTL applies)"
+    return opts
+
+
+@contextlib.contextmanager
+def serving(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str, Any]]:
+    """`python -m serving.engine --spec` until SERVING READY; stopped (SIGTERM) on exit."""
+    spec_file = device.write_spec(Path("/tmp") / "bench-spec.json", spec)
+    env = device.run_env()
+    info: dict[str, Any] = {"spec": spec}
+    logf = log_path.open("w")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serving.engine", "--spec", str(spec_file)],
+        cwd=device.ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    ready = threading.Event()
+    lines: list[tuple[float, str]] = []
+
+    def pump(stream: IO[str]) -> None:
+        for line in stream:
+            stamp = time.monotonic() - t0
+            logf.write(f"{stamp:8.2f} {line}")
+            if ENGINE_START_LINES.search(line) and '"path"' not in line:
+                lines.append((round(stamp, 2), line.rstrip()[:300]))
+            if "SERVING READY" in line:
+                ready.set()
+        logf.flush()
+
+    assert proc.stdout is not None
+    reader = threading.Thread(target=pump, args=(proc.stdout,), daemon=True)
+    reader.start()
+    try:
+        while not ready.wait(0.5):
+            if proc.poll() is not None:
+                raise RuntimeError(f"serving.engine exited {proc.returncode}; see {log_path}")
+            if time.monotonic() - t0 > 600:
+                raise RuntimeError(f"not ready after 600 s; see {log_path}")
+        info["ready_s"] = round(time.monotonic() - t0, 1)
+        info["start_lines"] = list(lines)
+        log(f"serving.engine ready after {info['ready_s']} s")
+        info["engine_keepalive_env"] = engine_env_seen()
+        yield info
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        reader.join(5)
+        logf.close()
+        info["exit_code"] = proc.returncode
+
+
+def engine_env_seen() -> dict[str, str]:
+    """The keep-alive variables the running vLLM server process really has (/proc)."""
+    import psutil
+
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if "vllm.entrypoints.cli.main" in cmd and " serve " in f" {cmd} ":
+            with contextlib.suppress(psutil.Error):
+                env = p.environ()
+                return {k: v for k, v in env.items() if "KEEP_ALIVE" in k}
+    return {}
+
+
+class CpuSampler(threading.Thread):
+    """Per-role CPU % each second: vLLM API server, engine core, proxy, load clients."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.stop = threading.Event()
+
+    @staticmethod
+    def role(p: Any) -> str | None:
+        try:
+            cmd = " ".join(p.cmdline())
+            name = p.name()
+        except Exception:
+            return None
+        if "serving.proxy" in cmd:
+            return "proxy"
+        if "bench.gpu.load" in cmd:
+            return "client"
+        if "EngineCore" in name or "EngineCore" in cmd:
+            return "engine_core"
+        if "vllm.entrypoints" in cmd or "APIServer" in name:
+            return "vllm_api"
+        return None
+
+    def run(self) -> None:
+        import psutil
+
+        seen: dict[int, tuple[str, Any]] = {}
+        with self.path.open("w") as f:
+            while not self.stop.wait(1.0):
+                for p in psutil.process_iter():
+                    if p.pid not in seen and (role := self.role(p)) is not None:
+                        seen[p.pid] = (role, p)
+                        with contextlib.suppress(psutil.Error):
+                            p.cpu_percent(None)
+                total: dict[str, float] = {}
+                for pid, (role, p) in list(seen.items()):
+                    try:
+                        total[role] = total.get(role, 0.0) + p.cpu_percent(None)
+                    except psutil.Error:
+                        seen.pop(pid)
+                f.write(json.dumps({"t": round(time.time(), 1), **total}) + "\n")
+                f.flush()
+
+
+def run_checks(out: Path, log: Log) -> dict[str, Any]:
+    t = time.monotonic()
+    env = {**device.run_env(), "GPU_RESULTS": str(out)}
+    cmd = [
+        sys.executable, "-m", "pytest", "tests/gpu", "-v", "-rA", "-p", "no:cacheprovider",
+        "--confcutdir", "tests/gpu", "-o", "addopts=--strict-markers",
+    ]  # fmt: skip
+    with (out / "pytest.txt").open("w") as f:
+        done = subprocess.run(
+            cmd, cwd=device.ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900
+        )
+    text = (out / "pytest.txt").read_text()
+    summary = [ln for ln in text.splitlines() if re.match(r"^(PASSED|FAILED|SKIPPED|ERROR) ", ln)]
+    tail = text.strip().splitlines()[-1:] or [""]
+    log(f"pytest tests/gpu rc={done.returncode} in {time.monotonic() - t:.0f} s: {tail[0]}")
+    for line in summary:
+        log("  " + line[:200])
+    return {"rc": done.returncode, "seconds": round(time.monotonic() - t, 1), "summary": summary}
+
+
+def run_bench(out: Path, log: Log, plan: str) -> dict[str, Any]:
+    result: dict[str, Any] = {"proxy_idle": proxy_idle_setting(), "plan": plan}
+    log(f"proxy pool idle lifetime: {result['proxy_idle']}")
+    sampler = CpuSampler(out / "cpu.jsonl")
+    with serving(device.spec_dict(), out / "bench-engine.log", log) as info:
+        result["engine"] = info
+        log(f"engine keep-alive env seen in the vLLM process: {info['engine_keepalive_env']}")
+        sampler.start()
+        t = time.monotonic()
+        cmd = [
+            sys.executable, "-m", "bench.gpu.load", "--key", device.API_KEY,
+            "--model", device.SERVED_NAME, "--plan", plan, "--out", str(out / "bench.json"),
+        ]  # fmt: skip
+        done = subprocess.run(
+            cmd, cwd=device.ROOT, env=device.run_env(), capture_output=True, text=True
+        )
+        sampler.stop.set()
+        result["load_rc"] = done.returncode
+        result["load_s"] = round(time.monotonic() - t, 1)
+        result["table"] = done.stdout[done.stdout.find("| streams") :]
+        if done.returncode:
+            log(f"load failed: {done.stderr[-1500:]}")
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    out = out_dir()
+    log = Log(out / "run.log")
+    result: dict[str, Any] = {"card": card(), "date": time.strftime("%Y-%m-%d %H:%M UTC")}
+    place_library(log)
+    result["versions"] = versions(with_site=True)
+    log(f"card {result['card']}; versions {result['versions']}")
+    rc = 0
+    try:
+        if "checks" in args.phases:
+            result["checks"] = run_checks(out, log)
+            rc |= result["checks"]["rc"]
+        if "bench" in args.phases:
+            result["bench"] = run_bench(out, log, args.plan)
+            rc |= result["bench"]["load_rc"]
+    finally:
+        (out / "run.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    if "bench" in result:
+        print("\n" + result["bench"].get("table", ""))
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = argparse.ArgumentParser(prog="python3 -m bench.gpu.remote", description=__doc__)
+    sub = cli.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("prepare", help="call 1: unpack, model, imports, flags")
+    r = sub.add_parser("run", help="call 2: place the library, checks and bench")
+    r.add_argument("--phases", default="checks,bench", help="comma list: checks, bench")
+    r.add_argument("--plan", default="1:3:16,32:3:128,256:3:768", help="bench.gpu.load's plan")
+    args = cli.parse_args(argv)
+    return prepare(args) if args.cmd == "prepare" else run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

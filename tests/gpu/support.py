@@ -1,0 +1,172 @@
+"""Helpers of the GPU tests: the served container, SSE parsing, the engine's metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from bench.gpu import device
+
+PROXY = "http://127.0.0.1:8000"
+ENGINE = "http://127.0.0.1:8001"
+AUTH = {"Authorization": f"Bearer {device.API_KEY}"}
+READY_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Served:
+    """`python -m serving.engine` running; `lines` are (seconds since launch, line)."""
+
+    proc: subprocess.Popen[str]
+    t0: float
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    ready_s: float | None = None
+    exit_code: int | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(
+        cls,
+        spec_file: Path,
+        log_file: Path,
+        *,
+        snapshot_cycle: bool = False,
+        ports: tuple[int, int] = (8000, 8001),
+        wait: bool = True,
+    ) -> Iterator[Served]:
+        cmd = [
+            sys.executable, "-m", "serving.engine", "--spec", str(spec_file),
+            "--proxy-port", str(ports[0]), "--engine-port", str(ports[1]),
+        ]  # fmt: skip
+        if snapshot_cycle:
+            cmd.append("--snapshot-cycle")
+        proc = subprocess.Popen(
+            cmd,
+            cwd=device.ROOT,
+            env=device.run_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        srv = cls(proc, time.monotonic())
+        assert proc.stdout is not None
+        reader = threading.Thread(target=srv._pump, args=(proc.stdout, log_file), daemon=True)
+        reader.start()
+        try:
+            if wait:
+                srv.wait_ready()
+            yield srv
+        finally:
+            srv.stop()
+            reader.join(5)
+
+    def _pump(self, stream: IO[str], log_file: Path) -> None:
+        with log_file.open("a") as log:
+            for line in stream:
+                stamp = time.monotonic() - self.t0
+                self.lines.append((stamp, line.rstrip("\n")))
+                log.write(f"{stamp:8.2f} {line}")
+                log.flush()
+
+    def wait_ready(self) -> None:
+        while True:
+            if any("SERVING READY" in line for _, line in self.lines):
+                self.ready_s = round(self.first("SERVING READY"), 1)
+                return
+            if self.proc.poll() is not None:
+                time.sleep(0.5)  # let the last lines arrive
+                raise AssertionError(
+                    f"serving.engine exited {self.proc.returncode} before ready:\n"
+                    + "\n".join(line for _, line in self.lines[-40:])
+                )
+            if time.monotonic() - self.t0 > READY_TIMEOUT_S:
+                raise AssertionError(f"not ready after {READY_TIMEOUT_S} s")
+            time.sleep(0.25)
+
+    def wait_exit(self, timeout: float) -> int:
+        self.exit_code = self.proc.wait(timeout)
+        time.sleep(0.3)  # the reader drains the pipe
+        return self.exit_code
+
+    def first(self, text: str) -> float:
+        """Seconds since launch of the first line containing `text` (AssertionError if none)."""
+        for stamp, line in self.lines:
+            if text in line:
+                return stamp
+        raise AssertionError(f"no line with {text!r} in serving.engine's output")
+
+    def matching(self, *texts: str) -> list[str]:
+        return [f"{s:.2f} {line}"[:300] for s, line in self.lines if any(t in line for t in texts)]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.exit_code = self.proc.returncode
+
+
+def chat(max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": device.SERVED_NAME,
+        "messages": [{"role": "user", "content": "Say something about GPUs."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        **extra,
+    }
+
+
+def sse_data(lines: list[str]) -> list[str]:
+    """The `data:` values of an SSE body's lines, in order (`[DONE]` included)."""
+    return [line[5:].strip() for line in lines if line.startswith("data:")]
+
+
+def running_requests(client: httpx.Client) -> float:
+    """The engine's own gauge of requests in its running batch (summed over its labels)."""
+    text = client.get(f"{ENGINE}/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(device.RUNNING_METRIC + "{") or line.startswith(
+            device.RUNNING_METRIC + " "
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_running(client: httpx.Client, want_zero: bool, timeout: float) -> tuple[float, float]:
+    """Poll every 20 ms until the gauge is 0 (or > 0); (seconds waited, last value)."""
+    t0 = time.monotonic()
+    while True:
+        value = running_requests(client)
+        if (value == 0) == want_zero or time.monotonic() - t0 > timeout:
+            return time.monotonic() - t0, value
+        time.sleep(0.02)
+
+
+def usage_only(events: list[str]) -> list[dict[str, Any]]:
+    found = []
+    for data in events:
+        if data == "[DONE]" or not data.startswith("{"):
+            continue
+        chunk = json.loads(data)
+        if chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict):
+            found.append(chunk)
+    return found
