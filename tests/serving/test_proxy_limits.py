@@ -70,6 +70,14 @@ def _read_responses(sock: socket.socket, count: int) -> list[tuple[bytes, int]]:
     return got
 
 
+def _kernel_send_buffer_max() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+            return int(f.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 * 1024 * 1024
+
+
 def _settled(count: Callable[[], int], ceiling: int, quiet_s: float = 0.4) -> int:
     """Wait until ``count()`` reaches ``ceiling`` or stops changing for ``quiet_s``; its value.
     (Synchronisation, not a timed assertion: a proxy still progressing slowly only makes the
@@ -95,11 +103,13 @@ def test_22_1_unread_pipelining_is_bounded(
     scripted_engine: Callable[..., ScriptedEngine],
     server: str,
 ) -> None:
-    """Each answer is 1 MiB; the client pipelines MAX_PIPELINE + 1 requests (the most a
+    """Each answer is 1 MiB (or more); the client pipelines MAX_PIPELINE + 1 requests (the most a
     connection may queue) and reads nothing. The kernel's socket buffers take a few answers;
     after that the proxy must stop serving (it used to serve them all into its own write
     buffer: 33 -> 1,245 MB on 20 connections). Once the client reads, every answer comes."""
-    answer_body = b"x" * (1024 * 1024)
+    # Answers large enough that the kernel's socket buffers (the sender's grow up to
+    # tcp_wmem's maximum) hold only a few of them, whatever the machine's setting.
+    answer_body = b"x" * max(1024 * 1024, _kernel_send_buffer_max() // 4)
     engine = scripted_engine(
         answer=b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
         % len(answer_body) + answer_body
