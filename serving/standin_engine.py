@@ -555,7 +555,31 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
-def serve(app: Any, host: str, port: int, *, label: str, listen_delay_s: float = 0.0) -> int:
+#: How long each engine keeps an idle HTTP connection (seconds), and the env that sets it:
+#: vLLM passes `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` (default 5) to uvicorn (vllm/envs.py,
+#: vllm/entrypoints/launchers/api_server/entry.py); SGLang 0.5.15+ `SGLANG_TIMEOUT_KEEP_ALIVE`
+#: (default 5; sglang/srt/environ.py, entrypoints/http_server.py). The proxy's engine pool keeps
+#: connections 60 s (`--upstream-idle-s`) and the spec sets these to 75 s: the stand-in honours
+#: them too, so a pool that outlives the engine's keep-alive fails here as it would there.
+KEEP_ALIVE_ENV = {"vllm": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "sglang": "SGLANG_TIMEOUT_KEEP_ALIVE"}
+DEFAULT_KEEP_ALIVE_S = 5
+
+
+def keep_alive_s(engine: str) -> int:
+    """The idle keep-alive the real `engine` would use in this environment."""
+    raw = os.environ.get(KEEP_ALIVE_ENV.get(engine, ""), "")
+    return int(raw) if raw.strip().isdigit() else DEFAULT_KEEP_ALIVE_S
+
+
+def serve(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    label: str,
+    listen_delay_s: float = 0.0,
+    keep_alive: int = DEFAULT_KEEP_ALIVE_S,
+) -> int:
     """Serve `app` on host:port with uvicorn (uvloop when installed, like the real engines).
 
     Prints ``<label> port: URL`` once bound, then ``<label> ready: URL`` once it listens;
@@ -565,7 +589,7 @@ def serve(app: Any, host: str, port: int, *, label: str, listen_delay_s: float =
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app, log_level="critical", access_log=False, lifespan="on", ws="none", backlog=4096,
-        timeout_graceful_shutdown=1,
+        timeout_graceful_shutdown=1, timeout_keep_alive=keep_alive,
     )  # fmt: skip
     server = uvicorn.Server(config)
     print(f"{label} port: http://{host}:{port}", flush=True)
@@ -645,7 +669,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     return serve(
-        StandinEngineApp(settings), host, port, label=LABEL, listen_delay_s=args.listen_delay_s
+        StandinEngineApp(settings),
+        host,
+        port,
+        label=LABEL,
+        listen_delay_s=args.listen_delay_s,
+        keep_alive=keep_alive_s(settings.engine),
     )
 
 

@@ -262,3 +262,37 @@ def test_a_unique_prefix_is_accepted_as_argparse_does(standin: Any) -> None:
         assert httpx.get(proc.url + "/v1/models").json()["data"][0]["id"] == "m"
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize(
+    ("engine", "env"),
+    [("vllm", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"), ("sglang", "SGLANG_TIMEOUT_KEEP_ALIVE")],
+)
+def test_idle_keep_alive_follows_the_engines_env(
+    monkeypatch: pytest.MonkeyPatch, engine: str, env: str
+) -> None:
+    """Like the real engines (uvicorn's keep-alive from that env, default 5 s), the stand-in
+    closes a connection idle for longer than the env says, and keeps one idle for less: a
+    proxy pool that outlives the engine's keep-alive meets closed connections here too."""
+    import http.client
+
+    monkeypatch.setenv(env, "1")
+    proc = StandinEngineProcess(engine_argv=spec_for(engine).engine_command(0)).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", proc.port, timeout=5)
+
+        def ask() -> int:
+            conn.request("GET", "/v1/models")
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+
+        assert ask() == 200
+        first = conn.sock
+        time.sleep(0.3)  # idle for less than the keep-alive: the same connection answers
+        assert ask() == 200 and conn.sock is first
+        time.sleep(2.0)  # idle for longer: the engine closed it
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+            ask()
+    finally:
+        proc.stop()
