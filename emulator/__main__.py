@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import resource
 import sqlite3
 import sys
 from pathlib import Path
 
 from emulator.models.apps import DEFAULT_HEARTBEAT_TIMEOUT
+from emulator.runtime.edge import EdgeLimits
 from emulator.server import Options, serve
 from emulator.store import StoreError
 
@@ -97,8 +100,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long a stopping container may run @modal.exit before SIGKILL (default 10)",
     )
+    edge = EdgeLimits()
+    for flag, kind, default, meaning in (
+        ("--edge-max-connections", int, edge.max_connections, "client connections open at once"
+         " on all the edge's ports; more are closed as they are accepted"),
+        ("--edge-max-head-bytes", int, edge.max_head_bytes, "largest request head (431 above)"),
+        ("--edge-head-timeout-s", float, edge.head_timeout_s, "a request head must be complete"
+         " this long after the connection opened or the last answer (408)"),
+        ("--edge-max-body-bytes", int, edge.max_body_bytes, "largest request body (413 above)"),
+        ("--edge-body-timeout-s", float, edge.body_timeout_s, "a request body must arrive"
+         " within this long of its head (408)"),
+        ("--edge-keepalive-s", float, edge.keepalive_timeout_s, "idle keep-alive connections"
+         " are closed after this long"),
+    ):  # fmt: skip
+        s.add_argument(
+            flag, type=kind, default=default, help=f"edge: {meaning} (default {default})"
+        )
     s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
+
+
+def _raise_open_files_limit() -> None:
+    """Open files up to the hard limit: every edge connection, container pipe and socket is
+    one (the edge's own cap stays well below, so the control plane always has some)."""
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +167,20 @@ def main(argv: list[str] | None = None) -> int:
         webhook_timeout=args.webhook_timeout_s,
         container_network=args.container_network,
         stop_grace=args.stop_grace_s,
+        edge_limits=EdgeLimits(
+            max_head_bytes=args.edge_max_head_bytes,
+            head_timeout_s=args.edge_head_timeout_s,
+            keepalive_timeout_s=args.edge_keepalive_s,
+            max_body_bytes=args.edge_max_body_bytes,
+            body_timeout_s=args.edge_body_timeout_s,
+            max_connections=args.edge_max_connections,
+        ),
     )
+    for name in ("max_connections", "max_head_bytes", "max_body_bytes"):
+        if getattr(options.edge_limits, name) < 1:
+            print(f"error: --edge-{name.replace('_', '-')} must be at least 1", file=sys.stderr)
+            return 2
+    _raise_open_files_limit()
     try:
         asyncio.run(serve(options))
     except KeyboardInterrupt:

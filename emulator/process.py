@@ -30,6 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
@@ -76,6 +77,8 @@ class EmulatorProcess:
         port / http_port: fixed ports; 0 (default) lets the emulator pick free ones.
         cwd: working directory of the process (defaults to the project root).
         python: interpreter to run (defaults to the one running the tests).
+        extra_args: more `serve` flags, appended as given (e.g. the `--edge-*` limits).
+        env: variables added to the process's environment (e.g. `TMPDIR`).
     """
 
     def __init__(
@@ -96,6 +99,8 @@ class EmulatorProcess:
         webhook_timeout: float | None = None,
         container_network: str | None = None,
         stop_grace: float | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.state_path = Path(state_path) if state_path is not None else None
         self.workspace = workspace
@@ -112,6 +117,8 @@ class EmulatorProcess:
         self.webhook_timeout = webhook_timeout
         self.container_network = container_network
         self.stop_grace = stop_grace
+        self.extra_args = list(extra_args)
+        self.extra_env = dict(env or {})
         self._tmp = tempfile.TemporaryDirectory(prefix="modal-emulator-")
         self.home = Path(self._tmp.name) / "home"
         self.home.mkdir()
@@ -156,7 +163,7 @@ class EmulatorProcess:
             cmd += ["--container-network", self.container_network]
         if self.stop_grace is not None:
             cmd += ["--stop-grace-s", str(self.stop_grace)]
-        return cmd
+        return cmd + self.extra_args
 
     def start(self, timeout: float = 30.0) -> EmulatorProcess:
         """Start the process and block until it printed its ready line.
@@ -180,6 +187,7 @@ class EmulatorProcess:
     def _spawn(self, timeout: float) -> None:
         cmd = self.command()
         env = dict(os.environ)
+        env.update(self.extra_env)
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONPATH"] = str(PROJECT_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "ab") as err:
@@ -235,7 +243,8 @@ class EmulatorProcess:
                 self._proc.kill()
                 self._proc.wait()
                 raise EmulatorError(
-                    f"emulator pid {self._proc.pid} ignored SIGTERM for {timeout}s; killed it"
+                    f"emulator pid {self._proc.pid} ignored SIGTERM for {timeout}s; killed it."
+                    f" Its log ends:\n{self.stderr_tail(30)}"
                 ) from None
         return self._proc.returncode
 

@@ -7,7 +7,7 @@ import logging
 import shutil
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from emulator.handlers.base import RpcCounter, ServerConfig, build_servicer
 from emulator.http import ControlServer
 from emulator.models import State
 from emulator.models.apps import DEFAULT_HEARTBEAT_TIMEOUT
+from emulator.runtime.edge import EdgeLimits
 from emulator.store import Store
 
 log = logging.getLogger("emulator")
@@ -38,6 +39,7 @@ class Options:
     webhook_timeout: float = 150.0
     container_network: str = "auto"  # "auto" | "netns" | "host"
     stop_grace: float = 10.0
+    edge_limits: EdgeLimits = field(default_factory=EdgeLimits)
 
 
 def data_dir_for(state_path: Path | None) -> Path | None:
@@ -102,7 +104,7 @@ async def serve(options: Options) -> None:
                     host=options.host,
                 ),
             )
-            edge = Edge(runtime, data_dir, options.host)
+            edge = Edge(runtime, data_dir, options.host, options.edge_limits)
             runtime.edge = edge
             await edge.start()
             state.url_mapper = edge.url_for

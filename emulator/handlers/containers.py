@@ -181,6 +181,7 @@ async def FunctionCallGetDataIn(
 ) -> AsyncIterator[api_pb2.DataChunk]:
     """What the caller sends a running call (a web request's body, as ASGI messages)."""
     call = _call_of(ctx, req)
+    call.data_in_received(req.last_index)
     deadline = time.monotonic() + MAX_OUTPUT_WAIT
     while True:
         fresh = [c for c in call.data_in if c[0] > req.last_index]

@@ -51,6 +51,9 @@ class FunctionCall:
     #: (index, data format, serialized message); indexes start at 1, as the client expects.
     data_in: list[tuple[int, int, bytes]] = field(default_factory=list)
     data_out: list[tuple[int, int, bytes]] = field(default_factory=list)
+    #: The highest data-in index the container has received (it asks for what follows it:
+    #: FunctionCallGetDataIn's `last_index`); what is at or below it is dropped.
+    data_in_taken: int = 0
 
     @property
     def unfinished(self) -> int:
@@ -59,6 +62,19 @@ class FunctionCall:
     def notify(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def data_in_unread(self) -> int:
+        """Bytes of data-in messages the container has not received yet."""
+        return sum(len(c[2]) for c in self.data_in if c[0] > self.data_in_taken)
+
+    def data_in_received(self, last_index: int) -> None:
+        """The container asked for what follows `last_index`: it has everything up to it
+        (its retries ask again after its own last index, never before), so that is dropped
+        and the edge may read more of the client's body."""
+        if last_index > self.data_in_taken:
+            self.data_in_taken = last_index
+            self.data_in = [c for c in self.data_in if c[0] > last_index]
+            self.notify()
 
 
 class Calls:

@@ -28,11 +28,34 @@ protocol upgrades passed through):
    caller gets 303 to the same URL with `__modal_function_call_id=<id>`, which waits (again up
    to the timeout, then 303 again) and answers the result, as modal.com/docs/guide/
    webhook-timeouts describes.
+
+What a client may send (issue 22 item 5: 19,995 idle connections exhausted the emulator's
+open files, `Content-Length: -1` made it buffer a whole connection, `Transfer-Encoding:
+xchunked` got no answer and a traceback). Client requests are parsed by httptools (llhttp,
+as the serving proxy's own server and uvicorn), never by hand, and held to the serving
+proxy's limits (docs/proxy.md "Limits on what clients send"; `EdgeLimits`): a request head
+of at most 32 KiB (431), complete 10 s after the connection opened or after the previous
+answer (408; a connection that sent nothing is closed), a body of at most 4 MiB (413,
+answered from `Content-Length` before a byte of it is read) that must arrive within 60 s
+(408), idle keep-alive connections closed after 75 s, at most 16 requests read ahead of the
+one being answered, and at most 1024 client connections open at once on all the edge's ports
+(more are closed as they are accepted). Malformed framing (a bad or duplicate
+`Content-Length`, `Content-Length` with `Transfer-Encoding`, bad chunk sizes, NUL or bare
+CR/LF in a header) is 400; a transfer coding other than chunked, and CONNECT, are 501 (RFC
+9112 6.1). Every such answer closes the connection, FIN first, then reads and drops what the
+client still sends for at most 2 s (the proxy's lingering close). A refused or broken request
+is one log line, at most 5 per 10 s per kind (then one line counting the ones not shown),
+never a traceback.
+
+A web function's request body reaches the container as ASGI messages it asks for
+(FunctionCallGetDataIn): the edge reads the client no faster than the container takes them
+(at most 1 MiB not yet taken per request), so a body never piles up in the emulator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -40,9 +63,11 @@ import socket
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httptools
 from modal_proto import api_pb2
 
 from emulator.ids import new_id
@@ -52,7 +77,8 @@ from emulator.runtime.manager import NoCapacity, Pool, Runtime, StartFailed
 
 log = logging.getLogger("emulator.edge")
 
-MAX_HEAD = 64 * 1024
+#: The largest response head a container may send (its own headers; 502 above).
+MAX_UPSTREAM_HEAD = 64 * 1024
 _HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"}
 RESULT_PARAM = "__modal_function_call_id"
 _REASONS = {
@@ -60,14 +86,82 @@ _REASONS = {
     400: "Bad Request",
     401: "Unauthorized",
     404: "Not Found",
+    408: "Request Timeout",
+    413: "Content Too Large",
     429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
     502: "Bad Gateway",
     503: "Service Unavailable",
+    504: "Gateway Timeout",
 }
+#: Requests parsed ahead of the one being answered, at most (the proxy's MAX_PIPELINE).
+MAX_PIPELINE = 16
+#: Reading a client stops while this many body bytes wait for the container to take them.
+MAX_UNREAD_BODY = 1024 * 1024
+#: A connection closed after an answer reads and drops what still comes for at most this long
+#: (closing with unread bytes makes the kernel answer RST, which can destroy the answer).
+LINGER_S = 2.0
+
+
+@dataclass(frozen=True)
+class EdgeLimits:
+    """What one client may send the edge: the serving proxy's limits (docs/proxy.md)."""
+
+    max_head_bytes: int = 32 * 1024
+    head_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 75.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout_s: float = 60.0
+    max_connections: int = 1024
+
+
+class _LogLines:
+    """One warning line per event, at most `burst` per `window_s` for each kind; the first
+    line after a suppressed stretch says how many were not shown. Never a traceback."""
+
+    def __init__(self, burst: int = 5, window_s: float = 10.0) -> None:
+        self.burst = burst
+        self.window_s = window_s
+        self._windows: dict[str, tuple[float, int, int]] = {}  # kind -> (start, shown, dropped)
+
+    def warn(self, kind: str, message: str, *args: Any) -> None:
+        self.note(kind, logging.WARNING, message, *args)
+
+    def note(self, kind: str, level: int, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        start, shown, dropped = self._windows.get(kind, (now, 0, 0))
+        if now - start > self.window_s:
+            start, shown = now, 0
+        if shown >= self.burst:
+            self._windows[kind] = (start, shown, dropped + 1)
+            return
+        if dropped:
+            message += f" ({dropped} more like it in the last {self.window_s:.0f} s not shown)"
+        self._windows[kind] = (start, shown + 1, 0)
+        log.log(level, message, *args)
 
 
 class _BadRequest(Exception):
     pass
+
+
+class _BodyFailed(Exception):
+    """The request body cannot be read: `status` is the answer (400, 408, 413)."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _ReadAheadFull(Exception):
+    """Raised from a parser callback to stop parsing: MAX_PIPELINE requests are queued."""
 
 
 def _label(pattern_url: str) -> str:
@@ -98,47 +192,546 @@ class Head:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+class _Refusal:
+    """An answer the connection owes in place of a request it could not parse; then close."""
+
+    __slots__ = ("status", "text")
+
+    def __init__(self, status: int, text: str) -> None:
+        self.status = status
+        self.text = text
+
+
+class _Request:
+    """One parsed client request: its head, and its body as the parser delivers it."""
+
+    def __init__(
+        self,
+        conn: _ClientConnection,
+        method: str,
+        target: str,
+        version: str,
+        headers: list[tuple[str, str]],
+        keep_alive: bool,
+        content_length: int | None,
+        chunked: bool,
+    ) -> None:
+        self.conn = conn
+        self.method = method
+        self.target = target
+        self.head = Head(f"{method} {target} HTTP/{version}", headers)
+        self.keep_alive = keep_alive
+        self.content_length = content_length
+        self.chunked = chunked
+        self.upgrade = False
+        self.started = conn.loop.time()
+        self.pieces: collections.deque[bytes] = collections.deque()
+        self.buffered = 0  # bytes parsed and not yet taken
+        self.received = 0
+        self.complete = False  # the whole body was parsed
+        self.failure: _BodyFailed | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def has_body(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def fail(self, status: int, text: str) -> None:
+        if self.failure is None and not self.complete:
+            self.failure = _BodyFailed(status, text)
+            self.wake()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body, decoded (sized or chunked), piece by piece as it arrives."""
+        while True:
+            if self.pieces:
+                piece = self.pieces.popleft()
+                self.buffered -= len(piece)
+                self.conn.body_taken(self)
+                yield piece
+                continue
+            if self.failure is not None:
+                raise self.failure
+            if self.complete:
+                return
+            if self.conn.lost:
+                raise _ClientGone
+            self.conn.wants_body(self)
+            self._waiter = self.conn.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+
+class _ClientConnection(asyncio.Protocol):
+    """One client connection: httptools parses it, `Edge._serve_connection` answers it.
+
+    Requests (or the refusal of one that could not be parsed) are queued in order; the
+    serving coroutine takes them one at a time. Reading pauses while a body waits for the
+    container or a request waits behind the one being answered.
+    """
+
+    def __init__(self, edge: Edge, url: str) -> None:
+        self.edge = edge
+        self.url = url
+        self.limits = edge.limits
+        self.loop = asyncio.get_running_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.queue: collections.deque[_Request | _Refusal] = collections.deque()
+        self.parsing: _Request | None = None  # the request whose body is arriving
+        self.active: _Request | None = None  # the request being answered
+        self.lost = False
+        self.eof = False  # the client closed its sending side
+        self.closing = False  # no more requests are taken from this connection
+        self.stopped = False  # the parser is stopped: what arrives is dropped
+        self.reading_paused = False
+        self.write_paused = False
+        self.linger_until: float | None = None
+        self.upgraded = False  # after an upgrade request: raw bytes, no more HTTP
+        self.raw: collections.deque[bytes] = collections.deque()
+        self.raw_bytes = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain: asyncio.Future[None] | None = None
+        self.task: asyncio.Task[None] | None = None
+        # head parsing
+        self.in_head = True
+        self.head_bytes = 0
+        self.head_t0: float | None = None
+        self.idle_since: float | None = None
+        self._url = b""
+        self._headers: list[tuple[str, str]] = []
+        self._parsed_head = 0
+        self._bad_coding = ""
+
+    # ---- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        edge = self.edge
+        if len(edge.connections) >= self.limits.max_connections:
+            self.lost = True
+            edge.lines.warn(
+                "connections",
+                "edge: %d client connections are open (the cap): a new one on %s was closed",
+                len(edge.connections),
+                self.url,
+            )
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        edge.connections.add(self)
+        self.head_t0 = self.loop.time()
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.task = self.loop.create_task(edge._serve_connection(self))
+        edge.track(self.task)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.closing = True
+        self.edge.connections.discard(self)
+        for req in (self.active, self.parsing, *[q for q in self.queue if isinstance(q, _Request)]):
+            if req is not None:
+                req.wake()
+        self._wake()
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self.lost:
+            return
+        if self.upgraded:
+            self.raw.append(data)
+            self.raw_bytes += len(data)
+            if self.raw_bytes > MAX_UNREAD_BODY:
+                self._pause_reading()
+            self._wake()
+            return
+        if self.stopped:
+            return  # refused or lingering: dropped
+        if self.in_head:
+            if self.head_t0 is None:
+                self.head_t0 = self.loop.time()
+            self.head_bytes += len(data)
+            self.idle_since = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            self._upgraded(data[int(exc.args[0]) :] if exc.args else b"")
+            return
+        except _ReadAheadFull:
+            self.stopped = True
+            return
+        except httptools.HttpParserError as exc:
+            self._parse_error(exc)
+            return
+        if self.in_head and self.head_bytes > self.limits.max_head_bytes:
+            self.refuse(431, "request head too large")
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        if self.linger_until is not None:
+            return None  # the client is done too: close
+        if self.parsing is not None:
+            self.parsing.fail(400, "the client closed the connection inside the request body")
+        self._wake()
+        return True  # keep the transport open: the answer in progress still goes out
+
+    # ---- httptools callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if len(self.queue) >= MAX_PIPELINE:
+            # Read-ahead is full: answer what is queued, then close (the client retries the
+            # rest, RFC 9112 9.3.2). Raising stops the parser; the rest of this read is dropped.
+            last = self.queue[-1]
+            if isinstance(last, _Request):
+                last.keep_alive = False
+            raise _ReadAheadFull
+        self.in_head = True
+        self._url = b""
+        self._headers = []
+        self._parsed_head = 0
+        self._bad_coding = ""
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._parsed_head += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key, text = name.decode("latin-1"), value.decode("latin-1")
+        if key.lower() == "transfer-encoding":
+            codings = [c.strip().lower() for c in text.split(",")]
+            if codings[-1] != "chunked":
+                self._bad_coding = text
+        self._headers.append((key, text))
+        self._parsed_head += len(name) + len(value) + 4
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        parser = self.parser
+        if self._parsed_head > self.limits.max_head_bytes:
+            self.refuse(431, "request head too large")
+            raise _ReadAheadFull  # stop parsing: nothing more is read
+        if self._bad_coding:
+            return  # llhttp refuses the request next (see _parse_error): 501
+        method = parser.get_method().decode("ascii", "replace")
+        if method == "CONNECT":
+            self.refuse(501, "CONNECT is not supported")
+            raise _ReadAheadFull
+        headers = self._headers
+        length: int | None = None
+        chunked = False
+        for k, v in headers:
+            lk = k.lower()
+            if lk == "content-length":
+                length = int(v)  # llhttp checked: digits only, one value
+            elif lk == "transfer-encoding":
+                chunked = True
+        if length is not None and length > self.limits.max_body_bytes:
+            self.refuse(
+                413,
+                f"the request body ({length} bytes) is over the edge's limit of "
+                f"{self.limits.max_body_bytes} bytes",
+            )
+            raise _ReadAheadFull
+        version = parser.get_http_version()
+        req = _Request(
+            self,
+            method,
+            self._url.decode("latin-1"),
+            version if version in ("1.0", "1.1") else "1.1",
+            headers,
+            keep_alive=version == "1.1" and parser.should_keep_alive(),
+            content_length=length,
+            chunked=chunked,
+        )
+        if not req.has_body:
+            req.complete = True
+        else:
+            self.parsing = req
+        self.queue.append(req)
+        if len(self.queue) > 1 or self.active is not None:
+            self._pause_reading()  # served after the current one: read nothing more until then
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        req = self.parsing
+        if req is None or req.complete or req.failure is not None:
+            return
+        req.received += len(body)
+        if req.received > self.limits.max_body_bytes:
+            req.fail(
+                413,
+                f"the request body is over the edge's limit of {self.limits.max_body_bytes} bytes",
+            )
+            self.stopped = True
+            self._pause_reading()
+            return
+        req.pieces.append(bytes(body))
+        req.buffered += len(body)
+        if req.buffered > MAX_UNREAD_BODY:
+            self._pause_reading()
+        req.wake()
+
+    def on_message_complete(self) -> None:
+        req = self.parsing
+        self.parsing = None
+        if req is not None and req.failure is None:
+            req.complete = True
+            req.wake()
+        self.in_head = True  # the next bytes begin a new head; its clock starts with them
+        self.head_bytes = 0
+        self.head_t0 = None
+
+    # ---- parse outcomes ----------------------------------------------------------------------
+    def _parse_error(self, exc: Exception) -> None:
+        self.stopped = True
+        if self.parsing is not None:  # inside a body: that request fails
+            self.parsing.fail(400, f"malformed request body ({exc})")
+            return
+        if self._bad_coding:
+            self.refuse(
+                501,
+                f"transfer coding {self._bad_coding!r} is not supported (only chunked)",
+            )
+        else:
+            self.refuse(400, f"malformed request ({exc})")
+
+    def _upgraded(self, rest: bytes) -> None:
+        """An upgrade request: what follows its head is the client's raw stream."""
+        self.upgraded = True
+        req = self.queue[-1] if self.queue else None
+        if isinstance(req, _Request):
+            req.upgrade = True
+            req.keep_alive = False
+            req.complete = True
+        if rest:
+            self.raw.append(rest)
+            self.raw_bytes += len(rest)
+        self._wake()
+
+    def refuse(self, status: int, text: str) -> None:
+        """Queue the answer `status` in place of the next request, then close."""
+        if self.closing:
+            return
+        self.stopped = True
+        self.closing = True
+        self.edge.lines.warn(
+            f"refused-{status}", "edge: %s: %d %s (connection closed)", self.url, status, text
+        )
+        self.queue.append(_Refusal(status, text))
+        self._wake()
+
+    # ---- for the serving coroutine ---------------------------------------------------------
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_request(self) -> _Request | _Refusal | None:
+        """The next request (or refusal) in order; None once the client is gone or done."""
+        while True:
+            if self.queue:
+                item = self.queue.popleft()
+                if isinstance(item, _Request):
+                    self.active = item
+                    self.idle_since = None
+                return item
+            if self.lost or self.stopped or self.closing or self.eof:
+                return None
+            self._resume_reading()
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def request_done(self) -> None:
+        self.active = None
+        if not self.queue:
+            self.idle_since = self.loop.time()
+
+    def body_taken(self, req: _Request) -> None:
+        if req.buffered <= MAX_UNREAD_BODY // 2 and req is self.parsing and not self.stopped:
+            self._resume_reading()
+
+    def wants_body(self, req: _Request) -> None:
+        """The request being answered waits for more of its body: read the client."""
+        if req is self.parsing and req.buffered <= MAX_UNREAD_BODY // 2 and not self.stopped:
+            self._resume_reading()
+
+    async def raw_chunks(self) -> AsyncIterator[bytes]:
+        """The raw bytes after an upgrade, as they arrive, until the client's EOF."""
+        while True:
+            if self.raw:
+                data = self.raw.popleft()
+                self.raw_bytes -= len(data)
+                if self.raw_bytes <= MAX_UNREAD_BODY // 2:
+                    self._resume_reading()
+                yield data
+                continue
+            if self.lost or self.eof:
+                return
+            self._resume_reading()
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.lost:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.lost:
+            raise _ClientGone
+        if self.write_paused:
+            self._drain = self.loop.create_future()
+            try:
+                await self._drain
+            finally:
+                self._drain = None
+            if self.lost:
+                raise _ClientGone
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.transport.get_extra_info(name, default) if self.transport else default
+
+    def close_after_answer(self) -> None:
+        """Close once what was written has gone out: FIN first, then drop what the client
+        still sends until it closes too or LINGER_S passes (the sweep)."""
+        self.closing = True
+        self.stopped = True
+        transport = self.transport
+        if transport is None or transport.is_closing() or self.lost:
+            return
+        if self.upgraded or not transport.can_write_eof():
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:
+            transport.close()
+            return
+        self.linger_until = self.loop.time() + LINGER_S
+        self._resume_reading()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None and not self.lost:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.reading_paused and self.transport is not None and not self.lost:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def sweep(self, now: float) -> None:
+        """The head, body and keep-alive clocks (called about once a second)."""
+        transport = self.transport
+        if transport is None or self.lost:
+            return
+        if self.linger_until is not None:
+            if now > self.linger_until:
+                transport.close()
+            return
+        limits = self.limits
+        req = self.parsing
+        if req is not None and now - req.started > limits.body_timeout_s:
+            self.stopped = True
+            req.fail(408, f"the request body did not arrive within {limits.body_timeout_s:g} s")
+            return
+        if self.closing or self.upgraded or self.active is not None or self.queue:
+            return
+        if self.in_head and self.head_t0 is not None and now - self.head_t0 > limits.head_timeout_s:
+            if self.head_bytes:
+                self.refuse(
+                    408, f"the request head was not complete within {limits.head_timeout_s:g} s"
+                )
+            else:  # not a byte since the connection opened (or since the last answer)
+                self.closing = True
+                transport.close()
+        elif self.idle_since is not None and now - self.idle_since > limits.keepalive_timeout_s:
+            self.closing = True
+            transport.close()
+
+
+def _validated_length(head: Head) -> int | None:
+    """A container response's Content-Length: plain digits, one value (else _BadRequest)."""
+    values = [v for k, v in head.headers if k.lower() == "content-length"]
+    if not values:
+        return None
+    if len(set(values)) != 1 or not values[0].isdigit():
+        raise _BadRequest(f"invalid Content-Length {values!r}")
+    return int(values[0])
+
+
 async def _read_head(reader: asyncio.StreamReader) -> Head | None:
+    """A container's response head (the stream's limit bounds its size)."""
     try:
         raw = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as exc:
         if not exc.partial.strip():
             return None
-        raise _BadRequest("incomplete request head") from None
+        raise _BadRequest("incomplete response head") from None
     except asyncio.LimitOverrunError:
-        raise _BadRequest("request head too large") from None
+        raise _BadRequest("response head too large") from None
     lines = raw.decode("latin-1").split("\r\n")
     headers = []
     for line in lines[1:]:
         if not line:
             continue
         k, sep, v = line.partition(":")
-        if not sep:
+        if not sep or not k or k != k.strip():
             raise _BadRequest("malformed header line")
-        headers.append((k.strip(), v.strip()))
+        headers.append((k, v.strip()))
     return Head(lines[0], headers)
 
 
-async def _copy_body(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, head: Head, is_response: bool
-) -> bool:
-    """Copy a message body as framed (sized or chunked); False when it is close-delimited."""
+def _chunk_size(line: bytes) -> int:
+    text = line.split(b";")[0].strip()
+    if not text or any(c not in b"0123456789abcdefABCDEF" for c in text) or len(text) > 16:
+        raise _BadRequest(f"invalid chunk size {line[:40]!r}")
+    return int(text, 16)
+
+
+async def _copy_response_body(reader: asyncio.StreamReader, writer: Any, head: Head) -> bool:
+    """Copy a container's response body as framed (sized or chunked, checked); False when it
+    is close-delimited (it ends with the connection)."""
     te = (head.get("transfer-encoding") or "").lower()
     if "chunked" in te:
         while True:
             size_line = await reader.readuntil(b"\r\n")
-            if writer is not None:
-                writer.write(size_line)
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+            writer.write(size_line)
+            size = _chunk_size(size_line)
             if size == 0:
                 while True:  # trailers, then the blank line
                     line = await reader.readuntil(b"\r\n")
-                    if writer is not None:
-                        writer.write(line)
+                    writer.write(line)
                     if line == b"\r\n":
                         break
-                if writer is not None:
-                    await writer.drain()
+                await writer.drain()
                 return True
             remaining = size + 2
             while remaining:
@@ -146,62 +739,27 @@ async def _copy_body(
                 if not chunk:
                     raise asyncio.IncompleteReadError(b"", remaining)
                 remaining -= len(chunk)
-                if writer is not None:
-                    writer.write(chunk)
-            if writer is not None:
-                await writer.drain()
-    length = head.get("content-length")
+                writer.write(chunk)
+            await writer.drain()
+    length = _validated_length(head)
     if length is not None:
-        remaining = int(length)
+        remaining = length
         while remaining:
             chunk = await reader.read(min(remaining, 1 << 16))
             if not chunk:
                 raise asyncio.IncompleteReadError(b"", remaining)
             remaining -= len(chunk)
-            if writer is not None:
-                writer.write(chunk)
-                if remaining:
-                    await writer.drain()
-        if writer is not None:
-            await writer.drain()
+            writer.write(chunk)
+            if remaining:
+                await writer.drain()
+        await writer.drain()
         return True
-    if not is_response:
-        return True  # a request without length has no body
     while True:
         chunk = await reader.read(1 << 16)
         if not chunk:
             return False
-        if writer is not None:
-            writer.write(chunk)
-            await writer.drain()
-
-
-async def _body_chunks(reader: asyncio.StreamReader, head: Head) -> AsyncIterator[bytes]:
-    """A request body, decoded (sized or chunked), in pieces of at most 64 KiB."""
-    te = (head.get("transfer-encoding") or "").lower()
-    if "chunked" in te:
-        while True:
-            size_line = await reader.readuntil(b"\r\n")
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                    pass
-                return
-            remaining = size
-            while remaining:
-                chunk = await reader.read(min(remaining, 1 << 16))
-                if not chunk:
-                    raise asyncio.IncompleteReadError(b"", remaining)
-                remaining -= len(chunk)
-                yield chunk
-            await reader.readuntil(b"\r\n")
-    remaining = int(head.get("content-length") or "0")
-    while remaining:
-        chunk = await reader.read(min(remaining, 1 << 16))
-        if not chunk:
-            raise asyncio.IncompleteReadError(b"", remaining)
-        remaining -= len(chunk)
-        yield chunk
+        writer.write(chunk)
+        await writer.drain()
 
 
 def _status_of(head: Head) -> int:
@@ -213,7 +771,9 @@ def _no_body(method: str, status: int) -> bool:
     return method == "HEAD" or status in (204, 304) or 100 <= status < 200
 
 
-def _plain(status: int, text: str, extra: list[tuple[str, str]] | None = None) -> bytes:
+def _plain(
+    status: int, text: str, extra: list[tuple[str, str]] | None = None, close: bool = False
+) -> bytes:
     body = (text + "\n").encode()
     head = [
         f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
@@ -221,6 +781,8 @@ def _plain(status: int, text: str, extra: list[tuple[str, str]] | None = None) -
         f"content-length: {len(body)}",
     ]
     head += [f"{k}: {v}" for k, v in extra or []]
+    if close:
+        head.append("connection: close")
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
@@ -234,9 +796,16 @@ class _Pending:
 
 
 class Edge:
-    def __init__(self, runtime: Runtime, data_dir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        data_dir: Path,
+        host: str = "127.0.0.1",
+        limits: EdgeLimits | None = None,
+    ) -> None:
         self.runtime = runtime
         self.host = host
+        self.limits = limits or EdgeLimits()
         self.public_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self._table_path = data_dir / "edge-ports.json"
         self._ports: dict[str, int] = {}
@@ -244,6 +813,9 @@ class Edge:
         self._idle: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
         self._results: dict[str, _Pending] = {}
         self._bg: set[asyncio.Task[Any]] = set()
+        self.connections: set[_ClientConnection] = set()
+        self.lines = _LogLines()
+        self._sweeper: asyncio.TimerHandle | None = None
         if self._table_path.exists():
             with contextlib.suppress(ValueError, OSError):
                 self._ports = {
@@ -254,6 +826,14 @@ class Edge:
     async def start(self) -> None:
         for label in list(self._ports):
             self._listen(label)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for conn in list(self.connections):
+            conn.sweep(now)
+        interval = min(1.0, self.limits.head_timeout_s / 2)
+        self._sweeper = asyncio.get_running_loop().call_later(interval, self._sweep)
 
     def url_for(self, pattern_url: str) -> str:
         """The edge URL for an endpoint (its Modal-pattern URL names it); binds its port."""
@@ -286,18 +866,19 @@ class Edge:
         self._ports[label] = port
         self._servers[port] = None
         self._save()
-        task = asyncio.get_running_loop().create_task(self._serve(port, sock))
+        self.track(asyncio.get_running_loop().create_task(self._serve(port, sock)))
+        return port
+
+    def track(self, task: asyncio.Task[Any]) -> None:
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
-        return port
 
     async def _serve(self, port: int, sock: socket.socket) -> None:
         url = f"http://{self.public_host}:{port}"
-
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self._connection(url, reader, writer)
-
-        self._servers[port] = await asyncio.start_server(handle, sock=sock, limit=MAX_HEAD)
+        loop = asyncio.get_running_loop()
+        self._servers[port] = await loop.create_server(
+            lambda: _ClientConnection(self, url), sock=sock, backlog=512
+        )
 
     def _save(self) -> None:
         tmp = self._table_path.with_suffix(".tmp")
@@ -305,9 +886,13 @@ class Edge:
         tmp.replace(self._table_path)
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for server in self._servers.values():
             if server is not None:
                 server.close()
+        for conn in list(self.connections):
+            conn.abort()
         for conns in self._idle.values():
             for _r, w in conns:
                 w.close()
@@ -324,32 +909,42 @@ class Edge:
         return dict(self._ports)
 
     # ---- requests -------------------------------------------------------------------------
-    async def _connection(
-        self, url: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    async def _serve_connection(self, conn: _ClientConnection) -> None:
+        """Answer a client connection's requests in order, until it ends or must close."""
+        url = conn.url
         try:
             while True:
+                item = await conn.next_request()
+                if item is None:
+                    return
+                if isinstance(item, _Refusal):
+                    conn.write(_plain(item.status, f"modal-http: {item.text}", close=True))
+                    return
+                req = item
                 try:
-                    head = await _read_head(reader)
-                except _BadRequest as exc:
-                    writer.write(_plain(400, f"modal-http: {exc}"))
-                    await writer.drain()
+                    keep = await self._request(url, req, conn)
+                except _BodyFailed as exc:
+                    # The body broke before any answer went out (a later failure cuts the
+                    # answer instead, in the handlers): say why, then close.
+                    self.lines.warn(
+                        f"refused-{exc.status}",
+                        "edge: %s: %d %s (connection closed)",
+                        url,
+                        exc.status,
+                        exc.text,
+                    )
+                    conn.write(_plain(exc.status, f"modal-http: {exc.text}", close=True))
                     return
-                if head is None:
+                if not (keep and req.keep_alive and req.complete and not req.upgrade):
                     return
-                keep = await self._request(url, head, reader, writer)
-                if not keep:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                conn.request_done()
+        except (_ClientGone, ConnectionError, asyncio.IncompleteReadError):
             pass
-        except Exception:
-            log.exception("edge: request on %s failed", url)
+        except Exception as exc:  # a bug: one line (rate-limited), the traceback at DEBUG
+            self.lines.warn("internal", "edge: request on %s failed: %r", url, exc)
+            log.debug("edge: request on %s failed", url, exc_info=True)
         finally:
-            writer.close()
+            conn.close_after_answer()
 
     def _authorized(self, pool: Pool, head: Head) -> tuple[bool, str]:
         key, secret = head.get("modal-key"), head.get("modal-secret")
@@ -367,63 +962,61 @@ class Edge:
             return True, ""
         return False, "modal-http: invalid credentials for proxy authorization"
 
-    async def _request(
-        self, url: str, head: Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    @staticmethod
+    def _answer(
+        conn: _ClientConnection,
+        req: _Request,
+        status: int,
+        text: str,
+        extra: list[tuple[str, str]] | None = None,
     ) -> bool:
-        parts = head.first.split(" ")
-        if len(parts) != 3:
-            writer.write(_plain(400, "modal-http: malformed request line"))
-            return False
-        method, target, version = parts
-        client_keep = version == "HTTP/1.1" and (head.get("connection") or "").lower() != "close"
+        """An answer of the edge's own; keep-alive only when the whole body was read (an
+        unread body is never read just to be dropped: the connection closes instead)."""
+        keep = req.complete and req.keep_alive
+        conn.write(_plain(status, text, extra, close=not keep))
+        return keep
+
+    async def _request(self, url: str, req: _Request, conn: _ClientConnection) -> bool:
+        method, target, head = req.method, req.target, req.head
+        client_keep = req.keep_alive
         pool = self.runtime.route(url)
         if pool is None:
-            await _copy_body(reader, None, head, False)
-            writer.write(_plain(404, "modal-http: app for invoked web endpoint is stopped"))
-            await writer.drain()
-            return client_keep
+            keep = self._answer(
+                conn, req, 404, "modal-http: app for invoked web endpoint is stopped"
+            )
+            await conn.drain()
+            return keep
         if pool.settings.requires_auth:
             ok, why = self._authorized(pool, head)
             if not ok:
-                await _copy_body(reader, None, head, False)
-                writer.write(_plain(401, why))
-                await writer.drain()
-                return client_keep
+                keep = self._answer(conn, req, 401, why)
+                await conn.drain()
+                return keep
         split = urllib.parse.urlsplit(target)
         query = urllib.parse.parse_qs(split.query)
         if RESULT_PARAM in query:
-            await _copy_body(reader, None, head, False)
-            return await self._answer_pending(query[RESULT_PARAM][0], target, writer, client_keep)
+            if not req.complete:
+                self._answer(conn, req, 400, "modal-http: a result URL takes no request body")
+                return False
+            return await self._answer_pending(query[RESULT_PARAM][0], target, conn, client_keep)
         if pool.settings.kind != "server":
-            return await self._web(url, pool, method, target, head, reader, writer, client_keep)
+            return await self._web(url, pool, req, conn)
         try:
             container = await self.runtime.acquire(pool, pool.settings.startup_timeout + 5)
         except NoCapacity as exc:
-            await _copy_body(reader, None, head, False)
-            writer.write(_plain(429, f"modal-http: too many requests: {exc}"))
-            await writer.drain()
-            return client_keep
+            keep = self._answer(conn, req, 429, f"modal-http: too many requests: {exc}")
+            await conn.drain()
+            return keep
         except StartFailed as exc:
-            await _copy_body(reader, None, head, False)
-            writer.write(_plain(503, f"modal-http: the container failed to start: {exc}"))
-            await writer.drain()
-            return client_keep
+            keep = self._answer(conn, req, 503, f"modal-http: the container failed to start: {exc}")
+            await conn.drain()
+            return keep
         try:
-            return await self._forward(pool, container, method, head, reader, writer, client_keep)
+            return await self._forward(pool, container, method, req, conn, client_keep)
         finally:
             self.runtime.release(pool, container)
 
-    async def _web(
-        self,
-        url: str,
-        pool: Pool,
-        method: str,
-        target: str,
-        head: Head,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        client_keep: bool,
-    ) -> bool:
+    async def _web(self, url: str, pool: Pool, req: _Request, conn: _ClientConnection) -> bool:
         """asgi_app / fastapi_endpoint / wsgi_app / web_server: the request is an input.
 
         As on Modal, the container gets the ASGI scope as a function input (data format ASGI),
@@ -434,15 +1027,16 @@ class Edge:
         from modal._serialization import deserialize_data_format, serialize, serialize_data_format
 
         asgi = api_pb2.DATA_FORMAT_ASGI
-        split = urllib.parse.urlsplit(target)
-        peer = writer.get_extra_info("peername") or ("127.0.0.1", 0)
+        head = req.head
+        split = urllib.parse.urlsplit(req.target)
+        peer = conn.get_extra_info("peername") or ("127.0.0.1", 0)
         drop = {"modal-key", "modal-secret"}
         if (head.get("authorization") or "").lower().startswith("bearer wk-"):
             drop.add("authorization")
         scope = {
             "type": "http",
             "http_version": "1.1",
-            "method": method,
+            "method": req.method,
             "scheme": "http",
             "path": urllib.parse.unquote(split.path or "/"),
             "query_string": split.query.encode(),
@@ -464,6 +1058,7 @@ class Edge:
         call = calls.create(pool.function_id)
         calls.add_input(call, 0, item)
         self.runtime.wake()
+        failed: list[_BodyFailed] = []
 
         async def feed() -> None:
             index = 0
@@ -475,29 +1070,50 @@ class Edge:
                 call.data_in.append((index, asgi, serialize_data_format(message, asgi)))
                 call.notify()
 
-            async for body in _body_chunks(reader, head):
-                put(body, True)
-            put(b"", False)
+            try:
+                async for body in req.chunks():
+                    # The container takes the body as it asks for it: read the client no
+                    # faster (at most MAX_UNREAD_BODY bytes it has not taken yet).
+                    while call.data_in_unread() > MAX_UNREAD_BODY and call.unfinished:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(call.changed.wait(), 1.0)
+                    put(body, True)
+                put(b"", False)
+            except _BodyFailed as exc:
+                failed.append(exc)
+                call.notify()
+            except _ClientGone:
+                call.notify()
 
         feeder = asyncio.get_running_loop().create_task(feed())
         try:
-            return await self._web_response(
-                call, method, writer, client_keep, deserialize_data_format
-            )
+            return await self._web_response(call, req, conn, deserialize_data_format, failed)
         finally:
             if not feeder.done():
                 feeder.cancel()
             calls.forget(call.id)
 
     async def _web_response(
-        self, call: Any, method: str, writer: asyncio.StreamWriter, client_keep: bool, decode: Any
+        self,
+        call: Any,
+        req: _Request,
+        conn: _ClientConnection,
+        decode: Any,
+        failed: list[_BodyFailed],
     ) -> bool:
+        method = req.method
         seen = 0
         chunked = False
         started = False
         status = 200
         deadline = time.monotonic() + self.runtime.options.webhook_timeout
         while True:
+            if failed:
+                if started:
+                    return False  # cut the response: the client sees a truncated body
+                raise failed[0]
+            if conn.lost:
+                return False
             fresh = [c for c in call.data_out if c[0] > seen]
             for index, data_format, data in fresh:
                 seen = index
@@ -516,20 +1132,20 @@ class Edge:
                         headers = [(k, v) for k, v in headers if k.lower() != "transfer-encoding"]
                         headers.append(("transfer-encoding", "chunked"))
                     reason = _REASONS.get(status, "OK" if status < 400 else "Error")
-                    writer.write(Head(f"HTTP/1.1 {status} {reason}", headers).encode())
+                    conn.write(Head(f"HTTP/1.1 {status} {reason}", headers).encode())
                 elif kind == "http.response.body" and started:
                     body = bytes(message.get("body", b""))
                     if body and not _no_body(method, status):
                         if chunked:
-                            writer.write(f"{len(body):x}\r\n".encode() + body + b"\r\n")
+                            conn.write(f"{len(body):x}\r\n".encode() + body + b"\r\n")
                         else:
-                            writer.write(body)
+                            conn.write(body)
                     if not message.get("more_body", False):
                         if chunked:
-                            writer.write(b"0\r\n\r\n")
-                        await writer.drain()
-                        return client_keep
-                await writer.drain()
+                            conn.write(b"0\r\n\r\n")
+                        await conn.drain()
+                        return req.keep_alive
+                await conn.drain()
             if call.unfinished == 0 and not [c for c in call.data_out if c[0] > seen]:
                 # the input finished without (completing) a response
                 failure = next(
@@ -543,14 +1159,16 @@ class Edge:
                 if started:
                     return False  # cut the response: the client sees a truncated body
                 why = failure.exception if failure is not None else "no response"
-                writer.write(_plain(500, f"modal-http: internal error: {why}"))
-                await writer.drain()
-                return client_keep
+                keep = self._answer(conn, req, 500, f"modal-http: internal error: {why}")
+                await conn.drain()
+                return keep
             if not started and time.monotonic() > deadline:
-                writer.write(
-                    _plain(504, "modal-http: the response did not start within the timeout")
+                conn.write(
+                    _plain(
+                        504, "modal-http: the response did not start within the timeout", close=True
+                    )
                 )
-                await writer.drain()
+                await conn.drain()
                 return False
             changed = call.changed
             with contextlib.suppress(TimeoutError):
@@ -566,7 +1184,9 @@ class Edge:
             if not w.is_closing() and not r.at_eof():
                 return r, w, True
             w.close()
-        r, w = await netns.connect(container.pid if container.netns else None, port)
+        r, w = await netns.connect(
+            container.pid if container.netns else None, port, limit=MAX_UPSTREAM_HEAD
+        )
         return r, w, False
 
     def _park(
@@ -577,16 +1197,30 @@ class Edge:
             return
         self._idle.setdefault(container.task_id, []).append(conn)
 
+    @staticmethod
+    async def _send_body(req: _Request, up_w: asyncio.StreamWriter) -> None:
+        """The request body to the container, framed as the client framed it (chunks are
+        re-chunked as they arrive: httptools decodes them; trailers are not forwarded)."""
+        if req.chunked:
+            async for piece in req.chunks():
+                up_w.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await up_w.drain()
+            up_w.write(b"0\r\n\r\n")
+        elif req.content_length:
+            async for piece in req.chunks():
+                up_w.write(piece)
+                await up_w.drain()
+
     async def _forward(
         self,
         pool: Pool,
         container: Container,
         method: str,
-        head: Head,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        req: _Request,
+        conn: _ClientConnection,
         client_keep: bool,
     ) -> bool:
+        head = req.head
         drop = {"modal-key", "modal-secret"}
         if (head.get("authorization") or "").lower().startswith("bearer wk-"):
             drop.add("authorization")
@@ -597,95 +1231,147 @@ class Edge:
         # the container's kernel reset the connection, and the answer's body was lost
         # (IncompleteRead at the client, ~1 request in 70 under load). An upgrade keeps them.
         connection = {t.strip().lower() for t in (head.get("connection") or "").split(",")}
-        if not ("upgrade" in connection and head.get("upgrade")):
+        if not (req.upgrade and "upgrade" in connection and head.get("upgrade")):
             drop |= _HOP | connection
         headers = head.without(drop)
-        te = (head.get("transfer-encoding") or "").lower()
-        bodyless = head.get("content-length") in (None, "0") and "chunked" not in te
+        bodyless = not req.has_body
         timeout = self.runtime.options.webhook_timeout
         resp: Head | None = None
-        for attempt in (0, 1):
-            try:
-                up_r, up_w, reused = await self._upstream(container, pool.settings.port)
-            except OSError as exc:
-                if attempt == 0:
-                    await _copy_body(reader, None, head, False)
-                log.info("edge: container %s refused port: %s", container.task_id, exc)
-                writer.write(_plain(502, f"modal-http: the container's port refused: {exc}"))
-                await writer.drain()
-                return client_keep
-            try:
-                up_w.write(head.encode(headers))
-                if attempt == 0:
-                    await _copy_body(reader, up_w, head, False)
-                await up_w.drain()
-                resp = await asyncio.wait_for(_read_head(up_r), timeout)
-            except TimeoutError:
-                return await self._detach(up_r, up_w, method, writer, head, client_keep)
-            except (_BadRequest, ConnectionError):
-                resp = None
-            if resp is None and reused and bodyless and attempt == 0:
-                up_w.close()  # a kept-alive connection the container had closed: once more
-                continue
-            break
-        while resp is not None and 100 <= _status_of(resp) < 200 and _status_of(resp) != 101:
-            writer.write(resp.encode())
-            await writer.drain()
-            resp = await _read_head(up_r)
-        if resp is None:
-            up_w.close()
-            log.info("edge: container %s closed the connection", container.task_id)
-            writer.write(_plain(502, "modal-http: the container closed the connection"))
-            await writer.drain()
-            return client_keep
-        status = _status_of(resp)
-        if status == 101:
-            writer.write(resp.encode())
-            await writer.drain()
-            await self._pipe(reader, writer, up_r, up_w)
-            return False
-        writer.write(resp.encode())
-        framed = True
-        if not _no_body(method, status):
-            framed = await _copy_body(up_r, writer, resp, True)
-        await writer.drain()
-        up_keep = framed and (resp.get("connection") or "").lower() != "close"
-        if up_keep:
-            self._park(container, (up_r, up_w))
-        else:
-            up_w.close()
-        return client_keep and framed
+        up_r: asyncio.StreamReader | None = None
+        up_w: asyncio.StreamWriter | None = None
+        parked = False
+        try:
+            for attempt in (0, 1):
+                try:
+                    up_r, up_w, reused = await self._upstream(container, pool.settings.port)
+                except OSError as exc:
+                    self.lines.note(
+                        "refused-port",
+                        logging.INFO,
+                        "edge: container %s refused port: %s",
+                        container.task_id,
+                        exc,
+                    )
+                    keep = self._answer(
+                        conn, req, 502, f"modal-http: the container's port refused: {exc}"
+                    )
+                    await conn.drain()
+                    return keep
+                try:
+                    try:
+                        up_w.write(head.encode(headers))
+                        await self._send_body(req, up_w)
+                        await up_w.drain()
+                    except ConnectionError:
+                        pass  # it stopped reading: it may have answered early (read below)
+                    resp = await asyncio.wait_for(_read_head(up_r), timeout)
+                except TimeoutError:
+                    parked = True  # the reader below owns the connection now
+                    return await self._detach(up_r, up_w, req, conn, client_keep)
+                except (_BadRequest, ConnectionError):
+                    resp = None
+                if resp is None and reused and bodyless and attempt == 0:
+                    up_w.close()  # a kept-alive connection the container had closed: once more
+                    continue
+                break
+            assert up_r is not None and up_w is not None
+            while resp is not None and 100 <= _status_of(resp) < 200 and _status_of(resp) != 101:
+                conn.write(resp.encode())
+                await conn.drain()
+                try:
+                    resp = await asyncio.wait_for(_read_head(up_r), timeout)
+                except (_BadRequest, ConnectionError, TimeoutError):
+                    resp = None
+            if resp is None:
+                self.lines.note(
+                    "container-closed",
+                    logging.INFO,
+                    "edge: container %s closed the connection or sent a malformed head",
+                    container.task_id,
+                )
+                keep = self._answer(
+                    conn, req, 502, "modal-http: the container closed the connection"
+                )
+                await conn.drain()
+                return keep
+            status = _status_of(resp)
+            if status == 101:
+                if not req.upgrade:
+                    keep = self._answer(
+                        conn, req, 502, "modal-http: the container switched protocols unasked"
+                    )
+                    await conn.drain()
+                    return False
+                conn.write(resp.encode())
+                await conn.drain()
+                await self._pipe(conn, up_r, up_w)
+                return False
+            conn.write(resp.encode())
+            framed = True
+            if not _no_body(method, status):
+                try:
+                    framed = await _copy_response_body(up_r, conn, resp)
+                except (_BadRequest, asyncio.IncompleteReadError, ConnectionError) as exc:
+                    self.lines.note(
+                        "container-body",
+                        logging.INFO,
+                        "edge: container %s broke its response: %s",
+                        container.task_id,
+                        exc,
+                    )
+                    return False  # cut: the client sees a truncated response
+            await conn.drain()
+            if framed and (resp.get("connection") or "").lower() != "close":
+                self._park(container, (up_r, up_w))
+                parked = True
+            return client_keep and framed
+        finally:
+            if up_w is not None and not parked:
+                up_w.close()
 
     async def _pipe(
         self,
-        a_r: asyncio.StreamReader,
-        a_w: asyncio.StreamWriter,
-        b_r: asyncio.StreamReader,
-        b_w: asyncio.StreamWriter,
+        conn: _ClientConnection,
+        up_r: asyncio.StreamReader,
+        up_w: asyncio.StreamWriter,
     ) -> None:
-        async def one(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError, OSError):
-                while data := await src.read(1 << 16):
-                    dst.write(data)
-                    await dst.drain()
-            with contextlib.suppress(OSError):
-                dst.close()
+        """An upgraded connection: bytes both ways until either side ends."""
 
-        await asyncio.gather(one(a_r, b_w), one(b_r, a_w))
+        async def to_container() -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                async for data in conn.raw_chunks():
+                    up_w.write(data)
+                    await up_w.drain()
+                if up_w.can_write_eof():
+                    up_w.write_eof()
+
+        async def to_client() -> None:
+            with contextlib.suppress(ConnectionError, OSError, _ClientGone):
+                while data := await up_r.read(1 << 16):
+                    conn.write(data)
+                    await conn.drain()
+
+        up = asyncio.get_running_loop().create_task(to_container())
+        try:
+            await to_client()
+        finally:
+            up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await up
 
     async def _detach(
         self,
         up_r: asyncio.StreamReader,
         up_w: asyncio.StreamWriter,
-        method: str,
-        writer: asyncio.StreamWriter,
-        head: Head,
+        req: _Request,
+        conn: _ClientConnection,
         client_keep: bool,
     ) -> bool:
         """The response did not start in time: keep reading it in the background, answer 303."""
         call_id = new_id("function_call")
         pending = _Pending()
         self._results[call_id] = pending
+        method = req.method
 
         async def finish() -> None:
             try:
@@ -695,7 +1381,7 @@ class Edge:
                     return
                 sink = _Buffer()
                 if not _no_body(method, _status_of(resp)):
-                    await _copy_body(up_r, sink, resp, True)  # type: ignore[arg-type]
+                    await _copy_response_body(up_r, sink, resp)
                 if "chunked" in (resp.get("transfer-encoding") or "").lower():
                     headers = resp.without({"connection"})  # chunk framing kept as read
                 else:
@@ -708,37 +1394,34 @@ class Edge:
                 up_w.close()
                 pending.done.set()
 
-        task = asyncio.get_running_loop().create_task(finish())
-        self._bg.add(task)
-        task.add_done_callback(self._bg.discard)
-        target = head.first.split(" ")[1]
-        writer.write(
-            _plain(
-                303,
-                "modal-http: the result will be at Location",
-                [("location", _with_param(target, call_id))],
-            )
+        self.track(asyncio.get_running_loop().create_task(finish()))
+        keep = self._answer(
+            conn,
+            req,
+            303,
+            "modal-http: the result will be at Location",
+            extra=[("location", _with_param(req.target, call_id))],
         )
-        await writer.drain()
-        return client_keep
+        await conn.drain()
+        return keep and client_keep
 
     async def _answer_pending(
-        self, call_id: str, target: str, writer: asyncio.StreamWriter, client_keep: bool
+        self, call_id: str, target: str, conn: _ClientConnection, client_keep: bool
     ) -> bool:
         pending = self._results.get(call_id)
         if pending is None:
-            writer.write(_plain(404, f"modal-http: no pending result {call_id}"))
-            await writer.drain()
+            conn.write(_plain(404, f"modal-http: no pending result {call_id}"))
+            await conn.drain()
             return client_keep
         try:
             await asyncio.wait_for(pending.done.wait(), self.runtime.options.webhook_timeout)
         except TimeoutError:
-            writer.write(_plain(303, "modal-http: still running", [("location", target)]))
-            await writer.drain()
+            conn.write(_plain(303, "modal-http: still running", [("location", target)]))
+            await conn.drain()
             return client_keep
         self._results.pop(call_id, None)
-        writer.write(pending.data)
-        await writer.drain()
+        conn.write(pending.data)
+        await conn.drain()
         return client_keep
 
 

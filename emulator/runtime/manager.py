@@ -285,7 +285,10 @@ class Runtime:
     async def _run(self) -> None:
         last_reconcile = 0.0
         woken = True
-        while True:
+        # `close()` sets _closing before it cancels this task: Python 3.11's wait_for can
+        # swallow a cancellation that arrives as the wait ends (a wake at the same moment),
+        # and the loop then ran on while close() waited for it (an emulator ignoring SIGTERM).
+        while not self._closing:
             try:
                 # the deployed state is re-read when something woke the loop (a publish, a
                 # stop, a rollback, a reset) and at least every RECONCILE_INTERVAL (apps can

@@ -96,11 +96,12 @@ def _socket_in(pid: int) -> socket.socket:
 
 
 async def connect(
-    pid: int | None, port: int, host: str = "127.0.0.1"
+    pid: int | None, port: int, host: str = "127.0.0.1", limit: int = 1 << 20
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Open a TCP connection to `host:port` inside the network namespace of `pid`.
 
-    `pid=None` means the emulator's own namespace (the host-network fallback).
+    `pid=None` means the emulator's own namespace (the host-network fallback). `limit` is the
+    stream's line limit (the largest head or chunk-size line `readuntil` accepts).
     """
     loop = asyncio.get_running_loop()
     if pid is None:
@@ -114,4 +115,4 @@ async def connect(
     except BaseException:
         sock.close()
         raise
-    return await asyncio.open_connection(sock=sock, limit=1 << 20)
+    return await asyncio.open_connection(sock=sock, limit=limit)
