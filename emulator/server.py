@@ -77,6 +77,14 @@ async def serve(options: Options) -> None:
     temp_data: Path | None = None
     try:
         state = State(store, options.workspace, heartbeat_timeout=options.heartbeat_timeout)
+        interrupted = state.apps.stop_interrupted_deploys()
+        if interrupted:
+            log.warning(
+                "stopped %d app(s) whose deploy was in progress when the last emulator on "
+                "this state stopped (%s): deploy them again",
+                len(interrupted),
+                ", ".join(interrupted),
+            )
         counter = RpcCounter()
         credentials = (
             (options.token_id, options.token_secret)

@@ -18,7 +18,9 @@ again afterwards; one written for this reading also works if Modal is more lenie
 Clients heartbeat their apps (AppHeartbeat, every ~15 s). An app still initializing (a deploy
 in progress) or ephemeral whose client went silent for `heartbeat_timeout` seconds (default
 60) is stopped the next time apps are looked up or listed, as if the client had disconnected:
-a deploying client killed with -9 does not leave an app "initializing" forever.
+a deploying client killed with -9 does not leave an app "initializing" forever. An app left
+initializing by a previous emulator process is stopped when the next one starts
+(`stop_interrupted_deploys`).
 
 Function definitions are opaque bytes here (serialized protobuf owned by the handlers).
 """
@@ -306,6 +308,30 @@ class Apps:
         )
         return app
 
+    def stop_interrupted_deploys(self) -> builtins.list[str]:
+        """At start: stop the apps a previous emulator process left initializing (a deploy in
+        progress when it stopped or was killed); their ids.
+
+        Modal stops an app whose deploying client went away (AppClientDisconnect, which
+        modal 1.6.4 `modal/runner.py` `_deploy_app` sends when the deploy fails, and the
+        heartbeat timeout otherwise). A deploy's client talked to the process that is gone,
+        and nothing tells a client that survived it from one that did not: left as it was,
+        such an app waited out the heartbeat timeout listed as initializing, or was published
+        by a client that retried AppPublish against the new process, an interrupted deploy
+        coming back as deployed (issue 22 item 6). It is stopped now; a client that survived
+        gets FAILED_PRECONDITION at AppPublish, and a new deploy under the same name works.
+        """
+        with self.store.tx() as db:
+            rows = db.execute("SELECT id FROM apps WHERE state = 'initializing'").fetchall()
+            ids = [str(r["id"]) for r in rows]
+            if ids:
+                db.execute(
+                    "UPDATE apps SET state = 'stopped', stopped_at = ?"
+                    " WHERE state = 'initializing'",
+                    (self.store.now(),),
+                )
+            return ids
+
     def heartbeat(self, app_id: str) -> None:
         with self.store.tx() as db:
             self._row(db, app_id)
@@ -371,7 +397,9 @@ class Apps:
             row = self._row(db, app_id)
             if row["state"] == "stopped":
                 raise FailedPrecondition(
-                    f"App {app_id} is stopped; deploy again to create a new app."
+                    f"App {app_id} is stopped (stopped by hand, its client disconnected or "
+                    "went silent, or its deploy was interrupted by a restart of Modal); "
+                    "deploy again to create a new app."
                 )
             for tag, fid in req.function_ids.items():
                 frow = db.execute("SELECT app_id FROM functions WHERE id = ?", (fid,)).fetchone()
