@@ -25,6 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Local emulator of Modal's control plane for the real `modal` client.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser(
+        "sweep",
+        help="kill the container processes that emulators killed with -9 left running, and "
+        "remove their scratch dirs (a starting emulator does this too)",
+        description="One line on stdout says what was done. Only emulators of this user in "
+        "this pid namespace that are gone are swept; a running emulator is left alone.",
+    )
     s = sub.add_parser(
         "serve",
         help="serve the gRPC API (and the HTTP control surface) until SIGTERM/Ctrl-C",
@@ -100,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long a stopping container may run @modal.exit before SIGKILL (default 10)",
     )
+    s.add_argument(
+        "--no-container-namespaces",
+        action="store_true",
+        help="run containers as plain processes even where mount and pid namespaces are "
+        "allowed (what an emulator without root gets); needs --container-network host",
+    )
     edge = EdgeLimits()
     for flag, kind, default, meaning in (
         ("--edge-max-connections", int, edge.max_connections, "client connections open at once"
@@ -129,8 +142,22 @@ def _raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def sweep_command() -> int:
+    """`python -m emulator sweep`: what emulators killed with -9 left (any state file)."""
+    from emulator.runtime.scratch import sweep
+
+    removed, killed = sweep()
+    print(
+        f"swept {len(removed)} scratch dir(s) of emulators that are gone; killed {killed} "
+        "container process(es) they left running"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "sweep":
+        return sweep_command()
     if (args.token_id is None) != (args.token_secret is None):
         print("error: --token-id and --token-secret go together", file=sys.stderr)
         return 2
@@ -167,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         webhook_timeout=args.webhook_timeout_s,
         container_network=args.container_network,
         stop_grace=args.stop_grace_s,
+        container_namespaces=not args.no_container_namespaces,
         edge_limits=EdgeLimits(
             max_head_bytes=args.edge_max_head_bytes,
             head_timeout_s=args.edge_head_timeout_s,
@@ -176,6 +204,13 @@ def main(argv: list[str] | None = None) -> int:
             max_connections=args.edge_max_connections,
         ),
     )
+    if args.no_container_namespaces and args.container_network != "host":
+        print(
+            "error: --no-container-namespaces needs --container-network host (a network "
+            "namespace is a namespace)",
+            file=sys.stderr,
+        )
+        return 2
     for name in ("max_connections", "max_head_bytes", "max_body_bytes"):
         if getattr(options.edge_limits, name) < 1:
             print(f"error: --edge-{name.replace('_', '-')} must be at least 1", file=sys.stderr)

@@ -39,6 +39,7 @@ class Options:
     webhook_timeout: float = 150.0
     container_network: str = "auto"  # "auto" | "netns" | "host"
     stop_grace: float = 10.0
+    container_namespaces: bool = True  # False: plain processes, as without root
     edge_limits: EdgeLimits = field(default_factory=EdgeLimits)
 
 
@@ -110,6 +111,7 @@ async def serve(options: Options) -> None:
                     netns={"auto": None, "netns": True, "host": False}[options.container_network],
                     stop_grace=options.stop_grace,
                     host=options.host,
+                    namespaces=None if options.container_namespaces else False,
                 ),
             )
             edge = Edge(runtime, data_dir, options.host, options.edge_limits)

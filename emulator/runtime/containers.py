@@ -32,9 +32,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from emulator.runtime.materialize import PathMount, outside_root_mounts
+from emulator.runtime.scratch import kill_recorded, start_time
 
 log = logging.getLogger("emulator.runtime")
 
@@ -67,6 +68,9 @@ class LaunchSpec:
     netns: bool
     python: str = sys.executable
     args_bytes: bytes = b""
+    #: Its own mount and pid namespaces and root (see `command`); without them (no root or
+    #: no `unshare`) it is a plain process on the machine's filesystem.
+    mountns: bool = False
 
 
 @dataclass
@@ -93,6 +97,12 @@ class Container:
     proc: asyncio.subprocess.Process | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     netns: bool = False
+    #: The container's pid 1 (the init of its pid namespace, which forwards SIGTERM/SIGINT to
+    #: the entrypoint); `pid` is the `unshare` process above it. None without namespaces.
+    init_pid: int | None = None
+    mountns: bool = False  # in its own mount and pid namespaces (see `command`)
+    #: Without a pid namespace: the processes it started (pid -> start time), as last seen.
+    descendants: dict[int, str] = field(default_factory=dict)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=8))  # last output lines
 
     @property
@@ -106,10 +116,25 @@ class Container:
         return max(self.concurrency - self.in_flight, 0)
 
 
-def command(spec: LaunchSpec) -> tuple[list[str], Path]:
-    """(argv, cwd) for the container process."""
+def command(spec: LaunchSpec, host_root: Path = Path("/")) -> tuple[list[str], Path]:
+    """(argv, cwd) for the container process.
+
+    With namespaces (`spec.mountns`: root and `unshare`, checked at start) the container gets
+    its own mount and pid namespaces (and network namespace with `spec.netns`) and its own
+    root: a tmpfs holding a recursive bind of each top-level entry of the machine's `/`, on
+    which the container's own paths are mounted (its files at `/root` and elsewhere, its
+    volumes), then `chroot`. A mount point that does not exist on the machine is created in
+    that root (a new top-level directory on the tmpfs, a deeper one in an overlay of its
+    deepest existing parent), never on the machine: before, `mkdir -p /weights` inside the
+    mount namespace created `/weights` on the host (issue 22 item 8). Its pid 1 is a small
+    shell that forwards SIGTERM/SIGINT to the entrypoint; when pid 1 ends, the kernel kills
+    everything in the pid namespace, whatever session or group it moved to, and `unshare
+    --kill-child` (with PR_SET_PDEATHSIG on `unshare`) ends pid 1 when the emulator dies, even
+    by `kill -9` (issue 22 item 7: the serving proxy and engine outlived a crashed emulator).
+    `host_root` is for tests (where the machine's top-level entries are read).
+    """
     entry = [spec.python, "-m", "modal._container_entrypoint"]
-    if not spec.netns:
+    if not spec.mountns:
         return entry, spec.root / "root"
     # The script below `cd`s before it mounts: every host path in it must be absolute (the
     # emulator's --state may be relative, e.g. `--state .modal-emulator/state.sqlite3`).
@@ -119,81 +144,149 @@ def command(spec: LaunchSpec) -> tuple[list[str], Path]:
         workdir=spec.workdir.absolute(),
         volumes=[dataclasses.replace(v, host_dir=v.host_dir.absolute()) for v in spec.volumes],
     )
-    steps = ["ip link set lo up"]
-    # An `eth0` as Modal containers have: modal's `@web_server` wrapper reaches the user's
-    # server on eth0's address (modal/_runtime/user_code_imports.py, get_ip_address(b"eth0")),
-    # so a server must listen on 0.0.0.0 as on Modal. A veth pair whose peer stays inside.
-    steps.append(
-        "{ ip link add eth0 type veth peer name eth0-peer && "
-        f"ip addr add {CONTAINER_IP}/24 dev eth0 && ip link set eth0 up && "
-        "ip link set eth0-peer up; } || echo 'emulator: no eth0 in this container' >&2"
-    )
+    q = shlex.quote
+    new_root = spec.workdir / "rootfs"
+    new_root.mkdir(parents=True, exist_ok=True)
+
+    def at(path: str | PurePosixPath) -> str:  # a container path, in the new root
+        return q(str(new_root) + str(path))
+
+    steps = ["set -e"]
+    if spec.netns:
+        steps.append("ip link set lo up")
+        # An `eth0` as Modal containers have: modal's `@web_server` wrapper reaches the user's
+        # server on eth0's address (modal/_runtime/user_code_imports.py, get_ip_address(
+        # b"eth0")), so a server must listen on 0.0.0.0 as on Modal. A veth pair whose peer
+        # stays inside.
+        steps.append(
+            "{ ip link add eth0 type veth peer name eth0-peer && "
+            f"ip addr add {CONTAINER_IP}/24 dev eth0 && ip link set eth0 up && "
+            "ip link set eth0-peer up; } || echo 'emulator: no eth0 in this container' >&2"
+        )
+    steps.append(f"mount -t tmpfs -o mode=0755 emulator-root {q(str(new_root))}")
+    for top in sorted(host_root.iterdir()):
+        name = PurePosixPath("/", top.name)
+        if top.is_symlink():
+            steps.append(f"ln -s {q(os.readlink(top))} {at(name)}")
+        elif top.is_dir():
+            steps.append(f"mkdir {at(name)} && mount --rbind {q(str(name))} {at(name)}")
+        elif top.is_file():
+            steps.append(f": > {at(name)} && mount --bind {q(str(name))} {at(name)}")
     # /root is an overlay: the app's files on top of the machine's own /root (which may hold
     # the interpreter, e.g. pyenv), writes going to a per-container layer (ephemeral, like a
     # Modal container's filesystem). The machine's /root is never written.
     upper, work = spec.workdir / "upper", spec.workdir / "overlay-work"
     upper.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    app_root = shlex.quote(str(spec.root / "root"))
+    app_root = q(str(spec.root / "root"))
+    steps.append(f"mkdir -p {at('/root')}")
     steps.append(
         f"if mount -t overlay overlay -o lowerdir={app_root}:/root,"
-        f"upperdir={shlex.quote(str(upper))},workdir={shlex.quote(str(work))} /root; "
-        f"then cd /root; else echo 'emulator: no overlay for /root; cwd is {app_root}' >&2; "
-        f"cd {app_root}; fi"
+        f"upperdir={q(str(upper))},workdir={q(str(work))} {at('/root')}; "
+        f"then cwd=/root; else echo 'emulator: no overlay for /root; cwd is {app_root}' >&2; "
+        f"cwd={app_root}; fi"
     )
+    overlaid = {PurePosixPath("/root")}
     # Files the image copied outside /root (e.g. /opt/serving/spec.json), at their paths.
-    for index, pm in enumerate(outside_root_mounts(spec.root)):
-        steps.append(_path_mount_step(pm, spec.workdir / "layers" / str(index)))
+    layers = spec.workdir / "layers"
+    path_mounts = outside_root_mounts(spec.root, host_root)
+    for index, pm in enumerate(path_mounts):
+        steps.append(_path_mount_step(pm, layers / str(index), at(pm.target)))
+        if pm.kind == "overlay":
+            overlaid.add(PurePosixPath(pm.target))
+    # Volumes: a mount point missing on the machine is made in the new root, never on it.
+    for index, parent in enumerate(
+        volume_overlays([v.mount_path for v in spec.volumes], overlaid, host_root)
+    ):
+        pm = PathMount("overlay", spec.root / parent.relative_to("/"), str(parent))
+        steps.append(_path_mount_step(pm, layers / f"v{index}", at(parent)))
+        overlaid.add(parent)
     for vol in spec.volumes:
-        target = shlex.quote(vol.mount_path)
+        target = at(PurePosixPath(vol.mount_path))
         steps.append(f"mkdir -p {target}")
-        steps.append(f"mount --bind {shlex.quote(str(vol.host_dir))} {target}")
+        steps.append(f"mount --bind {q(str(vol.host_dir))} {target}")
         if vol.read_only:
             steps.append(f"mount -o remount,bind,ro {target}")
-    steps.append('exec "$@"')
-    script = " && ".join(steps)
-    argv = ["unshare", "--net", "--mount", "--propagation", "private", "--"]
-    argv += ["/bin/sh", "-c", script, "container", *entry]
+    # The container's own files (its unix socket above all: a socket is not reachable
+    # through an overlay's lower layer) must stay the real ones under any overlay.
+    workdir = PurePosixPath(str(spec.workdir))
+    if any(o == workdir or o in workdir.parents for o in overlaid):
+        steps.append(f"mount --bind {q(str(workdir))} {at(workdir)}")
+    steps.append("set +e")
+    # pid 1: start the entrypoint in the new root, forward SIGTERM/SIGINT to it, exit with
+    # its status (when pid 1 exits, the kernel kills the rest of the pid namespace).
+    inner = 'cd "$1" || exit 127; shift; exec "$@"'
+    steps.append(f'chroot {q(str(new_root))} /bin/sh -c {q(inner)} container "$cwd" "$@" &')
+    steps.append("child=$!")
+    steps.append("trap 'kill -TERM $child 2>/dev/null' TERM")
+    steps.append("trap 'kill -INT $child 2>/dev/null' INT")
+    steps.append(
+        'while :; do wait "$child"; status=$?; kill -0 "$child" 2>/dev/null || exit "$status"; done'
+    )
+    script = "\n".join(steps)
+    argv = ["unshare"] + (["--net"] if spec.netns else [])
+    argv += ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    argv += ["--propagation", "private", "--", "/bin/sh", "-c", script, "container", *entry]
     return argv, spec.root / "root"
 
 
-def _path_mount_step(pm: PathMount, layer: Path) -> str:
-    """One shell step showing image files at `pm.target`; a failure is a warning, not fatal."""
-    src, target = shlex.quote(str(pm.source)), shlex.quote(pm.target)
+def volume_overlays(
+    mount_paths: list[str], overlaid: set[PurePosixPath], host_root: Path = Path("/")
+) -> list[PurePosixPath]:
+    """The machine's directories to overlay so that volume mount points missing on the
+    machine can be made in the overlay: for each missing path, its deepest existing parent,
+    unless that is `/` (the new root's tmpfs takes it) or already under an overlay. Parents
+    first; one that another covers is dropped."""
+    found: set[PurePosixPath] = set()
+    for raw in mount_paths:
+        path = PurePosixPath(raw)
+        if (host_root / path.relative_to("/")).exists():
+            continue
+        parent = path.parent
+        while parent != PurePosixPath("/") and not (host_root / parent.relative_to("/")).is_dir():
+            parent = parent.parent
+        if parent == PurePosixPath("/"):
+            continue
+        if any(o == parent or o in parent.parents for o in overlaid):
+            continue
+        found.add(parent)
+    return sorted(p for p in found if not any(o in p.parents for o in found))
+
+
+def _path_mount_step(pm: PathMount, layer: Path, target: str) -> str:
+    """One shell step showing image files (or an empty overlay) at `target` (in the new
+    root); a failure is a warning, not fatal."""
+    host_target = shlex.quote(pm.target)
     if pm.kind == "overlay":
         upper, work = layer / "upper", layer / "work"
         upper.mkdir(parents=True, exist_ok=True)
         work.mkdir(parents=True, exist_ok=True)
+        lower = (
+            f"{shlex.quote(str(pm.source))}:{host_target}" if pm.source.is_dir() else host_target
+        )
         mount = (
-            f"mount -t overlay overlay -o lowerdir={src}:{target},"
+            f"mount -t overlay overlay -o lowerdir={lower},"
             f"upperdir={shlex.quote(str(upper))},workdir={shlex.quote(str(work))} {target}"
         )
-    elif pm.kind == "bind-dir":  # a new top-level directory: an empty mount point is made
-        mount = f"mkdir -p {target} && mount --bind {src} {target}"
+    elif pm.kind == "bind-dir":  # a new top-level directory: made in the new root's tmpfs
+        mount = f"mkdir -p {target} && mount --bind {shlex.quote(str(pm.source))} {target}"
     else:
-        mount = f"mount --bind {src} {target}"
+        mount = f"mount --bind {shlex.quote(str(pm.source))} {target}"
     warn = shlex.quote(f"emulator: cannot show the image's files at {pm.target} in this container")
     return f"{{ {mount} || echo {warn} >&2; }}"
 
 
-def _fallback_volume_links(spec: LaunchSpec) -> None:
-    """Without a mount namespace a volume appears at its path through a symlink, if free."""
+def _warn_invisible_volumes(spec: LaunchSpec, task_id: str) -> None:
+    """Without a mount namespace a volume cannot appear at its path without writing to the
+    machine (a link or a directory at e.g. `/weights`), which the emulator never does."""
     for vol in spec.volumes:
-        path = Path(vol.mount_path)
-        if path.is_symlink() and path.resolve() == vol.host_dir.resolve():
-            continue
-        if path.exists() or path.is_symlink():
-            log.warning(
-                "volume path %s exists on this machine; without a mount namespace the "
-                "container sees that path, not the volume (run the emulator as root)",
-                path,
-            )
-            continue
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.symlink_to(vol.host_dir, target_is_directory=True)
-        except OSError as exc:
-            log.warning("volume path %s: cannot link it to %s: %s", path, vol.host_dir, exc)
+        log.warning(
+            "container %s: volume at %s is not visible (no mount namespace: the emulator runs "
+            "without root or without `unshare`); its files are in %s",
+            task_id,
+            vol.mount_path,
+            vol.host_dir,
+        )
 
 
 async def launch(
@@ -206,12 +299,12 @@ async def launch(
     spec.workdir.mkdir(parents=True, exist_ok=True)
     args_path = spec.workdir / "container_arguments.bin"
     args_path.write_bytes(spec.args_bytes)
-    if not spec.netns:
-        _fallback_volume_links(spec)
+    if not spec.mountns:
+        _warn_invisible_volumes(spec, container.task_id)
         for pm in outside_root_mounts(spec.root):
             log.warning(
-                "container %s: the image's files at %s are not visible (no mount namespace on "
-                "the host network; they are under %s)",
+                "container %s: the image's files at %s are not visible (no mount namespace: "
+                "the emulator runs without root or without `unshare`; they are under %s)",
                 container.task_id,
                 pm.target,
                 pm.source,
@@ -220,6 +313,7 @@ async def launch(
     env = dict(spec.env)
     env["MODAL_CONTAINER_ARGUMENTS_PATH"] = str(args_path)
     container.netns = spec.netns
+    container.mountns = spec.mountns
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
@@ -256,10 +350,21 @@ async def launch(
     async def watch() -> None:
         pumps = asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
         netns = asyncio.ensure_future(_own_netns_of(proc.pid)) if spec.netns else None
+        init = asyncio.ensure_future(_find_init(container, proc.pid)) if spec.mountns else None
         # Processes it started keep its output pipes open (and asyncio's wait() waits for
         # them): a pidfd says when the container process itself has exited.
         await _exited(proc.pid)
         kill_group(proc.pid, signal.SIGKILL)  # whatever it left behind
+        if not spec.mountns:
+            # ...also what it started that left its group (start_new_session): no pid
+            # namespace ends those, the runtime's record of its descendants does.
+            track_descendants(container, process_tree())
+            if killed := kill_recorded(container.descendants):
+                log.info(
+                    "container %s: killed %d process(es) it started outside its group",
+                    container.task_id,
+                    killed,
+                )
         if netns is not None:
             # ...also what left its process group (e.g. started with start_new_session, as
             # serving/engine.py starts the proxy): everything in the container's network
@@ -273,6 +378,8 @@ async def launch(
                     container.task_id,
                     killed,
                 )
+        if init is not None:
+            init.cancel()
         container.exit_code = await proc.wait()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(pumps, 2.0)
@@ -281,6 +388,63 @@ async def launch(
         on_exit(container)
 
     asyncio.get_running_loop().create_task(watch(), name=f"container-{container.task_id}")
+
+
+def process_tree() -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc (ppid = field 4 of stat)."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def descendants(pid: int, tree: dict[int, list[int]]) -> set[int]:
+    out: set[int] = set()
+    todo = list(tree.get(pid, ()))
+    while todo:
+        child = todo.pop()
+        if child not in out:
+            out.add(child)
+            todo.extend(tree.get(child, ()))
+    return out
+
+
+def track_descendants(container: Container, tree: dict[int, list[int]]) -> None:
+    """Remember the container's descendants (pid -> start time), also the ones that left its
+    process group or session: without a pid namespace nothing else finds them later."""
+    if container.pid is None:
+        return
+    for pid in descendants(container.pid, tree):
+        if pid not in container.descendants and (started := start_time(pid)):
+            container.descendants[pid] = started
+
+
+def children_of(pid: int) -> list[int]:
+    """The direct children of process `pid` (Linux: /proc/PID/task/PID/children)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+async def _find_init(container: Container, pid: int) -> None:
+    """The container's pid 1: `unshare --fork`'s one child (a few ms after the start)."""
+    for _ in range(500):
+        children = children_of(pid)
+        if children:
+            container.init_pid = children[0]
+            return
+        if container.exited.is_set():
+            return
+        await asyncio.sleep(0.01)
 
 
 def _netns_of(pid: int | str) -> str | None:
@@ -355,7 +519,14 @@ async def stop(container: Container, grace: float) -> None:
     if proc is None or container.exited.is_set():
         return
     with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
+        if container.init_pid is None and container.mountns:
+            container.init_pid = next(iter(children_of(proc.pid)), None)
+        if container.init_pid is not None:
+            # `unshare --fork` holds SIGTERM back from its child: the container's pid 1 gets
+            # it (and forwards it to the entrypoint).
+            os.kill(container.init_pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
     try:
         await asyncio.wait_for(container.exited.wait(), grace)
     except TimeoutError:

@@ -49,6 +49,8 @@ log = logging.getLogger("emulator.runtime")
 
 AUTOSCALE_INTERVAL = 0.2
 RECONCILE_INTERVAL = 2.0
+#: How often the ledger of container processes is brought up to date (scratch.py).
+LEDGER_INTERVAL = 1.0
 DEFAULT_SCALEDOWN = 60.0
 DEFAULT_STARTUP_TIMEOUT = 300.0
 #: After a container failed to start, the pool waits 2 s before the next try, doubling per
@@ -66,6 +68,8 @@ class RuntimeOptions:
     max_containers: int = 16
     webhook_timeout: float = 150.0
     netns: bool | None = None  # None: use network namespaces when the OS allows it
+    #: Mount and pid namespaces per container: None when the OS allows it, False never.
+    namespaces: bool | None = None
     stop_grace: float = 10.0
     host: str = "127.0.0.1"
 
@@ -203,6 +207,12 @@ class Runtime:
         self.pools: dict[str, Pool] = {}
         self.tasks: dict[str, ct.Container] = {}
         self.use_netns = options.netns if options.netns is not None else netns.supported()
+        # Its own mount and pid namespaces and root for every container where allowed, on
+        # either network: its paths never touch the machine's, and nothing it starts outlives
+        # it or the emulator (docs/emulator.md "Hygiene").
+        self.use_mountns = self.use_netns or (
+            options.namespaces is not False and netns.namespaces_supported()
+        )
         scratch.sweep_stale()  # what emulators killed with -9 left behind
         self._sock_dir = scratch.make_scratch_dir("modal-emu-")
         self._roots = self._sock_dir / "roots"
@@ -214,6 +224,7 @@ class Runtime:
         self._closing = False
         self._servicer_factory: Any = None
         self._stopping: set[asyncio.Task[None]] = set()
+        self._recorded: set[int] = set()  # the pids in the scratch dir's ledger
         #: `POST /_emulator/schedules/pause`: (environment, app, function) whose schedule fires
         #: only from the control route. An emulator switch, not a Modal feature: tests that
         #: drive a scheduled function by hand must not race its wall-clock runs. Kept by name,
@@ -229,7 +240,12 @@ class Runtime:
     async def start(self) -> None:
         log.info(
             "runtime: containers run %s (cap %d), state in %s",
-            "in their own network namespace" if self.use_netns else "on the host network",
+            ("in their own network namespace" if self.use_netns else "on the host network")
+            + (
+                ", each in its own mount and pid namespaces"
+                if self.use_mountns
+                else ", as plain processes (no mount or pid namespace: not root, or no unshare)"
+            ),
             self.options.max_containers,
             self.options.data_dir,
         )
@@ -253,6 +269,28 @@ class Runtime:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def _record_processes(self) -> None:
+        """The ledger of container processes in the scratch dir, for the sweep of a later
+        emulator if this one is killed (scratch.py). With pid namespaces it names the
+        `unshare` and pid 1 of each (the kernel ends the rest with pid 1); without, every
+        process each container started, as seen now or before."""
+        live = [c for c in self.tasks.values() if c.pid is not None and not c.exited.is_set()]
+        plain = [c for c in live if not c.mountns]
+        if plain:
+            tree = ct.process_tree()
+            for c in plain:
+                ct.track_descendants(c, tree)
+        pids: set[int] = set()
+        for c in live:
+            pids.add(c.pid)  # type: ignore[arg-type]
+            if c.init_pid is not None:
+                pids.add(c.init_pid)
+            pids.update(c.descendants)
+        if pids != self._recorded:
+            self._recorded = pids
+            with contextlib.suppress(OSError):
+                scratch.record_processes(self._sock_dir, pids)
 
     def deployments_changed(self) -> None:
         """An app was published, stopped or rolled back, or an environment deleted: follow
@@ -284,6 +322,7 @@ class Runtime:
 
     async def _run(self) -> None:
         last_reconcile = 0.0
+        last_ledger = 0.0
         woken = True
         # `close()` sets _closing before it cancels this task: Python 3.11's wait_for can
         # swallow a cancellation that arrives as the wait ends (a wake at the same moment),
@@ -297,6 +336,9 @@ class Runtime:
                     self.reconcile()
                     last_reconcile = time.monotonic()
                 self.autoscale()
+                if time.monotonic() - last_ledger > LEDGER_INTERVAL:
+                    self._record_processes()
+                    last_ledger = time.monotonic()
             except Exception:
                 log.exception("runtime: reconcile failed (will retry)")
             woken = False
@@ -684,7 +726,7 @@ class Runtime:
                     "MODAL_REGION": "local",
                 }
             )
-            if not self.use_netns:
+            if not self.use_mountns:
                 env["HOME"] = str(root / "root")
             volumes = []
             for vm in fn.volume_mounts:
@@ -698,6 +740,7 @@ class Runtime:
                 env=env,
                 volumes=volumes,
                 netns=self.use_netns,
+                mountns=self.use_mountns,
                 python=self.options.python,
                 args_bytes=self._container_args(pool, c.task_id).SerializeToString(),
             )

@@ -79,6 +79,24 @@ def supported() -> bool:
     return done.returncode == 0
 
 
+def namespaces_supported() -> bool:
+    """True when containers can get their own mount and pid namespaces and root here (root +
+    `unshare` with `--pid --fork --kill-child --mount-proc`; checked once at start)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("chroot") is None:
+        return False
+    try:
+        done = subprocess.run(
+            ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
+             "--propagation", "private", "true"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
 def _socket_in(pid: int) -> socket.socket:
     own = _own_netns_fd()
     target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)

@@ -2,12 +2,16 @@
 
 The runtime keeps container sockets, work dirs and overlay layers in `modal-emu-*`, and an
 emulator without a state file keeps its volumes in `modal-emulator-data-*`. A normal stop
-removes its own; an emulator killed with `-9` cannot. Each directory therefore names its
-owner (pid, the process's start time so that a reused pid is not taken for the owner, and the
-pid namespace), and a starting runtime removes the directories whose owner is gone. A
-directory without an owner file (another program's, or an older emulator's), of another user,
-or owned from another pid namespace (a container sharing /tmp, where the pid means nothing
-here) is left alone.
+removes its own; an emulator killed with `-9` cannot, nor stop its containers: where
+containers have their own pid namespace the kernel ends them with the emulator, elsewhere
+(no root) the runtime keeps a ledger of its container processes (`processes`: pid and start
+time of each container process and its descendants, whatever group or session they moved
+to), and the sweep kills those still running before it removes the directory. Each directory
+therefore names its owner (pid, the process's start time so that a reused pid is not taken
+for the owner, and the pid namespace), and a starting runtime removes the directories whose
+owner is gone. A directory without an owner file (another program's, or an older
+emulator's), of another user, or owned from another pid namespace (a container sharing /tmp,
+where the pid means nothing here) is left alone.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -23,9 +28,12 @@ log = logging.getLogger("emulator.runtime")
 
 PREFIXES = ("modal-emu-", "modal-emulator-data-")
 OWNER_FILE = ".owner"
+#: The container processes of a runtime (`pid start-time` lines), rewritten as they change:
+#: what the sweep kills when the runtime's emulator was killed (issue 22 item 7).
+PROCESSES_FILE = "processes"
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -47,7 +55,7 @@ def _pid_namespace() -> str:
 
 
 def _owner_stamp(pid: int) -> str:
-    return f"{pid} {_start_time(pid) or '?'} {_pid_namespace()}\n"
+    return f"{pid} {start_time(pid) or '?'} {_pid_namespace()}\n"
 
 
 def make_scratch_dir(prefix: str) -> Path:
@@ -68,13 +76,57 @@ def _owner_alive(stamp: str) -> bool:
         return True  # unreadable: not ours to judge
     if namespace == "?" or namespace != _pid_namespace():
         return True
-    now = _start_time(pid)
+    now = start_time(pid)
     return now is not None and (started == "?" or now == started)
 
 
-def _remove(path: Path) -> bool:
+def record_processes(scratch: Path, pids: set[int]) -> None:
+    """Write the ledger of a runtime's container processes (atomically)."""
+    lines = sorted(f"{pid} {started}" for pid in pids if (started := start_time(pid)))
+    tmp = scratch / f".{PROCESSES_FILE}.tmp"
+    tmp.write_text("".join(line + "\n" for line in lines))
+    tmp.replace(scratch / PROCESSES_FILE)
+
+
+def kill_recorded(pids: dict[int, str]) -> int:
+    """SIGKILL each pid whose start time is still the recorded one (a reused pid is someone
+    else's); how many."""
+    killed = 0
+    for pid, started in pids.items():
+        if pid > 1 and start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def _reap(path: Path) -> int:
+    """Kill the processes a dead runtime recorded in `path` that still run; how many."""
+    try:
+        text = (path / PROCESSES_FILE).read_text()
+    except OSError:
+        return 0
+    pids: dict[int, str] = {}
+    for line in text.splitlines():
+        pid_text, _, started = line.partition(" ")
+        if pid_text.isdigit() and started:
+            pids[int(pid_text)] = started.strip()
+    return kill_recorded(pids)
+
+
+def _remove(path: Path, killed_out: list[int] | None = None) -> bool:
     """Remove a stale scratch dir, its owner stamp last: a removal that fails part way
-    leaves a directory the next sweep still recognises."""
+    leaves a directory the next sweep still recognises. The processes it recorded go first."""
+    killed = _reap(path)
+    if killed_out is not None:
+        killed_out.append(killed)
+    if killed:
+        log.warning(
+            "runtime: killed %d container process(es) left by an emulator that was killed "
+            "without stopping them (its scratch dir %s)",
+            killed,
+            path,
+        )
     for child in path.iterdir():
         if child.name == OWNER_FILE:
             continue
@@ -93,8 +145,14 @@ def _remove(path: Path) -> bool:
 
 def sweep_stale(root: Path | None = None) -> list[Path]:
     """Remove the scratch directories (of this user) whose owning emulator is gone."""
+    return sweep(root)[0]
+
+
+def sweep(root: Path | None = None) -> tuple[list[Path], int]:
+    """`sweep_stale`, and how many recorded container processes it killed."""
     root = Path(root or tempfile.gettempdir())
     removed: list[Path] = []
+    killed: list[int] = []
     uid = os.getuid()
     for prefix in PREFIXES:
         for path in root.glob(prefix + "*"):
@@ -106,8 +164,8 @@ def sweep_stale(root: Path | None = None) -> list[Path]:
                 continue  # no owner file: not ours to judge
             if _owner_alive(stamp):
                 continue
-            if _remove(path):
+            if _remove(path, killed):
                 removed.append(path)
     if removed:
         log.info("runtime: removed %d scratch dir(s) of emulators that were killed", len(removed))
-    return removed
+    return removed, sum(killed)

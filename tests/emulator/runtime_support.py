@@ -118,3 +118,32 @@ def group_pids(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             out.append(int(entry.name))
     return sorted(out)
+
+
+def host_pid(container_pid: int, pid: int) -> int:
+    """The machine's pid of process `pid` as the container sees it. A container in its own
+    pid namespace (the default as root) numbers its processes from 1; `container_pid` is its
+    `pid` in /_emulator/containers (the `unshare` above its pid 1). Without a pid namespace
+    the two are the same."""
+    try:
+        init = int(
+            Path(f"/proc/{container_pid}/task/{container_pid}/children").read_text().split()[0]
+        )
+        namespace = os.readlink(f"/proc/{init}/ns/pid")
+    except (OSError, IndexError, ValueError):
+        return pid
+    if namespace == os.readlink("/proc/self/ns/pid"):
+        return pid
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "pid") != namespace:
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and line.split()[-1] == str(pid):
+                return int(entry.name)
+    raise AssertionError(f"no process {pid} in the pid namespace of container pid {container_pid}")

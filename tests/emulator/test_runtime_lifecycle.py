@@ -19,6 +19,7 @@ from tests.emulator.runtime_support import (
     deploy_server,
     get,
     group_pids,
+    host_pid,
     pid_alive,
     runtime_emulator,
     wait_for,
@@ -101,9 +102,10 @@ def test_a_killed_container_is_replaced_and_leaves_no_process(rt: EmulatorProces
 
 def test_processes_started_in_a_new_session_die_with_their_container(rt: EmulatorProcess) -> None:
     """A process the container started with `start_new_session=True` (serving/engine.py does
-    this for its proxy and engine) is outside the container's process group; with the
-    container in its own network namespace it is swept by namespace when the container ends,
-    after a `kill -9` of the container as after `modal app stop`."""
+    this for its proxy and engine) is outside the container's process group; it ends with the
+    container (its pid namespace, and its network namespace is swept too), after a `kill -9`
+    of the container as after `modal app stop`. The container prints its pid as it sees it
+    (its own pid namespace): `host_pid` finds the machine's."""
 
     def detached_pid(task_id: str) -> int:
         def find() -> int | None:
@@ -122,13 +124,13 @@ def test_processes_started_in_a_new_session_die_with_their_container(rt: Emulato
     (first,) = _ready(rt, aid)
     if not first.get("netns"):
         pytest.skip("containers run on the host network here: nothing to sweep by namespace")
-    orphan = detached_pid(str(first["task_id"]))
+    orphan = host_pid(int(str(first["pid"])), detached_pid(str(first["task_id"])))
     assert pid_alive(orphan) and orphan not in group_pids(int(str(first["pid"])))
     os.kill(int(str(first["pid"])), signal.SIGKILL)
     wait_for(lambda: not pid_alive(orphan), 10, what="the detached process of a killed container")
 
     (second,) = _ready(rt, aid)
-    orphan = detached_pid(str(second["task_id"]))
+    orphan = host_pid(int(str(second["pid"])), detached_pid(str(second["task_id"])))
     modal_cli(rt, "app", "stop", "rt-server", "-y")
     wait_for(lambda: not pid_alive(orphan), 20, what="the detached process of a stopped app")
 

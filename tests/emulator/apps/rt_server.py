@@ -6,7 +6,8 @@ RT_MAX (max_containers), RT_CONC (max_concurrency), RT_SCALEDOWN (scaledown_wind
 RT_STARTUP (startup_timeout), RT_UNAUTH=1 (unauthenticated), RT_FAIL=enter|never-listen,
 RT_EXIT_MARKER=1 (`@modal.exit` writes /tmp/rt-data/exit-<task id> into the volume),
 RT_DETACHED=1 (`@modal.enter` also starts a `sleep` in a new session, outside the container's
-process group, and prints `detached pid <pid>`).
+process group, and prints `detached pid <pid>`), RT_PORT (the server's port, default 8000: on
+the host network a test picks a free one).
 """
 
 import os
@@ -22,6 +23,7 @@ _env = {
     "RT_FAIL": os.environ.get("RT_FAIL", ""),
     "RT_EXIT_MARKER": os.environ.get("RT_EXIT_MARKER", ""),
     "RT_DETACHED": os.environ.get("RT_DETACHED", ""),
+    "RT_PORT": os.environ.get("RT_PORT", "8000"),
 }
 image = modal.Image.debian_slim().env(_env).add_local_file(HERE / "rt_web.py", "/root/rt_web.py")
 app = modal.App(APP_NAME, image=image)
@@ -34,7 +36,7 @@ def _opt(name: str) -> int | None:
 
 
 @app.server(
-    port=8000,
+    port=int(_env["RT_PORT"]),
     min_containers=_opt("RT_MIN"),
     max_containers=_opt("RT_MAX"),
     max_concurrency=_opt("RT_CONC"),

@@ -92,4 +92,5 @@ class Handler(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    ThreadingHTTPServer(("127.0.0.1", 8000), Handler).serve_forever()
+    port = int(os.environ.get("RT_PORT", "8000"))  # rt_server.py's RT_PORT knob
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
