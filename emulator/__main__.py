@@ -121,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("--edge-head-timeout-s", float, edge.head_timeout_s, "a request head must be complete"
          " this long after the connection opened or the last answer (408)"),
         ("--edge-max-body-bytes", int, edge.max_body_bytes, "largest request body (413 above)"),
-        ("--edge-body-timeout-s", float, edge.body_timeout_s, "a request body must arrive"
-         " within this long of its head (408)"),
+        ("--edge-body-timeout-s", float, edge.body_timeout_s, "a request body may keep the edge"
+         " waiting for its bytes this long in all (408)"),
         ("--edge-keepalive-s", float, edge.keepalive_timeout_s, "idle keep-alive connections"
          " are closed after this long"),
     ):  # fmt: skip

@@ -36,10 +36,12 @@ as the serving proxy's own server and uvicorn), never by hand, and held to the s
 proxy's limits (docs/proxy.md "Limits on what clients send"; `EdgeLimits`): a request head
 of at most 32 KiB (431), complete 10 s after the connection opened or after the previous
 answer (408; a connection that sent nothing is closed), a body of at most 4 MiB (413,
-answered from `Content-Length` before a byte of it is read) that must arrive within 60 s
-(408), idle keep-alive connections closed after 75 s, at most 16 requests read ahead of the
-one being answered, and at most 1024 client connections open at once on all the edge's ports
-(more are closed as they are accepted). Malformed framing (a bad or duplicate
+answered from `Content-Length` before a byte of it is read) that may keep the edge waiting
+for its bytes 60 s in all (408; time the edge itself holds reading back, during a cold start
+or while a container takes the body slowly, does not count), idle keep-alive connections
+closed after 75 s, at most 16 requests read ahead of the one being answered, and at most 1024
+client connections open at once on all the edge's ports (more are closed as they are
+accepted). Malformed framing (a bad or duplicate
 `Content-Length`, `Content-Length` with `Transfer-Encoding`, bad chunk sizes, NUL or bare
 CR/LF in a header) is 400; a transfer coding other than chunked, and CONNECT, are 501 (RFC
 9112 6.1). Every such answer closes the connection, FIN first, then reads and drops what the
@@ -224,7 +226,10 @@ class _Request:
         self.content_length = content_length
         self.chunked = chunked
         self.upgrade = False
-        self.started = conn.loop.time()
+        #: The body's clock: time spent waiting for body bytes the edge asked for (not time
+        #: the edge itself held reading back: a cold start, a container taking it slowly).
+        self.waited = 0.0
+        self.wait_started: float | None = None
         self.pieces: collections.deque[bytes] = collections.deque()
         self.buffered = 0  # bytes parsed and not yet taken
         self.received = 0
@@ -262,11 +267,20 @@ class _Request:
             if self.conn.lost:
                 raise _ClientGone
             self.conn.wants_body(self)
-            self._waiter = self.conn.loop.create_future()
+            loop = self.conn.loop
+            self._waiter = loop.create_future()
+            self.wait_started = loop.time()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+                self.waited += loop.time() - self.wait_started
+                self.wait_started = None
+
+    def body_overdue(self, now: float, limit: float) -> bool:
+        """True once the edge has waited `limit` seconds in all for this body's bytes."""
+        waiting = now - self.wait_started if self.wait_started is not None else 0.0
+        return self.waited + waiting > limit
 
 
 class _ClientConnection(asyncio.Protocol):
@@ -658,9 +672,11 @@ class _ClientConnection(asyncio.Protocol):
             return
         limits = self.limits
         req = self.parsing
-        if req is not None and now - req.started > limits.body_timeout_s:
+        if req is not None and req.body_overdue(now, limits.body_timeout_s):
             self.stopped = True
-            req.fail(408, f"the request body did not arrive within {limits.body_timeout_s:g} s")
+            req.fail(
+                408, f"the request body did not arrive: {limits.body_timeout_s:g} s waiting for it"
+            )
             return
         if self.closing or self.upgraded or self.active is not None or self.queue:
             return
