@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from emulator.runtime.materialize import PathMount, outside_root_mounts
+from emulator.runtime.netns import system_tool
 from emulator.runtime.scratch import kill_recorded, start_time
 
 log = logging.getLogger("emulator.runtime")
@@ -116,6 +117,12 @@ class Container:
         return max(self.concurrency - self.in_flight, 0)
 
 
+def _tool(name: str) -> str:
+    """The absolute path of a system tool the container's setup runs: the container's own
+    PATH (the one the script runs with) may lack /usr/sbin, where `chroot` and `ip` live."""
+    return system_tool(name) or name
+
+
 def command(spec: LaunchSpec, host_root: Path = Path("/")) -> tuple[list[str], Path]:
     """(argv, cwd) for the container process.
 
@@ -145,6 +152,7 @@ def command(spec: LaunchSpec, host_root: Path = Path("/")) -> tuple[list[str], P
         volumes=[dataclasses.replace(v, host_dir=v.host_dir.absolute()) for v in spec.volumes],
     )
     q = shlex.quote
+    ip, mount, chroot = (q(_tool(t)) for t in ("ip", "mount", "chroot"))
     new_root = spec.workdir / "rootfs"
     new_root.mkdir(parents=True, exist_ok=True)
 
@@ -153,25 +161,25 @@ def command(spec: LaunchSpec, host_root: Path = Path("/")) -> tuple[list[str], P
 
     steps = ["set -e"]
     if spec.netns:
-        steps.append("ip link set lo up")
+        steps.append(f"{ip} link set lo up")
         # An `eth0` as Modal containers have: modal's `@web_server` wrapper reaches the user's
         # server on eth0's address (modal/_runtime/user_code_imports.py, get_ip_address(
         # b"eth0")), so a server must listen on 0.0.0.0 as on Modal. A veth pair whose peer
         # stays inside.
         steps.append(
-            "{ ip link add eth0 type veth peer name eth0-peer && "
-            f"ip addr add {CONTAINER_IP}/24 dev eth0 && ip link set eth0 up && "
-            "ip link set eth0-peer up; } || echo 'emulator: no eth0 in this container' >&2"
+            f"{{ {ip} link add eth0 type veth peer name eth0-peer && "
+            f"{ip} addr add {CONTAINER_IP}/24 dev eth0 && {ip} link set eth0 up && "
+            f"{ip} link set eth0-peer up; }} || echo 'emulator: no eth0 in this container' >&2"
         )
-    steps.append(f"mount -t tmpfs -o mode=0755 emulator-root {q(str(new_root))}")
+    steps.append(f"{mount} -t tmpfs -o mode=0755 emulator-root {q(str(new_root))}")
     for top in sorted(host_root.iterdir()):
         name = PurePosixPath("/", top.name)
         if top.is_symlink():
             steps.append(f"ln -s {q(os.readlink(top))} {at(name)}")
         elif top.is_dir():
-            steps.append(f"mkdir {at(name)} && mount --rbind {q(str(name))} {at(name)}")
+            steps.append(f"mkdir {at(name)} && {mount} --rbind {q(str(name))} {at(name)}")
         elif top.is_file():
-            steps.append(f": > {at(name)} && mount --bind {q(str(name))} {at(name)}")
+            steps.append(f": > {at(name)} && {mount} --bind {q(str(name))} {at(name)}")
     # /root is an overlay: the app's files on top of the machine's own /root (which may hold
     # the interpreter, e.g. pyenv), writes going to a per-container layer (ephemeral, like a
     # Modal container's filesystem). The machine's /root is never written.
@@ -181,7 +189,7 @@ def command(spec: LaunchSpec, host_root: Path = Path("/")) -> tuple[list[str], P
     app_root = q(str(spec.root / "root"))
     steps.append(f"mkdir -p {at('/root')}")
     steps.append(
-        f"if mount -t overlay overlay -o lowerdir={app_root}:/root,"
+        f"if {mount} -t overlay overlay -o lowerdir={app_root}:/root,"
         f"upperdir={q(str(upper))},workdir={q(str(work))} {at('/root')}; "
         f"then cwd=/root; else echo 'emulator: no overlay for /root; cwd is {app_root}' >&2; "
         f"cwd={app_root}; fi"
@@ -204,19 +212,19 @@ def command(spec: LaunchSpec, host_root: Path = Path("/")) -> tuple[list[str], P
     for vol in spec.volumes:
         target = at(PurePosixPath(vol.mount_path))
         steps.append(f"mkdir -p {target}")
-        steps.append(f"mount --bind {q(str(vol.host_dir))} {target}")
+        steps.append(f"{mount} --bind {q(str(vol.host_dir))} {target}")
         if vol.read_only:
-            steps.append(f"mount -o remount,bind,ro {target}")
+            steps.append(f"{mount} -o remount,bind,ro {target}")
     # The container's own files (its unix socket above all: a socket is not reachable
     # through an overlay's lower layer) must stay the real ones under any overlay.
     workdir = PurePosixPath(str(spec.workdir))
     if any(o == workdir or o in workdir.parents for o in overlaid):
-        steps.append(f"mount --bind {q(str(workdir))} {at(workdir)}")
+        steps.append(f"{mount} --bind {q(str(workdir))} {at(workdir)}")
     steps.append("set +e")
     # pid 1: start the entrypoint in the new root, forward SIGTERM/SIGINT to it, exit with
     # its status (when pid 1 exits, the kernel kills the rest of the pid namespace).
     inner = 'cd "$1" || exit 127; shift; exec "$@"'
-    steps.append(f'chroot {q(str(new_root))} /bin/sh -c {q(inner)} container "$cwd" "$@" &')
+    steps.append(f'{chroot} {q(str(new_root))} /bin/sh -c {q(inner)} container "$cwd" "$@" &')
     steps.append("child=$!")
     steps.append("trap 'kill -TERM $child 2>/dev/null' TERM")
     steps.append("trap 'kill -INT $child 2>/dev/null' INT")
@@ -224,7 +232,7 @@ def command(spec: LaunchSpec, host_root: Path = Path("/")) -> tuple[list[str], P
         'while :; do wait "$child"; status=$?; kill -0 "$child" 2>/dev/null || exit "$status"; done'
     )
     script = "\n".join(steps)
-    argv = ["unshare"] + (["--net"] if spec.netns else [])
+    argv = [_tool("unshare")] + (["--net"] if spec.netns else [])
     argv += ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
     argv += ["--propagation", "private", "--", "/bin/sh", "-c", script, "container", *entry]
     return argv, spec.root / "root"
@@ -257,6 +265,7 @@ def _path_mount_step(pm: PathMount, layer: Path, target: str) -> str:
     """One shell step showing image files (or an empty overlay) at `target` (in the new
     root); a failure is a warning, not fatal."""
     host_target = shlex.quote(pm.target)
+    mount = shlex.quote(_tool("mount"))
     if pm.kind == "overlay":
         upper, work = layer / "upper", layer / "work"
         upper.mkdir(parents=True, exist_ok=True)
@@ -264,16 +273,16 @@ def _path_mount_step(pm: PathMount, layer: Path, target: str) -> str:
         lower = (
             f"{shlex.quote(str(pm.source))}:{host_target}" if pm.source.is_dir() else host_target
         )
-        mount = (
-            f"mount -t overlay overlay -o lowerdir={lower},"
+        step = (
+            f"{mount} -t overlay overlay -o lowerdir={lower},"
             f"upperdir={shlex.quote(str(upper))},workdir={shlex.quote(str(work))} {target}"
         )
     elif pm.kind == "bind-dir":  # a new top-level directory: made in the new root's tmpfs
-        mount = f"mkdir -p {target} && mount --bind {shlex.quote(str(pm.source))} {target}"
+        step = f"mkdir -p {target} && {mount} --bind {shlex.quote(str(pm.source))} {target}"
     else:
-        mount = f"mount --bind {shlex.quote(str(pm.source))} {target}"
+        step = f"{mount} --bind {shlex.quote(str(pm.source))} {target}"
     warn = shlex.quote(f"emulator: cannot show the image's files at {pm.target} in this container")
-    return f"{{ {mount} || echo {warn} >&2; }}"
+    return f"{{ {step} || echo {warn} >&2; }}"
 
 
 def _warn_invisible_volumes(spec: LaunchSpec, task_id: str) -> None:

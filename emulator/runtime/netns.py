@@ -52,19 +52,29 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns(CLONE_NEWNET) failed: {os.strerror(err)}")
 
 
+def system_tool(name: str) -> str | None:
+    """The absolute path of a system tool (`unshare`, `chroot`, `mount`, `ip`), also where
+    PATH lacks /usr/sbin (a shell started by a script, a container's own PATH)."""
+    search = os.pathsep.join(
+        [os.environ.get("PATH", ""), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    )
+    return shutil.which(name, path=search)
+
+
 def supported() -> bool:
     """True when containers can get their own network namespace here (root + unshare + ip)."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+    unshare, ip = system_tool("unshare"), system_tool("ip")
+    if os.geteuid() != 0 or unshare is None or ip is None:
         return False
     try:
         done = subprocess.run(
             [
-                "unshare",
+                unshare,
                 "--net",
                 "--mount",
                 "--propagation",
                 "private",
-                "ip",
+                ip,
                 "link",
                 "set",
                 "lo",
@@ -82,11 +92,12 @@ def supported() -> bool:
 def namespaces_supported() -> bool:
     """True when containers can get their own mount and pid namespaces and root here (root +
     `unshare` with `--pid --fork --kill-child --mount-proc`; checked once at start)."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("chroot") is None:
+    unshare = system_tool("unshare")
+    if os.geteuid() != 0 or unshare is None or system_tool("chroot") is None:
         return False
     try:
         done = subprocess.run(
-            ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
+            [unshare, "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
              "--propagation", "private", "true"],
             capture_output=True,
             timeout=10,

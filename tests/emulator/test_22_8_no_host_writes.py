@@ -13,6 +13,7 @@ container still sees its volumes and files at their paths, and writes reach the 
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 
 from emulator.runtime.netns import namespaces_supported
 from tests.emulator.helpers import APPS_DIR, modal_cli
+from tests.emulator.runtime_support import deploy_server, get
 from tests.harness.emulator import EmulatorProcess
 from tests.harness.fixtures import modal_env_for
 
@@ -74,3 +76,17 @@ def test_22_8_mount_points_are_made_in_the_container_not_on_the_machine(
         emu.close()
     for path in (top, nested_dir, image_dir):
         assert not path.exists() and not path.is_symlink(), f"{path} was left on the machine"
+
+
+def test_22_8_containers_start_where_path_lacks_sbin(tmp_path: Path) -> None:
+    """The container's setup runs with the container's PATH (the emulator's, as a script may
+    start it: without /usr/sbin, where `chroot` and `ip` live); `make up` met `chroot: not
+    found` there. The tools are resolved by absolute path."""
+    if not namespaces_supported():
+        pytest.skip("needs root and unshare (mount and pid namespaces)")
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    with EmulatorProcess(
+        state_path=tmp_path / "state.sqlite3", stop_grace=3.0, env={"PATH": path}
+    ) as emu:
+        url, _ = deploy_server(emu, unauth="1")
+        assert get(url).status_code == 200
