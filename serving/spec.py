@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -98,6 +99,28 @@ SPEC_DIGEST_ENV = "SERVING_SPEC_SHA256"
 # Modal answers a web request whose response has not started after this long with a 303
 # redirect (modal.com/docs/guide/webhook-timeouts): non-stream requests must finish sooner.
 MODAL_WEB_RESPONSE_LIMIT_S = 150
+
+# CPUs: vLLM's OpenAI server is one Python process (tokenising, detokenising, SSE framing);
+# the engine core is another. On one H100 with a 1B-shaped model at 256 streams the API
+# server sat at 95-106 % of one core and bounded throughput (docs/gpu.md, issue 24); with
+# `--api-server-count 4` the same card gave 22.3k tokens/s vs 8.9k for a default `vllm serve`
+# (../shared/gpu README, the 4 servers ~294 % CPU together). vLLM 0.26.0 and 0.33.0 both
+# take `--api-server-count` (serving/engine_flags/): N API-server processes share the port and
+# one engine core. So the spec derives N from the container's CPU request, and the request
+# from N, each overridable (`ServingSpec.cpu`, `ServingSpec.api_server_count`).
+DEFAULT_API_SERVERS = 4
+# Cores that are not API servers: the engine core (a busy loop: 101-106 % of one core while
+# serving, docs/gpu.md) and, with tensor parallelism, one worker process per GPU beside it...
+ENGINE_CORE_CPUS_PER_GPU = 1
+# ...and one core for the auth proxy (1-32 % at 256 streams), the warm-up and health polls,
+# Modal's in-container runtime.
+SUPPORT_CPUS = 1
+# SGLang's HTTP server has no equivalent of --api-server-count in the releases recorded here:
+# its tokenizer manager and detokenizer are one process each beside the scheduler(s).
+SGLANG_FRONTEND_CPUS = 2
+# Modal bills a container's CPU request per core (https://modal.com/pricing); the largest
+# request the spec accepts (Modal's own limit per container is higher).
+MAX_CPU = 64.0
 
 # Engine defaults the seeds' learnings call for (docs/serving.md explains each one).
 DEFAULT_GPU_MEMORY_FRACTION: dict[str, float] = {"vllm": 0.92, "sglang": 0.88}
@@ -186,6 +209,7 @@ RESERVED_FLAGS: dict[str, dict[str, str]] = {
         "--no-enable-sleep-mode": "snapshot",  # 0.26.0's
         "--download-dir": "volumes.hf_cache",
         "--api-key": _PROXY_KEYS,
+        "--api-server-count": "api_server_count",
     },
     "sglang": {
         "--model-path": "model",
@@ -436,6 +460,11 @@ class ServingSpec(_Model):
     # The weights on a volume instead of a download from the hub (None: the engine downloads
     # `model` into the HF cache volume on first start). Left out of to_json() when None.
     weights: WeightsVolume | None = None
+    # CPU cores the container requests (Modal `cpu=`); None = what the engine's processes need
+    # (`cpu_request`). Left out of to_json() when None, like api_server_count.
+    cpu: Annotated[float, Field(ge=1.0, le=MAX_CPU)] | None = None
+    # vLLM's `--api-server-count`; None = derived from `cpu` (`api_servers`). vLLM only.
+    api_server_count: Annotated[int, Field(ge=1, le=64)] | None = None
 
     # ---- field checks ----------------------------------------------------------------------
 
@@ -608,6 +637,28 @@ class ServingSpec(_Model):
                 )
             )
         problems += extra_args_problems(self.engine, self.extra_args, self.engine_version)
+        if self.api_server_count is not None and self.engine != "vllm":
+            problems.append(
+                (
+                    "api_server_count",
+                    f"api_server_count is vLLM's --api-server-count; {self.engine} has no such "
+                    "flag. Leave it unset (set cpu for the container's cores)",
+                )
+            )
+        if (
+            self.cpu is not None
+            and self.api_server_count is not None
+            and self.cpu < self.api_server_count + self._non_api_cpus
+        ):
+            problems.append(
+                (
+                    "cpu",
+                    f"cpu={self.cpu:g} is below what api_server_count={self.api_server_count} "
+                    f"needs: {self.api_server_count + self._non_api_cpus} (one core per API "
+                    f"server, {self._non_api_cpus} for the engine core, its GPU workers and "
+                    "the proxy). Raise cpu, lower api_server_count, or leave one unset",
+                )
+            )
         if self.proxy.max_in_flight < self.scaling.max_concurrency:
             problems.append(
                 (
@@ -644,6 +695,40 @@ class ServingSpec(_Model):
         if self.gpu_memory_fraction is not None:
             return self.gpu_memory_fraction
         return DEFAULT_GPU_MEMORY_FRACTION[self.engine]
+
+    @property
+    def _non_api_cpus(self) -> int:
+        """Cores for the engine core (plus one worker per GPU under TP) and the proxy."""
+        gpus = self.gpu_count * ENGINE_CORE_CPUS_PER_GPU
+        return (gpus if self.gpu_count == 1 else gpus + 1) + SUPPORT_CPUS
+
+    @property
+    def api_servers(self) -> int:
+        """vLLM API-server processes (`--api-server-count`; 1 for SGLang).
+
+        Explicit `api_server_count` wins. Else, with `cpu` set: every core the engine core,
+        its GPU workers and the proxy leave over (at least 1). Else DEFAULT_API_SERVERS, but 1
+        with `snapshot`: the snapshot cycle (sleep/wake through the dev endpoints, then
+        Modal's memory snapshot of every process) was verified with one API server only.
+        """
+        if self.engine != "vllm":
+            return 1
+        if self.api_server_count is not None:
+            return self.api_server_count
+        if self.cpu is not None:
+            return max(1, math.floor(self.cpu) - self._non_api_cpus)
+        return 1 if self.snapshot else DEFAULT_API_SERVERS
+
+    @property
+    def cpu_request(self) -> float:
+        """The container's CPU request in cores (Modal `cpu=`): explicit `cpu`, else one core
+        per API server plus the engine core(s) and the proxy (SGLang: its tokenizer and
+        detokenizer processes instead of the API servers)."""
+        if self.cpu is not None:
+            return self.cpu
+        if self.engine == "vllm":
+            return float(self.api_servers + self._non_api_cpus)
+        return float(SGLANG_FRONTEND_CPUS + self._non_api_cpus)
 
     def modal_gpu(self) -> str | list[str]:
         """The `gpu=` argument for Modal: "H100" / "H100:2", or a preference list of those."""
@@ -730,6 +815,9 @@ class ServingSpec(_Model):
                 cmd += ["--max-model-len", str(self.context_length)]
             if self.snapshot:
                 cmd += ["--enable-sleep-mode"]
+            if self.api_servers > 1:
+                # more OpenAI-server processes when the CPUs allow (see DEFAULT_API_SERVERS)
+                cmd += ["--api-server-count", str(self.api_servers)]
         else:
             cmd = ["python3", "-m", "sglang.launch_server", "--model-path", self.model_source]
             if revision is not None:
@@ -800,6 +888,7 @@ class ServingSpec(_Model):
         unset = {"engine_standin"} if self.engine_standin is None else set()
         if self.weights is None:
             unset.add("weights")
+        unset |= {f for f in ("cpu", "api_server_count") if getattr(self, f) is None}
         if self.engine_version == ENGINE_VERSIONS[self.engine]:
             unset.add("engine_version")
         data = self.model_dump(mode="json", exclude=unset)

@@ -359,6 +359,8 @@ def test_to_json_is_canonical_and_complete() -> None:
         "engine_standin",
         "weights",
         "engine_version",
+        "cpu",  # unset: derived (test_spec_cpu.py)
+        "api_server_count",
     }
     with_standin = make(engine_standin={"fail": "start"})
     assert json.loads(with_standin.to_json())["engine_standin"] == {
@@ -434,6 +436,7 @@ def test_vllm_command_defaults() -> None:
         "--async-scheduling",
         "--generation-config", "vllm",
         "--enable-force-include-usage",
+        "--api-server-count", "4",  # DEFAULT_API_SERVERS (test_spec_cpu.py)
     ]  # fmt: skip
 
 
@@ -552,6 +555,7 @@ def test_a_spec_written_before_engine_standin_keeps_its_text() -> None:
     del old["engine_standin"]
     del old["weights"]  # a later optional field, left out the same way
     del old["engine_version"]  # the default release: left out too
+    del old["cpu"], old["api_server_count"]  # later optional fields, left out when unset
     text = json.dumps(old, sort_keys=True, separators=(",", ":"))
     assert ServingSpec.from_json(text).to_json() == text
 

@@ -1,0 +1,76 @@
+"""The container's CPUs and vLLM's API-server processes (issue 24 item 5): derived from each
+other, each overridable, rendered as `--api-server-count`, left out of the digest when unset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from serving.spec import DEFAULT_API_SERVERS, ServingSpec
+
+
+def make(**kw: Any) -> ServingSpec:
+    base: dict[str, Any] = {"engine": "vllm", "model": "Qwen/Qwen3-8B", "served_model_name": "q"}
+    return ServingSpec.model_validate({**base, **kw})
+
+
+def asc(spec: ServingSpec) -> str | None:
+    cmd = spec.engine_command()
+    return cmd[cmd.index("--api-server-count") + 1] if "--api-server-count" in cmd else None
+
+
+def test_default_four_api_servers_and_the_cpus_they_need() -> None:
+    s = make()
+    assert s.api_servers == DEFAULT_API_SERVERS == 4
+    assert asc(s) == "4"
+    assert s.cpu_request == 6.0  # 4 API servers + the engine core + the proxy
+
+
+def test_api_servers_follow_the_cpu_request() -> None:
+    assert make(cpu=8).api_servers == 6
+    assert asc(make(cpu=8)) == "6"
+    assert make(cpu=2.5).api_servers == 1  # no core left over: one, and no flag
+    assert asc(make(cpu=2.5)) is None
+    # tensor parallel: one worker process per GPU beside the engine core
+    tp = make(gpu_count=2, cpu=8)
+    assert tp.api_servers == 4
+    assert make(gpu_count=2).cpu_request == 8.0
+
+
+def test_explicit_count_wins_and_sets_the_cpu_request() -> None:
+    s = make(api_server_count=2)
+    assert asc(s) == "2" and s.cpu_request == 4.0
+    assert make(api_server_count=1).engine_command().count("--api-server-count") == 0
+    assert make(api_server_count=3, cpu=16).api_servers == 3
+
+
+def test_too_few_cpus_for_the_count_is_refused() -> None:
+    with pytest.raises(ValidationError, match="cpu=4 is below what api_server_count=8 needs: 10"):
+        make(cpu=4, api_server_count=8)
+
+
+def test_snapshot_keeps_one_api_server_unless_asked() -> None:
+    s = make(snapshot=True, context_length=2048)
+    assert s.api_servers == 1 and asc(s) is None and s.cpu_request == 3.0
+    assert asc(make(snapshot=True, context_length=2048, api_server_count=2)) == "2"
+
+
+def test_flag_in_extra_args_is_refused_for_the_field() -> None:
+    for flag in ("--api-server-count", "-asc", "--api_server_count"):
+        with pytest.raises(ValidationError, match="set api_server_count"):
+            make(extra_args=[flag, "2"])
+
+
+def test_sglang_has_no_api_server_count() -> None:
+    s = make(engine="sglang")
+    assert s.api_servers == 1 and s.cpu_request == 4.0  # tokenizer + detokenizer + core + proxy
+    with pytest.raises(ValidationError, match="sglang has no such flag"):
+        make(engine="sglang", api_server_count=2)
+
+
+def test_unset_fields_keep_the_digest_set_fields_change_it() -> None:
+    assert '"cpu"' not in make().to_json() and "api_server_count" not in make().to_json()
+    assert make(cpu=8).digest() != make().digest()
+    assert make(api_server_count=4).digest() != make().digest()
