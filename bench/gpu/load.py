@@ -227,18 +227,28 @@ def run_plan(
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| streams | target | ok/n | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms "
-        "| tokens/s | vs direct |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| tokens/s | vs direct | TTFT p99 vs direct | vs plain | TTFT p99 vs plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    direct = {r["concurrency"]: r for r in rows if r["target"] == "direct"}
+
+    def ratios(r: dict[str, Any], base: dict[str, Any] | None) -> str:
+        if base is None:
+            return "| | "
+        tok = r["tok_per_s"] / base["tok_per_s"] if base["tok_per_s"] else math.nan
+        p99 = r["ttft_p99_ms"] / base["ttft_p99_ms"] if base["ttft_p99_ms"] else math.nan
+        return f"| {tok:.3f}x | {p99:.3f}x "
+
+    by = {(r["target"], r["concurrency"]): r for r in rows}
     for r in rows:
-        base = direct.get(r["concurrency"])
-        ratio = r["tok_per_s"] / base["tok_per_s"] if base and base["tok_per_s"] else math.nan
+        c = r["concurrency"]
         errors = f" {r['errors']}" if r["errors"] else ""
         lines.append(
-            f"| {r['concurrency']} | {r['target']} | {r['ok']}/{r['n']}{errors} "
+            f"| {c} | {r['target']} | {r['ok']}/{r['n']}{errors} "
             f"| {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | {r['total_p50_ms']:.1f} "
-            f"| {r['total_p99_ms']:.1f} | {r['tok_per_s']:.0f} | {ratio:.3f}x |"
+            f"| {r['total_p99_ms']:.1f} | {r['tok_per_s']:.0f} "
+            + ratios(r, by.get(("direct", c)))
+            + ratios(r, by.get(("plain", c)))
+            + "|"
         )
     return "\n".join(lines)
 
@@ -247,13 +257,17 @@ def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="python3 -m bench.gpu.load", description=__doc__)
     cli.add_argument("--direct", default="http://127.0.0.1:8001")
     cli.add_argument("--proxy", default="http://127.0.0.1:8000")
+    cli.add_argument("--plain", help="a default `vllm serve` to compare with (optional)")
     cli.add_argument("--key", required=True, help="an API key the proxy accepts")
     cli.add_argument("--model", default="llama")
     cli.add_argument("--max-tokens", type=int, default=64)
     cli.add_argument("--plan", default="1:3:16,32:3:128,256:3:768")
     cli.add_argument("--out", help="write the rows as JSON here")
     args = cli.parse_args(argv)
-    targets = {
+    targets: dict[str, tuple[str, dict[str, str]]] = {}
+    if args.plain:
+        targets["plain"] = (args.plain, {})
+    targets |= {
         "direct": (args.direct, {}),
         "proxy": (args.proxy, {"Authorization": f"Bearer {args.key}"}),
     }

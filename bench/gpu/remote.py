@@ -211,7 +211,7 @@ def flag_argvs() -> list[list[str]]:
         device.spec_dict(snapshot=True),
         {**device.spec_dict(), "gpu_count": 2, "gpu_memory_fraction": 0.85},
         device.spec_dict(extra_args=["--no-enable-prefix-caching", "--max-num-seqs", "64"]),
-        device.spec_dict(extra_args=["--api-server-count", "4"]),
+        {**device.spec_dict(), "cpu": 8},  # -> --api-server-count 6
     ]
     return [ServingSpec.model_validate(s).engine_command(8001)[2:] for s in specs]
 
@@ -370,16 +370,19 @@ class CpuSampler(threading.Thread):
         try:
             cmd = " ".join(p.cmdline())
             name = p.name()
+            family = " ".join(" ".join(a.cmdline()) for a in p.parents())
         except Exception:
             return None
+        # the plain `vllm serve` (PLAIN_PORT) and its children: "plain_" roles
+        prefix = "plain_" if f"--port {PLAIN_PORT}" in f"{cmd} {family}" else ""
         if "serving.proxy" in cmd:
             return "proxy"
         if "bench.gpu.load" in cmd:
             return "client"
         if "EngineCore" in name or "EngineCore" in cmd:
-            return "engine_core"
-        if "vllm.entrypoints" in cmd or "APIServer" in name:
-            return "vllm_api"
+            return prefix + "engine_core"
+        if "vllm.entrypoints" in cmd or "APIServer" in name or "APIServer" in cmd:
+            return prefix + "vllm_api"
         return None
 
     def run(self) -> None:
@@ -397,6 +400,8 @@ class CpuSampler(threading.Thread):
                 for pid, (role, p) in list(seen.items()):
                     try:
                         total[role] = total.get(role, 0.0) + p.cpu_percent(None)
+                        rss = f"{role}_rss_mib"  # resident memory, for the memory request
+                        total[rss] = round(total.get(rss, 0.0) + p.memory_info().rss / 2**20)
                     except psutil.Error:
                         seen.pop(pid)
                 f.write(json.dumps({"t": round(time.time(), 1), **total}) + "\n")
@@ -423,11 +428,85 @@ def run_checks(out: Path, log: Log) -> dict[str, Any]:
     return {"rc": done.returncode, "seconds": round(time.monotonic() - t, 1), "summary": summary}
 
 
-def run_bench(out: Path, log: Log, plan: str) -> dict[str, Any]:
+PLAIN_PORT = 8002
+# Both engines stay on the card through the bench so that their rounds can interleave: each
+# may take this share of its memory (a 1B-shaped model at 2048 tokens needs ~2.3 GiB of
+# weights; ~30 GiB of KV cache each is ~900k tokens, far above 1024 streams x ~100 tokens).
+SHARED_MEMORY_FRACTION = 0.42
+
+
+def plain_command() -> list[str]:
+    """A default `vllm serve MODEL --max-model-len 2048`: only the port, the served name (so
+    that one request body fits every target) and the memory share (both engines on one card)
+    added."""
+    return [
+        str(device.BIN / "vllm"), "serve", str(device.WEIGHTS_ROOT / device.WEIGHTS_PATH),
+        "--max-model-len", str(device.CONTEXT_LENGTH),
+        "--served-model-name", device.SERVED_NAME,
+        "--host", "127.0.0.1", "--port", str(PLAIN_PORT),
+        "--gpu-memory-utilization", str(SHARED_MEMORY_FRACTION),
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def plain_vllm(log_path: Path, log: Log) -> Iterator[dict[str, Any]]:
+    """The plain `vllm serve` until its /health answers 200; stopped (SIGTERM) on exit."""
+    import urllib.request
+
+    cmd = plain_command()
+    info: dict[str, Any] = {"argv": cmd}
+    t0 = time.monotonic()
+    with log_path.open("w") as logf:
+        proc = subprocess.Popen(
+            cmd, cwd="/tmp", env=device.run_env(), stdout=logf, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"plain vllm serve exited {proc.returncode}; {log_path}")
+                if time.monotonic() - t0 > 600:
+                    raise RuntimeError(f"plain vllm serve not healthy after 600 s; {log_path}")
+                with contextlib.suppress(OSError):
+                    url = f"http://127.0.0.1:{PLAIN_PORT}/health"
+                    with urllib.request.urlopen(url, timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                time.sleep(1.0)
+            info["ready_s"] = round(time.monotonic() - t0, 1)
+            log(f"plain vllm serve healthy after {info['ready_s']} s")
+            yield info
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            info["exit_code"] = proc.returncode
+
+
+def bench_spec() -> dict[str, Any]:
+    """The shipped spec (its derived --api-server-count included) as the bench serves it: the
+    card shared with the plain engine, and the proxy's cap above the bench's 1024 streams."""
+    return {
+        **device.spec_dict(),
+        "gpu_memory_fraction": SHARED_MEMORY_FRACTION,
+        "proxy": {"max_in_flight": 4096},
+    }
+
+
+def run_bench(out: Path, log: Log, plan: str, plain: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"proxy_idle": proxy_idle_setting(), "plan": plan}
     log(f"proxy pool idle lifetime: {result['proxy_idle']}")
     sampler = CpuSampler(out / "cpu.jsonl")
-    with serving(device.spec_dict(), out / "bench-engine.log", log) as info:
+    with contextlib.ExitStack() as stack:
+        if plain:  # first, alone: vLLM profiles the card's free memory while it starts
+            result["plain"] = stack.enter_context(plain_vllm(out / "plain-engine.log", log))
+        spec = bench_spec() if plain else device.spec_dict()
+        info = stack.enter_context(serving(spec, out / "bench-engine.log", log))
         result["engine"] = info
         log(f"engine keep-alive env seen in the vLLM process: {info['engine_keepalive_env']}")
         sampler.start()
@@ -436,6 +515,8 @@ def run_bench(out: Path, log: Log, plan: str) -> dict[str, Any]:
             sys.executable, "-m", "bench.gpu.load", "--key", device.API_KEY,
             "--model", device.SERVED_NAME, "--plan", plan, "--out", str(out / "bench.json"),
         ]  # fmt: skip
+        if plain:
+            cmd += ["--plain", f"http://127.0.0.1:{PLAIN_PORT}"]
         done = subprocess.run(
             cmd, cwd=device.ROOT, env=device.run_env(), capture_output=True, text=True
         )
@@ -461,7 +542,7 @@ def run(args: argparse.Namespace) -> int:
             result["checks"] = run_checks(out, log)
             rc |= result["checks"]["rc"]
         if "bench" in args.phases:
-            result["bench"] = run_bench(out, log, args.plan)
+            result["bench"] = run_bench(out, log, args.plan, args.plain)
             rc |= result["bench"]["load_rc"]
     finally:
         (out / "run.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
@@ -477,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="call 2: place the library, checks and bench")
     r.add_argument("--phases", default="checks,bench", help="comma list: checks, bench")
     r.add_argument("--plan", default="1:3:16,32:3:128,256:3:768", help="bench.gpu.load's plan")
+    r.add_argument(
+        "--plain",
+        action="store_true",
+        help="bench a default `vllm serve` (PLAIN_PORT) too, interleaved with direct and proxy",
+    )
     args = cli.parse_args(argv)
     return prepare(args) if args.cmd == "prepare" else run(args)
 
