@@ -350,7 +350,8 @@ def engine_env_seen() -> dict[str, str]:
 
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or [])
-        if "vllm.entrypoints.cli.main" in cmd and " serve " in f" {cmd} ":
+        plain = f"--port {PLAIN_PORT}" in cmd  # the default `vllm serve` has no such env
+        if "vllm.entrypoints.cli.main" in cmd and " serve " in f" {cmd} " and not plain:
             with contextlib.suppress(psutil.Error):
                 env = p.environ()
                 return {k: v for k, v in env.items() if "KEEP_ALIVE" in k}
