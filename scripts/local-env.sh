@@ -171,6 +171,26 @@ standin() {
         --server-url "$MODAL_SERVER_URL"
 }
 
+# Run in the background while a command talks to this checkout's emulator: once the emulator
+# dies, say so within a second with its log's last lines, and stop the command (a pulumi run or
+# the endpoint check), which would otherwise retry Modal for minutes (issue 22 item 7).
+# Usage: watch_emulator & WATCHER=$!; ...; kill "$WATCHER".
+watch_emulator() {
+    local pid
+    pid="$(cat "$EMULATOR_PID_FILE" 2>/dev/null)" || return 0
+    [ -n "$pid" ] || return 0
+    while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+    {
+        echo
+        echo "error: this checkout's Modal emulator (pid $pid) exited while \`make up\` ran; stopping."
+        echo "Its log's last lines ($EMULATOR_LOG):"
+        tail -n 15 "$EMULATOR_LOG" 2>/dev/null | sed 's/^/  | /'
+        echo "Run \`make up\` again: it starts the emulator anew, and the stack's state is kept."
+    } >&2
+    # The main shell's children that talk to Modal ($$ stays the main shell's pid here).
+    pkill -TERM -P $$ -f 'pulumi|local_stack\.py' 2>/dev/null || true
+}
+
 # Holds the stand-in's state file any resource (what `make down` must destroy)?
 standin_has_resources() {
     [ -f "$STANDIN_STATE" ] && "$PY" -c 'import json, sys

@@ -29,6 +29,9 @@ require_local_stack "$STACK"
 read_stack_url
 choose_engine
 start_emulator
+watch_emulator &
+WATCHER=$!
+trap 'kill "$WATCHER" 2>/dev/null || true' EXIT
 
 if [ "$LOCAL_ENGINE" = cli ]; then
     mkdir -p .pulumi-state
@@ -41,6 +44,7 @@ fi
 echo
 "$PY" scripts/local_stack.py check --engine "$LOCAL_ENGINE" --stack "$STACK" \
     --state "$STANDIN_STATE"
+kill "$WATCHER" 2>/dev/null || true
 if [ -f "$GATEWAY_FILE" ]; then
     echo
     "$PY" scripts/gateway_config.py --stack "$STACK" --engine "$LOCAL_ENGINE" \

@@ -1,5 +1,6 @@
-"""Issue 22 items 9-14, "the local loop": one test per item, named after it, each failing on the
-code before the fix. The two-checkout test (item 9 end to end) is the slow one at the bottom.
+"""Issue 22 items 7 (its script part) and 9-14, "the local loop": one test per item, named
+after it, each failing on the code before the fix. The two-checkout test (item 9 end to end)
+is the slow one at the bottom.
 
 - 9: a checkout owns its emulator by state file and pid file, never by port; it takes a free
   port when another checkout (or program) holds the stack file's; the CLI gets the actual URL
@@ -64,6 +65,34 @@ def _bash(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProces
         text=True,
         timeout=120,
     )
+
+
+# ---- 7 (the script's part): an emulator that dies during `make up` is said within seconds ---
+
+
+def test_22_7_make_up_says_within_seconds_that_its_emulator_died(tmp_path: Path) -> None:
+    """The emulator is killed while a pulumi command runs (a stand-in that would retry Modal
+    for minutes): the watcher up.sh runs says so at once, with the log's last lines, and stops
+    the command."""
+    script = """
+read_stack_url
+start_emulator >/dev/null
+watch_emulator &
+( exec -a pulumi-standin-fake sleep 120 ) &
+FAKE=$!
+sleep 0.5
+kill -9 "$(cat "$EMULATOR_PID_FILE")"
+t0=$(date +%s)
+wait "$FAKE" || true
+echo "stopped after $(( $(date +%s) - t0 )) s"
+"""
+    started = time.monotonic()
+    proc = _bash(script, tmp_path)
+    assert time.monotonic() - started < 60, proc.stderr[-2000:]
+    assert "exited while `make up` ran; stopping." in proc.stderr, proc.stderr[-2000:]
+    assert "Its log's last lines" in proc.stderr and "  | " in proc.stderr
+    seconds = int(proc.stdout.strip().splitlines()[-1].split()[2])
+    assert seconds <= 3, proc.stdout
 
 
 # ---- 9: each checkout owns its emulator -----------------------------------------------------
