@@ -231,10 +231,11 @@ def command(spec: LaunchSpec, host_root: Path = Path("/")) -> tuple[list[str], P
     steps.append(
         'while :; do wait "$child"; status=$?; kill -0 "$child" 2>/dev/null || exit "$status"; done'
     )
-    script = "\n".join(steps)
+    script = spec.workdir / "init.sh"  # a file, so that `ps` shows one short line
+    script.write_text("\n".join(steps) + "\n")
     argv = [_tool("unshare")] + (["--net"] if spec.netns else [])
     argv += ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
-    argv += ["--propagation", "private", "--", "/bin/sh", "-c", script, "container", *entry]
+    argv += ["--propagation", "private", "--", "/bin/sh", str(script), *entry]
     return argv, spec.root / "root"
 
 
