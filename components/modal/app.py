@@ -87,6 +87,7 @@ from ._gate import DEFAULT_GATE_TIMEOUT_S, TASKS, gate_secrets
 from ._release import (
     Release,
     Releases,
+    deployment_tag,
     describe_target,
     parse_deployment_tag,
     rollback_command,
@@ -529,10 +530,37 @@ class AppProvider(ModalProvider):
 
         return str(self.run("look up before deploy", self._target(props), go))
 
+    def _is_own_lost_release(
+        self, props: Mapping[str, Any], app_id: str, digests: Mapping[str, str]
+    ) -> bool:
+        """Whether the app deployed under the name runs exactly the release this create
+        would publish (its live version's deployment tag), i.e. a lost earlier attempt."""
+        rel = Release(self, props, "create", digests, app_id, keep_on_failure=False)
+        try:
+            live = rel.read(app_id)
+        except ModalProviderError:
+            return False
+        return bool(live.version()) and live.effective_tag(live.version()) == rel.tag
+
     def create(self, props: dict[str, Any]) -> CreateResult:
         name, env = str(props["name"]), environment_name(props)
         adopt = bool(props.get("adopt") or False)
         found = self._live_by_name(props)
+        digests = self._digests(props)
+        if found and not adopt and self._is_own_lost_release(props, found, digests):
+            # An earlier run of this very create was interrupted after Modal published (the
+            # provider or Modal killed): the app runs this create's own release (its deployment
+            # tag carries the same digests) and no state knows it. It is this create's lost
+            # result: gate it and record it, never refuse it (issue 22 item 6).
+            print(
+                f"App {self._target(props)}: {found} runs this create's own release (tag"
+                f" {deployment_tag(digests['spec_digest'], digests['source_digest'])}), left"
+                " by an interrupted run; verifying it as this create's",
+                file=sys.stderr,
+            )
+            release = Release(self, props, "create", digests, found, keep_on_failure=False)
+            out = release.execute()
+            return CreateResult(str(out["app_id"]), self._outputs(props, out, digests, False))
         if found and not adopt:
             raise ModalAlreadyExistsError(
                 f"App {self._target(props)}: create refused: an app is already deployed under"
@@ -541,7 +569,6 @@ class AppProvider(ModalProvider):
                 " stack: `adopt: true` on the service); or stop it (`modal app stop"
                 f" {name} -e {env or '<env>'}`), or choose another name."
             )
-        digests = self._digests(props)
         # An adopted app existed before: a failed release is rolled back, never stopped.
         release = Release(self, props, "create", digests, found, keep_on_failure=bool(found))
         out = release.execute()

@@ -478,3 +478,24 @@ def test_a_refresh_that_cannot_read_fails_and_keeps_the_state(
     assert f"{method}" in err.value.details or "read failed" in err.value.details
     assert engine.states["a"].outputs == before
     assert engine.refresh("a") == "same"
+
+
+def test_22_6_a_create_finds_its_own_release_left_by_an_interrupted_run(
+    stack: Stack, emulator: EmulatorProcess
+) -> None:
+    """A create whose run was interrupted after Modal published (the state never recorded it)
+    is rerun: the app under the name runs this very release (same deployment tag), so the
+    rerun takes it as its own, verified, instead of refusing it forever (issue 22 item 6).
+    An app running anything else under the name is still refused."""
+    engine = stack.engine
+    engine.up("a", APP, stack.app())
+    app_id = engine.states["a"].outputs["app_id"]
+    del engine.states["a"]  # the interrupted run: Modal has the app, the state does not
+    assert engine.up("a", APP, stack.app()) == "create"
+    out = engine.states["a"].outputs
+    assert out["app_id"] == app_id and out["version"] == 1
+    assert "runs this create's own release" in engine.server.logs()
+    del engine.states["a"]
+    with pytest.raises(ProviderCallError) as err:
+        engine.up("a", APP, stack.app(spec_json=stack.kind.spec(message="other")))
+    assert "create refused: an app is already deployed under this name" in err.value.details
