@@ -185,6 +185,9 @@ def _container() -> Container:
     name=SERVER_NAME,
     image=image,
     gpu=SPEC.modal_gpu(),
+    # What the engine's command line needs: one core per vLLM API server, the engine core(s)
+    # and the proxy (serving/spec.py `cpu_request`; measured in docs/gpu.md).
+    cpu=SPEC.cpu_request,
     volumes=volumes,
     secrets=secrets,
     port=PROXY_PORT,  # Modal routes to the proxy; the engine listens on 127.0.0.1 only
