@@ -416,6 +416,15 @@ class LLMService(pulumi.ComponentResource):
                 ),
                 pulumi.ResourceOptions(parent=self, depends_on=[self.app]),
             )
+        release = spec.engine_release
+        if release.verified != "gpu" and spec.engine_standin is None:
+            # Shown by `pulumi preview` and `up`: what the engine release was checked against.
+            pulumi.log.info(
+                f"service {name}: engine {spec.engine} {spec.engine_version} is verified against"
+                f" its recorded parser only, not yet served on a GPU by this project"
+                f" ({release.evidence}; GPU-verified releases: docs/gpu.md)",
+                resource=self,
+            )
         if not settings.gate_enabled:
             # Shown by `pulumi preview` and `up`: what is not checked, and what checking costs.
             pulumi.log.info(f"service {name}: {settings.gate_reason}", resource=self)
@@ -446,6 +455,11 @@ class LLMService(pulumi.ComponentResource):
             "app_id": self.app.app_id,
             # True: serving/standin_engine.py answers (fixed text, no model), local stacks only
             "engine_standin": self.settings.spec.engine_standin is not None,
+            # The engine release and how far this project has verified it (serving/spec.py
+            # ENGINE_RELEASES): "gpu" = served on a real GPU (docs/gpu.md), "parser" = only
+            # its flags were checked against the release's recorded parser.
+            "engine_release": f"{self.settings.spec.engine} {self.settings.spec.engine_version}",
+            "engine_verified": self.settings.spec.engine_release.verified,
             "gpu": c.gpu,
             "gpu_count": c.gpu_count,
             "min_containers": c.min_containers,

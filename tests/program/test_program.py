@@ -311,6 +311,11 @@ def test_outputs(stack_run: tuple[str, ProgramRun]) -> None:
     assert summary["endpoint_url"] == run.output("endpoint_url")
     assert summary["served_model_name"] == first["served_model_name"]
     assert summary["monthly_cost_worst_usd"] == expected[1]
+    # Which engine release, and how far it is verified: the committed stacks pin the image
+    # releases, which only their recorded parsers checked (docs/gpu.md ran vLLM 0.26.0).
+    engine = first.get("engine", "vllm")
+    assert summary["engine_release"] == {"vllm": "vllm 0.33.0", "sglang": "sglang 0.5.23"}[engine]
+    assert summary["engine_verified"] == "parser"
 
 
 def test_gateway_config_routes_through_modal_proxy_auth(stack_run: tuple[str, ProgramRun]) -> None:

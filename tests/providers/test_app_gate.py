@@ -481,6 +481,14 @@ def test_program_wires_the_gate_and_preview_says_when_it_is_off(
         assert notes == []
     else:
         assert len(notes) == 1 and "up to $0.26" in notes[0], notes
+    # The preview also says when the engine release was never served on a GPU here (not on
+    # the local stack, whose stand-in engine runs no release at all).
+    parser_only = [
+        r.getMessage() for r in caplog.records if "recorded parser only" in r.getMessage()
+    ]
+    assert len(parser_only) == (0 if stack == "local" else 1), parser_only
+    if parser_only:
+        assert "engine vllm 0.33.0" in parser_only[0] and "docs/gpu.md" in parser_only[0]
 
 
 # ---- the smoke request follows the model's task (issue 21.7) --------------------------------
