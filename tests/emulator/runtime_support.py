@@ -125,13 +125,24 @@ def host_pid(container_pid: int, pid: int) -> int:
     pid namespace (the default as root) numbers its processes from 1; `container_pid` is its
     `pid` in /_emulator/containers (the `unshare` above its pid 1). Without a pid namespace
     the two are the same."""
-    try:
-        init = int(
-            Path(f"/proc/{container_pid}/task/{container_pid}/children").read_text().split()[0]
-        )
-        namespace = os.readlink(f"/proc/{init}/ns/pid")
-    except (OSError, IndexError, ValueError):
-        return pid
+    # The container's pid 1 (the child of `unshare`) may not be listed yet on a loaded
+    # machine: look again for a while rather than guess. Falling back to `pid` itself then
+    # named some unrelated process of the machine (a flaky "still alive").
+    namespace = ""
+    deadline = time.monotonic() + 10.0
+    while not namespace:
+        try:
+            children = Path(f"/proc/{container_pid}/task/{container_pid}/children").read_text()
+            if children.split():
+                namespace = os.readlink(f"/proc/{int(children.split()[0])}/ns/pid")
+        except (OSError, ValueError):
+            pass
+        if not namespace:
+            if not Path(f"/proc/{container_pid}").exists():
+                return pid  # no such container process: nothing to map through
+            if time.monotonic() > deadline:
+                raise AssertionError(f"container pid {container_pid} shows no child process")
+            time.sleep(0.05)
     if namespace == os.readlink("/proc/self/ns/pid"):
         return pid
     for entry in Path("/proc").iterdir():
