@@ -129,7 +129,14 @@ def test_processes_started_in_a_new_session_die_with_their_container(rt: Emulato
     os.kill(int(str(first["pid"])), signal.SIGKILL)
     wait_for(lambda: not pid_alive(orphan), 10, what="the detached process of a killed container")
 
-    (second,) = _ready(rt, aid)
+    # The replacement, not the killed one still listed as ready for a moment (its pid gone,
+    # host_pid would have nothing to map through).
+    def replacement() -> dict[str, object] | None:
+        ready = [c for c in rt.live_containers(aid) if c["state"] == "ready"]
+        return next((c for c in ready if c["task_id"] != first["task_id"]), None)
+
+    second = wait_for(replacement, 30, what="the killed container's replacement")
+    assert second is not None
     orphan = host_pid(int(str(second["pid"])), detached_pid(str(second["task_id"])))
     modal_cli(rt, "app", "stop", "rt-server", "-y")
     wait_for(lambda: not pid_alive(orphan), 20, what="the detached process of a stopped app")
