@@ -566,11 +566,6 @@ async def app_deployments(client: Any, app_id: str) -> list[Deployment]:
     return sorted(rows, key=lambda d: d.version)
 
 
-async def app_history(client: Any, app_id: str) -> list[tuple[int, float, str]]:
-    """(version, deployed_at, tag) of every deployment of the app, oldest first."""
-    return [(d.version, d.deployed_at, d.tag) for d in await app_deployments(client, app_id)]
-
-
 async def app_tags(client: Any, app_id: str) -> dict[str, str]:
     """The app's tags (`AppGetTags`, modal 1.6.4 `App.get_tags`)."""
     from modal_proto import api_pb2
