@@ -22,6 +22,7 @@ import asyncio
 import json
 import math
 import multiprocessing as mp
+import random
 import re
 import statistics
 import time
@@ -33,10 +34,40 @@ PROMPT = "Write one short sentence about the sea."
 Result = tuple[int | str, float | None, float, int]
 
 
-def body(model: str, max_tokens: int) -> dict[str, Any]:
+# Long prompts (`--prompt-tokens`): filler words after a per-request random head, so that no
+# two requests share a cached prefix (vLLM's prefix cache would otherwise skip the prefill and
+# the bench would measure a short prompt with a long body). The words per token of the
+# model's tokenizer are measured once per run (`calibrate`), not assumed.
+FILLER = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "near",
+    "calm",
+    "blue",
+    "water",
+    "at",
+    "dawn",
+]
+
+
+def prompt_text(words: int) -> str:
+    if words <= 0:
+        return PROMPT
+    head = f"[{random.getrandbits(64):016x}] "
+    return head + " ".join(FILLER[i % len(FILLER)] for i in range(words)) + " " + PROMPT
+
+
+def body(model: str, max_tokens: int, words: int = 0) -> dict[str, Any]:
     return {
         "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": prompt_text(words)}],
         "max_tokens": max_tokens,
         "ignore_eos": True,
         "temperature": 1.0,
@@ -95,7 +126,13 @@ async def _one(client: Any, url: str, headers: dict[str, str], payload: dict[str
 
 
 async def _worker(
-    base: str, headers: dict[str, str], model: str, streams: int, requests: int, max_tokens: int
+    base: str,
+    headers: dict[str, str],
+    model: str,
+    streams: int,
+    requests: int,
+    max_tokens: int,
+    words: int = 0,
 ) -> tuple[list[Result], float, float]:
     import httpx
 
@@ -110,7 +147,7 @@ async def _worker(
             while left[0] > 0:
                 left[0] -= 1
                 try:
-                    results.append(await _one(client, url, headers, body(model, max_tokens)))
+                    results.append(await _one(client, url, headers, body(model, max_tokens, words)))
                 except Exception as exc:  # a failed request is a result, not the end
                     results.append((type(exc).__name__, None, 0.0, 0))
 
@@ -134,6 +171,7 @@ def run_round(
     concurrency: int,
     requests: int,
     max_tokens: int,
+    words: int = 0,
 ) -> tuple[list[Result], float]:
     """One round: `requests` streams, `concurrency` at a time, over a few processes."""
     procs = 1 if concurrency == 1 else (4 if concurrency <= 32 else 8)
@@ -143,7 +181,7 @@ def run_round(
     for i in range(procs):
         streams = concurrency // procs + (1 if i < concurrency % procs else 0)
         n = requests // procs + (1 if i < requests % procs else 0)
-        args = (base, headers, model, streams, n, max_tokens)
+        args = (base, headers, model, streams, n, max_tokens, words)
         p = mp.Process(target=_proc, args=(args, queue))
         p.start()
         workers.append(p)
@@ -204,6 +242,7 @@ def run_plan(
     plan: str,
     model: str,
     max_tokens: int,
+    words: int = 0,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     order = list(targets)
@@ -211,12 +250,14 @@ def run_plan(
         concurrency, rounds, requests = (int(x) for x in item.split(":"))
         for name in order:  # warm-up: connections, CUDA graphs for this batch size
             base, headers = targets[name]
-            run_round(base, headers, model, concurrency, concurrency, max_tokens)
+            run_round(base, headers, model, concurrency, concurrency, max_tokens, words)
         acc: dict[str, list[tuple[list[Result], float]]] = {name: [] for name in order}
         for r in range(rounds):
             for name in order if r % 2 == 0 else order[::-1]:
                 base, headers = targets[name]
-                acc[name].append(run_round(base, headers, model, concurrency, requests, max_tokens))
+                acc[name].append(
+                    run_round(base, headers, model, concurrency, requests, max_tokens, words)
+                )
         for name in order:
             row = summarize(name, concurrency, acc[name])
             rows.append(row)
@@ -253,6 +294,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def calibrate(base: str, model: str, tokens: int) -> tuple[int, int]:
+    """(filler words, the prompt tokens they make) for about `tokens` prompt tokens, from the
+    engine's own usage count of a 1000-word probe and of the final prompt."""
+    import httpx
+
+    def count(words: int) -> int:
+        payload = {**body(model, 1, words), "stream": False}
+        payload.pop("stream_options")
+        resp = httpx.post(base + "/v1/chat/completions", json=payload, timeout=120)
+        resp.raise_for_status()
+        return int(resp.json()["usage"]["prompt_tokens"])
+
+    per_word = (count(1000) - count(0)) / 1000
+    words = max(1, int((tokens - count(0)) / per_word))
+    return words, count(words)
+
+
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="python3 -m bench.gpu.load", description=__doc__)
     cli.add_argument("--direct", default="http://127.0.0.1:8001")
@@ -262,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--model", default="llama")
     cli.add_argument("--max-tokens", type=int, default=64)
     cli.add_argument("--plan", default="1:3:16,32:3:128,256:3:768")
+    cli.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=0,
+        help="long prompts of about this many tokens, unique per request (0: the short prompt)",
+    )
     cli.add_argument("--out", help="write the rows as JSON here")
     args = cli.parse_args(argv)
     targets: dict[str, tuple[str, dict[str, str]]] = {}
@@ -272,8 +336,13 @@ def main(argv: list[str] | None = None) -> int:
         "proxy": (args.proxy, {"Authorization": f"Bearer {args.key}"}),
     }
     t0 = time.monotonic()
-    rows = run_plan(targets, args.plan, args.model, args.max_tokens)
-    result = {"plan": args.plan, "max_tokens": args.max_tokens, "rows": rows}
+    words, measured = 0, 0
+    if args.prompt_tokens:
+        words, measured = calibrate(args.direct, args.model, args.prompt_tokens)
+        print(f"prompts: {words} filler words = {measured} prompt tokens", flush=True)
+    rows = run_plan(targets, args.plan, args.model, args.max_tokens, words)
+    result: dict[str, Any] = {"plan": args.plan, "max_tokens": args.max_tokens, "rows": rows}
+    result["prompt_words"], result["prompt_tokens"] = words, measured
     result["seconds"] = round(time.monotonic() - t0, 1)
     if args.out:
         with open(args.out, "w") as f:

@@ -530,6 +530,160 @@ def run_bench(out: Path, log: Log, plan: str, plain: bool) -> dict[str, Any]:
     return result
 
 
+# serving/spec.py ENGINE_CACHE_PATHS["vllm"]: the engine-cache Volume's mount, where the spec
+# points VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and CUDA_CACHE_PATH.
+# (Not imported: this runner runs on the image's python without the payload on its path.)
+ENGINE_CACHE = Path("/root/.cache/vllm")
+# vLLM 0.26.0's own start-up lines, each a phase of the cold start (seconds in the line).
+PHASE_LINES = {
+    "weights_load_s": re.compile(r"Loading weights took ([\d.]+) seconds"),
+    "model_load_s": re.compile(r"Model loading took [\d.]+ GiB and ([\d.]+) seconds"),
+    "torch_compile_s": re.compile(r"torch\.compile takes ([\d.]+) s in total"),
+    "cuda_graphs_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
+    "init_engine_s": re.compile(r"init engine .* took ([\d.]+) seconds"),
+}
+# Our own lines (serving.engine): when each happened, seconds after the launch.
+MILESTONES = {
+    "health_at_s": "healthy after",
+    "warmup_at_s": "warm-up done",
+    "ready_at_s": "SERVING READY",
+}
+
+
+def phases(lines: list[tuple[float, str]]) -> dict[str, float]:
+    """Each phase's seconds (vLLM's own figures) and our milestones, from the start lines."""
+    found: dict[str, float] = {}
+    for stamp, line in lines:
+        for name, pattern in PHASE_LINES.items():
+            m = pattern.search(line)
+            if m and name not in found:
+                found[name] = float(m.group(1))
+        for name, text in MILESTONES.items():
+            if text in line and name not in found:
+                found[name] = stamp
+    return found
+
+
+def first_token_s(key: str, port: int = 8000, max_tokens: int = 16) -> float:
+    """Send -> first content chunk of one streamed chat through the proxy."""
+    import httpx
+
+    payload = {
+        "model": device.SERVED_NAME,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    t = time.perf_counter()
+    with httpx.stream(
+        "POST",
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json=payload,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    ) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and '"content":"' in line.replace(" ", ""):
+                return round(time.perf_counter() - t, 4)
+    raise RuntimeError("the stream ended without content")
+
+
+def run_coldstart(out: Path, log: Log) -> dict[str, Any]:
+    """Issue 24 item 6: the same snapshot spec started twice, first with an empty engine cache
+    (cold: what a new engine-cache Volume gives), then with the cache the first start left
+    (warm: the Volume kept from the previous container); then sleep/wake -> first token."""
+    import httpx
+
+    result: dict[str, Any] = {"engine_cache": str(ENGINE_CACHE)}
+    shutil.rmtree(ENGINE_CACHE, ignore_errors=True)
+    spec = device.spec_dict(snapshot=True)
+    for label in ("cold", "warm"):
+        with serving(spec, out / f"coldstart-{label}.log", log) as info:
+            row = {"ready_s": info["ready_s"], **phases(info["start_lines"])}
+            row["first_token_s"] = first_token_s(device.API_KEY)
+            if label == "warm":
+                wakes = []
+                for _ in range(3):
+                    r = httpx.post("http://127.0.0.1:8001/sleep?level=1", timeout=60)
+                    r.raise_for_status()
+                    t = time.perf_counter()
+                    httpx.post("http://127.0.0.1:8001/wake_up", timeout=60).raise_for_status()
+                    woke = time.perf_counter() - t
+                    wakes.append(
+                        {
+                            "wake_s": round(woke, 3),
+                            "to_first_token_s": round(woke + first_token_s(device.API_KEY), 3),
+                        }
+                    )
+                row["wake"] = wakes
+        cache_mib = sum(f.stat().st_size for f in ENGINE_CACHE.rglob("*") if f.is_file()) / 2**20
+        row["cache_mib_after"] = round(cache_mib, 1)
+        result[label] = row
+        log(f"coldstart {label}: {row}")
+    if result["cold"].get("ready_at_s") and result["warm"].get("ready_at_s"):
+        result["warm_vs_cold"] = round(
+            result["warm"]["ready_at_s"] / result["cold"]["ready_at_s"], 3
+        )
+    return result
+
+
+def gpu_memory() -> list[int]:
+    text = sh(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"])
+    return [int(x) for x in text.split()]
+
+
+def load_cmd(out_file: Path, plan: str, prompt_tokens: int = 0) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "bench.gpu.load", "--key", device.API_KEY,
+        "--model", device.SERVED_NAME, "--plan", plan, "--out", str(out_file),
+    ]  # fmt: skip
+    if prompt_tokens:
+        cmd += ["--prompt-tokens", str(prompt_tokens)]
+    return cmd
+
+
+def run_load(cmd: list[str], log: Log) -> dict[str, Any]:
+    t = time.monotonic()
+    done = subprocess.run(
+        cmd, cwd=device.ROOT, env=device.run_env(), capture_output=True, text=True
+    )
+    if done.returncode:
+        log(f"load failed: {done.stderr[-1500:]}")
+    table = done.stdout[done.stdout.find("| streams") :]
+    log(table)
+    return {
+        "rc": done.returncode,
+        "seconds": round(time.monotonic() - t, 1),
+        "table": table,
+        "stdout_head": done.stdout[:300],
+    }
+
+
+def run_tp(out: Path, log: Log, plan: str) -> dict[str, Any]:
+    """Issue 24 item 7: `gpu_count: 2` (tensor parallel over both cards) through serving.engine
+    and the proxy: it starts, both cards hold a share, it answers, and a short load."""
+    n = len(gpu_memory())
+    if n < 2:
+        return {"skipped": f"{n} GPU on this machine; tensor parallel needs 2 (nvidia-h100-x2)"}
+    spec = {**device.spec_dict(), "gpu_count": 2}
+    with serving(spec, out / "tp-engine.log", log) as info:
+        result: dict[str, Any] = {"ready_s": info["ready_s"], **phases(info["start_lines"])}
+        result["gpu_memory_mib"] = gpu_memory()
+        result["first_token_s"] = first_token_s(device.API_KEY)
+        result["load"] = run_load(load_cmd(out / "tp-bench.json", plan), log)
+    return result
+
+
+def run_long(out: Path, log: Log, plan: str, prompt_tokens: int) -> dict[str, Any]:
+    """Issue 24 item 4's long prompts: ~8k-token prompts, unique per request, direct vs proxy."""
+    spec = {**device.spec_dict(), "context_length": prompt_tokens + 512}
+    with serving(spec, out / "long-engine.log", log) as info:
+        result: dict[str, Any] = {"ready_s": info["ready_s"]}
+        result["load"] = run_load(load_cmd(out / "long-bench.json", plan, prompt_tokens), log)
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
     out = out_dir()
     log = Log(out / "run.log")
@@ -545,6 +699,16 @@ def run(args: argparse.Namespace) -> int:
         if "bench" in args.phases:
             result["bench"] = run_bench(out, log, args.plan, args.plain)
             rc |= result["bench"]["load_rc"]
+        if "tp" in args.phases:
+            result["tp"] = run_tp(out, log, args.tp_plan)
+        if "coldstart" in args.phases:
+            result["coldstart"] = run_coldstart(out, log)
+        if "long" in args.phases:
+            result["long"] = run_long(out, log, args.long_plan, args.prompt_tokens)
+    except Exception as exc:  # what ran so far still comes back in run.json
+        log(f"phase failed: {type(exc).__name__}: {exc}")
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        rc |= 1
     finally:
         (out / "run.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     if "bench" in result:
@@ -557,7 +721,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = cli.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare", help="call 1: unpack, model, imports, flags")
     r = sub.add_parser("run", help="call 2: place the library, checks and bench")
-    r.add_argument("--phases", default="checks,bench", help="comma list: checks, bench")
+    r.add_argument(
+        "--phases",
+        default="checks,bench",
+        help="comma list: checks, bench, tp (2 GPUs), coldstart (cold vs warm engine cache, wake),"
+        " long (long prompts)",
+    )
+    r.add_argument("--tp-plan", default="1:2:8,32:2:128,256:2:512", help="load plan for tp")
+    r.add_argument("--long-plan", default="1:2:4,32:2:64,256:1:256", help="load plan for long")
+    r.add_argument("--prompt-tokens", type=int, default=8000, help="long: prompt tokens")
     r.add_argument("--plan", default="1:3:16,32:3:128,256:3:768", help="bench.gpu.load's plan")
     r.add_argument(
         "--plain",
