@@ -1,6 +1,7 @@
 """`python -m pulumi_standin` (also scripts/offline_stack.py): the engine stand-in as a command.
 
     python -m pulumi_standin preview --stack local          # like `pulumi preview --diff`
+    python -m pulumi_standin preview --stack local --json   # like `pulumi preview --json`
     python -m pulumi_standin up      --stack local          # like `pulumi up`
     python -m pulumi_standin refresh --stack local          # like `pulumi refresh`
     python -m pulumi_standin destroy --stack local          # like `pulumi destroy`
@@ -200,6 +201,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--show-secrets", action="store_true", help="print secret outputs in clear")
     parser.add_argument(
+        "--json",
+        action="store_true",
+        help=(
+            "preview: print the plan as `pulumi preview --json` does (one JSON document on"
+            " stdout, notes on stderr; pulumi_standin/preview_json.py)"
+        ),
+    )
+    parser.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -213,6 +222,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_intermixed_args(argv)
     if args.name is not None and args.command != "output":
         parser.error(f"unexpected argument {args.name!r} for {args.command}")
+    if args.json and args.command != "preview":
+        parser.error("--json is for preview only")
     return args
 
 
@@ -221,6 +232,9 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     # A failed or interrupted program leaves no asyncio noise behind: one message only.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     stack_file = PROJECT_ROOT / f"Pulumi.{args.stack}.yaml"
+    document_out = out
+    if args.json:  # stdout holds the JSON document only; notes and errors go to stderr
+        out = sys.stderr
     try:
         if not stack_file.exists():
             raise StandinError(f"no stack file {stack_file.name} in {PROJECT_ROOT}")
@@ -255,6 +269,10 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             output_name=args.name,
             verbose=args.verbose,
         )
+        if args.json:
+            from pulumi_standin import preview_json
+
+            return preview_json.run(cmd, document_out, out, interrupt=Interrupt(_sigint.EVENT))
         hook = fault_hook(os.environ.get(FAULT_ENV))
         return run(cmd, out, before_step=hook, interrupt=Interrupt(_sigint.EVENT))
     except StandinError as exc:
