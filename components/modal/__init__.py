@@ -21,6 +21,9 @@ _MODULES = {
     "Environment": "environment",
     "EnvironmentArgs": "environment",
     "EnvironmentProvider": "environment",
+    "EnvironmentRole": "environment_role",
+    "EnvironmentRoleArgs": "environment_role",
+    "EnvironmentRoleProvider": "environment_role",
     "ModelWeights": "model_weights",
     "ModelWeightsArgs": "model_weights",
     "ModelWeightsProvider": "model_weights",
@@ -30,6 +33,9 @@ _MODULES = {
     "Secret": "secret",
     "SecretArgs": "secret",
     "SecretProvider": "secret",
+    "ServiceUser": "service_user",
+    "ServiceUserArgs": "service_user",
+    "ServiceUserProvider": "service_user",
     "SpendAlert": "spend_alert",
     "SpendAlertArgs": "spend_alert",
     "SpendAlertProvider": "spend_alert",
@@ -45,6 +51,9 @@ __all__ = [
     "Environment",
     "EnvironmentArgs",
     "EnvironmentProvider",
+    "EnvironmentRole",
+    "EnvironmentRoleArgs",
+    "EnvironmentRoleProvider",
     "ModelWeights",
     "ModelWeightsArgs",
     "ModelWeightsProvider",
@@ -54,6 +63,9 @@ __all__ = [
     "Secret",
     "SecretArgs",
     "SecretProvider",
+    "ServiceUser",
+    "ServiceUserArgs",
+    "ServiceUserProvider",
     "SpendAlert",
     "SpendAlertArgs",
     "SpendAlertProvider",
@@ -65,9 +77,11 @@ __all__ = [
 if TYPE_CHECKING:
     from .app import App, AppArgs, AppProvider
     from .environment import Environment, EnvironmentArgs, EnvironmentProvider
+    from .environment_role import EnvironmentRole, EnvironmentRoleArgs, EnvironmentRoleProvider
     from .model_weights import ModelWeights, ModelWeightsArgs, ModelWeightsProvider
     from .proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs, ProxyAuthTokenProvider
     from .secret import Secret, SecretArgs, SecretProvider
+    from .service_user import ServiceUser, ServiceUserArgs, ServiceUserProvider
     from .spend_alert import SpendAlert, SpendAlertArgs, SpendAlertProvider
     from .volume import Volume, VolumeArgs, VolumeProvider
 else:

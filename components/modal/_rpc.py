@@ -666,3 +666,69 @@ async def function_call_cancel(client: Any, call_id: str) -> None:
         await client._stub.FunctionCallCancel(
             api_pb2.FunctionCallCancelRequest(function_call_id=call_id, terminate_containers=True)
         )
+
+
+# ---- service users and environment roles (modal 1.6.4 `modal/_workspace.py`
+# `_WorkspaceServiceUserManager`, `modal workspace service-users` in `modal/cli/workspace.py`) --
+
+
+async def service_user_create(
+    client: Any, name: str, expires_in_s: int, key: str, *, scoped: bool = True
+) -> tuple[str, str, str]:
+    """(service user id, token id, token secret): the secret is returned only here. Sent as
+    `service_users.create` sends it, plus `scoped` (a field of `ServiceUserCreateRequest` the
+    1.6.4 SDK leaves unset; a scoped service user gets access only through environment roles,
+    which is what the access stack grants), once, under the caller's idempotency key."""
+    from modal_proto import api_pb2
+
+    req = api_pb2.ServiceUserCreateRequest(name=name, scoped=scoped)
+    if expires_in_s:
+        req.expires_in_seconds = expires_in_s
+    resp = await client._stub.ServiceUserCreate(req, **_once(key))
+    return str(resp.service_user_id), str(resp.token_id), str(resp.token_secret)
+
+
+async def service_user_info(client: Any, name: str) -> Any:
+    """The `ServiceUser` message of that name (`service_users.info`), or None when it is gone:
+    `service_user_id`, `token_id`, `created_at`, `last_used_at` (0: never), `expires_at`,
+    `environment_roles` ({environment_name, role_str} per environment it has a role in)."""
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    try:
+        resp = await client._stub.ServiceUserInfo(
+            api_pb2.ServiceUserInfoRequest(service_user_name=name)
+        )
+    except mexc.NotFoundError:
+        return None
+    return resp.service_user
+
+
+async def service_user_delete(client: Any, name: str) -> bool:
+    """Delete by name (`service_users.delete`); False when it was already gone."""
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    try:
+        await client._stub.ServiceUserDelete(
+            api_pb2.ServiceUserDeleteRequest(service_user_name=name)
+        )
+    except mexc.NotFoundError:
+        return False
+    return True
+
+
+async def environment_role_set(client: Any, service_user: str, environment: str, role: str) -> None:
+    """Set a service user's role in one environment, as `service_users.set_role` does: the
+    environment's id first (`_Environment.from_name(...).hydrate()` = EnvironmentGetOrCreate
+    without creation), then `EnvironmentRoleSet{service_user_name, environment_id, role_str}`;
+    role "no-access" revokes."""
+    from modal_proto import api_pb2
+
+    await client._stub.EnvironmentRoleSet(
+        api_pb2.EnvironmentRoleSetRequest(
+            service_user_name=service_user,
+            environment_id=await environment_id(client, environment),
+            role_str=role,
+        )
+    )

@@ -1,0 +1,246 @@
+"""`EnvironmentRole`: the role a service user holds in one environment (`contributor`|`viewer`).
+
+What Modal offers (modal 1.6.4 `service_users.set_role`, `modal workspace service-users
+set-role NAME ENV ROLE`): `EnvironmentRoleSet{service_user_name, environment_id, role_str}`
+with the environment's id looked up by name first; "no-access" revokes. A service user's roles
+are read back with `ServiceUserInfo.environment_roles` (environment name, role). Setting roles
+needs an Owner or Manager of the workspace.
+
+- Inputs: `service_user` (the identity: a `ServiceUser`'s name), `environment` (name), `role`,
+  and `service_users`: every Modal service user that holds the role, the current one first
+  (feed it a `ServiceUser`'s `names` output). During a rotation the previous service user keeps
+  the role next to the new one, until the ServiceUser retires it; then the list shrinks and
+  the role is revoked from the name that left it (already deleted: nothing to do).
+- Create sets the role for each name. A changed `role` or list updates in place; a changed
+  `environment` or `service_user` replaces (the new grant first, then the old one is revoked).
+- Read (refresh): each name's roles from `ServiceUserInfo`. Names that are gone drop out of
+  `service_users`; the current one gone → gone. A role changed or revoked by hand shows as
+  drift in `role` (revoked: "no-access"), which the next `up` sets back.
+- Delete sets "no-access" for every name (a service user or environment already gone: fine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import (
+    CheckFailure,
+    CheckResult,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    UpdateResult,
+)
+
+from . import _rpc
+from ._base import ModalProvider, check_environment, is_unknown
+from .service_user import MODAL_NAME_RE, NAME_RE
+
+TYPE_TOKEN = "pulumi-python:dynamic/modal:EnvironmentRole"  # noqa: S105 (a Pulumi type token)
+
+#: Roles this resource grants (modal 1.6.4 CLI examples: viewer, contributor; "no-access"
+#: revokes and is what delete sets).
+ROLES = ("contributor", "viewer")
+NO_ACCESS = "no-access"
+
+
+@dataclass
+class EnvironmentRoleArgs:
+    """Inputs of an `EnvironmentRole`."""
+
+    service_user: pulumi.Input[str]
+    environment: pulumi.Input[str]
+    role: pulumi.Input[str]
+    #: Every Modal service user holding the role, current first (a ServiceUser's `names`);
+    #: empty = just `service_user`.
+    service_users: pulumi.Input[Sequence[pulumi.Input[str]]] = field(default_factory=list)
+
+
+def _names(props: Mapping[str, Any]) -> list[str]:
+    names = [str(n) for n in (props.get("service_users") or []) if n]
+    return list(dict.fromkeys(names)) or [str(props.get("service_user"))]
+
+
+class EnvironmentRoleProvider(ModalProvider):
+    kind = "EnvironmentRole"
+    type_token = TYPE_TOKEN
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures = check_environment(news)
+        for key in ("service_user",):
+            value = news.get(key)
+            if not is_unknown(value) and not (isinstance(value, str) and NAME_RE.match(value)):
+                failures.append(CheckFailure(key, f"service user name {value!r} is invalid"))
+        users = news.get("service_users")
+        if users is not None and not is_unknown(users):
+            if not isinstance(users, list):
+                failures.append(CheckFailure("service_users", "service_users must be a list"))
+            else:
+                for u in users:
+                    if not is_unknown(u) and not (isinstance(u, str) and MODAL_NAME_RE.match(u)):
+                        failures.append(
+                            CheckFailure("service_users", f"service user name {u!r} is invalid")
+                        )
+        role = news.get("role")
+        if not is_unknown(role) and role not in ROLES:
+            failures.append(
+                CheckFailure(
+                    "role",
+                    f"role {role!r} is not one of {', '.join(ROLES)} (no role at all: declare"
+                    " no EnvironmentRole for that service user)",
+                )
+            )
+        news = dict(news)
+        if news.get("service_users") is None:
+            news["service_users"] = []
+        return CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        replaces = [
+            k
+            for k in ("environment", "service_user")
+            if is_unknown(news.get(k)) or news.get(k) != olds.get(k)
+        ]
+        changes = bool(replaces)
+        if is_unknown(news.get("role")) or news.get("role") != olds.get("role"):
+            changes = True
+        users = news.get("service_users")
+        if is_unknown(users) or _names(news) != _names(olds):
+            changes = True
+        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
+
+    @staticmethod
+    def _target(props: Mapping[str, Any]) -> str:
+        return (
+            f"'{props.get('service_user')}' as {props.get('role')} in environment"
+            f" '{props.get('environment')}'"
+        )
+
+    @staticmethod
+    def _outputs(props: Mapping[str, Any], names: list[str], role: str) -> dict[str, Any]:
+        return {
+            "service_user": props.get("service_user"),
+            "environment": props.get("environment"),
+            "role": role,
+            "service_users": names,
+            "granted": dict.fromkeys(names, role),
+        }
+
+    def _hints(self, props: Mapping[str, Any]) -> dict[type[BaseException], str]:
+        from modal import exception as mexc
+
+        return {
+            mexc.NotFoundError: (
+                f"The environment '{props.get('environment')}' or one of the service users"
+                f" {_names(props)} does not exist: create them first (this stack's"
+                " Environment and ServiceUser resources), or run `pulumi refresh`."
+            ),
+            mexc.PermissionDeniedError: (
+                "Environment roles are set by a workspace Owner or Manager: run this stack (the"
+                " access stack) with your own token (`modal token new`), not with a service"
+                " user's token, then rerun."
+            ),
+        }
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        env, role, names = str(props["environment"]), str(props["role"]), _names(props)
+
+        async def go(client: Any) -> None:
+            for name in names:
+                await _rpc.environment_role_set(client, name, env, role)
+
+        self.run("create", self._target(props), go, hints=self._hints(props))
+        return CreateResult(f"{env}/{props['service_user']}", self._outputs(props, names, role))
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        from modal import exception as mexc
+
+        env, role = str(news["environment"]), str(news["role"])
+        names, old_names = _names(news), _names(olds)
+        regrant = names if role != olds.get("role") else [n for n in names if n not in old_names]
+        revoke = [n for n in old_names if n not in names]
+
+        async def go(client: Any) -> None:
+            for name in regrant:
+                await _rpc.environment_role_set(client, name, env, role)
+            for name in revoke:
+                try:
+                    await _rpc.environment_role_set(client, name, env, NO_ACCESS)
+                except mexc.NotFoundError:
+                    continue  # that service user was deleted (retired): its roles went with it
+
+        self.run("update", f"{self._target(news)} ({id_})", go, hints=self._hints(news))
+        return UpdateResult(self._outputs(news, names, role))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        env, names = str(props.get("environment")), _names(props)
+
+        async def go(client: Any) -> dict[str, str]:
+            live: dict[str, str] = {}
+            for name in names:
+                info = await _rpc.service_user_info(client, name)
+                if info is None:
+                    continue
+                roles = {str(r.environment_name): str(r.role_str) for r in info.environment_roles}
+                live[name] = roles.get(env, NO_ACCESS)
+            return live
+
+        live = self.run("read", f"{self._target(props)} ({id_})", go)
+        if not live or names[0] not in live:
+            return ReadResult("", {})  # the service user holding it is gone
+        role = live[names[0]]
+        kept = [n for n in names if n in live]
+        outs = self._outputs(props, kept, role)
+        outs["granted"] = {n: live[n] for n in kept}
+        inputs = {
+            "service_user": props.get("service_user"),
+            "environment": env,
+            "role": role,
+            "service_users": kept,
+        }
+        return ReadResult(id_, outs, inputs)
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        from modal import exception as mexc
+
+        env, names = str(props.get("environment")), _names(props)
+
+        async def go(client: Any) -> None:
+            for name in names:
+                try:
+                    await _rpc.environment_role_set(client, name, env, NO_ACCESS)
+                except mexc.NotFoundError:
+                    continue  # the service user or the environment is gone: no role left
+
+        self.run("revoke", f"{self._target(props)} ({id_})", go, hints=self._hints(props))
+
+
+class EnvironmentRole(pulumi.dynamic.Resource, module="modal", name="EnvironmentRole"):
+    """A service user's role in one environment. Outputs: `granted` {service user: role}."""
+
+    service_user: pulumi.Output[str]
+    environment: pulumi.Output[str]
+    role: pulumi.Output[str]
+    service_users: pulumi.Output[list[str]]
+    granted: pulumi.Output[dict[str, str]]
+
+    def __init__(
+        self,
+        resource_name: str,
+        args: EnvironmentRoleArgs,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        props: dict[str, Any] = {
+            "service_user": args.service_user,
+            "environment": args.environment,
+            "role": args.role,
+            "service_users": args.service_users,
+            "granted": None,
+        }
+        super().__init__(EnvironmentRoleProvider(), resource_name, props, opts)
+
+
+__all__ = ["EnvironmentRole", "EnvironmentRoleArgs", "EnvironmentRoleProvider"]

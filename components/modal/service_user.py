@@ -1,0 +1,490 @@
+"""`ServiceUser`: a Modal service user (a scoped, non-human identity) and its one token.
+
+What Modal offers (modal 1.6.4 `modal/_workspace.py` `_WorkspaceServiceUserManager`,
+`modal workspace service-users`): `ServiceUserCreate{name, scoped, expires_in_seconds}` answers
+a token id and secret, the secret shown only this once; a new service user has access to no
+environment until it gets an environment role (`EnvironmentRole`); `ServiceUserInfo` reports
+`created_at`, `last_used_at` and its roles; `ServiceUserDelete` revokes the token with it.
+Creating or deleting one needs an Owner or Manager of the workspace ("To call this function,
+you are required to have Manager permissions in the Workspace").
+
+- Create makes a **scoped** service user named `name` and returns `token_id` and `token_secret`
+  (a secret output from creation on: wire secret + `additional_secret_outputs`).
+- **Rotation** (`rotation` changed, any string such as a date; also a changed
+  `expires_in_days`, since Modal cannot change a token's expiry): a service user has exactly
+  one token, so a rotation is an update that creates a new service user `<name>-<n>` (n counts
+  the rotations: output `generation`) and keeps the one before as `previous_name` /
+  `previous_token_id`, so whatever still holds the old token keeps working. `names` lists both
+  (the current first): `EnvironmentRole` grants its role to every name in it.
+- **Retirement**: `pulumi refresh` (or `up --refresh`) reads `last_used_at` of the current
+  service user (`ServiceUserInfo`). Once it was used after its creation, the next `up` plans an
+  update that deletes the previous service user (and with it the old token), and Diff says so:
+  "retire previous service user <name> (new token in use since <time>)". Until then an `up`
+  leaves both in place and says why. Diff never calls Modal: it decides from the state, which
+  refresh keeps current. A second rotation before the first finished keeps whichever of the two
+  older service users is proven in use (the current one if it was used, else the previous one),
+  and deletes the other.
+- Changing `name` replaces (create-before-delete): a new identity under the new name.
+- Read: the current service user gone (deleted by hand, expired) or holding another token id
+  (recreated by hand: the recorded secret is void) → gone; a previous one deleted by hand → no
+  longer recorded. Delete deletes the current and the previous one.
+- Create is sent once per attempt under one idempotency key (`_rpc.idempotency_key`); if a
+  server that did not replay the key answers "already exists" to a retry, the service user that
+  an earlier attempt of this create made (created after it started) is deleted and made again,
+  since its token secret was lost with that answer. There is no `adopt`: Modal never shows a
+  token secret again, so an existing service user could not be handed to anyone.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import (
+    CheckFailure,
+    CheckResult,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    UpdateResult,
+)
+
+from . import _rpc
+from ._base import ModalProvider, is_unknown, plain, secret_output
+
+TYPE_TOKEN = "pulumi-python:dynamic/modal:ServiceUser"  # noqa: S105 (a Pulumi type token)
+
+#: Modal's rule for service-user names (`service_users.create`: "alphanumeric, '-', or '_'").
+#: At most 56 characters, leaving room for the rotation suffix `-<n>` within 64.
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,56}$")
+#: Any Modal service-user name (a rotated one included).
+MODAL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_EXPIRES_IN_DAYS = 3650
+#: A service user found under our name on a retried create counts as made by an earlier
+#: attempt of that create when Modal says it was created at most this long before it started
+#: (clock skew between this machine and Modal).
+CLOCK_SLACK_S = 120.0
+
+
+@dataclass
+class ServiceUserArgs:
+    """Inputs of a `ServiceUser`."""
+
+    name: pulumi.Input[str]
+    rotation: pulumi.Input[str] = ""
+    #: Days until the token stops working (Modal then deletes the service user); None = never.
+    expires_in_days: pulumi.Input[int] | None = None
+
+
+def generation_name(name: str, generation: int) -> str:
+    """The Modal name of a service user after `generation` rotations: `name`, `name-1`, ..."""
+    return name if generation == 0 else f"{name}-{generation}"
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else "never"
+
+
+def _expires(props: Mapping[str, Any]) -> int | None:
+    value = props.get("expires_in_days")
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _in_use(props: Mapping[str, Any]) -> bool:
+    """Whether the current token was used after its service user was created (from state)."""
+    used = props.get("last_used_at") or 0.0
+    return bool(used) and float(used) > float(props.get("created_at") or 0.0)
+
+
+class ServiceUserProvider(ModalProvider):
+    kind = "ServiceUser"
+    type_token = TYPE_TOKEN
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures: list[CheckFailure] = []
+        name = news.get("name")
+        if not is_unknown(name) and not (isinstance(name, str) and NAME_RE.match(name)):
+            failures.append(
+                CheckFailure(
+                    "name",
+                    f"service user name {name!r} is invalid: 1-56 characters from a-z A-Z 0-9"
+                    " - _ (a rotation appends -<n>; Modal allows letters, digits, '-' and '_')",
+                )
+            )
+        rotation = news.get("rotation")
+        if rotation is not None and not is_unknown(rotation) and not isinstance(rotation, str):
+            failures.append(CheckFailure("rotation", "rotation must be a string (e.g. a date)"))
+        days = news.get("expires_in_days")
+        if days is not None and not is_unknown(days):
+            whole = (
+                isinstance(days, int | float) and not isinstance(days, bool) and days == int(days)
+            )
+            if not whole or not 1 <= days <= MAX_EXPIRES_IN_DAYS:
+                failures.append(
+                    CheckFailure(
+                        "expires_in_days",
+                        f"expires_in_days {days!r} must be a whole number of days from 1 to"
+                        f" {MAX_EXPIRES_IN_DAYS}, or unset (never expires)",
+                    )
+                )
+        news = dict(news)
+        if news.get("rotation") is None:
+            news["rotation"] = ""
+        if isinstance(days, float) and days == int(days):
+            news["expires_in_days"] = int(days)
+        return CheckResult(news, failures)
+
+    # ---- diff: from the state only (refresh keeps last_used_at current) ---------------------
+    @staticmethod
+    def _rotates(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+        rotation, days = news.get("rotation"), news.get("expires_in_days")
+        return (
+            is_unknown(rotation)
+            or is_unknown(days)
+            or (rotation or "") != (olds.get("rotation") or "")
+            or _expires(news) != _expires(olds)
+        )
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        name = news.get("name")
+        if is_unknown(name) or name != olds.get("name"):
+            return DiffResult(changes=True, replaces=["name"], delete_before_replace=False)
+        if self._rotates(olds, news):
+            return DiffResult(changes=True, replaces=[], delete_before_replace=False)
+        previous = olds.get("previous_name") or ""
+        if not previous:
+            return DiffResult(changes=False, replaces=[], delete_before_replace=False)
+        current = olds.get("current_name") or name
+        if _in_use(olds):
+            pulumi.log.info(
+                f"ServiceUser '{name}': retire previous service user {previous}"
+                f" (new token in use since {_when(float(olds.get('last_used_at') or 0))}):"
+                f" this update deletes it, and its token {olds.get('previous_token_id')} stops"
+                " working"
+            )
+            return DiffResult(changes=True, replaces=[], delete_before_replace=False)
+        pulumi.log.info(
+            f"ServiceUser '{name}': previous service user {previous} kept: the new token"
+            f" {olds.get('token_id')} ({current}) has not been used since it was created"
+            f" ({_when(float(olds.get('created_at') or 0))}), as of the last refresh. Put the"
+            " new token where the old one is used; once something used it, `pulumi up"
+            " --refresh` retires the previous service user"
+        )
+        return DiffResult(changes=False, replaces=[], delete_before_replace=False)
+
+    # ---- outputs -------------------------------------------------------------------------
+    @staticmethod
+    def _outputs(
+        props: Mapping[str, Any],
+        *,
+        generation: int,
+        current: Any,
+        token_secret: str | None,
+        previous: Any,
+    ) -> dict[str, Any]:
+        """`current` / `previous`: `ServiceUser` messages (ServiceUserInfo), previous or None."""
+        current_name = str(current.name)
+        outs: dict[str, Any] = {
+            "name": props.get("name"),
+            "rotation": props.get("rotation") or "",
+            "expires_in_days": _expires(props),
+            "generation": generation,
+            "current_name": current_name,
+            "names": [current_name, *([str(previous.name)] if previous is not None else [])],
+            "service_user_id": str(current.service_user_id),
+            "token_id": str(current.token_id),
+            "created_at": float(current.created_at),
+            "last_used_at": float(current.last_used_at),
+            "expires_at": float(current.expires_at),
+            "previous_name": str(previous.name) if previous is not None else "",
+            "previous_token_id": str(previous.token_id) if previous is not None else "",
+            "previous_service_user_id": (
+                str(previous.service_user_id) if previous is not None else ""
+            ),
+        }
+        if token_secret:
+            outs["token_secret"] = secret_output(token_secret)
+        return outs
+
+    def _hints(self, name: str) -> dict[type[BaseException], str]:
+        from modal import exception as mexc
+
+        return {
+            mexc.AlreadyExistsError: (
+                f"A service user named '{name}' already exists in the workspace and is not"
+                " managed by this stack (it cannot be adopted: Modal never shows a token secret"
+                f" again). If nothing uses it, delete it (`modal workspace service-users delete"
+                f" {name}`), or choose another identity name, then rerun `pulumi up`."
+            ),
+            mexc.PermissionDeniedError: (
+                "Service users are created and deleted by a workspace Owner or Manager: run"
+                " this stack (the access stack) with your own token (`modal token new`), not"
+                " with a service user's token, then rerun."
+            ),
+        }
+
+    # ---- create --------------------------------------------------------------------------
+    @staticmethod
+    async def _mint(client: Any, name: str, expires_s: int, memo: dict[str, Any]) -> Any:
+        """Create `name` under memo's key; resolves what an earlier attempt may have made."""
+        from modal import exception as mexc
+
+        sent_before = bool(memo.get("sent"))
+        memo["sent"] = True
+        try:
+            _, _, memo["secret"] = await _rpc.service_user_create(
+                client, name, expires_s, memo["key"]
+            )
+        except mexc.AlreadyExistsError:
+            found = await _rpc.service_user_info(client, name) if sent_before else None
+            if found is None or float(found.created_at) < memo["started"] - CLOCK_SLACK_S:
+                raise  # it was there before this create: genuinely taken
+            # An earlier attempt of this create made it and its answer (the only copy of the
+            # token secret) was lost: delete it and make it again under a fresh key.
+            await _rpc.service_user_delete(client, name)
+            memo["key"] = _rpc.idempotency_key()
+            _, _, memo["secret"] = await _rpc.service_user_create(
+                client, name, expires_s, memo["key"]
+            )
+        info = await _rpc.service_user_info(client, name)
+        if info is None:
+            raise mexc.NotFoundError(f"service user {name!r} vanished right after its creation")
+        return info
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        name = str(props["name"])
+        days = _expires(props)
+        memo: dict[str, Any] = {"key": _rpc.idempotency_key(), "started": time.time()}
+
+        async def go(client: Any) -> Any:
+            return await self._mint(client, name, (days or 0) * 86400, memo)
+
+        info = self.run(
+            "create",
+            f"'{name}'",
+            go,
+            secrets=lambda: [str(memo.get("secret") or "")],
+            hints=self._hints(name),
+            idempotent=False,
+            keyed=True,
+        )
+        outs = self._outputs(
+            props, generation=0, current=info, token_secret=memo["secret"], previous=None
+        )
+        return CreateResult(name, outs)
+
+    # ---- update: rotate, or retire the previous service user ------------------------------
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        from modal import exception as mexc
+
+        name = str(news["name"])
+        generation = int(olds.get("generation") or 0)
+        current = str(olds.get("current_name") or name)
+        previous = str(olds.get("previous_name") or "")
+        rotate = self._rotates(olds, news)
+        old_secret = plain(olds.get("token_secret"))
+        days = _expires(news)
+        new_name = generation_name(name, generation + 1)
+        # Lives across the attempts of this call: what was decided is not decided again (an
+        # attempt may fail after a delete was applied).
+        memo: dict[str, Any] = {"key": _rpc.idempotency_key(), "started": time.time()}
+
+        async def decide(client: Any) -> None:
+            live = await _rpc.service_user_info(client, current)
+            if live is None or str(live.token_id) != str(olds.get("token_id")):
+                raise mexc.NotFoundError(
+                    f"service user {current!r} (token {olds.get('token_id')}) is gone or holds"
+                    " another token"
+                )
+            live_prev = await _rpc.service_user_info(client, previous) if previous else None
+            if live_prev is not None and str(live_prev.token_id) != str(
+                olds.get("previous_token_id")
+            ):
+                live_prev = None  # recreated by hand under that name: not ours to delete
+            used = float(live.last_used_at) > float(live.created_at)
+            memo["live"], memo["delete"], memo["notes"] = live, [], []
+            if not rotate:  # retire the previous one once the current token is in use
+                memo["keep"] = live_prev
+                if live_prev is not None and used:
+                    memo["keep"] = None
+                    memo["delete"] = [previous]
+                    memo["notes"].append(
+                        f"retired previous service user {previous} (new token in use since"
+                        f" {_when(float(live.last_used_at))}): its token"
+                        f" {olds.get('previous_token_id')} no longer works"
+                    )
+                elif live_prev is not None:
+                    memo["notes"].append(
+                        f"previous service user {previous} kept: the new token"
+                        f" {live.token_id} has not been used yet"
+                    )
+                return
+            # A rotation keeps one older service user: the one proven in use.
+            memo["keep"] = live
+            if live_prev is not None and used:
+                memo["delete"] = [previous]
+                memo["notes"].append(f"deleted {previous}: {current} is in use, kept instead")
+            elif live_prev is not None:
+                memo["keep"], memo["delete"] = live_prev, [current]
+                memo["notes"].append(
+                    f"deleted {current}: its token was never used; {previous} stays the one kept"
+                )
+
+        async def go(client: Any) -> tuple[Any, Any, str | None, int]:
+            if "live" not in memo:
+                await decide(client)
+            for doomed in memo["delete"]:
+                await _rpc.service_user_delete(client, doomed)  # already gone: fine
+            if not rotate:
+                return memo["live"], memo["keep"], old_secret, generation
+            new = await self._mint(client, new_name, (days or 0) * 86400, memo)
+            return new, memo["keep"], memo["secret"], generation + 1
+
+        hints = self._hints(new_name)
+        hints[mexc.NotFoundError] = (
+            f"The service user {current} no longer exists as recorded (deleted, expired or"
+            " recreated by hand): run `pulumi refresh` (it drops it from the state), then"
+            " `pulumi up` creates the identity again."
+        )
+        new_current, keep, secret, gen = self.run(
+            "rotate" if rotate else "update",
+            f"'{name}' ({current})",
+            go,
+            secrets=lambda: [str(old_secret or ""), str(memo.get("secret") or "")],
+            hints=hints,
+            idempotent=not rotate,
+            keyed=rotate,
+        )
+        for note in memo.get("notes", []):
+            pulumi.log.info(f"ServiceUser '{name}': {note}")
+        if rotate:
+            pulumi.log.info(
+                f"ServiceUser '{name}': rotated: new service user {new_current.name} (token"
+                f" {new_current.token_id}); {keep.name} stays until the new token is in use,"
+                " then `pulumi up --refresh` retires it"
+            )
+        outs = self._outputs(
+            news, generation=gen, current=new_current, token_secret=secret, previous=keep
+        )
+        return UpdateResult(outs)
+
+    # ---- read ----------------------------------------------------------------------------
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        name = str(props.get("name") or id_)
+        current = str(props.get("current_name") or name)
+        previous = str(props.get("previous_name") or "")
+
+        async def go(client: Any) -> tuple[Any, Any]:
+            live = await _rpc.service_user_info(client, current)
+            live_prev = await _rpc.service_user_info(client, previous) if previous else None
+            return live, live_prev
+
+        secret = plain(props.get("token_secret"))
+        live, live_prev = self.run("read", f"'{name}' ({current})", go, secrets=[str(secret or "")])
+        if live is None or str(live.token_id) != str(props.get("token_id")):
+            if live_prev is not None:
+                pulumi.log.warn(
+                    f"ServiceUser '{name}': {current} is gone, but the previous service user"
+                    f" {previous} still exists and is no longer tracked: delete it once nothing"
+                    f" uses it (`modal workspace service-users delete {previous}`)"
+                )
+            return ReadResult("", {})
+        if live_prev is not None and str(live_prev.token_id) != str(props.get("previous_token_id")):
+            live_prev = None  # recreated by hand under that name: not ours
+        outs = self._outputs(
+            props,
+            generation=int(props.get("generation") or 0),
+            current=live,
+            token_secret=secret,
+            previous=live_prev,
+        )
+        inputs = {
+            "name": props.get("name"),
+            "rotation": props.get("rotation") or "",
+            "expires_in_days": _expires(props),
+        }
+        return ReadResult(id_, outs, inputs)
+
+    # ---- delete --------------------------------------------------------------------------
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        name = str(props.get("name") or id_)
+        doomed = [n for n in (props.get("current_name") or name, props.get("previous_name")) if n]
+
+        async def go(client: Any) -> None:
+            for n in doomed:
+                await _rpc.service_user_delete(client, str(n))
+
+        self.run(
+            "delete",
+            f"'{name}' ({' and '.join(map(str, doomed))})",
+            go,
+            secrets=[str(plain(props.get("token_secret")) or "")],
+            hints=self._hints(name),
+        )
+
+
+class ServiceUser(pulumi.dynamic.Resource, module="modal", name="ServiceUser"):
+    """A scoped Modal service user. Outputs: `token_id`, `token_secret` (secret), `names`
+    (current first, then the previous one while a rotation is in progress)."""
+
+    name: pulumi.Output[str]
+    rotation: pulumi.Output[str]
+    expires_in_days: pulumi.Output[int | None]
+    generation: pulumi.Output[int]
+    current_name: pulumi.Output[str]
+    names: pulumi.Output[list[str]]
+    service_user_id: pulumi.Output[str]
+    token_id: pulumi.Output[str]
+    token_secret: pulumi.Output[str]
+    created_at: pulumi.Output[float]
+    last_used_at: pulumi.Output[float]
+    expires_at: pulumi.Output[float]
+    previous_name: pulumi.Output[str]
+    previous_token_id: pulumi.Output[str]
+    previous_service_user_id: pulumi.Output[str]
+
+    def __init__(
+        self,
+        resource_name: str,
+        args: ServiceUserArgs,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        props: dict[str, Any] = {
+            "name": args.name,
+            "rotation": args.rotation,
+            "expires_in_days": args.expires_in_days,
+            **dict.fromkeys(
+                (
+                    "generation",
+                    "current_name",
+                    "names",
+                    "service_user_id",
+                    "token_id",
+                    "token_secret",
+                    "created_at",
+                    "last_used_at",
+                    "expires_at",
+                    "previous_name",
+                    "previous_token_id",
+                    "previous_service_user_id",
+                )
+            ),
+        }
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(additional_secret_outputs=["token_secret"])
+        )
+        super().__init__(ServiceUserProvider(), resource_name, props, opts)
+
+
+__all__ = [
+    "MODAL_NAME_RE",
+    "NAME_RE",
+    "ServiceUser",
+    "ServiceUserArgs",
+    "ServiceUserProvider",
+    "generation_name",
+]
