@@ -59,16 +59,23 @@ OVERFLOW_KEY, OVERFLOW_SECRET_KEY = "gatewayOverflow", "inHouseApiKeys"
 WEIGHTS_STORE_KEY = "weightsStoreCredentials"
 WEIGHTS_STORE_SECRET_NAME = "weights-store-credentials"  # noqa: S105 (a Modal secret name)
 WEIGHTS_STORE_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# Managed mode (issue 23): the access stack (access/, run once by a workspace Owner or Manager)
+# owns the environment, its budget and the gateway's proxy token; this stack adopts the
+# environment and takes the token "<wk-id>:<ws-secret>" from this secret. Not declared in
+# Pulumi.yaml (not in DEFAULTS): unset means false.
+MANAGED_KEY = "managedByAccessStack"
+PROXY_TOKEN_KEY = "proxyToken"  # noqa: S105 (a config key name)
 SECRET_KEYS = (
     "hfToken",
     "alertWebhookUrl",
     "alertWatchToken",
     OVERFLOW_SECRET_KEY,
     WEIGHTS_STORE_KEY,
+    PROXY_TOKEN_KEY,
 )
 MAP_KEYS = ("gpuPricesUsdPerHour", "apiKeyRotation")
 KNOWN_KEYS = {"environment", "services", *MAP_KEYS} | set(DEFAULTS) | set(SECRET_KEYS)
-KNOWN_KEYS.add(OVERFLOW_KEY)
+KNOWN_KEYS |= {OVERFLOW_KEY, MANAGED_KEY}
 # Provider keys (namespace `modal:`) that hold credentials: refused when stored in clear.
 PROVIDER_SECRET_KEYS = ("modal:tokenSecret",)
 
@@ -161,6 +168,10 @@ class StackConfig(BaseModel):
     cost: cost.StackCost
     budget_warning: str | None = None
     engine_standin: bool = False  # serving/standin_engine.py instead of vLLM/SGLang (local only)
+    #: Managed mode (`managedByAccessStack`): the access stack owns the environment, its
+    #: budget and the proxy token; this stack adopts the environment and creates neither a
+    #: SpendAlert nor a ProxyAuthToken, so its deploy token needs no Owner's right.
+    managed_by_access_stack: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,8 @@ class StackSecrets:
     alert_watch_token: pulumi.Output[str] | None = None
     #: JSON map of the S3 store's credentials (WEIGHTS_STORE_ENV_KEYS), or None.
     weights_store_credentials: pulumi.Output[str] | None = None
+    #: "<token id>:<token secret>" of the gateway's proxy token (managed mode only), or None.
+    proxy_token: pulumi.Output[str] | None = None
 
 
 def _gpu_tuple(gpu: str | list[str]) -> tuple[str, ...]:
@@ -685,11 +698,12 @@ def parse_stack_config(
 
     app_file = r.string("appFile") or DEFAULT_APP_FILE
     key_names = _string_list(r, "apiKeyNames", KEY_NAME, "key names", "[gateway, ci]")
+    managed = _managed_mode(r, values, stack)
     return StackConfig(
         project=ns,
         stack=stack,
         environment=environment,
-        adopt_environment=r.boolean("adoptEnvironment"),
+        adopt_environment=r.boolean("adoptEnvironment") or managed,
         protect_caches=r.boolean("protectCaches"),
         monthly_budget_usd=budget,
         allow_over_budget=allow_over,
@@ -708,7 +722,56 @@ def parse_stack_config(
         cost=stack_cost,
         budget_warning=warning,
         engine_standin=standin,
+        managed_by_access_stack=managed,
     )
+
+
+def _managed_mode(r: _Reader, values: Mapping[str, str | None], stack: str) -> bool:
+    """`managedByAccessStack` (default false), checked against the keys it changes."""
+    ns, raw = r.ns, values.get(MANAGED_KEY)
+    if raw is not None and raw.lower() not in ("true", "false"):
+        raise ConfigError(
+            f"{ns}:{MANAGED_KEY} = {raw!r} is not a boolean. Set it with: "
+            f"pulumi config set {ns}:{MANAGED_KEY} true   (or false)"
+        )
+    managed = raw is not None and raw.lower() == "true"
+    has_token = values.get(PROXY_TOKEN_KEY) is not None
+    if managed and not has_token:
+        raise ConfigError(
+            f"stack {stack!r}: {ns}:{MANAGED_KEY} is true, so the gateway's proxy token comes "
+            f"from the access stack, but {ns}:{PROXY_TOKEN_KEY} is not set. Set it from the "
+            f"access stack's credentials (docs/program.md, Access): pulumi -C access stack "
+            f"output credentials --show-secrets --stack <access stack> | jq -r "
+            f"'.<environment>.proxy_token' | pulumi config set --secret {ns}:{PROXY_TOKEN_KEY} "
+            f"--stack {stack}"
+        )
+    if has_token and not managed:
+        raise ConfigError(
+            f"stack {stack!r}: {ns}:{PROXY_TOKEN_KEY} is set, but {ns}:{MANAGED_KEY} is not "
+            f"true: this stack creates its own proxy token. Either pulumi config set "
+            f"{ns}:{MANAGED_KEY} true (the access stack owns the environment, budget and token), "
+            f"or pulumi config rm {ns}:{PROXY_TOKEN_KEY}"
+        )
+    if managed and values.get("proxyTokenRotation"):
+        raise ConfigError(
+            f"stack {stack!r}: {ns}:proxyTokenRotation has no effect with {ns}:{MANAGED_KEY}: "
+            f"the access stack owns the proxy token. Rotate it there (proxy_token_rotation of "
+            f"the environment in modal-llm-access:environments), then set the new "
+            f"{ns}:{PROXY_TOKEN_KEY}; and: pulumi config rm {ns}:proxyTokenRotation"
+        )
+    return managed
+
+
+def proxy_token_part(token: str, index: int) -> str:
+    """Part `index` of "<wk-id>:<ws-secret>" (0: id, 1: secret); the error never shows it."""
+    token_id, sep, token_secret = token.partition(":")
+    if not sep or not token_id.startswith("wk-") or not token_secret.startswith("ws-"):
+        raise ValueError(
+            f"{PROJECT}:{PROXY_TOKEN_KEY} must be '<token id>:<token secret>' of the gateway's"
+            " proxy token ('wk-...:ws-...', the access stack's credentials output); set it"
+            f" again with `pulumi config set --secret {PROXY_TOKEN_KEY} wk-...:ws-...`"
+        )
+    return (token_id, token_secret)[index]
 
 
 def _is_secret(full_key: str) -> bool:
@@ -800,4 +863,5 @@ def load_stack_config(
         weights_store_credentials=(
             cfg.require_secret(WEIGHTS_STORE_KEY) if present[WEIGHTS_STORE_KEY] else None
         ),
+        proxy_token=cfg.require_secret(PROXY_TOKEN_KEY) if present[PROXY_TOKEN_KEY] else None,
     )

@@ -6,6 +6,12 @@
   (budget + thresholds) and, when the stack has an alert webhook, the spend watcher: the
   scheduled app watchers/spend_alerts.py, with the Modal secret only it mounts (the webhook URL
   and the watcher's own Modal token, when configured), which delivers the alerts.
+  **Managed mode** (`modal-llm:managedByAccessStack: true`, issue 23): the access stack
+  (access/, run by a workspace Owner or Manager) owns the environment, its budget and the proxy
+  token. The environment is then adopted (never created or deleted here: retained on delete),
+  no SpendAlert and no ProxyAuthToken are created, and the proxy token's id and secret come from
+  the secret config `modal-llm:proxyToken`, so a deploy token that is only `contributor` in the
+  environment is enough. The spend watcher takes the environment id from the Environment.
 - `LLMService` (one per model in `services`): its named API keys (generated, kept only as
   Pulumi secrets), the Modal secret holding their sha256 digests for the serving proxy, the
   HF and engine cache volumes (protected and retained on delete when `protectCaches`), and the
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -45,6 +52,7 @@ from components.config import (
     ServiceSettings,
     StackConfig,
     StackSecrets,
+    proxy_token_part,
     weights_volume_name,
 )
 from components.gateway import GatewayTarget
@@ -77,6 +85,22 @@ SPEND_TOKEN_ID_ENV = "SPEND_WATCH_TOKEN_ID"  # noqa: S105 (an env var name)
 SPEND_TOKEN_SECRET_ENV = "SPEND_WATCH_TOKEN_SECRET"  # noqa: S105 (an env var name)
 
 
+@dataclass(frozen=True)
+class AccessStackProxyToken:
+    """The gateway's proxy token in managed mode: held by the access stack, read from the
+    secret config `modal-llm:proxyToken`. Same two outputs as a `ProxyAuthToken`."""
+
+    token_id: pulumi.Output[str]  # "wk-...": not a secret (a ProxyAuthToken's is plain too)
+    token_secret: pulumi.Output[str]  # secret
+
+    @classmethod
+    def from_config(cls, token: pulumi.Output[str]) -> AccessStackProxyToken:
+        return cls(
+            token_id=pulumi.Output.unsecret(token.apply(lambda t: proxy_token_part(t, 0))),
+            token_secret=pulumi.Output.secret(token.apply(lambda t: proxy_token_part(t, 1))),
+        )
+
+
 class ServingEnvironment(pulumi.ComponentResource):
     """The per-stack Modal objects every service shares."""
 
@@ -84,8 +108,8 @@ class ServingEnvironment(pulumi.ComponentResource):
     environment_name: pulumi.Output[str]
     hf_token_secret: Secret | None
     weights_store_secret: Secret | None
-    proxy_token: ProxyAuthToken
-    spend_alert: SpendAlert
+    proxy_token: ProxyAuthToken | AccessStackProxyToken
+    spend_alert: SpendAlert | None
 
     def __init__(
         self,
@@ -100,11 +124,14 @@ class ServingEnvironment(pulumi.ComponentResource):
         # An adopted environment (e.g. Modal's `main`) is never deleted by a destroy, and
         # neither is one holding retained caches (protectCaches): deleting an environment
         # deletes every volume in it (the provider refuses that too, naming what remains).
+        # Managed mode adopts (the access stack created it), so it is never deleted here.
+        managed = cfg.managed_by_access_stack
         self.environment = Environment(
             f"{name}-environment",
-            EnvironmentArgs(name=cfg.environment, adopt=cfg.adopt_environment),
+            EnvironmentArgs(name=cfg.environment, adopt=cfg.adopt_environment or managed),
             pulumi.ResourceOptions(
-                parent=self, retain_on_delete=cfg.adopt_environment or cfg.protect_caches
+                parent=self,
+                retain_on_delete=cfg.adopt_environment or cfg.protect_caches or managed,
             ),
         )
         self.environment_name = self.environment.name
@@ -139,36 +166,41 @@ class ServingEnvironment(pulumi.ComponentResource):
                 child,
             )
 
-        self.proxy_token = ProxyAuthToken(
-            f"{name}-proxy-token",
-            ProxyAuthTokenArgs(
-                name=f"{cfg.project}-{cfg.stack}-gateway",
-                environments=[env],
-                rotation=cfg.proxy_token_rotation,
-            ),
-            child,
-        )
-
-        self.spend_alert = SpendAlert(
-            f"{name}-spend-alert",
-            SpendAlertArgs(
-                environment=env,
-                monthly_budget_usd=cfg.monthly_budget_usd,
-                thresholds=cfg.alert_thresholds,
-            ),
-            child,
-        )
+        self.spend_alert = None
+        if managed:  # the access stack holds the token and the budget (a billing setting)
+            if secrets.proxy_token is None:  # parse_stack_config refuses this first
+                raise ValueError("managed mode needs the secret config modal-llm:proxyToken")
+            self.proxy_token = AccessStackProxyToken.from_config(secrets.proxy_token)
+        else:
+            self.proxy_token = ProxyAuthToken(
+                f"{name}-proxy-token",
+                ProxyAuthTokenArgs(
+                    name=f"{cfg.project}-{cfg.stack}-gateway",
+                    environments=[env],
+                    rotation=cfg.proxy_token_rotation,
+                ),
+                child,
+            )
+            self.spend_alert = SpendAlert(
+                f"{name}-spend-alert",
+                SpendAlertArgs(
+                    environment=env,
+                    monthly_budget_usd=cfg.monthly_budget_usd,
+                    thresholds=cfg.alert_thresholds,
+                ),
+                child,
+            )
         self.spend_watch_secret: Secret | None = None
         self.spend_watch: SpendWatch | None = None
         if secrets.alert_webhook_url is not None:
             self._spend_watcher(name, cfg, secrets, env)
-        self.register_outputs(
-            {
-                "environment": env,
-                "proxy_token_id": self.proxy_token.token_id,
-                "spend_limit_usd": self.spend_alert.effective_limit_usd,
-            }
-        )
+        outputs: dict[str, Any] = {
+            "environment": env,
+            "proxy_token_id": self.proxy_token.token_id,
+        }
+        if self.spend_alert is not None:
+            outputs["spend_limit_usd"] = self.spend_alert.effective_limit_usd
+        self.register_outputs(outputs)
 
     def _spend_watcher(
         self, name: str, cfg: StackConfig, secrets: StackSecrets, env: pulumi.Output[str]
@@ -192,7 +224,14 @@ class ServingEnvironment(pulumi.ComponentResource):
             ),
             pulumi.ResourceOptions(parent=self),
         )
-        spec = pulumi.Output.all(env, self.spend_alert.environment_id).apply(
+        # The environment's id: from the SpendAlert (default mode), else from the Environment
+        # (managed mode: the access stack holds the budget the watcher reads).
+        env_id = (
+            self.spend_alert.environment_id
+            if self.spend_alert is not None
+            else self.environment.environment_id
+        )
+        spec = pulumi.Output.all(env, env_id).apply(
             lambda a: json.dumps(
                 {
                     "environment": a[0],
@@ -214,7 +253,11 @@ class ServingEnvironment(pulumi.ComponentResource):
                 spec_json=spec,
             ),
             pulumi.ResourceOptions(
-                parent=self, depends_on=[self.spend_watch_secret, self.spend_alert]
+                parent=self,
+                depends_on=[
+                    self.spend_watch_secret,
+                    *([self.spend_alert] if self.spend_alert is not None else []),
+                ],
             ),
         )
 
