@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -865,3 +866,300 @@ def load_stack_config(
         ),
         proxy_token=cfg.require_secret(PROXY_TOKEN_KEY) if present[PROXY_TOKEN_KEY] else None,
     )
+
+
+# ---- the access stack (access/, issue 23): environments, budgets, identities ----------------
+
+ACCESS_PROJECT = "modal-llm-access"
+ACCESS_KEY = "environments"
+#: Roles an identity may have in its environment; `none`: a service user with no role at all
+#: (it may call nothing but ClientHello: the preview identity).
+IDENTITY_ROLES = ("contributor", "viewer", "none")
+_ACCESS_ENV_FIELDS = (
+    "name",
+    "monthly_budget_usd",
+    "alert_thresholds_pct",
+    "adopt",
+    "proxy_token_rotation",
+    "identities",
+)
+_IDENTITY_FIELDS = ("name", "role", "rotation", "expires_in_days")
+_IDENTITY_NAME = re.compile(r"^[A-Za-z0-9_-]{1,56}$")
+
+
+class Identity(BaseModel):
+    """One service user of an environment and its role there."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    role: str  # IDENTITY_ROLES
+    rotation: str = ""
+    expires_in_days: int | None = None
+
+
+class AccessEnvironment(BaseModel):
+    """One environment the access stack owns: budget, gateway token, identities."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    monthly_budget_usd: float
+    alert_thresholds: list[float]  # fractions of the budget
+    adopt: bool = False
+    proxy_token_rotation: str = ""
+    identities: list[Identity] = []
+
+
+def yaml_line(stack_file: Path | None, full_key: str, path: tuple[int | str, ...]) -> int | None:
+    """1-based line of `full_key` → `path` (list indexes, map keys) in a stack file, or of the
+    deepest part of it that exists; None when the file cannot be read."""
+    import yaml
+
+    if stack_file is None:
+        return None
+    try:
+        root = yaml.compose(stack_file.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+    def child(node: Any, part: int | str) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            return next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+        if isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            return node.value[part] if 0 <= part < len(node.value) else None
+        return None
+
+    node = child(root, "config")
+    if node is None:
+        return None
+    node = child(node, full_key)
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in path:
+        node = child(node, part) if node is not None else None
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def parse_access_config(
+    raw: str | None,
+    *,
+    stack: str,
+    namespace: str = ACCESS_PROJECT,
+    stack_file: Path | None = None,
+) -> list[AccessEnvironment]:
+    """Validate `<namespace>:environments` (its JSON, as the CLI hands it to the program).
+
+    Every error names the path (`environments[0].identities[1].role`), the line of the stack
+    file it is on when `stack_file` is given, what is wrong and how to fix it."""
+    key = f"{namespace}:{ACCESS_KEY}"
+    shown = stack_file.name if stack_file is not None else f"Pulumi.{stack}.yaml"
+
+    def fail(path: tuple[int | str, ...], what: str) -> ConfigError:
+        line = yaml_line(stack_file, key, path)
+        where = key + _format_loc(path)
+        at = f" ({shown} line {line})" if line else ""
+        return ConfigError(
+            f"{where}{at}: {what}. Fix it in {shown} (docs/program.md, 'Access: identities and"
+            " the one-time bootstrap')."
+        )
+
+    if raw is None:
+        raise ConfigError(
+            f"{key} is not set: list the environments this stack owns, e.g. in {shown}:"
+            f" {key}: [{{name: dev, monthly_budget_usd: 700, identities: [{{name: dev-deploy,"
+            " role: contributor}]}]"
+        )
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise fail((), f"is not valid structured config ({exc.msg})") from None
+    if not isinstance(value, list) or not value:
+        raise fail((), "must be a non-empty list of environments")
+    out: list[AccessEnvironment] = []
+    seen_envs: set[str] = set()
+    seen_ids: dict[str, tuple[int, int]] = {}
+    for i, env in enumerate(value):
+        if not isinstance(env, dict):
+            raise fail((i,), f"must be a map {{name, monthly_budget_usd, identities}}; got {env!r}")
+        unknown = sorted(set(env) - set(_ACCESS_ENV_FIELDS))
+        if unknown:
+            raise fail(
+                (i, unknown[0]),
+                f"unknown field(s) {', '.join(unknown)}; an environment has"
+                f" {', '.join(_ACCESS_ENV_FIELDS)}",
+            )
+        name = env.get("name")
+        if not isinstance(name, str) or not _ENV_NAME.match(name) or name.startswith("en-"):
+            raise fail(
+                (i, "name"),
+                f"{name!r} is not a valid Modal environment name (letters, digits, '-' and"
+                " '_', up to 64, not starting with 'en-')",
+            )
+        if name in seen_envs:
+            raise fail((i, "name"), f"environment {name!r} is listed twice")
+        seen_envs.add(name)
+        budget = env.get("monthly_budget_usd")
+        if (
+            isinstance(budget, bool)
+            or not isinstance(budget, int | float)
+            or not budget >= 0
+            or budget != budget
+        ):
+            raise fail(
+                (i, "monthly_budget_usd"),
+                f"{budget!r} must be a number of dollars >= 0 (the environment's hard cap on"
+                " Modal)",
+            )
+        path_t: tuple[int | str, ...] = (i, "alert_thresholds_pct")
+        thresholds = _access_thresholds(env.get("alert_thresholds_pct"), path_t, fail)
+        adopt = env.get("adopt", False)
+        if not isinstance(adopt, bool):
+            raise fail((i, "adopt"), f"{adopt!r} must be true or false")
+        rotation = env.get("proxy_token_rotation", "")
+        if isinstance(rotation, bool) or not isinstance(rotation, str | int):
+            raise fail((i, "proxy_token_rotation"), "must be a rotation marker (text, e.g. a date)")
+        idents = env.get("identities", [])
+        if not isinstance(idents, list):
+            raise fail((i, "identities"), "must be a list of {name, role}")
+        identities: list[Identity] = []
+        for j, ident in enumerate(idents):
+            identities.append(_identity(ident, (i, "identities", j), fail, seen_ids))
+        out.append(
+            AccessEnvironment(
+                name=name,
+                monthly_budget_usd=float(budget),
+                alert_thresholds=thresholds,
+                adopt=adopt,
+                proxy_token_rotation=str(rotation),
+                identities=identities,
+            )
+        )
+    return out
+
+
+def _access_thresholds(
+    value: Any,
+    path: tuple[int | str, ...],
+    fail: Callable[[tuple[int | str, ...], str], ConfigError],
+) -> list[float]:
+    from components.modal.spend_alert import MAX_THRESHOLD, threshold_problem
+
+    if value is None:
+        return [0.5, 0.8, 1.0]
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(v, int) and not isinstance(v, bool) and threshold_problem(v / 100) is None
+            for v in value
+        )
+    )
+    if not ok:
+        raise fail(
+            path,
+            f"{value!r} must be a non-empty list of whole percentages of the budget between 1"
+            f" and {MAX_THRESHOLD * 100:g}, e.g. [50, 80, 100]",
+        )
+    return [v / 100 for v in sorted(set(value))]
+
+
+def _identity(
+    ident: Any,
+    path: tuple[int | str, ...],
+    fail: Callable[[tuple[int | str, ...], str], ConfigError],
+    seen: dict[str, tuple[int, int]],
+) -> Identity:
+    if not isinstance(ident, dict):
+        raise fail(
+            path, f"must be a map {{name, role, rotation?, expires_in_days?}}; got {ident!r}"
+        )
+    unknown = sorted(set(ident) - set(_IDENTITY_FIELDS))
+    if unknown:
+        raise fail(
+            (*path, unknown[0]),
+            f"unknown field(s) {', '.join(unknown)}; an identity has {', '.join(_IDENTITY_FIELDS)}",
+        )
+    name = ident.get("name")
+    if not isinstance(name, str) or not _IDENTITY_NAME.match(name):
+        raise fail(
+            (*path, "name"),
+            f"{name!r} is not a valid service user name (1-56 of a-z A-Z 0-9 - _; a rotation"
+            " appends -<n>)",
+        )
+    if name in seen:
+        i, j = seen[name]
+        raise fail(
+            (*path, "name"),
+            f"{name!r} is already environments[{i}].identities[{j}]: service users are"
+            " workspace-wide, so each name is used once",
+        )
+    seen[name] = (int(path[0]), int(path[2]))
+    role = ident.get("role")
+    if role not in IDENTITY_ROLES:
+        raise fail(
+            (*path, "role"),
+            f"{role!r} must be one of {', '.join(IDENTITY_ROLES)} (contributor: read and write"
+            " in this environment, e.g. CI's deploy; viewer: read only, e.g. the spend watcher;"
+            " none: may call nothing, e.g. a preview)",
+        )
+    rotation = ident.get("rotation", "")
+    if isinstance(rotation, bool) or not isinstance(rotation, str | int):
+        raise fail((*path, "rotation"), "must be a rotation marker (text, e.g. a date)")
+    days = ident.get("expires_in_days")
+    if days is not None and (isinstance(days, bool) or not isinstance(days, int) or days < 1):
+        raise fail((*path, "expires_in_days"), f"{days!r} must be a whole number of days >= 1")
+    return Identity(name=name, role=role, rotation=str(rotation), expires_in_days=days)
+
+
+def load_access_config(stack_file: Path | None = None) -> list[AccessEnvironment]:
+    """The access stack's `environments` (inside its Pulumi program)."""
+    cfg = pulumi.Config(pulumi.get_project())
+    return parse_access_config(
+        cfg.get(ACCESS_KEY), stack=pulumi.get_stack(), namespace=cfg.name, stack_file=stack_file
+    )
+
+
+def access_next_steps(environments: list[AccessEnvironment], stack: str) -> str:
+    """Where each credential of the access stack goes, as commands that pipe it there from
+    the secret output `credentials` (no secret in this text)."""
+    out = f"pulumi -C access stack output credentials --show-secrets --stack {stack}"
+    lines = [
+        "Put each credential where it is used; every command reads it from the secret output"
+        " `credentials` (needs jq and, for GitHub, gh), nothing secret is printed:"
+    ]
+    for env in environments:
+        e = env.name
+        lines.append(f"[{e}]")
+        lines.append(
+            f"  gateway proxy token -> service stack {e}: {out} | jq -r '.\"{e}\".proxy_token'"
+            f" | pulumi config set --secret {PROJECT}:{PROXY_TOKEN_KEY} --stack {e}"
+            f"   (and: pulumi config set {PROJECT}:{MANAGED_KEY} true --stack {e})"
+        )
+        for ident in env.identities:
+            pick = f'{out} | jq -r \'."{e}".identities."{ident.name}"\''
+            if ident.role == "contributor":
+                lines.append(
+                    f"  {ident.name} (contributor in {e}: CI's pulumi up) -> GitHub environment"
+                    f" {e}: {pick} | cut -d: -f1 | gh secret set MODAL_TOKEN_ID --env {e};"
+                    f" {pick} | cut -d: -f2 | gh secret set MODAL_TOKEN_SECRET --env {e}"
+                )
+            elif ident.role == "viewer":
+                lines.append(
+                    f"  {ident.name} (viewer in {e}: the spend watcher reads usage) -> service"
+                    f" stack {e}: {pick} | pulumi config set --secret {PROJECT}:alertWatchToken"
+                    f" --stack {e}"
+                )
+            else:
+                lines.append(
+                    f"  {ident.name} (no role: may call nothing) -> for a job that must hold a"
+                    " Modal token but act on nothing (CI's previews hold none: they never call"
+                    f" Modal): {pick}"
+                )
+    lines.append(
+        "After a rotation: put the new token in place the same way; the old one keeps working"
+        " until the new one is used, then `pulumi -C access up --refresh` revokes it."
+    )
+    return "\n".join(lines)
