@@ -1,0 +1,510 @@
+"""The review stack's pull-request comment: a pure function from inputs to Markdown.
+
+`render(ReviewComment(...))` takes
+- `preview`: the `pulumi preview --json` document of the PR's code against the dev stack, as the
+  real CLI prints it (pulumi/pulumi pkg/backend/display/json.go `ShowPreviewDigest`) or as
+  `python -m pulumi_standin preview --json` prints it (the same shape,
+  pulumi_standin/preview_json.py);
+- `dev_outputs`: dev's current stack outputs (`pulumi stack output --json --stack dev`; secret
+  ones read `[secret]`): the OLD costs `monthly_cost_idle_usd`, `monthly_cost_worst_usd` and
+  `services`. Without them, the old outputs the preview document carries (its root Stack
+  step's `oldState.outputs`) are used;
+- `new_costs`: the same three figures for the PR's code (`scripts/review_stack.py costs`, the
+  PR's own cost model on the PR's Pulumi.dev.yaml). They cannot come from the preview document:
+  `pulumi preview --json` has no new stack outputs (json.go ignores ResourceOutputsEvent);
+- `review_outputs`: the review stack's non-secret outputs (`endpoint_url`, `proxy_token_id`,
+  `served_model_name`, `environment`, `monthly_budget_usd`, `services`);
+- how to read the review stack's secrets (`OutputReader`): the curl the comment shows reads the
+  proxy token secret and the API key with `pulumi stack output ... --show-secrets` (or the
+  stand-in's `output` command) into a private header file; no secret is ever in the comment.
+
+and writes Markdown: the endpoint and that curl, the diff against dev per resource (op and
+changed keys; short non-secret values shown old -> new, `[secret]` stays `[secret]`), the monthly
+cost delta (idle and worst case, dev now -> with this PR, and the difference, in total and per
+service), and one `⚠️` line per replace or delete of a protected or retainOnDelete resource
+(from the steps' old/new state, and from a preview that the engine stopped on a protected
+resource). The first line is `MARKER`, which the workflow looks for to update its ONE comment.
+
+No I/O here: `scripts/review_stack.py comment` reads the files and calls `render`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MARKER = "<!-- modal-llm-review-stack -->"
+SECRET = "[secret]"  # noqa: S105 (what the engine shows instead of a secret)
+UNKNOWN_PLACEHOLDER = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
+DYNAMIC_PREFIX = "pulumi-python:dynamic/"
+HIDDEN_KEYS = {"__provider"}
+#: Step ops that remove or swap out the old object (json.go shows `replace`; with
+#: --show-replacement-steps the engine's halves appear instead).
+REPLACING_OPS = {"replace", "create-replacement", "delete-replaced"}
+DELETING_OPS = {"delete", "delete-replaced", "discard", "discard-replaced"}
+OP_SYMBOLS = {
+    "create": "+",
+    "update": "~",
+    "replace": "+-",
+    "create-replacement": "++",
+    "delete-replaced": "--",
+    "delete": "-",
+    "same": " ",
+    "read": ">",
+    "import": "=",
+}
+MAX_CHANGED_KEYS = 12
+MAX_SHOWN_VALUE = 40
+
+
+@dataclass(frozen=True)
+class OutputReader:
+    """How a reader of the comment gets the review stack's outputs.
+
+    kind `cli`: `pulumi stack output NAME --stack STACK --show-secrets` (with the review stacks'
+    backend selected, e.g. `pulumi login` to it); kind `standin`: the Pulumi stand-in's
+    `output` command on its state file (emulator runs only)."""
+
+    kind: str  # "cli" | "standin"
+    stack: str
+    state: str = ""  # stand-in: its state file
+    python: str = ".venv/bin/python"
+
+    def command(self, name: str, *, as_json: bool = False) -> str:
+        if self.kind == "standin":
+            parts = [self.python, "-m", "pulumi_standin", "output", name, "--stack", self.stack]
+            if self.state:
+                parts += ["--state", self.state]
+            return shlex.join([*parts, "--show-secrets"])
+        parts = ["pulumi", "stack", "output", name, "--stack", self.stack, "--show-secrets"]
+        return shlex.join([*parts, "--json"] if as_json else parts)
+
+
+@dataclass
+class ReviewComment:
+    """Everything the comment shows (see the module docstring)."""
+
+    pr: int
+    stack: str
+    preview: Mapping[str, Any] | None
+    new_costs: Mapping[str, Any]
+    review_outputs: Mapping[str, Any]
+    reader: OutputReader
+    dev_outputs: Mapping[str, Any] | None = None
+    base_stack: str = "dev"
+    head_sha: str = ""
+    engine_note: str = ""
+    key_name: str = "gateway"
+    spend_limit_usd: float | None = None
+    sweep_days: int | None = None
+    updated_at: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+# ---- reading the preview document ----------------------------------------------------------
+
+
+def short_type(type_: str) -> str:
+    return type_.removeprefix(DYNAMIC_PREFIX)
+
+
+def resource_name(urn: str) -> str:
+    return urn.rsplit("::", 1)[-1] if "::" in urn else urn
+
+
+def _as_object(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return None
+        if isinstance(parsed, dict):
+            return parsed
+    return None
+
+
+def _shown(value: Any) -> str:
+    if value == UNKNOWN_PLACEHOLDER:
+        return "(known after apply)"
+    if value == SECRET:
+        return SECRET
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= MAX_SHOWN_VALUE else ""
+
+
+def changed_keys(old: Any, new: Any, path: str = "") -> list[tuple[str, str]]:
+    """(dotted key, "old -> new" or "") for every leaf that differs. Objects and JSON-object
+    strings are walked; a value is shown only when short and not secret on either side."""
+    if old == new:
+        return []
+    old_obj, new_obj = _as_object(old), _as_object(new)
+    if old_obj is not None and new_obj is not None and old != SECRET and new != SECRET:
+        found: list[tuple[str, str]] = []
+        for key in sorted(set(old_obj) | set(new_obj)):
+            if not path and key in HIDDEN_KEYS:
+                continue
+            sub = f"{path}.{key}" if path else key
+            if key not in old_obj:
+                found.append((sub, "added"))
+            elif key not in new_obj:
+                found.append((sub, "removed"))
+            else:
+                found += changed_keys(old_obj[key], new_obj[key], sub)
+        return found
+    if SECRET in (old, new):
+        return [(path, SECRET)]
+    before, after = _shown(old), _shown(new)
+    return [(path, f"{before} → {after}" if before and after else "")]
+
+
+@dataclass
+class StepView:
+    name: str
+    type: str
+    op: str
+    changes: list[tuple[str, str]]
+    replace_reasons: list[str]
+    protect: bool
+    retain: bool
+
+
+def steps_of(preview: Mapping[str, Any]) -> list[StepView]:
+    """The custom resources' steps of a preview document (the root Stack and components,
+    which have no inputs of their own, are left out)."""
+    views = []
+    for step in preview.get("steps") or []:
+        old = step.get("oldState") or {}
+        new = step.get("newState") or {}
+        type_ = str(new.get("type") or old.get("type") or "")
+        if type_ == ROOT_STACK_TYPE or not (new.get("custom") or old.get("custom")):
+            continue
+        op = str(step.get("op") or "")
+        changes: list[tuple[str, str]] = []
+        if op in ("update", "replace") and old and new:
+            changes = changed_keys(old.get("inputs") or {}, new.get("inputs") or {})
+        reasons = [str(k) for k in step.get("diffReasons") or []]
+        known = {c[0].split(".")[0] for c in changes}
+        changes += [(k, "") for k in reasons if k not in known and k not in HIDDEN_KEYS]
+        views.append(
+            StepView(
+                name=resource_name(str(step.get("urn") or "")),
+                type=short_type(type_),
+                op=op,
+                changes=changes,
+                replace_reasons=[str(k) for k in step.get("replaceReasons") or []],
+                protect=bool(old.get("protect") or new.get("protect")),
+                retain=bool(old.get("retainOnDelete") or new.get("retainOnDelete")),
+            )
+        )
+    return views
+
+
+_PROTECT_ERROR = re.compile(
+    r'unable to (?P<what>replace|delete) resource "(?P<urn>[^"]+)"\s*as it is currently marked'
+    r" for protection"
+)
+
+
+def warnings_of(preview: Mapping[str, Any]) -> list[str]:
+    """One `⚠️` line per replace/delete of a protected or retainOnDelete resource."""
+    lines = []
+    for view in steps_of(preview):
+        replacing, deleting = view.op in REPLACING_OPS, view.op in DELETING_OPS
+        if not (replacing or deleting) or not (view.protect or view.retain):
+            continue
+        what = "replaced" if replacing else "deleted"
+        why = f" (replace on: {', '.join(view.replace_reasons)})" if view.replace_reasons else ""
+        if view.protect:
+            effect = f"it is **protected**: `pulumi up` of {{stack}} refuses to {what[:-1]} it"
+        elif replacing:
+            effect = (
+                "it is **retainOnDelete**: the old object is dropped from the stack but NOT"
+                " deleted in Modal (it stays there, unmanaged, with its data)"
+            )
+        else:
+            effect = (
+                "it is **retainOnDelete**: it leaves the stack but is NOT deleted in Modal"
+                " (it stays there, unmanaged)"
+            )
+        lines.append(f"⚠️ `{view.name}` ({view.type}) would be **{what}**{why}: {effect}.")
+    for diag in preview.get("diagnostics") or []:
+        if str(diag.get("severity")) != "error":
+            continue
+        found = _PROTECT_ERROR.search(" ".join(str(diag.get("message") or "").split()))
+        if found:
+            urn = found["urn"]
+            lines.append(
+                f"⚠️ `{resource_name(urn)}` ({short_type(urn.split('::')[-2].split('$')[-1])})"
+                f" would be **{found['what']}d**, but it is **protected**: the preview stopped"
+                " there (`pulumi up` of {stack} would fail)."
+            )
+    return lines
+
+
+def old_outputs_of(preview: Mapping[str, Any]) -> dict[str, Any]:
+    """The dev stack's outputs as the preview document carries them (root Stack oldState)."""
+    for step in preview.get("steps") or []:
+        old = step.get("oldState") or {}
+        if old.get("type") == ROOT_STACK_TYPE:
+            return dict(old.get("outputs") or {})
+    return {}
+
+
+def errors_of(preview: Mapping[str, Any]) -> list[str]:
+    return [
+        " ".join(str(d.get("message") or "").split())
+        for d in preview.get("diagnostics") or []
+        if str(d.get("severity")) == "error"
+    ]
+
+
+# ---- formatting ---------------------------------------------------------------------------
+
+
+def money(value: Any) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "n/a"
+    return f"${value:,.2f}"
+
+
+def delta(old: Any, new: Any) -> str:
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (old, new)):
+        return "n/a"
+    diff = round(float(new) - float(old), 2)
+    if diff == 0:
+        return "±$0.00"
+    return f"{'+' if diff > 0 else '-'}${abs(diff):,.2f}"
+
+
+def _cost(outputs: Mapping[str, Any] | None, key: str) -> Any:
+    return (outputs or {}).get(key)
+
+
+def _services(outputs: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    services = (outputs or {}).get("services")
+    if not isinstance(services, dict):
+        return {}
+    return {str(k): v for k, v in services.items() if isinstance(v, dict)}
+
+
+def _gpu(service: Mapping[str, Any] | None) -> str:
+    if not service:
+        return "—"
+    gpu = service.get("gpu") or "?"
+    count = service.get("gpu_count") or 1
+    return f"{count} x {gpu}" if count != 1 else str(gpu)
+
+
+def cost_section(old: Mapping[str, Any] | None, new: Mapping[str, Any], base: str) -> list[str]:
+    idle_old, idle_new = _cost(old, "monthly_cost_idle_usd"), _cost(new, "monthly_cost_idle_usd")
+    worst_old = _cost(old, "monthly_cost_worst_usd")
+    worst_new = _cost(new, "monthly_cost_worst_usd")
+    lines = [
+        f"### Monthly cost: `{base}` now → with this PR",
+        "",
+        "| | idle / month | worst case / month |",
+        "|---|---:|---:|",
+        f"| `{base}` now | {money(idle_old)} | {money(worst_old)} |",
+        f"| with this PR | {money(idle_new)} | {money(worst_new)} |",
+        f"| **difference** | **{delta(idle_old, idle_new)}** | **{delta(worst_old, worst_new)}** |",
+        "",
+    ]
+    old_services, new_services = _services(old), _services(new)
+    names = sorted(set(old_services) | set(new_services))
+    if names:
+        lines += [
+            "| service | GPU | idle old → new | worst case old → new |",
+            "|---|---|---:|---:|",
+        ]
+        for name in names:
+            o, n = old_services.get(name), new_services.get(name)
+            gpu_old, gpu_new = _gpu(o), _gpu(n)
+            gpu = gpu_new if gpu_old == gpu_new else f"{gpu_old} → {gpu_new}"
+            idle = (
+                f"{money(_cost(o, 'monthly_cost_idle_usd'))} → "
+                f"{money(_cost(n, 'monthly_cost_idle_usd'))}"
+            )
+            worst = (
+                f"{money(_cost(o, 'monthly_cost_worst_usd'))} → "
+                f"{money(_cost(n, 'monthly_cost_worst_usd'))}"
+            )
+            lines.append(f"| `{name}` | {gpu} | {idle} | {worst} |")
+        lines.append("")
+    lines.append(
+        "_idle: `min_containers` kept warm all month (+ pre-warm windows); worst case: every"
+        " allowed container busy all month (components/cost.py, Modal's GPU prices + the CPU/"
+        "memory allowance)._"
+    )
+    return lines
+
+
+def _summary_line(preview: Mapping[str, Any]) -> str:
+    summary = preview.get("changeSummary") or {}
+    words = {
+        "create": "to create",
+        "update": "to update",
+        "replace": "to replace",
+        "delete": "to delete",
+        "same": "unchanged",
+    }
+    parts = [
+        f"{OP_SYMBOLS.get(op, '').strip()} {summary[op]} {word}".strip()
+        for op, word in words.items()
+        if summary.get(op)
+    ]
+    return ", ".join(parts) or "no resources"
+
+
+def diff_section(preview: Mapping[str, Any] | None, base: str) -> list[str]:
+    lines = [f"### Diff against `{base}`", ""]
+    if preview is None:
+        return [*lines, f"_No preview of `{base}` was made for this run._"]
+    lines.append(
+        f"`pulumi preview --stack {base}` with this PR's code: {_summary_line(preview)}"
+        " (counts include component resources and the stack itself)."
+    )
+    lines.append("")
+    changed = [v for v in steps_of(preview) if v.op not in ("same", "read")]
+    if changed:
+        lines += ["| | resource | type | what changes |", "|---|---|---|---|"]
+        for view in changed:
+            parts = []
+            for key, shown in view.changes[:MAX_CHANGED_KEYS]:
+                parts.append(f"`{key}`" + (f" {_md_escape(shown)}" if shown else ""))
+            if len(view.changes) > MAX_CHANGED_KEYS:
+                parts.append(f"… {len(view.changes) - MAX_CHANGED_KEYS} more")
+            if view.replace_reasons:
+                parts.append(f"(replace on: {', '.join(f'`{r}`' for r in view.replace_reasons)})")
+            what = "; ".join(parts) if parts else ("" if view.op in ("create", "delete") else "—")
+            symbol = OP_SYMBOLS.get(view.op, "?")
+            lines.append(f"| `{symbol}` {view.op} | `{view.name}` | {view.type} | {what} |")
+    else:
+        lines.append("No resource of the dev stack changes.")
+    errors = errors_of(preview)
+    if errors:
+        lines += ["", "The preview stopped with an error:", ""]
+        lines += [f"> {_md_escape(e)}" for e in errors]
+    return lines
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def endpoint_section(c: ReviewComment) -> list[str]:
+    out = c.review_outputs
+    endpoint = out.get("endpoint_url")
+    model = out.get("served_model_name") or "<model>"
+    token_id = out.get("proxy_token_id") or "<proxy token id>"
+    lines = [f"### Endpoint of `{c.stack}`", ""]
+    if not endpoint:
+        return [*lines, "_Not deployed (no `endpoint_url` output)._"]
+    lines.append(f"`{endpoint}` — Modal environment `{out.get('environment') or c.stack}`")
+    services = _services(out)
+    if len(services) > 1:
+        lines.append("")
+        for name, svc in sorted(services.items()):
+            lines.append(
+                f"- `{name}`: `{svc.get('endpoint_url')}` ({svc.get('served_model_name')})"
+            )
+    secret_cmd = c.reader.command("proxy_token_secret")
+    keys_cmd = c.reader.command("api_keys", as_json=True)
+    pick = shlex.quote(f"import json, sys; print(json.load(sys.stdin)[{json.dumps(c.key_name)}])")
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello in five words."}],
+            "max_tokens": 16,
+        }
+    )
+    lines += [
+        "",
+        "Try it (the secrets are read from the stack into a private header file, never written"
+        " here or on a command line; the first request cold-starts a container: the service"
+        " scales to zero):",
+        "",
+        "```bash",
+        'umask 077 && H="$(mktemp)" && {',
+        f"  printf 'Modal-Secret: %s\\n' \"$({secret_cmd})\"",
+        f"  printf 'Authorization: Bearer %s\\n' \"$({keys_cmd} | python3 -c {pick})\"",
+        '} > "$H"',
+        f"curl -sS --max-time 900 {shlex.quote(str(endpoint).rstrip('/') + '/v1/chat/completions')}"
+        " \\",
+        f'    -H {shlex.quote("Modal-Key: " + str(token_id))} -H @"$H"'
+        " -H 'Content-Type: application/json' \\",
+        f"    -d {shlex.quote(body)} \\",
+        "    -w '\\nHTTP %{http_code}\\n'",
+        'rm -f "$H"',
+        "```",
+    ]
+    return lines
+
+
+def render(c: ReviewComment) -> str:
+    """The whole comment (Markdown), starting with MARKER."""
+    preview = c.preview
+    old = c.dev_outputs
+    if not old and preview is not None:
+        old = old_outputs_of(preview)
+    head = f" at `{c.head_sha[:12]}`" if c.head_sha else ""
+    lines = [
+        MARKER,
+        f"## Review stack `{c.stack}`{head}",
+        "",
+    ]
+    warnings = [w.replace("{stack}", f"`{c.base_stack}`") for w in warnings_of(preview or {})]
+    if warnings:
+        lines += [*warnings, ""]
+    lines += endpoint_section(c)
+    lines.append("")
+    lines += cost_section(old, c.new_costs, c.base_stack)
+    lines.append("")
+    lines += diff_section(preview, c.base_stack)
+    lines.append("")
+    limit = c.spend_limit_usd
+    if limit is None:
+        limit = c.review_outputs.get("monthly_budget_usd")
+    facts = [
+        f"`{c.stack}` runs this PR's code in its own Modal environment, scaled to zero, with its"
+        " own proxy token and API keys (nothing shared with dev)."
+    ]
+    if isinstance(limit, int | float) and not isinstance(limit, bool):
+        facts.append(
+            f"Spend limit **{money(limit)}/month** (Modal's budget for the environment: its work"
+            " stops when usage reaches it)."
+        )
+    if c.sweep_days:
+        facts.append(
+            f"Closing or merging this PR destroys it; so does the nightly sweep once it has not"
+            f" been deployed for {c.sweep_days} days."
+        )
+    else:
+        facts.append("Closing or merging this PR destroys it.")
+    lines.append(" ".join(facts))
+    for note in c.notes:
+        lines += ["", f"_{note}_"]
+    footer = [x for x in (c.engine_note, f"updated {c.updated_at}" if c.updated_at else "") if x]
+    if footer:
+        lines += ["", f"<sub>{' · '.join(footer)}</sub>"]
+    return "\n".join(lines) + "\n"
+
+
+def render_destroyed(pr: int, stack: str, *, reason: str, when: str = "") -> str:
+    """The comment once the review stack is gone (closed/merged PR, or the nightly sweep)."""
+    at = f" ({when})" if when else ""
+    return (
+        f"{MARKER}\n## Review stack `{stack}`: destroyed\n\n"
+        f"`{stack}` and its Modal environment were destroyed{at}: {reason}. Nothing of it is"
+        " left (environment, apps, secrets, volumes, proxy token, service user).\n"
+    )
+
+
+def render_skipped(pr: int, *, reason: str) -> str:
+    return f"{MARKER}\n## No review stack for PR #{pr}\n\n{reason}\n"
