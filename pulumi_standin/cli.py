@@ -7,7 +7,8 @@
     python -m pulumi_standin destroy --stack local          # like `pulumi destroy`
     python -m pulumi_standin output  --stack local [NAME] [--show-secrets]
       [--state FILE] [--server-url URL] [--config KEY=VALUE ...] [--target URN|NAME ...]
-      [--verbose]
+      [--verbose] [--cwd DIR]
+    python -m pulumi_standin up --cwd access --stack local   # like `pulumi -C access up`
 
 NOT the Pulumi engine: for machines without the Pulumi CLI, against the Modal emulator only.
 """
@@ -30,6 +31,7 @@ from pulumi_standin.program import (
     PROJECT_ROOT,
     StackFileError,
     load_stack_file,
+    project_name,
     server_url_problem,
 )
 from pulumi_standin.stack import (
@@ -52,8 +54,11 @@ COMMANDS = ["preview", "up", "refresh", "destroy", "output"]
 NO_EMULATOR_URL = "http://127.0.0.1:9"
 
 
-def parse_overrides(pairs: list[str], secret_pairs: list[str] | None = None) -> dict[str, Any]:
-    """`--config KEY=VALUE` pairs -> {"namespace:key": value}; bare keys get `modal-llm:`.
+def parse_overrides(
+    pairs: list[str], secret_pairs: list[str] | None = None, project: str = PROJECT
+) -> dict[str, Any]:
+    """`--config KEY=VALUE` pairs -> {"namespace:key": value}; bare keys get the project's
+    namespace (`modal-llm:`, or the `--cwd` project's).
 
     `--config` is `pulumi config set` (plain text: the program refuses a secret key given that
     way, as it does under the CLI); `--secret` is `pulumi config set --secret`."""
@@ -64,17 +69,18 @@ def parse_overrides(pairs: list[str], secret_pairs: list[str] | None = None) -> 
             key, sep, value = pair.partition("=")
             if not sep or not key:  # the text is not echoed: it may be a secret value
                 raise StandinError(f"{flag}: expected KEY=VALUE (no key or no '=' given)")
-            full = key if ":" in key else f"{PROJECT}:{key}"
+            full = key if ":" in key else f"{project}:{key}"
             overrides[full] = Secret(value) if flag == "--secret" else value
     return overrides
 
 
 def stack_file_config(stack_file: Path) -> dict[str, Any]:
     """The stack file's `config:` mapping; a YAML error or a bad `modal:serverUrl` in it is one
-    line naming the file (and line and column), before anything runs."""
+    line naming the file (and line and column), before anything runs. The project file is the
+    one beside it (the project directory)."""
     try:
         raw = load_stack_file(stack_file)
-        load_stack_file(PROJECT_ROOT / "Pulumi.yaml")
+        load_stack_file(stack_file.parent / "Pulumi.yaml")
     except StackFileError as exc:
         raise StandinError(str(exc)) from None
     config: dict[str, Any] = dict(raw.get("config") or {})
@@ -89,7 +95,12 @@ def stack_file_config(stack_file: Path) -> dict[str, Any]:
     return config
 
 
-def server_url(args: argparse.Namespace, raw_config: dict[str, Any], out: TextIO) -> str:
+def server_url(
+    args: argparse.Namespace,
+    raw_config: dict[str, Any],
+    out: TextIO,
+    project_dir: Path = PROJECT_ROOT,
+) -> str:
     """The emulator URL of this run (--server-url, else MODAL_SERVER_URL, else the stack's
     modal:serverUrl), checked at once. A preview needs none: without one it gets
     NO_EMULATOR_URL and says so (it never calls Modal)."""
@@ -105,16 +116,18 @@ def server_url(args: argparse.Namespace, raw_config: dict[str, Any], out: TextIO
             " or modal:serverUrl) and none is needed: a preview runs Check and Diff only, which"
             " never call Modal.\n"
         )
-        return resolve_server_url(args.stack, NO_EMULATOR_URL)
-    return resolve_server_url(args.stack, args.server_url)
+        return resolve_server_url(args.stack, NO_EMULATOR_URL, project_dir)
+    return resolve_server_url(args.stack, args.server_url, project_dir)
 
 
-def one_run_warnings(stack: str, overrides: dict[str, Any]) -> list[str]:
+def one_run_warnings(
+    stack: str, overrides: dict[str, Any], project_dir: Path = PROJECT_ROOT
+) -> list[str]:
     """A warning per `--config`/`--secret` value of an `up` that differs from the stack file:
     it is never saved, so the next `up` without it (`make up`) goes back to the file's value
     and undoes this run's change (a rotated key is rotated back)."""
     try:
-        saved = dict(load_stack_file(PROJECT_ROOT / f"Pulumi.{stack}.yaml").get("config") or {})
+        saved = dict(load_stack_file(project_dir / f"Pulumi.{stack}.yaml").get("config") or {})
     except StackFileError:
         return []
     warnings = []
@@ -165,6 +178,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("command", choices=COMMANDS)
     parser.add_argument("name", nargs="?", help="output: the one output to print")
     parser.add_argument("--stack", default="local", help="stack name (Pulumi.<stack>.yaml)")
+    parser.add_argument(
+        "-C",
+        "--cwd",
+        type=Path,
+        help=(
+            "the project directory, like `pulumi -C DIR`: its Pulumi.yaml, Pulumi.<stack>.yaml"
+            " and __main__.py, state in DIR/.pulumi-offline/ (default: this repository)"
+        ),
+    )
     parser.add_argument(
         "--state", type=Path, help="state file (default: .pulumi-offline/<stack>.json)"
     )
@@ -231,20 +253,27 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     args = parse_args(argv)
     # A failed or interrupted program leaves no asyncio noise behind: one message only.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    stack_file = PROJECT_ROOT / f"Pulumi.{args.stack}.yaml"
+    project_dir = (args.cwd or PROJECT_ROOT).resolve()
+    stack_file = project_dir / f"Pulumi.{args.stack}.yaml"
     document_out = out
     if args.json:  # stdout holds the JSON document only; notes and errors go to stderr
         out = sys.stderr
     try:
+        if not (project_dir / "Pulumi.yaml").exists():
+            raise StandinError(f"no Pulumi.yaml in {project_dir}: not a Pulumi project")
+        if args.json and project_dir != PROJECT_ROOT:
+            raise StandinError("--json is not supported with --cwd yet (preview_json.py)")
         if not stack_file.exists():
-            raise StandinError(f"no stack file {stack_file.name} in {PROJECT_ROOT}")
+            raise StandinError(f"no stack file {stack_file.name} in {project_dir}")
         raw_config = stack_file_config(stack_file)
-        state_path = args.state or PROJECT_ROOT / ".pulumi-offline" / f"{args.stack}.json"
-        url = "" if args.command == "output" else server_url(args, raw_config, out)
+        project = PROJECT if project_dir == PROJECT_ROOT else project_name(project_dir)
+        overrides = parse_overrides(args.config, args.secret, project)
+        state_path = args.state or project_dir / ".pulumi-offline" / f"{args.stack}.json"
+        url = "" if args.command == "output" else server_url(args, raw_config, out, project_dir)
         if args.command == "up":
-            for line in one_run_warnings(args.stack, parse_overrides(args.config, args.secret)):
+            for line in one_run_warnings(args.stack, overrides, project_dir):
                 out.write(line + "\n")
-        encrypted = secure_keys(args.stack)
+        encrypted = secure_keys(args.stack, project_dir)
         if encrypted and args.command == "up":
             raise StandinError(
                 f"stack '{args.stack}' has encrypted config ({', '.join(encrypted)}) that this"
@@ -264,10 +293,12 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             state_path=state_path,
             url=url,
             show_secrets=args.show_secrets,
-            overrides=parse_overrides(args.config, args.secret),
+            overrides=overrides,
             targets=tuple(args.target),
             output_name=args.name,
             verbose=args.verbose,
+            program=project_dir / "__main__.py",
+            project_dir=project_dir,
         )
         if args.json:
             from pulumi_standin import preview_json

@@ -271,9 +271,14 @@ def _cli_string(value: Any) -> str:
     return str(value)
 
 
-def project_defaults() -> dict[str, Any]:
+def project_name(project_dir: Path = PROJECT_ROOT) -> str:
+    """The `name:` of `project_dir/Pulumi.yaml` (the config namespace and URN project)."""
+    return str(load_stack_file(project_dir / "Pulumi.yaml").get("name") or PROJECT)
+
+
+def project_defaults(project_dir: Path = PROJECT_ROOT) -> dict[str, Any]:
     """`project:key` -> default, for every key Pulumi.yaml declares with a default."""
-    project = load_stack_file(PROJECT_ROOT / "Pulumi.yaml")
+    project = load_stack_file(project_dir / "Pulumi.yaml")
     name = project["name"]
     return {
         (key if ":" in key else f"{name}:{key}"): decl["default"]
@@ -288,6 +293,7 @@ def stack_config(
     *,
     drop: tuple[str, ...] = (),
     with_defaults: bool = True,
+    project_dir: Path = PROJECT_ROOT,
 ) -> tuple[dict[str, str], list[str]]:
     """The config map of `Pulumi.<stack>.yaml` as the CLI passes it, plus its secret keys.
 
@@ -296,9 +302,9 @@ def stack_config(
     keys. `secure:` values become plaintext test values (TEST_SECRETS, else
     `test-secret-for-<key>`) marked secret; nothing else is secret.
     With `with_defaults`, Pulumi.yaml's declared defaults fill in the keys left unset, as the
-    CLI does before it starts the program.
+    CLI does before it starts the program. `project_dir`: the project (`pulumi -C DIR`).
     """
-    raw = load_stack_file(PROJECT_ROOT / f"Pulumi.{stack}.yaml")
+    raw = load_stack_file(project_dir / f"Pulumi.{stack}.yaml")
     values: dict[str, Any] = dict(raw.get("config") or {})
     values.update(overrides or {})
     config: dict[str, str] = {}
@@ -315,7 +321,7 @@ def stack_config(
         else:
             config[key] = _cli_string(value)
     if with_defaults:
-        for key, default in project_defaults().items():
+        for key, default in project_defaults(project_dir).items():
             if key not in config and key not in drop:
                 config[key] = _cli_string(default)
     return config, secret_keys
@@ -454,6 +460,7 @@ __all__ = [
     "fake_outputs",
     "load_stack_file",
     "project_defaults",
+    "project_name",
     "run_program",
     "server_url_problem",
     "stack_config",

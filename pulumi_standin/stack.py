@@ -75,6 +75,7 @@ from pulumi_standin.program import (
     PROJECT_ROOT,
     ProgramRun,
     RecordingMonitor,
+    project_name,
     run_program,
     stack_config,
 )
@@ -141,8 +142,12 @@ class Command:
     output_name: str | None = None
     #: Show a failed provider call's whole traceback inline (else only its file is named).
     verbose: bool = False
-    #: The Pulumi program (tests run a program of their own; the command line never sets it).
+    #: The Pulumi program (tests run a program of their own; the command line sets it to
+    #: `project_dir/__main__.py`).
     program: Path = PROJECT_ROOT / "__main__.py"
+    #: The project directory (`--cwd DIR`, like `pulumi -C DIR`): Pulumi.yaml, the stack file,
+    #: the provider server's working directory.
+    project_dir: Path = PROJECT_ROOT
 
 
 # ---- the mocks that drive the engine -------------------------------------------------------
@@ -276,8 +281,13 @@ def monitor_for(mocks: pulumi.runtime.Mocks) -> RecordingMonitor:
 # ---- setup ------------------------------------------------------------------------------
 
 
-def resolve_server_url(stack: str, flag: str | None) -> str:
-    raw = yaml.safe_load((PROJECT_ROOT / f"Pulumi.{stack}.yaml").read_text()) or {}
+def project_of(project_dir: Path) -> str:
+    """The project name of `project_dir` (this repository's: PROJECT, as always)."""
+    return PROJECT if project_dir == PROJECT_ROOT else project_name(project_dir)
+
+
+def resolve_server_url(stack: str, flag: str | None, project_dir: Path = PROJECT_ROOT) -> str:
+    raw = yaml.safe_load((project_dir / f"Pulumi.{stack}.yaml").read_text()) or {}
     url = (
         flag
         or os.environ.get("MODAL_SERVER_URL")
@@ -313,8 +323,8 @@ def require_emulator(url: str) -> None:
         ) from None
 
 
-def secure_keys(stack: str) -> list[str]:
-    raw = yaml.safe_load((PROJECT_ROOT / f"Pulumi.{stack}.yaml").read_text()) or {}
+def secure_keys(stack: str, project_dir: Path = PROJECT_ROOT) -> list[str]:
+    raw = yaml.safe_load((project_dir / f"Pulumi.{stack}.yaml").read_text()) or {}
     return [
         k
         for k, v in (raw.get("config") or {}).items()
@@ -324,14 +334,22 @@ def secure_keys(stack: str) -> list[str]:
 
 @contextlib.contextmanager
 def provider_server(
-    stack: str, url: str, config: Mapping[str, str], secret_keys: list[str]
+    stack: str,
+    url: str,
+    config: Mapping[str, str],
+    secret_keys: list[str],
+    project_dir: Path = PROJECT_ROOT,
 ) -> Iterator[ProviderServer]:
     env = {k: v for k, v in os.environ.items() if k not in ("MODAL_ENVIRONMENT", "MODAL_PROFILE")}
     env["MODAL_SERVER_URL"] = url
     env.setdefault("MODAL_TOKEN_ID", "ak-local-emulator")  # the emulator accepts any token
     env.setdefault("MODAL_TOKEN_SECRET", "as-local-emulator")
     server_config = {k: Secret(v) if k in secret_keys else v for k, v in config.items()}
-    server = ProviderServer(env=env, config=server_config, project=PROJECT, stack=stack)
+    # The engine starts the provider in the project directory (`pulumi -C DIR`); components/
+    # comes from the repository's editable install there (pyproject.toml).
+    server = ProviderServer(
+        env=env, config=server_config, project=project_of(project_dir), stack=stack, cwd=project_dir
+    )
     server.start()
     try:
         yield server
@@ -462,11 +480,15 @@ def run(
         StateFile(cmd.state_path, cmd.stack).box  # noqa: B018
     if cmd.command == "output":
         return show_stack_output(cmd, out)
-    config, secret_keys = stack_config(cmd.stack, {**cmd.overrides, "modal:serverUrl": cmd.url})
+    config, secret_keys = stack_config(
+        cmd.stack, {**cmd.overrides, "modal:serverUrl": cmd.url}, project_dir=cmd.project_dir
+    )
     with contextlib.ExitStack() as stack:
         interrupt = stack.enter_context((interrupt or Interrupt()).installed())
         if server is None:
-            server = stack.enter_context(provider_server(cmd.stack, cmd.url, config, secret_keys))
+            server = stack.enter_context(
+                provider_server(cmd.stack, cmd.url, config, secret_keys, cmd.project_dir)
+            )
         stack.enter_context(_showing_output(server, out))
         engine = Engine(server, defer_replaced_deletes=True, before_step=before_step)
         state = StateFile.load(cmd.state_path, cmd.stack, engine)
@@ -527,6 +549,7 @@ def deploy(
             mocks=mocks,
             preview=not apply,
             program=cmd.program,
+            project=project_of(cmd.project_dir),
             monitor_factory=monitor_for,
         )
         gone = [
