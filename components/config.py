@@ -1123,43 +1123,44 @@ def load_access_config(stack_file: Path | None = None) -> list[AccessEnvironment
 
 
 def access_next_steps(environments: list[AccessEnvironment], stack: str) -> str:
-    """Where each credential of the access stack goes, as commands that pipe it there from
-    the secret output `credentials` (no secret in this text)."""
-    out = f"pulumi -C access stack output credentials --show-secrets --stack {stack}"
+    """Where each credential of the access stack goes: commands, run from the repository root,
+    that pipe it from the secret output `credentials` to its place (no secret in this text;
+    `pulumi config set` and `gh secret set` read the value from stdin)."""
     lines = [
-        "Put each credential where it is used; every command reads it from the secret output"
-        " `credentials` (needs jq and, for GitHub, gh), nothing secret is printed:"
+        "Each credential is in the secret output `credentials`. From the repository root, these"
+        " move each one where it is used without printing it (needs jq; gh for GitHub):",
+        f"  c() {{ pulumi -C access stack output credentials --show-secrets --stack {stack}"
+        ' | jq -er "$1"; }',
     ]
     for env in environments:
         e = env.name
-        lines.append(f"[{e}]")
-        lines.append(
-            f"  gateway proxy token -> service stack {e}: {out} | jq -r '.\"{e}\".proxy_token'"
-            f" | pulumi config set --secret {PROJECT}:{PROXY_TOKEN_KEY} --stack {e}"
-            f"   (and: pulumi config set {PROJECT}:{MANAGED_KEY} true --stack {e})"
-        )
+        at = f'.["{e}"]'
+        lines += [
+            f"[{e}] service stack {e} (managed mode) and GitHub environment {e}:",
+            f"  pulumi config set {PROJECT}:{MANAGED_KEY} true --stack {e}",
+            f"  c '{at}.proxy_token' | pulumi config set --secret {PROJECT}:{PROXY_TOKEN_KEY}"
+            f" --stack {e}   # the gateway's proxy token",
+        ]
         for ident in env.identities:
-            pick = f'{out} | jq -r \'."{e}".identities."{ident.name}"\''
+            token = f"c '{at}.identities[\"{ident.name}\"]'"
             if ident.role == "contributor":
-                lines.append(
-                    f"  {ident.name} (contributor in {e}: CI's pulumi up) -> GitHub environment"
-                    f" {e}: {pick} | cut -d: -f1 | gh secret set MODAL_TOKEN_ID --env {e};"
-                    f" {pick} | cut -d: -f2 | gh secret set MODAL_TOKEN_SECRET --env {e}"
-                )
+                lines += [
+                    f"  {token} | cut -d: -f1 | gh secret set MODAL_TOKEN_ID --env {e}"
+                    f"   # {ident.name}: contributor in {e}, CI's pulumi up",
+                    f"  {token} | cut -d: -f2 | gh secret set MODAL_TOKEN_SECRET --env {e}",
+                ]
             elif ident.role == "viewer":
                 lines.append(
-                    f"  {ident.name} (viewer in {e}: the spend watcher reads usage) -> service"
-                    f" stack {e}: {pick} | pulumi config set --secret {PROJECT}:alertWatchToken"
-                    f" --stack {e}"
+                    f"  {token} | pulumi config set --secret {PROJECT}:alertWatchToken --stack"
+                    f" {e}   # {ident.name}: viewer in {e}, the spend watcher reads usage"
                 )
             else:
                 lines.append(
-                    f"  {ident.name} (no role: may call nothing) -> for a job that must hold a"
-                    " Modal token but act on nothing (CI's previews hold none: they never call"
-                    f" Modal): {pick}"
+                    f"  # {ident.name}: no role, may call nothing; CI's previews need no Modal"
+                    f" token at all (a preview never calls Modal): {token}"
                 )
     lines.append(
-        "After a rotation: put the new token in place the same way; the old one keeps working"
-        " until the new one is used, then `pulumi -C access up --refresh` revokes it."
+        "After a rotation, move the new token the same way; the old one works until the new one"
+        " is used, then `pulumi -C access up --refresh` revokes it."
     )
     return "\n".join(lines)
