@@ -33,7 +33,7 @@ from modal_proto.api_grpc import ModalClientBase
 
 from emulator.errors import EmulatorError
 from emulator.faults import FAULTS
-from emulator.models import State
+from emulator.models import State, rbac
 
 log = logging.getLogger("emulator.rpc")
 
@@ -133,9 +133,12 @@ class ServicerBase(ModalClientBase):
         self.task_id = task_id  # a container's own socket: no token, calls come from it
 
     def _authenticate(self, method: str, metadata: dict[str, str]) -> Any:
-        """None for the workspace token (or a container's own calls), or the service user
-        whose token was sent (its role is checked per call: emulator/models/service_users.py).
-        A container may send a service user's token too (`Client.from_credentials`)."""
+        """None for the workspace token, the workspace Owner (or a container's own calls), or
+        the service user whose token was sent (each call is checked against its roles:
+        emulator/models/rbac.py). A container may send a service user's token too
+        (`Client.from_credentials`). A service user's token id with a wrong secret, or
+        expired, is UNAUTHENTICATED, also where the emulator accepts any token: it is never
+        taken for the workspace's own."""
         cfg = self.config
         token_id = metadata.get("x-modal-token-id", "")
         token_secret = metadata.get("x-modal-token-secret", "")
@@ -143,6 +146,15 @@ class ServicerBase(ModalClientBase):
             service_user = self.state.service_users.authenticate(token_id, token_secret)
             if service_user is not None:
                 return service_user
+            holder = self.state.service_users.holds_token(token_id)
+            if holder is not None:
+                log.warning("%s: rejected service user %s's token", method, holder.name)
+                raise GRPCError(
+                    Status.UNAUTHENTICATED,
+                    f"The token of service user {holder.name!r} (token id {token_id!r}) is "
+                    "expired or was sent with a wrong secret. Use the secret shown when it "
+                    "was created, or create a new service user.",
+                )
         if cfg.token_id is None or cfg.token_secret is None or self.task_id:
             return None
         ok = hmac.compare_digest(token_id.encode(), cfg.token_id.encode()) and hmac.compare_digest(
@@ -174,9 +186,10 @@ class ServicerBase(ModalClientBase):
                 "the RPCs it serves.",
             )
         request = await self._recv_request(method, stream)
-        if service_user is not None:
+        rule = None
+        if service_user is not None:  # roles: emulator/models/rbac.py (the Owner is not checked)
             try:
-                self.state.service_users.check_call(service_user, method, request)
+                rule = rbac.authorize(self.state, self.runtime, service_user, method, request)
             except EmulatorError as exc:
                 log.info("%s: %s: %s", method, exc.status_name, exc)
                 raise GRPCError(_STATUS[exc.status_name], str(exc)) from None
@@ -201,6 +214,8 @@ class ServicerBase(ModalClientBase):
                 else:
                     result = await _call(fn, ctx, request)
                 await _inject_fault(method, "after")  # applied, then the answer is lost
+                if rule is not None:
+                    result = rbac.filter_answer(self.state, service_user, rule, result)
                 await stream.send_message(result)
         except EmulatorError as exc:
             log.info("%s: %s: %s", method, exc.status_name, exc)

@@ -1,6 +1,7 @@
 """Service-user RPCs (modal 1.6.4 `modal/_workspace.py` `service_users`, `modal workspace
-service-users` CLI): create, set a role in an environment, info, list, delete. The model,
-and what a service-user token may call, is emulator/models/service_users.py."""
+service-users` CLI): create, set a role in an environment, info, list, delete. The model is
+emulator/models/service_users.py; what a service-user token may call, emulator/models/rbac.py.
+Only the workspace Owner (the emulator's own token) may call these (rbac.py: Need.OWNER)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def _proto(ctx: Context, su: ServiceUser) -> api_pb2.ServiceUser:
         created_at=su.created_at,
         last_used_at=su.last_used_at,
         expires_at=su.expires_at,
+        scoped=su.scoped,
         environment_roles=[
             api_pb2.ServiceUser.EnvironmentRoleEntry(environment_name=env, role_str=role)
             for env, role in sorted(ctx.state.service_users.roles_by_name(su).items())
@@ -31,7 +33,10 @@ def _proto(ctx: Context, su: ServiceUser) -> api_pb2.ServiceUser:
 def ServiceUserCreate(
     ctx: Context, req: api_pb2.ServiceUserCreateRequest
 ) -> api_pb2.ServiceUserCreateResponse:
-    su, secret = ctx.state.service_users.create(req.name, int(req.expires_in_seconds))
+    # Always scoped: `scoped` has no presence on the wire and the 1.6.4 client never sets it,
+    # while documenting that a new service user has no permissions until granted a role
+    # (emulator/models/service_users.py explains the reading).
+    su, secret = ctx.state.service_users.create(req.name, int(req.expires_in_seconds), scoped=True)
     resp = api_pb2.ServiceUserCreateResponse(
         token_id=su.token_id, token_secret=secret, service_user_id=su.id
     )

@@ -1,18 +1,28 @@
-"""Service users and their per-environment roles: the least a spend watcher needs.
+"""Service users and their per-environment roles.
 
 modal 1.6.4 (`modal/_workspace.py`, `_WorkspaceServiceUserManager`; `modal/cli/workspace.py`
 `service-users`): `ServiceUserCreate{name, expires_in_seconds}` answers a token id and secret
 shown once; `EnvironmentRoleSet{service_user_name, environment_id, role_str}` sets the role in
-one environment ("viewer", "contributor", or "no-access" to revoke, the CLI's examples); a new
-service user has access to no environment (`modal workspace service-users info` warns "does
-not have access to any Environments"); `ServiceUserInfo`/`ServiceUserList` report
-`environment_roles` by environment name; `ServiceUserDelete` by id or name.
+one environment ("viewer", "contributor", or "no-access" to revoke, the CLI's examples);
+`ServiceUserInfo`/`ServiceUserList` report `environment_roles` by environment name;
+`ServiceUserDelete` by id or name.
 
-What a service-user token may call here (`check_call`): ClientHello, and
-`EnvironmentGetBudget` of an environment where it is viewer or contributor (**inferred**:
-Modal does not document which role may read the budget; a viewer reading usage is the
-natural reading of "viewer"). Every other RPC is PERMISSION_DENIED: the emulator does not
-model the rest of Modal's role matrix, so it refuses rather than guessing allow.
+Scoped and unscoped service users (`ServiceUser.scoped`). Modal's service-users guide
+(modal.com/docs/guide/service-users, "Permissions") says service users "have the same
+permissions as workspace members" and "cannot do actions that are only permitted for a
+workspace owner or manager"; the RBAC guide (modal.com/docs/guide/rbac) gives a Member "deploy
+and manage Apps" in every environment that is not restricted, and roles in restricted ones.
+That is an *unscoped* service user. The pinned client documents the other kind: "A newly
+created Service User has no permissions by default. In order to interact with a specific
+Environment, Service Users must be granted explicit permissions" (`modal/cli/workspace.py`,
+SERVICE_USERS_HELP_TEXT and `service-users create`): a *scoped* one, acting only where it has
+a role. `ServiceUserCreateRequest.scoped` is a proto3 bool without presence and the 1.6.4
+client never sets it (it sends `ServiceUserCreateRequest(name=...)`), so "unset" and "false"
+look the same on the wire: every service user created over the API here is scoped (the pinned
+client's documented behaviour, and the stricter reading). Unscoped ones (Modal's older
+service users) exist only when made in code (`create(..., scoped=False)`); see `role_in`.
+
+What each RPC needs is one table: emulator/models/rbac.py.
 
 Like Dicts, service users live in memory (no state-file schema change): a reset or a restart
 forgets them. Token secrets are kept as sha256 only.
@@ -26,14 +36,15 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from emulator.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+from emulator.errors import AlreadyExists, InvalidArgument, NotFound
 from emulator.ids import new_id
 from emulator.models.environments import Environments
 
 ROLES = ("viewer", "contributor", "no-access")
-READ_BUDGET_ROLES = ("viewer", "contributor")
+#: Roles that may read an environment's resources; only the last may also write.
+READ_ROLES = ("viewer", "contributor")
+WRITE_ROLES = ("contributor",)
 
 
 def _digest(secret: str) -> str:
@@ -50,6 +61,19 @@ class ServiceUser:
     expires_at: float  # 0 = never
     roles: dict[str, str] = field(default_factory=dict)  # environment id -> role
     last_used_at: float = 0.0
+    scoped: bool = True  # acts only where it has a role (see the module docstring)
+
+
+def environment_restricted(env_id: str) -> bool:
+    """Whether the environment is RBAC-restricted (`EnvironmentCreateRequest.is_managed`,
+    `modal environment create --restricted`).
+
+    The emulator does not record it (EnvironmentCreate ignores `is_managed`; the state file
+    has no column for it), so every environment counts as restricted: an unscoped service user
+    then acts only where it has a role, like a scoped one. This is the stricter reading: never
+    treat as open an environment that may have been created restricted.
+    """
+    return True
 
 
 class ServiceUsers:
@@ -58,7 +82,9 @@ class ServiceUsers:
         self._lock = threading.Lock()
         self._by_name: dict[str, ServiceUser] = {}
 
-    def create(self, name: str, expires_in_s: int) -> tuple[ServiceUser, str]:
+    def create(
+        self, name: str, expires_in_s: int, *, scoped: bool = True
+    ) -> tuple[ServiceUser, str]:
         """A new service user and its token secret (returned once)."""
         if not name or not all(c.isalnum() or c in "-_" for c in name):
             raise InvalidArgument(
@@ -75,6 +101,7 @@ class ServiceUsers:
             secret_sha256=_digest(secret),
             created_at=now,
             expires_at=now + expires_in_s if expires_in_s else 0.0,
+            scoped=scoped,
         )
         with self._lock:
             if name in self._by_name:
@@ -113,6 +140,22 @@ class ServiceUsers:
             else:
                 su.roles[env_id] = role
 
+    def role_in(self, su: ServiceUser, env_id: str) -> str | None:
+        """The service user's role in the environment: "viewer", "contributor" or None.
+
+        Scoped: only the role set with EnvironmentRoleSet. Unscoped (a workspace Member,
+        modal.com/docs/guide/service-users "Permissions"): its role there if one was set, else
+        contributor where the environment is not restricted (modal.com/docs/guide/rbac:
+        Member "can deploy and manage Apps"); see `environment_restricted`.
+        """
+        with self._lock:
+            role = su.roles.get(env_id)
+        if role is not None:
+            return role
+        if not su.scoped and not environment_restricted(env_id):
+            return "contributor"
+        return None
+
     def roles_by_name(self, su: ServiceUser) -> dict[str, str]:
         out: dict[str, str] = {}
         for env_id, role in list(su.roles.items()):
@@ -122,10 +165,14 @@ class ServiceUsers:
                 continue  # the environment was deleted
         return out
 
+    def holds_token(self, token_id: str) -> ServiceUser | None:
+        """The service user whose token id this is (secret not checked), if any."""
+        with self._lock:
+            return next((s for s in self._by_name.values() if s.token_id == token_id), None)
+
     def authenticate(self, token_id: str, token_secret: str) -> ServiceUser | None:
         """The service user holding this token, if any (expired tokens are refused)."""
-        with self._lock:
-            su = next((s for s in self._by_name.values() if s.token_id == token_id), None)
+        su = self.holds_token(token_id)
         if su is None:
             return None
         if not hmac.compare_digest(_digest(token_secret), su.secret_sha256) or (
@@ -134,25 +181,6 @@ class ServiceUsers:
             return None
         su.last_used_at = time.time()
         return su
-
-    def check_call(self, su: ServiceUser, method: str, request: Any) -> None:
-        """PERMISSION_DENIED unless the service user's roles allow `method` (see above)."""
-        if method == "ClientHello":
-            return
-        if method == "EnvironmentGetBudget":
-            role = su.roles.get(str(request.environment_id), "no-access")
-            if role in READ_BUDGET_ROLES:
-                return
-            raise PermissionDenied(
-                f"Service user {su.name!r} has no access to environment"
-                f" {request.environment_id}: grant it the viewer role there"
-                " (`modal workspace service-users set-role NAME ENV viewer`)."
-            )
-        raise PermissionDenied(
-            f"Service user {su.name!r} may not call {method} in the Modal emulator: only"
-            " EnvironmentGetBudget (viewer or contributor) is modelled for service users"
-            " (docs/emulator.md)."
-        )
 
     def reset(self) -> None:
         with self._lock:
