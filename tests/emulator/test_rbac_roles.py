@@ -43,6 +43,8 @@ def add_one(x: int) -> int:
 
 # ---- the table ---------------------------------------------------------------------------
 def test_every_registered_rpc_is_classified() -> None:
+    """Deny by default stays honest: a new handler needs a rule (with its source) and a row in
+    docs/emulator.md's role table."""
     import emulator.handlers  # noqa: F401  (registers every handler)
 
     assert sorted(set(REGISTRY) - set(RULES)) == [], "RPCs without a role rule"
@@ -51,6 +53,10 @@ def test_every_registered_rpc_is_classified() -> None:
         assert rule.source, f"{name}: no source"
         if rule.need in (Need.READ, Need.WRITE):
             assert rule.env, f"{name}: an environment rule needs fields naming it"
+    doc = (PROJECT_ROOT / "docs" / "emulator.md").read_text()
+    section = doc[doc.index("## Roles: what a service-user token may call") :]
+    table = section[: section.index("**The request's environment.**")]
+    assert sorted(n for n in REGISTRY if f"`{n}`" not in table) == [], "not in the docs' table"
 
 
 class _FakeRuntime:

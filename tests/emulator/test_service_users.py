@@ -1,12 +1,13 @@
 """Service users through the real SDK and CLI: a token with the viewer role in one environment
-reads that environment's budget and nothing else (what the spend watcher's token needs)."""
+reads that environment's budget, not another's, and cannot set it (what the spend watcher's
+token needs). The whole role matrix: tests/emulator/test_rbac_roles.py."""
 
 from __future__ import annotations
 
 import modal
 import pytest
 from modal.client import _Client
-from modal.exception import NotFoundError
+from modal.exception import AuthError, NotFoundError
 from modal_proto import api_pb2
 
 from tests.emulator.helpers import modal_cli
@@ -61,7 +62,7 @@ def test_a_viewer_service_user_reads_only_its_environments_budget(
         read(token.token_id, token.token_secret, ids["main"])
     with pytest.raises(ModalError, match="may not call EnvironmentSetBudget"):
         write(token.token_id, token.token_secret, ids["dev"])
-    with pytest.raises(ModalError):  # a wrong secret is not that service user
+    with pytest.raises(AuthError, match="service user 'spend-watch-dev'"):  # a wrong secret
         read(token.token_id, "as-wrong", ids["dev"])
     assert token.token_secret not in str(modal_env.state())
     ws.service_users.set_role("spend-watch-dev", "dev", role="no-access")
