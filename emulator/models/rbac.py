@@ -38,7 +38,7 @@ from typing import Any
 
 from modal_proto import api_pb2
 
-from emulator.errors import NotFound, PermissionDenied
+from emulator.errors import EmulatorError, NotFound, PermissionDenied
 from emulator.models.service_users import READ_ROLES, WRITE_ROLES, ServiceUser
 
 GRANT = "modal workspace service-users set-role {name} {env} {role}"
@@ -287,6 +287,7 @@ RULES: dict[str, Rule] = _rules()
 class _Env:
     id: str | None  # None: the name/id does not resolve
     label: str  # how the refusal names it
+    unknown_object: bool = False  # an object id the emulator does not know
 
 
 def _creating(request: Any) -> bool:
@@ -310,7 +311,7 @@ def _env_of_object(state: Any, runtime: Any, kind: str, value: str) -> str | Non
     if kind == DICT:
         try:
             return str(state.dicts.get(value).env_id)
-        except Exception:  # NotFound, or a malformed id (InvalidArgument)
+        except EmulatorError:  # NotFound, or a malformed id (InvalidArgument)
             return None
     if runtime is None:
         return None
@@ -343,7 +344,7 @@ def _environments(state: Any, runtime: Any, rule: Rule, request: Any) -> list[_E
             continue
         env_id = _env_of_object(state, runtime, kind, value)
         if env_id is None:
-            found.append(_Env(None, f"of {kind} {value} (unknown here)"))
+            found.append(_Env(None, f"of {kind} {value}", unknown_object=True))
         else:
             found.append(_Env(env_id, _env_label(state, env_id)))
         if rule.first:
@@ -414,10 +415,11 @@ def authorize(state: Any, runtime: Any, su: ServiceUser, method: str, request: A
         if role in roles:
             continue
         where = f"environment {env.label}"
-        if env.id is None and env.label.startswith("of "):
+        if env.unknown_object:
             raise PermissionDenied(
-                f"{who} may not call {method}: the environment {env.label} cannot be told,"
-                f" so its role there cannot be checked; {method} needs {grant} there."
+                f"{who} may not call {method}: the emulator does not know the object, so the"
+                f" environment {env.label} and its role there cannot be checked ({method}"
+                f" needs {grant} there)."
             )
         has = f"has {role} access to {where}" if role else f"has no access to {where}"
         raise PermissionDenied(

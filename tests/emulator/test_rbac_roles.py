@@ -144,6 +144,9 @@ def test_each_rpc_against_each_role_in_process() -> None:
             assert not allowed(user, method, req), (user, method)
     # An environment-less request of an environment RPC is refused, not taken as "all".
     assert not allowed("contrib", "AppGetLogs", api_pb2.AppGetLogsRequest())
+    # A handler added without a rule is refused to every service user (deny by default).
+    with pytest.raises(PermissionDenied, match="does not classify this RPC"):
+        rbac.authorize(state, runtime, users["contrib"], "SomeNewRpc", Empty())
     # An object the emulator does not know cannot be checked: refused.
     unknown = api_pb2.AppStopRequest(app_id="ap-" + "z" * 22)
     assert not allowed("contrib", "AppStop", unknown)
