@@ -428,8 +428,8 @@ def test_bootstrap_managed_deploy_denials_rotation_destroy(
     new = _pair(creds["local"]["identities"]["local-deploy"])
     assert new != deploy
     # (a no-op `up` makes no Modal call; a refresh reads every resource, as CI's up --refresh)
-    svc_refresh = ("refresh", "--stack", "local", "--config", "managedByAccessStack=true")
-    svc_refresh += ("--secret", f"proxyToken={proxy}")
+    svc_refresh = ("refresh", "--stack", "local", "--config", "managedByAccessStack=true",
+                   "--secret", f"proxyToken={proxy}")  # fmt: skip
     assert "7 unchanged" in standin(emu, service, deploy, *svc_refresh)  # old: still works
     out = standin(emu, access, None, "up", *a, *rotated)
     assert "16 unchanged" in out  # the new token was not used yet: both stay
