@@ -184,3 +184,36 @@ def test_deploy_tests_then_dev_then_prod_plan_then_approved_prod() -> None:
     assert jobs["dev"]["concurrency"]["group"] != jobs["prod"]["concurrency"]["group"]
     for name in ("dev", "prod"):
         assert jobs[name]["concurrency"]["cancel-in-progress"] == "false", name
+
+
+def test_deploy_jobs_hold_least_privilege_identities() -> None:
+    """Issue 23: only the dev and prod jobs hold a Modal token, each from its own GitHub
+    environment: the access stack's `<env>-deploy` service user (contributor in that
+    environment only); plans and previews hold none, and no Owner's token is kept in GitHub.
+    The header says who holds what, and the access stack it points to declares them."""
+    path = ROOT / ".github" / "workflows" / "deploy.yml"
+    jobs = _load(path)["jobs"]
+    assert {name for name, job in jobs.items() if "MODAL_TOKEN" in str(job)} == {"dev", "prod"}
+    for name in ("dev", "prod"):
+        env = _pulumi_step(jobs[name])["env"]
+        assert env["MODAL_TOKEN_ID"] == "${{ secrets.MODAL_TOKEN_ID }}"
+        assert env["MODAL_TOKEN_SECRET"] == "${{ secrets.MODAL_TOKEN_SECRET }}"
+        assert jobs[name]["environment"] == name  # that environment's secret, nobody else's
+    header = path.read_text().split("\nname: deploy")[0]
+    for phrase in (
+        "`dev-deploy` service user's",
+        "contributor in the dev environment only",
+        "`prod-deploy` token: contributor in prod only",
+        "prod-plan main only, no reviewers, no Modal credentials at all",
+        "pulumi -C access up --stack workspace",
+        "modal-llm:managedByAccessStack: true",
+        "`<env>-spend-watch` token",
+        "No workspace Owner's token is kept in GitHub",
+    ):
+        assert phrase in " ".join(header.replace("#", " ").split()), phrase
+    access = yaml.safe_load((ROOT / "access" / "Pulumi.workspace.yaml").read_text())
+    envs = access["config"]["modal-llm-access:environments"]
+    roles = {i["name"]: i["role"] for env in envs for i in env["identities"]}
+    assert roles["dev-deploy"] == roles["prod-deploy"] == "contributor"
+    assert roles["dev-spend-watch"] == roles["prod-spend-watch"] == "viewer"
+    assert roles["dev-preview"] == roles["prod-preview"] == "none"
