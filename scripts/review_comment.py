@@ -164,6 +164,18 @@ def changed_keys(old: Any, new: Any, path: str = "") -> list[tuple[str, str]]:
     return [(path, f"{before} → {after}" if before and after else "")]
 
 
+def _has_secret(*values: Any) -> bool:
+    for value in values:
+        if value == SECRET:
+            return True
+        if isinstance(value, dict):
+            if any(_has_secret(v) for k, v in value.items() if k not in HIDDEN_KEYS):
+                return True
+        elif isinstance(value, list) and any(_has_secret(v) for v in value):
+            return True
+    return False
+
+
 @dataclass
 class StepView:
     name: str
@@ -171,8 +183,14 @@ class StepView:
     op: str
     changes: list[tuple[str, str]]
     replace_reasons: list[str]
-    protect: bool
-    retain: bool
+    #: protect / retainOnDelete of the state the step starts from, and of the new one.
+    old_protect: bool
+    new_protect: bool
+    old_retain: bool
+
+    @property
+    def protect(self) -> bool:
+        return self.old_protect or self.new_protect
 
 
 def steps_of(preview: Mapping[str, Any]) -> list[StepView]:
@@ -191,7 +209,15 @@ def steps_of(preview: Mapping[str, Any]) -> list[StepView]:
             changes = changed_keys(old.get("inputs") or {}, new.get("inputs") or {})
         reasons = [str(k) for k in step.get("diffReasons") or []]
         known = {c[0].split(".")[0] for c in changes}
-        changes += [(k, "") for k in reasons if k not in known and k not in HIDDEN_KEYS]
+        old_inputs, new_inputs = old.get("inputs") or {}, new.get("inputs") or {}
+        for key in reasons:
+            if key not in known and key not in HIDDEN_KEYS:
+                secret = SECRET in (old_inputs.get(key), new_inputs.get(key))
+                changes.append((key, SECRET if secret else ""))
+        if op == "update" and not changes and _has_secret(new_inputs, old_inputs):
+            # No changed keys from the engine (dynamic providers give none) and nothing
+            # visible differs: what changed is behind [secret].
+            changes.append(("(secret values)", ""))
         views.append(
             StepView(
                 name=resource_name(str(step.get("urn") or "")),
@@ -199,8 +225,9 @@ def steps_of(preview: Mapping[str, Any]) -> list[StepView]:
                 op=op,
                 changes=changes,
                 replace_reasons=[str(k) for k in step.get("replaceReasons") or []],
-                protect=bool(old.get("protect") or new.get("protect")),
-                retain=bool(old.get("retainOnDelete") or new.get("retainOnDelete")),
+                old_protect=bool(old.get("protect")),
+                new_protect=bool(new.get("protect")),
+                old_retain=bool(old.get("retainOnDelete")),
             )
         )
     return views
@@ -213,27 +240,38 @@ _PROTECT_ERROR = re.compile(
 
 
 def warnings_of(preview: Mapping[str, Any]) -> list[str]:
-    """One `⚠️` line per replace/delete of a protected or retainOnDelete resource."""
+    """One `⚠️` line per replace/delete of a protected or retainOnDelete resource. What
+    happens follows the engine: a replace or delete is refused while the resource is protected
+    in the state AND in the program (step_generator.go; unprotecting and replacing in one run
+    is allowed), and the old object of a retainOnDelete resource is dropped from the state
+    without a provider Delete (step.go DeleteStep.Apply): it stays in Modal, unmanaged."""
     lines = []
     for view in steps_of(preview):
         replacing, deleting = view.op in REPLACING_OPS, view.op in DELETING_OPS
-        if not (replacing or deleting) or not (view.protect or view.retain):
+        if not (replacing or deleting) or not (view.protect or view.old_retain):
             continue
         what = "replaced" if replacing else "deleted"
         why = f" (replace on: {', '.join(view.replace_reasons)})" if view.replace_reasons else ""
-        if view.protect:
-            effect = f"it is **protected**: `pulumi up` of {{stack}} refuses to {what[:-1]} it"
-        elif replacing:
-            effect = (
+        effects = []
+        if view.old_protect and (view.new_protect or deleting):
+            effects.append(
+                f"it is **protected**: `pulumi up` of {{stack}} refuses to {what[:-1]} it"
+            )
+        elif view.old_protect:
+            effects.append("this PR removes its **protection** in the same run")
+        if view.old_retain:
+            effects.append(
                 "it is **retainOnDelete**: the old object is dropped from the stack but NOT"
                 " deleted in Modal (it stays there, unmanaged, with its data)"
+                if replacing
+                else "it is **retainOnDelete**: it leaves the stack but is NOT deleted in"
+                " Modal (it stays there, unmanaged)"
             )
-        else:
-            effect = (
-                "it is **retainOnDelete**: it leaves the stack but is NOT deleted in Modal"
-                " (it stays there, unmanaged)"
-            )
-        lines.append(f"⚠️ `{view.name}` ({view.type}) would be **{what}**{why}: {effect}.")
+        elif not (view.old_protect and view.new_protect):
+            effects.append("the old object and its data are deleted")
+        lines.append(
+            f"⚠️ `{view.name}` ({view.type}) would be **{what}**{why}: {'; '.join(effects)}."
+        )
     for diag in preview.get("diagnostics") or []:
         if str(diag.get("severity")) != "error":
             continue
