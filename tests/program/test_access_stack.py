@@ -453,3 +453,56 @@ def test_bootstrap_managed_deploy_denials_rotation_destroy(
     assert not [x for x in state["apps"] if x["state"] == "deployed"]
     modal_env_for(emu, monkeypatch)
     assert modal.Workspace.from_context().service_users.list() == []
+
+
+@pytest.mark.slow
+def test_a_default_mode_stack_moves_to_managed_mode(emu: EmulatorProcess, tmp_path: Path) -> None:
+    """The documented switch of a stack that ran in default mode (docs/program.md, Access):
+    access stack with adopt, the service stack's first managed up with the Owner's token (it
+    drops its SpendAlert and ProxyAuthToken), the access stack's refresh + up (its budget set
+    again); from then on the contributor token deploys and destroys."""
+    emu.reset()
+    access, service = tmp_path / "access.json", tmp_path / "service.json"
+    out = standin(emu, service, None, "up", "--stack", "local")
+    assert "Resources: + 9 created" in out, out
+    envs = [
+        {
+            "name": "local",
+            "monthly_budget_usd": 500,
+            "adopt": True,
+            "identities": [{"name": "local-deploy", "role": "contributor"}],
+        }
+    ]
+    a = ("--cwd", "access", "--stack", "local", "--config", f"environments={json.dumps(envs)}")
+    assert "Resources: + 5 created" in standin(emu, access, None, "up", *a)
+    creds = _reveal(outputs(access)["credentials"])
+    deploy, proxy = (
+        _pair(creds["local"]["identities"]["local-deploy"]),
+        creds["local"]["proxy_token"],
+    )
+    managed = ("--stack", "local", "--config", "managedByAccessStack=true",
+               "--secret", f"proxyToken={proxy}")  # fmt: skip
+
+    out = standin(emu, service, None, "up", *managed)  # once, with the Owner's token
+    assert re.search(r"-\s+modal:SpendAlert\s+local-spend-alert\s+deleted", out), out
+    assert re.search(r"-\s+modal:ProxyAuthToken\s+local-proxy-token\s+deleted", out), out
+
+    def budget() -> Any:
+        return next(e for e in emu.state()["environments"] if e["name"] == "local")["budget_usd"]
+
+    assert budget() is None  # the dropped SpendAlert put back what it found: no budget
+    standin(emu, access, None, "refresh", *a)
+    assert "+ 1 created" in standin(emu, access, None, "up", *a)  # the budget, set again
+    assert budget() == 500
+    assert [t["id"] for t in emu.state()["proxy_tokens"]] == [_pair(proxy)[0]]
+
+    assert "7 unchanged" in standin(emu, service, deploy, "refresh", *managed)
+    assert "7 unchanged" in standin(emu, service, deploy, "up", *managed)
+    assert "- 7 deleted" in standin(emu, service, deploy, "destroy", "--stack", "local")
+    assert "- 5 deleted" in standin(emu, access, None, "destroy", *a)
+    state = emu.state()
+    # adopted by the access stack, retained by the service stack: released, not deleted
+    assert sorted(e["name"] for e in state["environments"]) == ["local", "main"]
+    assert state["proxy_tokens"] == [] and not [
+        x for x in state["apps"] if x["state"] == "deployed"
+    ]
