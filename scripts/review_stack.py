@@ -4,12 +4,22 @@
     python scripts/review_stack.py plan    --pr N            # the PR's code against dev
     python scripts/review_stack.py comment --pr N            # the PR comment (Markdown)
     python scripts/review_stack.py destroy --pr N
-    python scripts/review_stack.py sweep   --older-than-days N [--dry-run]
+    python scripts/review_stack.py sweep   --older-than-days N [--dry-run | --list-only]
+    python scripts/review_stack.py access-up | handoff | access-destroy --pr N ...  # admin
     python scripts/review_stack.py list | config --pr N | costs
-  common: [--engine auto|cli|standin] [--project DIR] [--base-stack dev] [--out-dir DIR]
+  common: [--engine auto|cli|standin] [--flow auto|access|default] [--project DIR]
+          [--base-stack dev] [--out-dir DIR] [--budget-usd 20] [--handoff FILE]
           [--state-dir DIR] [--server-url URL]   (the last two: stand-in only)
 
-Lifecycle and design: docs/review-stacks.md. In short:
+Lifecycle, identities and knobs: docs/review-stacks.md. In short:
+- Two flows. `access` (the default when access/ exists): the access project (access/, run
+  with an Owner's or Manager's token) owns review environment pr-N, its budget, its gateway
+  proxy token and ONE identity, `pr-N-deploy`, contributor in pr-N only (`access-up` writes
+  `access/Pulumi.pr-N.yaml` and hands the two tokens over in a mode-0600 file, `--handoff`,
+  optionally sealed with openssl for a CI artifact); the review stack then runs in managed
+  mode (`modal-llm:managedByAccessStack`, the proxy token as the secret `proxyToken`) with the
+  pr-N-deploy token only: the PR's code never runs with the admin token. `default`: the review
+  stack owns its environment, budget and proxy token itself (one token does everything).
 - `up` refuses a fork's PR with one line and exit 0 ("no review stack for forks"); else it
   writes `Pulumi.pr-N.yaml` from the checkout's `Pulumi.<base>.yaml` (`review_config`:
   environment `pr-N`, every service scaled to zero and capped at `--max-containers`, spend
@@ -17,17 +27,23 @@ Lifecycle and design: docs/review-stacks.md. In short:
   work when reached), no adopted environment, no protected caches, no secret of the base stack:
   the review stack gets its own proxy token and API keys), runs `pulumi up` with the engine and
   writes the stack's NON-secret outputs to `--out-dir` (`review-outputs.json`, `review.json`).
+  With `--handoff FILE` it deploys with that hand-over (CI's deploy job); without it in the
+  access flow it runs `access-up` first itself (needs an Owner's or Manager's token).
 - `plan` writes what the comment compares, to `--out-dir`: `preview.json` (`pulumi preview
   --json --stack dev` of this checkout's code), `dev-outputs.json` (dev's outputs, secrets
   `[secret]`) and `costs.json` (this checkout's cost model on its `Pulumi.dev.yaml`: the new
   idle and worst-case figures, which `pulumi preview --json` does not carry).
 - `comment` renders those files with scripts/review_comment.py (pure, unit-tested).
-- `destroy` destroys the stack (environment, apps, secrets, volumes, proxy token go with it)
-  and removes it (`pulumi stack rm`; the stand-in's state file), so no trace is listed.
-- `sweep` destroys every review stack whose last deploy is older than N days. Which stacks
-  exist and when they were last deployed: the CLI's `pulumi stack ls --json` (`name`,
-  `lastUpdate`) of this project's backend; the stand-in: the `pr-*.json` state files in
-  `--state-dir` and the `updated_at` each `up` records beside them (`pr-N.review.json`).
+- `destroy` destroys the review stack and removes it (`pulumi stack rm`; the stand-in's state
+  file); in the access flow as pr-N-deploy, then the access stack (environment, budget, proxy
+  token, service user) with the caller's token. With `--handoff` only the review stack
+  (CI's teardown job; `access-destroy` is the admin job's half).
+- `sweep` destroys every review stack whose last deploy is older than N days (`--open-prs`:
+  and those whose PR is not open). Which stacks exist and when they were last deployed: the
+  CLI's `pulumi stack ls --json` (`name`, `lastUpdate`) of the service and access projects;
+  the stand-in: the `pr-*.json` / `access-pr-*.json` state files in `--state-dir` and the
+  `updated_at` each `up` records beside them (`pr-N.review.json`). A PR's age is that of the
+  later of its two stacks; a stack being updated is left alone.
 
 Engine, as scripts/up.sh decides it: `PULUMI_ENGINE=cli|standin|auto` (or `--engine`); auto
 takes the Pulumi CLI when `pulumi` is on PATH or in ~/.pulumi/bin, else the stand-in
@@ -46,7 +62,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +86,7 @@ REVIEW_STACK = re.compile(r"(?:^|/)pr-(?P<pr>[1-9][0-9]*)$")
 #: Keys of the base stack a review stack never takes: it owns its environment, budget, keys and
 #: token, and holds nothing secret of the base stack.
 DROPPED_KEYS = (
+    "managedByAccessStack",
     "adoptEnvironment",
     "protectCaches",
     "proxyTokenRotation",
@@ -77,6 +94,8 @@ DROPPED_KEYS = (
     "monthlyBudgetUsd",
     "allowOverBudget",
 )
+ACCESS_DIR = "access"  # the access project (access/Pulumi.yaml, project modal-llm-access)
+ACCESS_NS = "modal-llm-access"
 FILES = {
     "preview": "preview.json",
     "dev_outputs": "dev-outputs.json",
@@ -136,10 +155,17 @@ def _scaled_to_zero(service: Mapping[str, Any], max_containers: int) -> dict[str
 
 
 def review_config(
-    base: Mapping[str, Any], pr: int, *, budget_usd: float, max_containers: int
+    base: Mapping[str, Any],
+    pr: int,
+    *,
+    budget_usd: float,
+    max_containers: int,
+    managed: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
     """The config of review stack pr-N from the base stack's `config:` mapping, and the keys
-    left out (secrets of the base stack, and settings a review stack never takes)."""
+    left out (secrets of the base stack, and settings a review stack never takes). `managed`:
+    the access stack owns environment, budget and proxy token (`managedByAccessStack`; the
+    token itself is set as the secret `proxyToken` at deploy time, never written here)."""
     config: dict[str, Any] = {}
     dropped: list[str] = []
     for key, value in base.items():
@@ -157,6 +183,8 @@ def review_config(
     # The worst case of even one GPU container is above a review budget; the budget itself is
     # the hard stop (Modal stops the environment's work when usage reaches it).
     config[f"{NS}:allowOverBudget"] = True
+    if managed:
+        config[f"{NS}:managedByAccessStack"] = True
     services = config.get(f"{NS}:services")
     if isinstance(services, list):
         config[f"{NS}:services"] = [
@@ -178,28 +206,173 @@ def read_stack_file(project: Path, stack: str) -> dict[str, Any]:
     return raw
 
 
-def write_review_stack_file(
-    project: Path, pr: int, base_stack: str, *, budget_usd: float, max_containers: int
-) -> tuple[Path, list[str]]:
-    """Write `Pulumi.pr-N.yaml` (keeping what the CLI put there: encryptionsalt, secrets
-    provider), and return it with the base stack's keys that were left out."""
-    base = read_stack_file(project, base_stack).get("config") or {}
-    config, dropped = review_config(base, pr, budget_usd=budget_usd, max_containers=max_containers)
-    path = project / f"Pulumi.{stack_name(pr)}.yaml"
+def _write_stack_file(path: Path, config: Mapping[str, Any], header: str) -> None:
+    """Write a stack file, keeping what the CLI put there (encryptionsalt, secrets provider)."""
     kept: dict[str, Any] = {}
     if path.exists():
         with contextlib.suppress(OSError, yaml.YAMLError):
             old = yaml.safe_load(path.read_text()) or {}
             if isinstance(old, dict):
                 kept = {k: v for k, v in old.items() if k != "config"}
-    header = (
+    body = yaml.safe_dump({**kept, "config": dict(config)}, sort_keys=False)
+    path.write_text(header + body)
+
+
+def write_review_stack_file(
+    project: Path,
+    pr: int,
+    base_stack: str,
+    *,
+    budget_usd: float,
+    max_containers: int,
+    managed: bool = False,
+) -> tuple[Path, list[str]]:
+    """Write `Pulumi.pr-N.yaml`; returns it with the base stack's keys that were left out."""
+    base = read_stack_file(project, base_stack).get("config") or {}
+    config, dropped = review_config(
+        base, pr, budget_usd=budget_usd, max_containers=max_containers, managed=managed
+    )
+    path = project / f"Pulumi.{stack_name(pr)}.yaml"
+    _write_stack_file(
+        path,
+        config,
         f"# Review stack {stack_name(pr)}: written by scripts/review_stack.py from"
         f" Pulumi.{base_stack}.yaml for pull request #{pr}.\n# Do not commit: it is rewritten on"
-        " every deploy of the PR (docs/review-stacks.md).\n"
+        " every deploy of the PR (docs/review-stacks.md).\n",
     )
-    body = yaml.safe_dump({**kept, "config": config}, sort_keys=False, default_flow_style=False)
-    path.write_text(header + body)
     return path, dropped
+
+
+def write_access_stack_file(project: Path, pr: int, *, budget_usd: float) -> Path:
+    """`access/Pulumi.pr-N.yaml`: the access stack of review stack pr-N (run with an Owner's or
+    Manager's token): environment pr-N, its budget, its gateway proxy token and ONE identity,
+    `pr-N-deploy`, contributor in pr-N only."""
+    stack = stack_name(pr)
+    budget = int(budget_usd) if float(budget_usd).is_integer() else budget_usd
+    config = {
+        f"{ACCESS_NS}:environments": [
+            {
+                "name": stack,
+                "monthly_budget_usd": budget,
+                "identities": [{"name": deploy_identity(pr), "role": "contributor"}],
+            }
+        ]
+    }
+    path = project / ACCESS_DIR / f"Pulumi.{stack}.yaml"
+    _write_stack_file(
+        path,
+        config,
+        f"# Access stack of review stack {stack}: written by scripts/review_stack.py for pull"
+        f" request #{pr}.\n# Do not commit (docs/review-stacks.md).\n",
+    )
+    return path
+
+
+def deploy_identity(pr: int) -> str:
+    return f"{stack_name(pr)}-deploy"
+
+
+# ---- the hand-over of the deploy identity -------------------------------------------------
+
+#: openssl's symmetric encryption of a sealed hand-over file; the workflow opens it with the
+#: same arguments plus -d (.github/workflows/review.yml).
+OPENSSL_ENC = ["enc", "-aes-256-cbc", "-pbkdf2", "-iter", "200000", "-salt"]
+_TOKEN = re.compile(r"^(?P<id>[a-z]{2}-[^:\s]+):(?P<secret>[a-z]{2}-\S+)$")
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What the access stack gives review stack pr-N: the `pr-N-deploy` token (contributor in
+    pr-N only) and the gateway's proxy token. Never printed (repr hides them)."""
+
+    environment: str
+    deploy_token: str  # "ak-...:as-..."
+    proxy_token: str  # "wk-...:ws-..."
+
+    def __repr__(self) -> str:
+        return f"Handoff(environment={self.environment!r}, <tokens hidden>)"
+
+    @property
+    def deploy_pair(self) -> tuple[str, str]:
+        token_id, _, secret = self.deploy_token.partition(":")
+        return token_id, secret
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "environment": self.environment,
+                "deploy_token": self.deploy_token,
+                "proxy_token": self.proxy_token,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Handoff:
+        try:
+            doc = json.loads(text)
+            found = cls(str(doc["environment"]), str(doc["deploy_token"]), str(doc["proxy_token"]))
+        except (ValueError, KeyError, TypeError):
+            raise ReviewError(f"{where}: not a hand-over file of scripts/review_stack.py") from None
+        for what, value, prefixes in (
+            ("deploy_token", found.deploy_token, ("ak-", "as-")),
+            ("proxy_token", found.proxy_token, ("wk-", "ws-")),
+        ):
+            m = _TOKEN.match(value)
+            if not m or not (
+                m["id"].startswith(prefixes[0]) and m["secret"].startswith(prefixes[1])
+            ):
+                raise ReviewError(f"{where}: {what} is not '{prefixes[0]}...:{prefixes[1]}...'")
+        return found
+
+
+def handoff_from_credentials(credentials: Any, pr: int) -> Handoff:
+    """The access stack's `credentials` output -> pr-N's hand-over."""
+    stack = stack_name(pr)
+    try:
+        env = credentials[stack]
+        return Handoff(stack, str(env["identities"][deploy_identity(pr)]), str(env["proxy_token"]))
+    except (KeyError, TypeError):
+        raise ReviewError(
+            f"the access stack {stack} has no credentials for {deploy_identity(pr)} in {stack}"
+        ) from None
+
+
+def write_handoff(path: Path, handoff: Handoff, seal_env: str | None) -> None:
+    """Mode 0600; with `seal_env`, encrypted with openssl under that variable's value (for an
+    artifact: the workflow's deploy job opens it before any of the PR's code runs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    if seal_env:
+        if not os.environ.get(seal_env):
+            raise ReviewError(f"--seal-key-env {seal_env}: the variable is not set")
+        done = subprocess.run(
+            ["openssl", *OPENSSL_ENC, "-pass", f"env:{seal_env}", "-out", str(path)],
+            input=handoff.to_json().encode(),
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ReviewError(f"openssl could not seal {path}: {done.stderr.decode()[:200]}")
+        return
+    path.write_text(handoff.to_json())
+
+
+def read_handoff(path: Path, open_env: str | None = None) -> Handoff:
+    if open_env:
+        done = subprocess.run(
+            ["openssl", *OPENSSL_ENC, "-d", "-pass", f"env:{open_env}", "-in", str(path)],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ReviewError(f"{path}: openssl could not open it (wrong key or not sealed)")
+        return Handoff.from_json(done.stdout.decode(), str(path))
+    try:
+        return Handoff.from_json(path.read_text(), str(path))
+    except OSError as exc:
+        raise ReviewError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
 # ---- costs of a checkout's stack file -----------------------------------------------------
@@ -262,20 +435,38 @@ class StackInfo:
 
 @dataclass
 class Engine:
-    """The Pulumi CLI or the stand-in, run in `project` (the checkout whose code deploys)."""
+    """The Pulumi CLI or the stand-in, run in `project` (the checkout whose code deploys), on
+    the service project or (`access=True`) on the access project `project/access`.
+
+    `token`: the Modal token its commands run with (None: the caller's). The access project
+    runs with REVIEW_ACCESS_BACKEND_URL / REVIEW_ACCESS_PASSPHRASE when set, so the access
+    stacks (which hold every review environment's deploy token) can live in a backend the
+    deploy jobs cannot read."""
 
     kind: str  # "cli" | "standin"
     project: Path
     state_dir: Path
     server_url: str = ""
     python: str = sys.executable
+    token: tuple[str, str] | None = None
+
+    def with_token(self, token: tuple[str, str]) -> Engine:
+        return replace(self, token=token)
 
     # ---- plumbing
-    def env(self) -> dict[str, str]:
+    def env(self, *, access: bool = False) -> dict[str, str]:
         env = dict(os.environ)
-        env.pop("MODAL_ENVIRONMENT", None)
-        env.pop("MODAL_PROFILE", None)
+        for key in ("MODAL_ENVIRONMENT", "MODAL_PROFILE", "PYTHONPATH"):
+            env.pop(key, None)
         env["PULUMI_SKIP_UPDATE_CHECK"] = "true"
+        if self.token is not None:
+            env["MODAL_TOKEN_ID"], env["MODAL_TOKEN_SECRET"] = self.token
+        if access:
+            if env.get("REVIEW_ACCESS_BACKEND_URL"):
+                env["PULUMI_BACKEND_URL"] = env["REVIEW_ACCESS_BACKEND_URL"]
+            if env.get("REVIEW_ACCESS_PASSPHRASE"):
+                env["PULUMI_CONFIG_PASSPHRASE"] = env["REVIEW_ACCESS_PASSPHRASE"]
+                env.pop("OFFLINE_STACK_PASSPHRASE", None)
         if self.kind == "standin":
             if not (env.get("OFFLINE_STACK_PASSPHRASE") or env.get("PULUMI_CONFIG_PASSPHRASE")):
                 env["PULUMI_CONFIG_PASSPHRASE"] = STANDIN_DEFAULT_PASSPHRASE
@@ -283,54 +474,96 @@ class Engine:
                 env["MODAL_SERVER_URL"] = self.server_url
         return env
 
-    def state(self, stack: str) -> Path:
-        return self.state_dir / f"{stack}.json"
+    def dir(self, access: bool) -> Path:
+        return self.project / ACCESS_DIR if access else self.project
+
+    def state(self, stack: str, *, access: bool = False) -> Path:
+        return self.state_dir / f"{'access-' if access else ''}{stack}.json"
 
     def meta(self, stack: str) -> Path:
         return self.state_dir / f"{stack}.review.json"
 
     def standin(
-        self, command: str, stack: str, *extra: str, state: Path | None = None
+        self, command: str, stack: str, *extra: str, access: bool = False, state: Path | None = None
     ) -> list[str]:
         cmd = [self.python, "-m", "pulumi_standin", command, "--stack", stack]
-        cmd += ["--state", str(state or self.state(stack))]
-        if self.server_url:
+        if access:
+            cmd += ["--cwd", str(self.dir(True))]
+        cmd += ["--state", str(state or self.state(stack, access=access))]
+        if self.server_url and command != "output":
             cmd += ["--server-url", self.server_url]
         return [*cmd, *extra]
 
-    def cli(self, *args: str) -> list[str]:
+    def cli(self, *args: str, access: bool = False) -> list[str]:
         exe = pulumi_cli()
         if exe is None:
             raise ReviewError("the Pulumi CLI is not installed (PATH, ~/.pulumi/bin)")
-        return [exe, *args, "--non-interactive", "--cwd", str(self.project)]
+        return [exe, *args, "--non-interactive", "--cwd", str(self.dir(access))]
 
-    def run(self, cmd: Sequence[str], *, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        cmd: Sequence[str],
+        *,
+        capture: bool = False,
+        access: bool = False,
+        stdin: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         sys.stdout.flush()
         return subprocess.run(
             list(cmd),
-            cwd=self.project,
-            env=self.env(),
+            cwd=self.dir(access) if self.kind == "cli" else self.project,
+            env=self.env(access=access),
             text=True,
+            input=stdin,
             stdout=subprocess.PIPE if capture else None,
             check=False,
         )
 
-    def checked(self, cmd: Sequence[str], what: str, *, capture: bool = False) -> str:
-        done = self.run(cmd, capture=capture)
+    def checked(
+        self,
+        cmd: Sequence[str],
+        what: str,
+        *,
+        capture: bool = False,
+        access: bool = False,
+        stdin: str | None = None,
+    ) -> str:
+        done = self.run(cmd, capture=capture, access=access, stdin=stdin)
         if done.returncode != 0:
             raise ReviewError(f"{what} failed (exit {done.returncode}); its output is above")
         return done.stdout or ""
 
     # ---- commands
-    def select_or_create(self, stack: str) -> None:
+    def select_or_create(self, stack: str, *, access: bool = False) -> None:
         if self.kind == "cli":
-            self.checked(self.cli("stack", "select", "--create", stack), f"stack select {stack}")
+            self.checked(
+                self.cli("stack", "select", "--create", stack, access=access),
+                f"pulumi stack select --create {stack}",
+                access=access,
+            )
 
-    def deploy(self, stack: str) -> None:
+    def deploy(
+        self, stack: str, *, access: bool = False, secrets: Mapping[str, str] | None = None
+    ) -> None:
+        """`up`; `secrets` (short key -> value) are set as secret config first (CLI: `pulumi
+        config set --secret` reading the value from stdin; stand-in: `--secret` of the run)."""
+        ns = ACCESS_NS if access else NS
         if self.kind == "cli":
-            self.checked(self.cli("up", "--yes", "--stack", stack), f"pulumi up --stack {stack}")
-        else:
-            self.checked(self.standin("up", stack), f"up of {stack}")
+            for key, value in (secrets or {}).items():
+                self.checked(
+                    self.cli("config", "set", "--secret", f"{ns}:{key}", "--stack", stack),
+                    f"pulumi config set --secret {ns}:{key}",
+                    stdin=value,
+                    access=access,
+                )
+            self.checked(
+                self.cli("up", "--yes", "--stack", stack, access=access),
+                f"pulumi up --stack {stack}",
+                access=access,
+            )
+            return
+        extra = [f"--secret={key}={value}" for key, value in (secrets or {}).items()]
+        self.checked(self.standin("up", stack, *extra, access=access), f"up of {stack}")
 
     def preview_json(self, stack: str, state: Path | None) -> tuple[dict[str, Any], int]:
         if self.kind == "cli":
@@ -348,41 +581,64 @@ class Engine:
             raise ReviewError(f"preview --json of {stack}: not a JSON object")
         return doc, done.returncode
 
-    def outputs(self, stack: str, state: Path | None = None) -> dict[str, Any]:
-        """The stack's outputs, secrets shown as `[secret]` (never their values)."""
+    def outputs(
+        self, stack: str, state: Path | None = None, *, access: bool = False, reveal: bool = False
+    ) -> dict[str, Any]:
+        """The stack's outputs, secrets `[secret]` unless `reveal` (the access stack's
+        credentials: read by the admin step only)."""
         if self.kind == "cli":
+            args = ["stack", "output", "--json", "--stack", stack]
             text = self.checked(
-                self.cli("stack", "output", "--json", "--stack", stack),
+                self.cli(*args, *(["--show-secrets"] if reveal else []), access=access),
                 f"pulumi stack output --stack {stack}",
                 capture=True,
+                access=access,
             )
             value = json.loads(text or "{}")
             return dict(value) if isinstance(value, dict) else {}
-        return standin_outputs(stack, state or self.state(stack), self.env())
+        path = state or self.state(stack, access=access)
+        return standin_outputs(stack, path, self.env(access=access), reveal=reveal)
 
-    def destroy(self, stack: str) -> bool:
+    def exists(self, stack: str, *, access: bool = False) -> bool:
+        if self.kind == "standin":
+            return self.state(stack, access=access).exists()
+        return any(s.name == stack for s in self.list_stacks(access=access))
+
+    def destroy(self, stack: str, *, access: bool = False) -> bool:
         """Destroy and remove the stack; False when there was none."""
-        if self.kind == "cli":
-            if not any(s.name == stack for s in self.list_stacks()):
-                return False
-            self.checked(self.cli("destroy", "--yes", "--stack", stack), f"pulumi destroy {stack}")
-            self.checked(self.cli("stack", "rm", "--yes", "--stack", stack), f"stack rm {stack}")
-            return True
-        state = self.state(stack)
-        if not state.exists():
-            self.meta(stack).unlink(missing_ok=True)
+        if not self.exists(stack, access=access):
+            if not access:
+                self.meta(stack).unlink(missing_ok=True)
             return False
-        self.checked(self.standin("destroy", stack), f"destroy of {stack}")
+        if self.kind == "cli":
+            self.checked(
+                self.cli("destroy", "--yes", "--stack", stack, access=access),
+                f"pulumi destroy --stack {stack}",
+                access=access,
+            )
+            self.checked(
+                self.cli("stack", "rm", "--yes", "--stack", stack, access=access),
+                f"pulumi stack rm {stack}",
+                access=access,
+            )
+            return True
+        self.checked(self.standin("destroy", stack, access=access), f"destroy of {stack}")
+        state = self.state(stack, access=access)
         state.unlink(missing_ok=True)
-        self.meta(stack).unlink(missing_ok=True)
-        for leftover in self.state_dir.glob(f"{stack}.last-error.txt"):
-            leftover.unlink(missing_ok=True)
+        state.with_name(state.stem + ".last-error.txt").unlink(missing_ok=True)
+        if not access:
+            self.meta(stack).unlink(missing_ok=True)
         return True
 
-    def list_stacks(self) -> list[StackInfo]:
+    def list_stacks(self, *, access: bool = False) -> list[StackInfo]:
         found: list[StackInfo] = []
         if self.kind == "cli":
-            text = self.checked(self.cli("stack", "ls", "--json"), "pulumi stack ls", capture=True)
+            text = self.checked(
+                self.cli("stack", "ls", "--json", access=access),
+                "pulumi stack ls",
+                capture=True,
+                access=access,
+            )
             for entry in json.loads(text or "[]"):
                 m = REVIEW_STACK.search(str(entry.get("name", "")))
                 if m:
@@ -395,20 +651,25 @@ class Engine:
                         )
                     )
             return sorted(found, key=lambda s: s.pr)
-        for path in sorted(self.state_dir.glob("pr-*.json")):
-            m = REVIEW_STACK.search(path.name.removesuffix(".json"))
+        prefix = "access-" if access else ""
+        for path in sorted(self.state_dir.glob(f"{prefix}pr-*.json")):
+            m = REVIEW_STACK.search(path.name.removeprefix(prefix).removesuffix(".json"))
             if not m:
                 continue
+            stack = stack_name(int(m["pr"]))
             when = None
-            with contextlib.suppress(OSError, ValueError):
-                when = parse_time(json.loads(self.meta(path.stem).read_text()).get("updated_at"))
-            if when is None:  # no record: the state file's own time
+            if not access:
+                with contextlib.suppress(OSError, ValueError):
+                    when = parse_time(json.loads(self.meta(stack).read_text()).get("updated_at"))
+            if when is None:  # no record: the state file's own time (written at every step)
                 when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
-            found.append(StackInfo(name=path.stem, pr=int(m["pr"]), last_update=when))
+            found.append(StackInfo(name=stack, pr=int(m["pr"]), last_update=when))
         return sorted(found, key=lambda s: s.pr)
 
 
-def standin_outputs(stack: str, state: Path, env: Mapping[str, str]) -> dict[str, Any]:
+def standin_outputs(
+    stack: str, state: Path, env: Mapping[str, str], *, reveal: bool = False
+) -> dict[str, Any]:
     """The stand-in's outputs of its last `up`, as `pulumi stack output --json` shows them."""
     if not state.exists():
         return {}
@@ -416,10 +677,13 @@ def standin_outputs(stack: str, state: Path, env: Mapping[str, str]) -> dict[str
     from pulumi_standin.statefile import StandinError, StateFile
     from pulumi_standin.values import to_program
 
-    saved = {k: os.environ.get(k) for k in ("OFFLINE_STACK_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE")}
-    for key in saved:
+    keys = ("OFFLINE_STACK_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE")
+    saved = {k: os.environ.get(k) for k in keys}
+    for key in keys:
         if env.get(key):
             os.environ[key] = env[key]
+        else:
+            os.environ.pop(key, None)
     try:
         outputs = to_program(StateFile.load(state, stack).outputs)
     except StandinError as exc:
@@ -430,7 +694,7 @@ def standin_outputs(stack: str, state: Path, env: Mapping[str, str]) -> dict[str
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return {k: show_output(v, False) for k, v in outputs.items()}
+    return {k: show_output(v, reveal) for k, v in outputs.items()}
 
 
 def choose_engine(asked: str | None) -> str:
@@ -469,35 +733,115 @@ def _read_json(path: Path) -> Any:
         raise ReviewError(f"{path}: unreadable ({exc})") from None
 
 
-def cmd_up(args: argparse.Namespace, engine: Engine) -> int:
-    stack = stack_name(args.pr)
+def _refuse_fork(args: argparse.Namespace) -> bool:
     if is_fork(args.head_repo, args.base_repo):
         print(
             f"no review stack for forks: PR #{args.pr} comes from {args.head_repo}, not"
             f" {args.base_repo} (a fork's code never runs with this repository's credentials)"
         )
+        return True
+    return False
+
+
+def use_access_flow(args: argparse.Namespace, engine: Engine) -> bool:
+    """`--flow access` (the access stack owns environment, budget, token and deploy identity),
+    `default` (the review stack owns them itself), `auto`: access when access/ exists."""
+    if args.flow == "default":
+        return False
+    present = (engine.project / ACCESS_DIR / "Pulumi.yaml").exists()
+    if args.flow == "access" and not present:
+        raise ReviewError(f"--flow access, but {engine.project / ACCESS_DIR} is not a project")
+    return present
+
+
+def access_up(args: argparse.Namespace, engine: Engine) -> Handoff:
+    """The admin step: access stack pr-N (environment, budget, gateway proxy token, identity
+    pr-N-deploy) with the caller's token (an Owner's or Manager's), and its hand-over."""
+    stack = stack_name(args.pr)
+    engine.select_or_create(stack, access=True)
+    path = write_access_stack_file(engine.project, args.pr, budget_usd=args.budget_usd)
+    print(
+        f"{ACCESS_DIR}/{path.name}: environment {stack}, spend limit ${args.budget_usd:g}/month,"
+        f" identity {deploy_identity(args.pr)} (contributor in {stack} only)"
+    )
+    engine.deploy(stack, access=True)
+    credentials = engine.outputs(stack, access=True, reveal=True).get("credentials")
+    return handoff_from_credentials(credentials, args.pr)
+
+
+def existing_handoff(args: argparse.Namespace, engine: Engine) -> Handoff | None:
+    stack = stack_name(args.pr)
+    if not engine.exists(stack, access=True):
+        return None
+    credentials = engine.outputs(stack, access=True, reveal=True).get("credentials")
+    return handoff_from_credentials(credentials, args.pr)
+
+
+def cmd_access_up(args: argparse.Namespace, engine: Engine) -> int:
+    if _refuse_fork(args):
         return 0
-    engine.select_or_create(stack)
+    handoff = access_up(args, engine)
+    write_handoff(args.handoff, handoff, args.seal_key_env)
+    sealed = f", sealed with ${args.seal_key_env}" if args.seal_key_env else ""
+    print(f"hand-over of {handoff.environment}: {args.handoff} (mode 0600{sealed})")
+    return 0
+
+
+def cmd_handoff(args: argparse.Namespace, engine: Engine) -> int:
+    handoff = existing_handoff(args, engine)
+    if handoff is None:
+        print(f"no access stack {stack_name(args.pr)}: no hand-over written")
+        return 0
+    write_handoff(args.handoff, handoff, args.seal_key_env)
+    print(f"hand-over of {handoff.environment}: {args.handoff}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace, engine: Engine) -> int:
+    stack = stack_name(args.pr)
+    if _refuse_fork(args):
+        return 0
+    handoff: Handoff | None = None
+    if args.handoff:
+        handoff = read_handoff(args.handoff, args.open_key_env)
+    elif use_access_flow(args, engine):
+        handoff = access_up(args, engine)  # this process holds an Owner's/Manager's token
+    if handoff is not None and handoff.environment != stack:
+        raise ReviewError(f"the hand-over is for {handoff.environment}, not {stack}")
+    deployer = engine.with_token(handoff.deploy_pair) if handoff is not None else engine
+    deployer.select_or_create(stack)
     path, dropped = write_review_stack_file(
         engine.project,
         args.pr,
         args.base_stack,
         budget_usd=args.budget_usd,
         max_containers=args.max_containers,
+        managed=handoff is not None,
     )
-    print(f"{path.name}: environment {stack}, scaled to zero, spend limit ${args.budget_usd}/month")
+    who = (
+        f"as {deploy_identity(args.pr)} (contributor in {stack} only; the access stack owns"
+        " the environment, budget and proxy token)"
+        if handoff is not None
+        else "owning its environment, budget and proxy token"
+    )
+    print(
+        f"{path.name}: environment {stack}, scaled to zero, spend limit"
+        f" ${args.budget_usd:g}/month, {who}"
+    )
     if dropped:
         print(
             f"  not taken from Pulumi.{args.base_stack}.yaml (secrets of that stack):"
             f" {', '.join(dropped)}"
         )
     started = now_utc()
-    engine.deploy(stack)
-    outputs = engine.outputs(stack)
+    secrets = {"proxyToken": handoff.proxy_token} if handoff is not None else None
+    deployer.deploy(stack, secrets=secrets)
+    outputs = deployer.outputs(stack)
     meta = {
         "pr": args.pr,
         "stack": stack,
         "engine": engine.kind,
+        "flow": "access" if handoff is not None else "default",
         "state": str(engine.state(stack)) if engine.kind == "standin" else "",
         "head_repo": args.head_repo,
         "head_sha": args.head_sha or "",
@@ -541,18 +885,19 @@ def cmd_plan(args: argparse.Namespace, engine: Engine) -> int:
 
 
 def cmd_costs(args: argparse.Namespace, engine: Engine) -> int:
-    print(
-        json.dumps(
-            stack_costs(engine.project, args.base_stack, engine.server_url or None), indent=2
-        )
-    )
+    costs = stack_costs(engine.project, args.base_stack, engine.server_url or None)
+    print(json.dumps(costs, indent=2))
     return 0
 
 
 def cmd_config(args: argparse.Namespace, engine: Engine) -> int:
     base = read_stack_file(engine.project, args.base_stack).get("config") or {}
     config, _ = review_config(
-        base, args.pr, budget_usd=args.budget_usd, max_containers=args.max_containers
+        base,
+        args.pr,
+        budget_usd=args.budget_usd,
+        max_containers=args.max_containers,
+        managed=use_access_flow(args, engine),
     )
     sys.stdout.write(yaml.safe_dump({"config": config}, sort_keys=False))
     return 0
@@ -577,6 +922,8 @@ def comment_from_files(args: argparse.Namespace) -> str:
         if kind == "standin"
         else "deployed with the Pulumi CLI"
     )
+    if meta.get("flow") == "access":
+        engine_note += f", as {deploy_identity(args.pr)}"
     comment = review_comment.ReviewComment(
         pr=args.pr,
         stack=stack,
@@ -607,7 +954,7 @@ def cmd_comment(args: argparse.Namespace, engine: Engine | None) -> int:
     return 0
 
 
-def cmd_destroy(args: argparse.Namespace, engine: Engine) -> int:
+def _destroy_service(args: argparse.Namespace, engine: Engine, *, managed: bool) -> bool:
     stack = stack_name(args.pr)
     config_file = engine.project / f"Pulumi.{stack}.yaml"
     if not config_file.exists():  # destroy reads the stack's config (provider settings)
@@ -617,19 +964,78 @@ def cmd_destroy(args: argparse.Namespace, engine: Engine) -> int:
             args.base_stack,
             budget_usd=args.budget_usd,
             max_containers=args.max_containers,
+            managed=managed,
         )
     try:
-        existed = engine.destroy(stack)
+        return engine.destroy(stack)
     finally:
         if not args.keep_config:
             config_file.unlink(missing_ok=True)
+
+
+def _destroy_access(args: argparse.Namespace, engine: Engine) -> bool:
+    stack = stack_name(args.pr)
+    path = engine.project / ACCESS_DIR / f"Pulumi.{stack}.yaml"
+    if not path.exists():
+        write_access_stack_file(engine.project, args.pr, budget_usd=args.budget_usd)
+    try:
+        return engine.destroy(stack, access=True)
+    finally:
+        if not args.keep_config:
+            path.unlink(missing_ok=True)
+
+
+def cmd_destroy(args: argparse.Namespace, engine: Engine) -> int:
+    """The review stack (with `--handoff`: with that deploy token, the service stack only, as
+    the workflow's teardown job); without it, and an access stack pr-N there: the whole
+    teardown in order, service stack as pr-N-deploy, then the access stack with the caller's
+    token (environment, budget, proxy token, service user)."""
+    stack = stack_name(args.pr)
+    if args.handoff:
+        given = read_handoff(args.handoff, args.open_key_env)
+        existed = _destroy_service(args, engine.with_token(given.deploy_pair), managed=True)
+        print(f"review stack {stack}: " + ("destroyed" if existed else "none, nothing to destroy"))
+        return 0
+    handoff = existing_handoff(args, engine) if args.flow != "default" else None
+    service = engine.with_token(handoff.deploy_pair) if handoff is not None else engine
+    existed = _destroy_service(args, service, managed=handoff is not None)
     print(f"review stack {stack}: " + ("destroyed" if existed else "none, nothing to destroy"))
+    if handoff is not None:
+        _destroy_access(args, engine)
+        print(f"access stack {stack}: destroyed (environment, budget, proxy token, identity)")
     return 0
+
+
+def cmd_access_destroy(args: argparse.Namespace, engine: Engine) -> int:
+    existed = _destroy_access(args, engine)
+    stack = stack_name(args.pr)
+    print(f"access stack {stack}: " + ("destroyed" if existed else "none, nothing to destroy"))
+    return 0
+
+
+def review_stacks(engine: Engine) -> list[StackInfo]:
+    """Every PR with a review stack or an access stack (or both), last deployed when the
+    later of the two was."""
+    merged: dict[int, StackInfo] = {}
+    sources = [engine.list_stacks()]
+    if (engine.project / ACCESS_DIR / "Pulumi.yaml").exists():
+        sources.append(engine.list_stacks(access=True))
+    for source in sources:
+        for s in source:
+            have = merged.get(s.pr)
+            if have is None:
+                merged[s.pr] = replace(s)
+                continue
+            times = [t for t in (have.last_update, s.last_update) if t is not None]
+            have.last_update = max(times) if times else None
+            have.in_progress = have.in_progress or s.in_progress
+    return [merged[pr] for pr in sorted(merged)]
 
 
 def cmd_list(args: argparse.Namespace, engine: Engine) -> int:
     now = parse_time(args.now) if args.now else now_utc()
-    assert now is not None
+    if now is None:
+        raise ReviewError(f"--now {args.now!r} is not an ISO 8601 time")
     rows = [
         {
             "stack": s.name,
@@ -640,7 +1046,7 @@ def cmd_list(args: argparse.Namespace, engine: Engine) -> int:
             else None,
             "update_in_progress": s.in_progress,
         }
-        for s in engine.list_stacks()
+        for s in review_stacks(engine)
     ]
     print(json.dumps(rows, indent=2))
     return 0
@@ -672,8 +1078,11 @@ def cmd_sweep(args: argparse.Namespace, engine: Engine) -> int:
     open_prs = None
     if args.open_prs is not None:
         open_prs = {int(x) for x in re.split(r"[,\s]+", args.open_prs.strip()) if x}
-    stacks = engine.list_stacks()
+    stacks = review_stacks(engine)
     doomed = stale(stacks, now, args.older_than_days, open_prs)
+    if args.list_only:  # the workflow's sweep: which PRs its teardown jobs destroy
+        print(json.dumps([{"pr": s.pr, "stack": s.name, "why": why} for s, why in doomed]))
+        return 0
     print(
         f"sweep: {len(stacks)} review stack(s), {len(doomed)} to destroy"
         f" (last deploy older than {args.older_than_days:g} days"
@@ -691,11 +1100,6 @@ def cmd_sweep(args: argparse.Namespace, engine: Engine) -> int:
         except ReviewError as exc:
             print(f"error: {s.name}: {exc}", file=sys.stderr)
             failed.append(s.name)
-    if args.out_dir:
-        _write_json(
-            args.out_dir / "sweep.json",
-            [{"stack": s.name, "pr": s.pr, "why": why} for s, why in doomed],
-        )
     if failed:
         print(f"sweep: {len(failed)} failed: {', '.join(failed)} (rerun to retry)", file=sys.stderr)
         return 1
@@ -705,18 +1109,39 @@ def cmd_sweep(args: argparse.Namespace, engine: Engine) -> int:
 # ---- command line -------------------------------------------------------------------------
 
 
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        return float(raw) if raw.strip() else default
+    except ValueError:
+        raise SystemExit(f"error: {name}={raw!r} is not a number") from None
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="scripts/review_stack.py",
         description="Review stacks pr-<N> for labelled pull requests (docs/review-stacks.md).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    state_dir = os.environ.get("REVIEW_STATE_DIR")
 
     def common(p: argparse.ArgumentParser, *, pr: bool) -> None:
         if pr:
             p.add_argument("--pr", type=int, required=True, help="pull request number")
         p.add_argument(
-            "--engine", choices=["auto", "cli", "standin"], help="default: PULUMI_ENGINE, else auto"
+            "--engine",
+            choices=["auto", "cli", "standin"],
+            help="default: PULUMI_ENGINE, else auto (the CLI when installed)",
+        )
+        p.add_argument(
+            "--flow",
+            choices=["auto", "access", "default"],
+            default=os.environ.get("REVIEW_FLOW", "auto"),
+            help=(
+                "access: the access stack owns environment, budget, proxy token and the"
+                " pr-N-deploy identity; default: the review stack owns them; auto (default):"
+                " access when access/ exists (env REVIEW_FLOW)"
+            ),
         )
         p.add_argument(
             "--project", type=Path, default=ROOT, help="the checkout to deploy (default: this one)"
@@ -724,15 +1149,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.add_argument(
             "--base-stack",
             default=DEFAULT_BASE_STACK,
-            help="stack the review stack is made from and compared with",
+            help="the stack a review stack is made from and compared with (default dev)",
         )
         p.add_argument("--out-dir", type=Path, help="where the JSON files for the comment go")
         p.add_argument(
             "--state-dir",
             type=Path,
-            default=Path(os.environ["REVIEW_STATE_DIR"])
-            if os.environ.get("REVIEW_STATE_DIR")
-            else None,
+            default=Path(state_dir) if state_dir else None,
             help=(
                 "stand-in: where the review stacks' state files live (default"
                 " <project>/.pulumi-offline; env REVIEW_STATE_DIR)"
@@ -741,32 +1164,57 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.add_argument(
             "--server-url",
             default=os.environ.get("MODAL_SERVER_URL", ""),
-            help="stand-in: the emulator's URL",
+            help="stand-in: the emulator's URL (default env MODAL_SERVER_URL)",
         )
         p.add_argument(
             "--budget-usd",
             type=float,
-            default=float(os.environ.get("REVIEW_BUDGET_USD", DEFAULT_BUDGET_USD)),
-            help="spend limit per review stack per month (default 20; env REVIEW_BUDGET_USD)",
+            default=_env_number("REVIEW_BUDGET_USD", DEFAULT_BUDGET_USD),
+            help="spend limit per review stack and month (default 20; env REVIEW_BUDGET_USD)",
         )
         p.add_argument(
             "--max-containers",
             type=int,
             default=DEFAULT_MAX_CONTAINERS,
-            help="cap on every service's max_containers (default 1)",
+            help="cap on every service's max_containers in a review stack (default 1)",
         )
         p.add_argument(
             "--sweep-days",
             type=int,
-            default=int(os.environ.get("REVIEW_MAX_AGE_DAYS", DEFAULT_SWEEP_DAYS)),
-            help="age the nightly sweep destroys at (shown in the comment)",
+            default=int(_env_number("REVIEW_MAX_AGE_DAYS", DEFAULT_SWEEP_DAYS)),
+            help="the age the nightly sweep destroys at, shown in the comment (default 7)",
         )
+        p.add_argument("--keep-config", action="store_true", help="keep Pulumi.pr-N.yaml files")
+        p.add_argument(
+            "--handoff",
+            type=Path,
+            help="the hand-over file (deploy identity + proxy token) of the access step",
+        )
+        p.add_argument(
+            "--seal-key-env",
+            help="access-up/handoff: encrypt the hand-over with this variable's value (openssl)",
+        )
+        p.add_argument(
+            "--open-key-env", help="up/destroy: the hand-over is sealed with this variable's value"
+        )
+
+    def fork_guard(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--head-repo", required=True, help="OWNER/REPO the PR's branch lives in")
+        p.add_argument("--base-repo", required=True, help="OWNER/REPO of this repository")
+        p.add_argument("--head-sha", default="", help="the PR's head commit (for the comment)")
 
     p = sub.add_parser("up", help="deploy (create or update) the PR's review stack")
     common(p, pr=True)
-    p.add_argument("--head-repo", required=True, help="OWNER/REPO the PR's branch lives in")
-    p.add_argument("--base-repo", required=True, help="OWNER/REPO of this repository")
-    p.add_argument("--head-sha", default="", help="the PR's head commit (shown in the comment)")
+    fork_guard(p)
+
+    p = sub.add_parser(
+        "access-up", help="admin step: the access stack pr-N and its hand-over (--handoff)"
+    )
+    common(p, pr=True)
+    fork_guard(p)
+
+    p = sub.add_parser("handoff", help="admin step: the hand-over of an existing access stack")
+    common(p, pr=True)
 
     p = sub.add_parser("plan", help="preview the PR's code against the base stack; costs")
     common(p, pr=True)
@@ -774,9 +1222,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
     p = sub.add_parser("comment", help="render the PR comment from the files of plan and up")
     common(p, pr=True)
-    p.add_argument(
-        "--in-dir", type=Path, help="where plan and up wrote their files (default --out-dir)"
-    )
+    p.add_argument("--in-dir", type=Path, help="where plan and up wrote (default --out-dir)")
     p.add_argument("--out", type=Path, help="write the Markdown here (default stdout)")
     p.add_argument("--closed", action="store_true", help="the comment of a destroyed stack")
     p.add_argument("--reason", default="", help="with --closed: why it was destroyed")
@@ -787,35 +1233,44 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="stand-in: the python the comment's commands use",
     )
 
-    p = sub.add_parser("destroy", help="destroy the PR's review stack and remove it")
+    p = sub.add_parser("destroy", help="destroy the PR's review stack (and its access stack)")
     common(p, pr=True)
-    p.add_argument("--keep-config", action="store_true", help="keep Pulumi.pr-N.yaml")
+
+    p = sub.add_parser("access-destroy", help="admin step: destroy the access stack pr-N")
+    common(p, pr=True)
 
     p = sub.add_parser("sweep", help="destroy review stacks last deployed more than N days ago")
     common(p, pr=False)
     p.add_argument("--older-than-days", type=float, required=True)
-    p.add_argument("--open-prs", help="comma-separated open PR numbers: stacks of other PRs go too")
-    p.add_argument("--now", help="the time to measure ages from (ISO 8601; tests)")
+    p.add_argument("--open-prs", help="comma-separated open PR numbers: others' stacks go too")
+    p.add_argument("--now", help="the time ages are measured from (ISO 8601; tests)")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument(
+        "--list-only", action="store_true", help="print the PRs to destroy as JSON, destroy none"
+    )
 
     p = sub.add_parser("list", help="the review stacks and when each was last deployed (JSON)")
     common(p, pr=False)
-    p.add_argument("--now", help="the time to measure ages from (ISO 8601)")
+    p.add_argument("--now", help="the time ages are measured from (ISO 8601)")
 
     p = sub.add_parser("config", help="print the review stack's config (Pulumi.pr-N.yaml)")
     common(p, pr=True)
 
-    p = sub.add_parser(
-        "costs", help="the base stack's costs with this checkout's cost model (JSON)"
-    )
+    p = sub.add_parser("costs", help="the base stack's costs with this checkout's cost model")
     common(p, pr=False)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.command in ("access-up", "handoff") and args.handoff is None:
+        parser.error(f"{args.command} needs --handoff FILE")
+    return args
 
 
 COMMANDS = {
     "up": cmd_up,
+    "access-up": cmd_access_up,
+    "handoff": cmd_handoff,
     "plan": cmd_plan,
     "destroy": cmd_destroy,
+    "access-destroy": cmd_access_destroy,
     "sweep": cmd_sweep,
     "list": cmd_list,
     "config": cmd_config,
@@ -829,10 +1284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "comment":
             return cmd_comment(args, None)
         project = args.project.resolve()
+        offline = args.command in ("config", "costs")
         engine = Engine(
-            kind=choose_engine(args.engine)
-            if args.command not in ("config", "costs")
-            else "standin",
+            kind="standin" if offline else choose_engine(args.engine),
             project=project,
             state_dir=(args.state_dir or project / ".pulumi-offline").resolve(),
             server_url=args.server_url,

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import modal
 import pytest
 import yaml
 
@@ -38,6 +39,7 @@ from components.cost import GPU_PRICES_USD_PER_HOUR, HOURS_PER_MONTH
 from pulumi_standin.statefile import StateFile
 from pulumi_standin.values import iter_secret_strings
 from tests.harness.emulator import EmulatorProcess
+from tests.harness.fixtures import modal_env_for
 from tests.program import review_samples
 from tests.program.runner import PROJECT_ROOT
 
@@ -120,16 +122,21 @@ class Env:
     def url(self) -> str:
         return self.emulator.url
 
-    def environ(self) -> dict[str, str]:
+    def environ(self, *, owner: bool = True) -> dict[str, str]:
+        """The checkout's environment; `owner`: with the emulator's own token (the workspace
+        Owner's), else with no Modal token at all (a deploy step that has only its hand-over)."""
         env = self.emulator.subprocess_env(
             {"PULUMI_CONFIG_PASSPHRASE": PASSPHRASE, "PULUMI_ENGINE": "standin", "LANG": "C.UTF-8"}
         )
         env.pop("PYTHONPATH", None)  # each checkout runs its own code
         env["PATH"] = f"{Path(PY).parent}:/usr/bin:/bin"  # no pulumi CLI: the stand-in
+        if not owner:
+            env.pop("MODAL_TOKEN_ID", None)
+            env.pop("MODAL_TOKEN_SECRET", None)
         return env
 
     def script(
-        self, checkout: Path, *args: str, timeout: float = 180
+        self, checkout: Path, *args: str, owner: bool = True, timeout: float = 180
     ) -> subprocess.CompletedProcess[str]:
         common = [
             "--engine",
@@ -142,7 +149,7 @@ class Env:
         return subprocess.run(
             [PY, "scripts/review_stack.py", *args, *common],
             cwd=checkout,
-            env=self.environ(),
+            env=self.environ(owner=owner),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -209,21 +216,37 @@ def _curl_block(comment: str) -> str:
     return found.group(1)
 
 
-def review_cycle(env: Env, pr: int, config: dict[str, Any], *, full: bool) -> dict[str, Any]:
+def review_cycle(
+    env: Env, pr: int, config: dict[str, Any], *, full: bool, flow: str
+) -> dict[str, Any]:
     """plan -> up -> comment -> a new push (up again: an update) -> comment, as CI runs them for
-    one PR. `full` (round 1) also runs the comment's curl, plans the push again (its diff) and
-    ends with `destroy`; the light round 2 leaves the stacks to the sweep."""
+    one PR. `flow`: `split` as the workflow runs it (the admin step `access-up` with the
+    Owner's token, then `up --handoff` in an environment WITHOUT that token), `access` (one
+    process does both), `default` (the review stack owns environment, budget and token).
+    `full` (round 1) also plans (the diff and costs of the comment), runs the comment's curl
+    (PR 101) and an owner's step with the hand-over's token (PR 102, refused), plans the push
+    again and ends with the teardown; the light round 2 (no plan: its comment has the endpoint
+    only) leaves the stacks to the sweep."""
     checkout = env.pr_checkout(pr, config)
     out = env.tmp / f"out-{pr}"
+    handoff = env.tmp / f"handoff-{pr}.json"
     base_state = str(env.state_dir / "dev.json")
     ident = ["--pr", str(pr)]
-    repos = ["--head-repo", "acme/llm", "--base-repo", "acme/llm", "--out-dir", str(out)]
+    repos = ["--head-repo", "acme/llm", "--base-repo", "acme/llm"]
     render = ["comment", *ident, "--in-dir", str(out), "--reader-python", PY]
-    _ok(env.script(checkout, "plan", *ident, "--base-state", base_state, "--out-dir", str(out)))
-    up = _ok(env.script(checkout, "up", *ident, *repos, "--head-sha", f"{pr:040x}"))
-    first = _ok(env.script(checkout, *render))
-    answer = ""
+    owner = flow != "split"
+    deploy = ["up", *ident, *repos, "--out-dir", str(out)]
+    if flow == "split":
+        _ok(env.script(checkout, "access-up", *ident, *repos, "--handoff", str(handoff)))
+        deploy += ["--handoff", str(handoff)]
+    elif flow == "default":
+        deploy += ["--flow", "default"]
     if full:
+        _ok(env.script(checkout, "plan", *ident, "--base-state", base_state, "--out-dir", str(out)))
+    up = _ok(env.script(checkout, *deploy, "--head-sha", f"{pr:040x}", owner=owner))
+    first = _ok(env.script(checkout, *render))
+    answer = denied = ""
+    if full and pr == 101:  # one PR's curl: both stacks answer the same way
         done = subprocess.run(
             ["bash", "-c", _curl_block(first)],
             cwd=checkout,
@@ -233,20 +256,39 @@ def review_cycle(env: Env, pr: int, config: dict[str, Any], *, full: bool) -> di
             timeout=120,
         )
         answer = done.stdout + done.stderr
+    if full and flow == "split" and pr == 102:  # its hand-over's token makes no environment
+        token = json.loads(handoff.read_text())["deploy_token"].split(":")
+        denied_env = {"MODAL_TOKEN_ID": token[0], "MODAL_TOKEN_SECRET": token[1]}
+        done = subprocess.run(
+            [PY, "scripts/review_stack.py", "up", "--pr", str(pr + 900), *repos, "--flow",
+             "default", "--engine", "standin", "--server-url", env.url, "--state-dir",
+             str(env.tmp / f"denied-{pr}")],
+            cwd=checkout, env={**env.environ(owner=False), **denied_env},
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        denied = f"exit {done.returncode}\n{done.stdout}{done.stderr}"
     # A new push to the PR: the scale-down window changes, the stack is updated in place.
     write_dev(checkout, with_service(config, scaledown_window_s=90))
     if full:
         _ok(env.script(checkout, "plan", *ident, "--base-state", base_state, "--out-dir", str(out)))
-    again = _ok(env.script(checkout, "up", *ident, *repos, "--head-sha", f"{pr + 1:040x}"))
+    again = _ok(env.script(checkout, *deploy, "--head-sha", f"{pr + 1:040x}", owner=owner))
     second = _ok(env.script(checkout, *render))
     secrets = stack_secrets(env.state_dir / f"pr-{pr}.json", f"pr-{pr}")
-    destroyed = _ok(env.script(checkout, "destroy", *ident)) if full else ""
+    destroyed = ""
+    if full and flow == "split":  # as the workflow: teardown (deploy token), then release
+        destroyed = _ok(
+            env.script(checkout, "destroy", *ident, "--handoff", str(handoff), owner=False)
+        )
+        destroyed += _ok(env.script(checkout, "access-destroy", *ident))
+    elif full:
+        destroyed = _ok(env.script(checkout, "destroy", *ident))
     return {
         "up": up,
         "again": again,
         "first": first,
         "second": second,
         "answer": answer,
+        "denied": denied,
         "destroyed": destroyed,
         "secrets": secrets,
     }
@@ -276,19 +318,22 @@ def leftovers(state: dict[str, Any]) -> list[str]:
 
 
 def run_at_once(
-    env: Env, cases: dict[int, dict[str, Any]], *, full: bool
+    env: Env, cases: dict[int, tuple[str, dict[str, Any]]], *, full: bool
 ) -> tuple[dict[int, dict[str, Any]], list[BaseException]]:
     """One review cycle per PR, all at once (one thread each, as concurrent CI runs)."""
     results: dict[int, dict[str, Any]] = {}
     errors: list[BaseException] = []
 
-    def run(pr: int, config: dict[str, Any]) -> None:
+    def run(pr: int, flow: str, config: dict[str, Any]) -> None:
         try:
-            results[pr] = review_cycle(env, pr, config, full=full)
+            results[pr] = review_cycle(env, pr, config, full=full, flow=flow)
         except BaseException as exc:  # re-raised in the test's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=item) for item in cases.items()]
+    threads = [
+        threading.Thread(target=run, args=(pr, flow, config))
+        for pr, (flow, config) in cases.items()
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -296,13 +341,26 @@ def run_at_once(
     return results, errors
 
 
+def service_users(env: Env, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The workspace's service users, as the Owner sees them (the modal SDK)."""
+    modal_env_for(env.emulator, monkeypatch)
+    return [su.name for su in modal.Workspace.from_context().service_users.list()]
+
+
 @pytest.mark.timeout(400)
-def test_two_prs_at_once_twice_create_comment_update_destroy(env: Env) -> None:
-    cases = {
-        101: with_service(DEV_CONFIG, gpu="A10G"),
-        102: with_service(DEV_CONFIG, gpu="H100", min_containers=1),
+def test_two_prs_at_once_twice_create_comment_update_destroy(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 1: both PRs as the workflow runs them (admin step, then deploy with the hand-over
+    only; teardown with it, then release), ending with destroy. Round 2: the same PRs again,
+    one in the default flow, one in the access flow in one process, ending with the sweep."""
+    a10g, h100 = with_service(DEV_CONFIG, gpu="A10G"), with_service(DEV_CONFIG, gpu="H100")
+    h100 = with_service(h100, min_containers=1)
+    rounds = {
+        1: {101: ("split", a10g), 102: ("split", h100)},
+        2: {101: ("default", a10g), 102: ("access", h100)},
     }
-    for round_ in (1, 2):
+    for round_, cases in rounds.items():
         results, errors = run_at_once(env, cases, full=round_ == 1)
         if errors:
             raise errors[0]
@@ -318,20 +376,28 @@ def test_two_prs_at_once_twice_create_comment_update_destroy(env: Env) -> None:
             assert res["secrets"], "the stack has a proxy token secret and API keys"
             for secret in res["secrets"]:
                 assert secret not in res["first"] + res["second"]
-            gpu = cases[pr]["modal-llm:services"][0]["gpu"]
-            worst = f"${expected_cost('L4', 1):,.2f} → ${expected_cost(gpu, 1):,.2f}"
-            assert f"| `tiny` | L4 → {gpu} | " in res["first"] and worst in res["first"]
+            flow, config = cases[pr]
+            if flow != "default":
+                assert f"as pr-{pr}-deploy (contributor in {stack} only" in res["up"], res["up"]
             if round_ == 1:
+                gpu = config["modal-llm:services"][0]["gpu"]
+                worst = f"${expected_cost('L4', 1):,.2f} → ${expected_cost(gpu, 1):,.2f}"
+                assert f"| `tiny` | L4 → {gpu} | " in res["first"] and worst in res["first"]
                 # The push changed the scale-down window: the diff against dev says so.
                 assert "`spec_json.scaling.scaledown_window_s` 60 → 90" in res["second"]
-                assert "HTTP 200" in res["answer"], res["answer"]
-                assert '"chat.completion"' in res["answer"]
                 assert "review stack " + stack + ": destroyed" in res["destroyed"]
+                assert "access stack " + stack + ": destroyed" in res["destroyed"]
+        if round_ == 1:
+            assert "HTTP 200" in results[101]["answer"], results[101]["answer"]
+            assert '"chat.completion"' in results[101]["answer"]
+            denied = results[102]["denied"]
+            assert "exit 1" in denied and "PermissionDenied" in denied, denied
         state = env.state()
         live = {e["name"] for e in state["environments"]}
         if round_ == 1:
             assert not {"pr-101", "pr-102"} & live, live
             assert leftovers(state) == []
+            assert [u for u in service_users(env, monkeypatch) if u.startswith("pr-")] == []
         else:
             assert {"pr-101", "pr-102"} <= live  # swept below
             now = dt.datetime.now(dt.UTC)
@@ -356,12 +422,15 @@ def test_two_prs_at_once_twice_create_comment_update_destroy(env: Env) -> None:
             )
             assert "2 review stack(s), 2 to destroy" in swept, swept
             assert "pr-101: last deployed 8.0 days ago" in swept
+            assert "access stack pr-102: destroyed" in swept
             listed = json.loads(_ok(env.script(env.base, "list")))
             assert listed == []
             assert leftovers(env.state()) == []
+            assert [u for u in service_users(env, monkeypatch) if u.startswith("pr-")] == []
     # Nothing of the review stacks stays beside the states, nor in the sweeping checkout.
     assert sorted(p.name for p in env.state_dir.iterdir()) == ["dev.json"]
     assert not list(env.base.glob("Pulumi.pr-*.yaml"))
+    assert not list(env.base.glob("access/Pulumi.pr-*.yaml"))
 
 
 def _plan_and_render(env: Env, pr: int, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
