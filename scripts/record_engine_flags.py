@@ -10,6 +10,23 @@ project), e.g. outside the repo:
     /tmp/sglang-venv/bin/python scripts/record_engine_flags.py sglang \
         > serving/engine_flags/sglang_0_5_23.py
 
+sglang 0.5.15 (serving/engine_flags/sglang_0_5_15.py) was recorded without its full dependency
+tree (flash-attn-4, flashinfer, tilelang, ... are GPU-only and large): `server_args` needs only
+torch, transformers 5.12.1 (its pin; it wants huggingface-hub < 2), orjson, IPython, traitlets
+and what sglang imports at package level, so a venv with sglang installed `--no-deps`, those
+few, and torch 2.11.0 from another venv on a .pth line was enough:
+
+    python3.12 -m venv /tmp/sglang-0.5.15-venv && V=/tmp/sglang-0.5.15-venv/bin
+    $V/pip install --no-deps sglang==0.5.15 transformers==5.12.1 tokenizers==0.22.2 \
+        'huggingface-hub>=1.5,<2' orjson IPython traitlets
+    echo /tmp/vllm-0.26.0-venv/lib/python3.12/site-packages \
+        > /tmp/sglang-0.5.15-venv/lib/python3.12/site-packages/zz-torch.pth   # torch 2.11.0
+    $V/python scripts/record_engine_flags.py sglang > serving/engine_flags/sglang_0_5_15.py
+
+(The wheel is tagged manylinux_2_34: `pip download --platform manylinux_2_34_x86_64` where the
+local glibc is older.) `bench.gpu.remote prepare-sglang` compares the recording with the parser
+on the GPU machine (`--expect`).
+
 Output: a small Python module (ruff-formatted as written) with ENGINE, VERSION and ACTIONS:
 one entry per parser action, its option strings space-separated (aliases and negations share an
 entry, e.g. "--tensor-parallel-size -tp"), sorted. It is the one copy of the list: the spec

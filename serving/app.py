@@ -117,6 +117,7 @@ SHIPPED_IF_SPEC = {
     "engine=vllm": ("serving.engine_flags.vllm_0_33_0",),
     "engine=sglang": ("serving.engine_flags.sglang_0_5_23",),
     "engine_version=0.26.0": ("serving.engine_flags.vllm_0_26_0",),  # a vLLM the spec may name
+    "engine_version=0.5.15": ("serving.engine_flags.sglang_0_5_15",),  # an SGLang it may name
 }
 
 

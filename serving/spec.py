@@ -73,6 +73,12 @@ ENGINE_RELEASES: dict[str, dict[str, EngineRelease]] = {
         "0.5.23": EngineRelease(
             "lmsysorg/sglang:v0.5.23", "parser", "serving/engine_flags/sglang_0_5_23.py"
         ),
+        "0.5.15": EngineRelease(
+            "lmsysorg/sglang:v0.5.15",
+            "parser",
+            "serving/engine_flags/sglang_0_5_15.py (pins torch 2.11.0 as the lent GPU has; "
+            "docs/gpu.md: bench.gpu.remote prepare-sglang, run --phases sglang)",
+        ),
     },
 }
 # The release a spec gets when it names none (the project's pins).
