@@ -25,16 +25,22 @@ service), and one `⚠️` line per replace or delete of a protected or retainOn
 (from the steps' old/new state, and from a preview that the engine stopped on a protected
 resource). The first line is `MARKER`, which the workflow looks for to update its ONE comment.
 
-No I/O here: `scripts/review_stack.py comment` reads the files and calls `render`.
+`render` does no I/O. `from_files` (and `python scripts/review_comment.py`, stdlib only, what
+the workflow's comment job runs from the base branch) reads the files `scripts/review_stack.py`
+writes (FILES) and calls it.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
 import json
 import re
 import shlex
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 MARKER = "<!-- modal-llm-review-stack -->"
@@ -57,6 +63,15 @@ OP_SYMBOLS = {
     "same": " ",
     "read": ">",
     "import": "=",
+}
+#: What `scripts/review_stack.py` writes (plan: preview, dev outputs, costs; up: outputs, meta).
+FILES = {
+    "preview": "preview.json",
+    "dev_outputs": "dev-outputs.json",
+    "costs": "costs.json",
+    "outputs": "review-outputs.json",
+    "meta": "review.json",
+    "comment": "comment.md",
 }
 MAX_CHANGED_KEYS = 12
 MAX_SHOWN_VALUE = 40
@@ -546,3 +561,118 @@ def render_destroyed(pr: int, stack: str, *, reason: str, when: str = "") -> str
 
 def render_skipped(pr: int, *, reason: str) -> str:
     return f"{MARKER}\n## No review stack for PR #{pr}\n\n{reason}\n"
+
+
+def render_failed(pr: int, stack: str, *, what: str, run_url: str = "") -> str:
+    """The comment when the deploy (or the teardown) failed: where to look, nothing else."""
+    where = f" See the run: {run_url}" if run_url else ""
+    return (
+        f"{MARKER}\n## Review stack `{stack}`: {what} failed\n\n"
+        f"{what.capitalize()} of PR #{pr}'s review stack failed.{where}\n"
+    )
+
+
+# ---- from the files of scripts/review_stack.py --------------------------------------------
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable ({exc})") from None
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def from_files(
+    src: Path,
+    pr: int,
+    *,
+    closed: bool = False,
+    reason: str = "",
+    reader_python: str = ".venv/bin/python",
+    base_stack: str = "dev",
+    sweep_days: int | None = None,
+    head_sha: str = "",
+    failed: str = "",
+    run_url: str = "",
+) -> str:
+    """The comment from what `plan` and `up` wrote to `src` (FILES); `closed`: the stack was
+    destroyed (`reason` says why); `failed`: what failed (deploy, teardown)."""
+    stack = f"pr-{pr}"
+    if failed:
+        return render_failed(pr, stack, what=failed, run_url=run_url)
+    meta = _read_json(src / FILES["meta"]) or {}
+    if closed or not (src / FILES["outputs"]).exists():
+        return render_destroyed(
+            pr, stack, reason=reason or "the pull request was closed", when=_now()
+        )
+    kind = str(meta.get("engine") or "cli")
+    engine_note = (
+        "deployed by the Pulumi stand-in on the Modal emulator (NOT the Pulumi engine)"
+        if kind == "standin"
+        else "deployed with the Pulumi CLI"
+    )
+    if meta.get("flow") == "access":
+        engine_note += f", as {stack}-deploy"
+    comment = ReviewComment(
+        pr=pr,
+        stack=stack,
+        preview=_read_json(src / FILES["preview"]),
+        new_costs=_read_json(src / FILES["costs"]) or {},
+        review_outputs=_read_json(src / FILES["outputs"]) or {},
+        dev_outputs=_read_json(src / FILES["dev_outputs"]),
+        reader=OutputReader(
+            kind=kind, stack=stack, state=str(meta.get("state") or ""), python=reader_python
+        ),
+        base_stack=str(meta.get("base_stack") or base_stack),
+        head_sha=str(meta.get("head_sha") or head_sha or ""),
+        engine_note=engine_note,
+        key_name=str(meta.get("key_name") or "gateway"),
+        spend_limit_usd=meta.get("budget_usd"),
+        sweep_days=meta.get("sweep_days") or sweep_days,
+        updated_at=str(meta.get("updated_at") or ""),
+    )
+    return render(comment)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="scripts/review_comment.py",
+        description="Render the review stack's PR comment from scripts/review_stack.py's files.",
+    )
+    parser.add_argument("--pr", type=int, required=True)
+    parser.add_argument("--in-dir", type=Path, default=Path("."))
+    parser.add_argument("--out", type=Path, help="default: stdout")
+    parser.add_argument("--closed", action="store_true", help="the stack was destroyed")
+    parser.add_argument("--reason", default="", help="with --closed: why")
+    parser.add_argument("--failed", default="", help="what failed (deploy, teardown)")
+    parser.add_argument("--run-url", default="", help="with --failed: the run to look at")
+    parser.add_argument("--sweep-days", type=int)
+    args = parser.parse_args(argv)
+    try:
+        text = from_files(
+            args.in_dir,
+            args.pr,
+            closed=args.closed,
+            reason=args.reason,
+            sweep_days=args.sweep_days,
+            failed=args.failed,
+            run_url=args.run_url,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

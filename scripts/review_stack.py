@@ -96,14 +96,7 @@ DROPPED_KEYS = (
 )
 ACCESS_DIR = "access"  # the access project (access/Pulumi.yaml, project modal-llm-access)
 ACCESS_NS = "modal-llm-access"
-FILES = {
-    "preview": "preview.json",
-    "dev_outputs": "dev-outputs.json",
-    "costs": "costs.json",
-    "outputs": "review-outputs.json",
-    "meta": "review.json",
-    "comment": "comment.md",
-}
+FILES = review_comment.FILES
 
 
 class ReviewError(RuntimeError):
@@ -904,43 +897,16 @@ def cmd_config(args: argparse.Namespace, engine: Engine) -> int:
 
 
 def comment_from_files(args: argparse.Namespace) -> str:
-    src: Path = args.in_dir or args.out_dir or Path(".")
-    meta = _read_json(src / FILES["meta"]) or {}
-    stack = stack_name(args.pr)
-    if args.closed or not (src / FILES["outputs"]).exists():
-        reason = args.reason or "the pull request was closed"
-        return review_comment.render_destroyed(args.pr, stack, reason=reason, when=iso(now_utc()))
-    kind = str(meta.get("engine") or "cli")
-    reader = review_comment.OutputReader(
-        kind=kind,
-        stack=stack,
-        state=str(meta.get("state") or ""),
-        python=args.reader_python,
+    return review_comment.from_files(
+        args.in_dir or args.out_dir or Path("."),
+        args.pr,
+        closed=args.closed,
+        reason=args.reason,
+        reader_python=args.reader_python,
+        base_stack=args.base_stack,
+        sweep_days=args.sweep_days,
+        head_sha=args.head_sha,
     )
-    engine_note = (
-        "deployed by the Pulumi stand-in on the Modal emulator (NOT the Pulumi engine)"
-        if kind == "standin"
-        else "deployed with the Pulumi CLI"
-    )
-    if meta.get("flow") == "access":
-        engine_note += f", as {deploy_identity(args.pr)}"
-    comment = review_comment.ReviewComment(
-        pr=args.pr,
-        stack=stack,
-        preview=_read_json(src / FILES["preview"]),
-        new_costs=_read_json(src / FILES["costs"]) or {},
-        review_outputs=_read_json(src / FILES["outputs"]) or {},
-        dev_outputs=_read_json(src / FILES["dev_outputs"]),
-        reader=reader,
-        base_stack=str(meta.get("base_stack") or args.base_stack),
-        head_sha=str(meta.get("head_sha") or args.head_sha or ""),
-        engine_note=engine_note,
-        key_name=str(meta.get("key_name") or "gateway"),
-        spend_limit_usd=meta.get("budget_usd"),
-        sweep_days=meta.get("sweep_days") or args.sweep_days,
-        updated_at=str(meta.get("updated_at") or ""),
-    )
-    return review_comment.render(comment)
 
 
 def cmd_comment(args: argparse.Namespace, engine: Engine | None) -> int:
