@@ -261,8 +261,6 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     try:
         if not (project_dir / "Pulumi.yaml").exists():
             raise StandinError(f"no Pulumi.yaml in {project_dir}: not a Pulumi project")
-        if args.json and project_dir != PROJECT_ROOT:
-            raise StandinError("--json is not supported with --cwd yet (preview_json.py)")
         if not stack_file.exists():
             raise StandinError(f"no stack file {stack_file.name} in {project_dir}")
         raw_config = stack_file_config(stack_file)

@@ -67,6 +67,7 @@ from pulumi_standin.stack import (
     StepMocks,
     explain,
     monitor_for,
+    project_of,
     provider_server,
 )
 from pulumi_standin.statefile import StateFile
@@ -172,7 +173,7 @@ class RecordingStepMocks(StepMocks):
             name=args.name,
             type=args.typ,
             op="same" if step.op == "skip" else step.op,
-            urn=urn or (self.engine.urn(old) if old is not None else ""),
+            urn=_engine_urn(urn or (self.engine.urn(old) if old is not None else "")),
             old=old,
             new_inputs=new_inputs,
             options=opts,
@@ -268,6 +269,7 @@ def _custom_step(rec: Record, shown: bool) -> dict[str, Any] | None:
 def digest(
     *,
     stack: str,
+    project: str = PROJECT,
     config: Mapping[str, str],
     secret_keys: list[str],
     registrations: list[Registration],
@@ -279,7 +281,7 @@ def digest(
     duration_ns: int,
 ) -> dict[str, Any]:
     """The `PreviewDigest` document from what the preview decided."""
-    urn = root_stack_urn(stack)
+    urn = root_stack_urn(stack, project)
     steps: list[dict[str, Any]] = []
     summary: dict[str, int] = {}
 
@@ -360,7 +362,7 @@ def _delete_record(st: ResourceState, engine: Engine, *, pending: bool) -> Recor
         name=st.name,
         type=_full_type(st.type),
         op="delete",
-        urn=engine.urn(st),
+        urn=_engine_urn(engine.urn(st)),
         old=st,
         new_inputs=None,
         options=Options(protect=st.protect, retain_on_delete=st.retain_on_delete),
@@ -375,14 +377,18 @@ def run(cmd: Command, out: TextIO, notes: TextIO, interrupt: Interrupt | None = 
     if cmd.state_path.exists():  # resolve the passphrase first: a missing one runs nothing
         StateFile(cmd.state_path, cmd.stack).box  # noqa: B018
     overrides = {**cmd.overrides, "modal:serverUrl": cmd.url}
-    config, secret_keys = stack_config(cmd.stack, overrides)
-    shown_config, _ = stack_config(cmd.stack, cmd.overrides, with_defaults=False)
+    where = cmd.project_dir  # `--cwd DIR` (like `pulumi -C DIR`): DIR's project and stack file
+    project = project_of(where)
+    config, secret_keys = stack_config(cmd.stack, overrides, project_dir=where)
+    shown_config, _ = stack_config(cmd.stack, cmd.overrides, with_defaults=False, project_dir=where)
     registrations: list[Registration] = []
     diagnostics: list[dict[str, Any]] = []
     failed = False
     with contextlib.ExitStack() as stack:
         interrupt = stack.enter_context((interrupt or Interrupt()).installed())
-        server = stack.enter_context(provider_server(cmd.stack, cmd.url, config, secret_keys))
+        server = stack.enter_context(
+            provider_server(cmd.stack, cmd.url, config, secret_keys, where)
+        )
 
         def show(line: OutputLine) -> None:
             who = f"{line.call.name}: " if line.call is not None and line.call.name else ""
@@ -426,6 +432,7 @@ def run(cmd: Command, out: TextIO, notes: TextIO, interrupt: Interrupt | None = 
                     mocks=mocks,
                     preview=True,
                     program=cmd.program,
+                    project=project,
                     monitor_factory=factory,
                 )
                 for name in reversed(list(engine.states)):
@@ -449,6 +456,7 @@ def run(cmd: Command, out: TextIO, notes: TextIO, interrupt: Interrupt | None = 
         ]
         doc = digest(
             stack=cmd.stack,
+            project=project,
             config=shown_config,
             secret_keys=secret_keys,
             registrations=registrations,

@@ -633,3 +633,26 @@ def test_renderer_reads_the_standin_document_like_the_real_one(env: Env) -> None
     text = _render(doc)
     assert '`spec_json.gpu` "L4" → "A10G"' in text
     assert all(s["op"] != "same" for s in doc["steps"][1:])
+
+
+def test_standin_preview_json_with_cwd(tmp_path: Path) -> None:
+    """`preview --json --cwd access`: the access project's document (a new stack: every step
+    `create`), URNs as the engine gives them (no root Stack in a child's type chain)."""
+    done = subprocess.run(
+        [PY, "-m", "pulumi_standin", "preview", "--json", "--cwd", "access", "--stack", "local",
+         "--state", str(tmp_path / "none.json")],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    urns = [s["urn"] for s in doc["steps"]]
+    assert (
+        urns[0] == "urn:pulumi:local::modal-llm-access::pulumi:pulumi:Stack::modal-llm-access-local"
+    )
+    assert (
+        "urn:pulumi:local::modal-llm-access::pulumi-python:dynamic/modal:Environment::env-local"
+        in urns
+    )
+    assert not any("pulumi:pulumi:Stack$" in u for u in urns)
+    assert set(doc["changeSummary"]) == {"create"}
+    assert doc["config"]["modal-llm-access:environments"].startswith("[")
