@@ -502,14 +502,17 @@ class Engine:
         stdin: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         sys.stdout.flush()
+        feed: dict[str, Any] = (
+            {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
+        )
         return subprocess.run(
             list(cmd),
             cwd=self.dir(access) if self.kind == "cli" else self.project,
             env=self.env(access=access),
             text=True,
-            input=stdin,
             stdout=subprocess.PIPE if capture else None,
             check=False,
+            **feed,
         )
 
     def checked(
