@@ -282,25 +282,29 @@ def test_a_malformed_proxy_token_is_refused_without_showing_it() -> None:
 def test_standin_cwd_previews_the_access_project(tmp_path: Path) -> None:
     """`--cwd access` reads access/Pulumi.yaml, its stack file and program; a preview writes
     no state (its default place is access/.pulumi-offline/)."""
-    import io
 
-    from pulumi_standin.cli import main
+    def preview(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pulumi_standin", "preview", *args],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
-    out = io.StringIO()
     state = tmp_path / "local.json"
-    assert (
-        main(["preview", "--cwd", str(ACCESS), "--stack", "local", "--state", str(state)], out) == 0
-    )
-    text = out.getvalue()
-    assert "Resources: + 16 to create" in text, text
-    assert "modal:ServiceUser" in text and "modal:EnvironmentRole" in text
+    done = preview("--cwd", "access", "--stack", "local", "--state", str(state))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Resources: + 16 to create" in done.stdout, done.stdout
+    assert "modal:ServiceUser" in done.stdout and "modal:EnvironmentRole" in done.stdout
     assert not state.exists()
-    missing = io.StringIO()
-    assert main(["preview", "--cwd", str(tmp_path), "--stack", "local"], missing) == 1
-    assert f"error: no Pulumi.yaml in {tmp_path}: not a Pulumi project" in missing.getvalue()
-    nostack = io.StringIO()
-    assert main(["preview", "--cwd", str(ACCESS), "--stack", "nope"], nostack) == 1
-    assert f"error: no stack file Pulumi.nope.yaml in {ACCESS}" in nostack.getvalue()
+    missing = preview("--cwd", str(tmp_path), "--stack", "local")
+    assert missing.returncode == 1
+    assert f"error: no Pulumi.yaml in {tmp_path}: not a Pulumi project" in missing.stdout
+    nostack = preview("-C", "access", "--stack", "nope")
+    assert nostack.returncode == 1
+    assert f"error: no stack file Pulumi.nope.yaml in {ACCESS}" in nostack.stdout
 
 
 # ---- live: pulumi_standin --cwd access against an emulator enforcing roles -------------------
