@@ -64,10 +64,17 @@ def test_workflows_exist() -> None:
 
 def test_no_workflow_delivers_spend_alerts() -> None:
     """Issue 14 item 7: alerts come from the spend watcher deployed into each environment
-    (watchers/spend_alerts.py), not from a scheduled `pulumi up` holding prod credentials."""
+    (watchers/spend_alerts.py), not from a scheduled `pulumi up` holding prod credentials.
+    The one scheduled workflow is review.yml's nightly sweep of review stacks (issue 23 part 2):
+    it never runs in the dev or prod GitHub environments."""
     assert not (ROOT / ".github" / "workflows" / "spend-alerts.yml").exists()
     for path in WORKFLOWS:
-        assert "schedule" not in _load(path)["on"], f"{path.name} runs on a schedule"
+        wf = _load(path)
+        if "schedule" not in wf["on"]:
+            continue
+        assert path.name == "review.yml", f"{path.name} runs on a schedule"
+        for job_name, job in wf["jobs"].items():
+            assert job.get("environment") not in ("dev", "prod", "prod-plan"), job_name
 
 
 def test_schema_valid() -> None:
