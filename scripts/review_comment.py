@@ -477,11 +477,17 @@ def endpoint_section(c: ReviewComment) -> list[str]:
             "max_tokens": 16,
         }
     )
+    where = (
+        "in the PR's checkout, with the stand-in's passphrase exported"
+        if c.reader.kind == "standin"
+        else "in a checkout of this repository, logged in to the review stacks' backend"
+        " (`pulumi login`, its passphrase exported)"
+    )
     lines += [
         "",
-        "Try it (the secrets are read from the stack into a private header file, never written"
-        " here or on a command line; the first request cold-starts a container: the service"
-        " scales to zero):",
+        f"Try it, {where}. The secrets are read from the stack into a private header file,"
+        " never written here or on a command line; the first request cold-starts a container"
+        " (the service scales to zero):",
         "",
         "```bash",
         'umask 077 && H="$(mktemp)" && {',
