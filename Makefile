@@ -39,6 +39,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy emulator components serving watchers pulumi_standin bench tests scripts __main__.py
+	$(VENV)/bin/mypy access  # its own run: a second __main__.py cannot share one with the root's
 
 # This checkout's Modal control plane + runtime on loopback, in the foreground (Ctrl-C stops it).
 # Same state, pid file and port choice as `make up`'s (8790, else a free port when another

@@ -39,6 +39,7 @@ HF_TOKEN_SECRET_NAME = "huggingface-token"  # noqa: S105 (a Modal secret name)
 # Defaults of the scalar keys; Pulumi.yaml declares the same defaults (a test checks it).
 DEFAULTS: dict[str, Any] = {
     "adoptEnvironment": False,
+    "managedByAccessStack": False,
     "protectCaches": False,
     "monthlyBudgetUsd": 50,
     "allowOverBudget": False,
@@ -62,8 +63,7 @@ WEIGHTS_STORE_SECRET_NAME = "weights-store-credentials"  # noqa: S105 (a Modal s
 WEIGHTS_STORE_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # Managed mode (issue 23): the access stack (access/, run once by a workspace Owner or Manager)
 # owns the environment, its budget and the gateway's proxy token; this stack adopts the
-# environment and takes the token "<wk-id>:<ws-secret>" from this secret. Not declared in
-# Pulumi.yaml (not in DEFAULTS): unset means false.
+# environment and takes the token "<wk-id>:<ws-secret>" from this secret (default false).
 MANAGED_KEY = "managedByAccessStack"
 PROXY_TOKEN_KEY = "proxyToken"  # noqa: S105 (a config key name)
 SECRET_KEYS = (

@@ -461,6 +461,13 @@ class ModalProvider(ResourceProvider):
                 " modal:tokenId/modal:tokenSecret or MODAL_TOKEN_ID/MODAL_TOKEN_SECRET belong to"
                 " this workspace and server, then rerun."
             )
+        if isinstance(exc, mexc.PermissionDeniedError):
+            return (
+                f"The token {creds.token_id!r} (from {creds.source}) has no role that allows this"
+                " here: a CI identity may act only in its own environment (contributor to deploy,"
+                " viewer to read). Use the stack's own `<env>-deploy` token, or grant the role in"
+                " the access stack (`pulumi -C access up`; docs/program.md, \"Access\")."
+            )
         if isinstance(exc, mexc.NotFoundError):
             return (
                 "It does not exist (any more): run `pulumi refresh` to forget it, then `pulumi up`."

@@ -414,6 +414,7 @@ def test_bootstrap_managed_deploy_denials_rotation_destroy(
         emu, tmp_path / "dev.json", deploy, *with_token, "--config", "environment=dev", rc=1
     )
     assert "PermissionDeniedError: Service user 'local-deploy' may not call" in other, other
+    assert "has no role that allows this here" in other and "`<env>-deploy` token" in other, other
     nothing = standin(emu, tmp_path / "preview.json", preview, *with_token, rc=1)
     assert "PermissionDeniedError: Service user 'local-preview'" in nothing, nothing
     dev_ids = {e["id"] for e in emu.state()["environments"] if e["name"] == "dev"}

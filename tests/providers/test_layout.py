@@ -14,8 +14,10 @@ MODULES = [
     "components.modal._deploy_runner",
     "components.modal.app",
     "components.modal.environment",
+    "components.modal.environment_role",
     "components.modal.proxy_auth_token",
     "components.modal.secret",
+    "components.modal.service_user",
     "components.modal.spend_alert",
     "components.modal.volume",
 ]
