@@ -466,7 +466,7 @@ class ModalProvider(ResourceProvider):
                 f"The token {creds.token_id!r} (from {creds.source}) has no role that allows this"
                 " here: a CI identity may act only in its own environment (contributor to deploy,"
                 " viewer to read). Use the stack's own `<env>-deploy` token, or grant the role in"
-                " the access stack (`pulumi -C access up`; docs/program.md, \"Access\")."
+                ' the access stack (`pulumi -C access up`; docs/program.md, "Access").'
             )
         if isinstance(exc, mexc.NotFoundError):
             return (
