@@ -31,6 +31,31 @@ KEY_NAME = "gpu"
 # The engine's own metric of requests in its running batch (vLLM v1, Prometheus /metrics).
 RUNNING_METRIC = "vllm:num_requests_running"
 
+# ---- SGLang 0.5.15 (bench.gpu.remote prepare-sglang / run --phases sglang) ----
+# It pins torch 2.11.0 as the image has; its part unpacks here, ahead of SITE (the vLLM part,
+# whose fastapi, uvicorn, orjson, pydantic, ... SGLang uses too) and of the image on the path.
+SITE_SGLANG = Path(os.environ.get("GPU_SITE_SGLANG", "/tmp/site-sglang"))
+SGLANG_VERSION = "0.5.15"
+# Only on this machine, never in the shipped defaults: the FlashAttention ops of sgl-kernel
+# (sgl_kernel/flash_ops, 1.7 GB) and flashinfer's cubins do not travel, and xgrammar is left
+# out (shared gpu/ recipe: SGLang 0.5.15 served on one H100 with exactly these three).
+SGLANG_EXTRA_ARGS = (
+    "--attention-backend", "triton",
+    "--sampling-backend", "pytorch",
+    "--grammar-backend", "none",
+)  # fmt: skip
+# SGLang's own Prometheus gauge of requests in its running batch (sglang 0.5.15
+# observability/metrics_collector.py, with --enable-metrics). The scheduler sets it only every
+# --decode-log-interval (40) decode steps, and every 30 s when idle (metrics_reporter.py
+# _maybe_log_idle_metrics), so it is stale right after a request ends. SGLang's load report,
+# GET /v1/loads (num_running_reqs per scheduler), is published by the scheduler after every
+# batch and at once when it goes idle (scheduler.py publish_load_snapshot): the tests read that.
+SGLANG_RUNNING_METRIC = "sglang:num_running_reqs"
+SGLANG_LOADS_PATH = "/v1/loads?include=core"
+# Which engine's marked tests `pytest tests/gpu` runs: the SGLang ones only when the runner's
+# sglang phase sets this (so `run`'s vLLM checks stay as they were), and vice versa.
+ENGINE_SELECT_ENV = "GPU_ENGINE"
+
 
 def spec_dict(*, snapshot: bool = False, extra_args: list[str] | None = None) -> dict[str, Any]:
     """The serving spec the GPU runs use: the shipped defaults, the model from the volume."""
@@ -49,6 +74,16 @@ def spec_dict(*, snapshot: bool = False, extra_args: list[str] | None = None) ->
     return spec
 
 
+def sglang_spec_dict(
+    *, snapshot: bool = False, extra_args: list[str] | None = None
+) -> dict[str, Any]:
+    """The SGLang 0.5.15 spec the GPU runs use: the shipped defaults for SGLang, the model from
+    the volume, plus this machine's backends (SGLANG_EXTRA_ARGS) in extra_args."""
+    spec = spec_dict(snapshot=snapshot, extra_args=[*SGLANG_EXTRA_ARGS, *(extra_args or [])])
+    spec.update({"engine": "sglang", "engine_version": SGLANG_VERSION})
+    return spec
+
+
 def write_spec(path: Path, spec: dict[str, Any]) -> Path:
     path.write_text(json.dumps(spec, indent=1) + "\n")
     return path
@@ -59,10 +94,14 @@ def keys_env() -> dict[str, str]:
     return {"SERVING_API_KEYS": json.dumps({KEY_NAME: digest})}
 
 
-def run_env() -> dict[str, str]:
-    """The environment serving.engine runs with on the GPU machine (payload on the path)."""
+def run_env(engine: str = "vllm") -> dict[str, str]:
+    """The environment serving.engine runs with on the GPU machine (payload on the path).
+
+    For SGLang its part comes first (SITE_SGLANG: transformers 5.12.1, openai 2.6.1, ... ahead
+    of the vLLM part's and the image's), then the vLLM part for the packages both need."""
     env = dict(os.environ)
-    path = [str(ROOT), str(SITE)] + [p for p in env.get("PYTHONPATH", "").split(":") if p]
+    sites = [str(SITE_SGLANG), str(SITE)] if engine == "sglang" else [str(SITE)]
+    path = [str(ROOT), *sites] + [p for p in env.get("PYTHONPATH", "").split(":") if p]
     env.update(
         {
             "PYTHONPATH": ":".join(dict.fromkeys(path)),
@@ -101,6 +140,33 @@ def why_not_here() -> str | None:
         return f"{BIN / 'vllm'} or the model in {MODEL_DIR} is missing: run prepare first"
     if not (WEIGHTS_ROOT / WEIGHTS_PATH).exists():
         return f"{WEIGHTS_ROOT / WEIGHTS_PATH} (-> {MODEL_DIR}) is missing: run prepare first"
+    return None
+
+
+def why_not_here_sglang() -> str | None:
+    """Why the SGLang GPU tests cannot run here (None: they can)."""
+    if shutil.which("nvidia-smi") is None:
+        return (
+            "no NVIDIA GPU here (nvidia-smi not found): the SGLang tests run on the lent GPU "
+            "machine through `python3 -m bench.gpu.remote run --phases sglang` (docs/gpu.md)"
+        )
+    if os.environ.get(ENGINE_SELECT_ENV) != "sglang":
+        return (
+            f"SGLang {SGLANG_VERSION}'s tests run only in `bench.gpu.remote run --phases sglang` "
+            f"({ENGINE_SELECT_ENV}=sglang), not beside the vLLM checks"
+        )
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    if listed.returncode != 0 or "GPU" not in listed.stdout:
+        return f"nvidia-smi sees no GPU ({listed.stderr.strip()[:200] or listed.stdout[:200]})"
+    if not (SITE_SGLANG / "sglang" / "__init__.py").exists():
+        return (
+            f"SGLang {SGLANG_VERSION} is not unpacked in {SITE_SGLANG}: run "
+            "`python3 -m bench.gpu.remote prepare-sglang` first (docs/gpu.md)"
+        )
+    if not (SITE / "fastapi" / "__init__.py").exists():
+        return f"the vLLM part (its fastapi, uvicorn, ...) is not in {SITE}: run prepare first"
+    if not (MODEL_DIR / "config.json").exists() or not (WEIGHTS_ROOT / WEIGHTS_PATH).exists():
+        return f"the model in {MODEL_DIR} (or its link in {WEIGHTS_ROOT}) is missing: run prepare"
     return None
 
 

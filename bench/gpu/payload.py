@@ -23,6 +23,16 @@ The list of wheels and what to prune come from the recipe in the team's shared g
 are cached in ``~/.cache/modal-llm-gpu/wheels`` (``--wheels``); a rebuild without network
 works from that cache. Needs a python 3.12 with pip (``--python``, default: ``python3.12`` on
 PATH, else pyenv's) and ``xz``; about 5 minutes, most of it ``xz -9``.
+
+``--engine sglang`` builds SGLang 0.5.15's part instead (it pins torch 2.11.0 too):
+``.gpu-payload/sglang/sglang.tar.xz``, ``pip install --target`` of sglang 0.5.15 (its wheel is
+tagged manylinux_2_34) and ``requirements-sglang-0.5.15.txt`` (what the vLLM part and the
+image lack, and SGLang's own pins: transformers 5.12.1, openai 2.6.1, ...), minus what the
+shared gpu/ recipe served without (sgl-kernel's FlashAttention ops, 1.7 GB, and its sm100 and
+FlashMLA builds; flashinfer's cubins and xgrammar are not downloaded at all). On the GPU it
+unpacks into /tmp/site-sglang, ahead of /tmp/site (the vLLM part, whose fastapi, uvicorn,
+orjson, pydantic, ... SGLang uses) on SGLang's path only: ``bench.gpu.remote prepare-sglang``.
+Its manifest is ``manifest-sglang.json``; the vLLM parts are left as they are.
 """
 
 from __future__ import annotations
@@ -68,6 +78,25 @@ PRUNE = [
 ]
 PRUNE_GLOBS = ["vllm/third_party/deep_gemm/_C.cpython-31[0134]-*.so"]  # other Pythons
 
+SGLANG_VERSION = "0.5.15"
+SGLANG_REQUIREMENTS = HERE / f"requirements-sglang-{SGLANG_VERSION}.txt"
+SGLANG_PART = ("sglang", "sglang.tar.xz")  # .gpu-payload/sglang/sglang.tar.xz
+# sglang 0.5.15's wheel is tagged manylinux_2_34 (the image's glibc takes it).
+SGLANG_PLATFORMS = ["manylinux_2_34_x86_64", *PLATFORMS]
+# Not loaded with --attention-backend triton on sm_90 (the shared gpu/ recipe served without).
+SGLANG_PRUNE = [
+    "bin",
+    "sgl_kernel/flash_ops.abi3.so",  # FlashAttention 3/4 ops, 1.7 GB; imported in a try
+    "sgl_kernel/sm100",  # Blackwell build of common_ops (sm90's is kept)
+    "sgl_kernel/flashmla_ops.abi3.so",  # MLA models only
+]
+SGLANG_PRUNE_GLOBS = [
+    # torch_memory_saver picks `<stem>_cu<torch's CUDA major>`: the image's torch is cu130
+    "torch_memory_saver_hook_mode_*_cu12.abi3.so",
+    "torch_memory_saver_hook_mode_preload.abi3.so",  # unsuffixed: ROCm builds
+    "torch_memory_saver_hook_mode_torch.abi3.so",
+]
+
 
 def find_python312(given: str | None) -> str:
     candidates = [given] if given else ["python3.12"]
@@ -97,9 +126,9 @@ def pip(python: str, *args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
-def platform_args() -> list[str]:
+def platform_args(platforms: list[str] = PLATFORMS) -> list[str]:
     out = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"]
-    for tag in PLATFORMS:
+    for tag in platforms:
         out += ["--platform", tag]
     return out
 
@@ -124,10 +153,10 @@ def install_target(python: str, wheels: Path, vllm_wheel: Path, site: Path) -> N
     )  # fmt: skip
 
 
-def prune(site: Path) -> int:
+def prune(site: Path, names: list[str] = PRUNE, globs: list[str] = PRUNE_GLOBS) -> int:
     """Remove what the GPU run never loads; returns the bytes removed."""
     removed = 0
-    paths = [site / p for p in PRUNE] + [p for g in PRUNE_GLOBS for p in site.glob(g)]
+    paths = [site / p for p in names] + [p for g in globs for p in site.glob(g)]
     for path in paths:
         if path.is_dir():
             removed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -143,9 +172,10 @@ def xz_file(src: Path, dst: Path) -> None:
         subprocess.run(["xz", "-9", "-T1", "-c", str(src)], stdout=out, check=True)
 
 
-def xz_tree(site: Path, dst: Path, exclude: str) -> None:
+def xz_tree(site: Path, dst: Path, exclude: str | None) -> None:
+    skip = [f"--exclude=./{exclude}"] if exclude else []
     tar = subprocess.Popen(
-        ["tar", f"--exclude=./{exclude}", "-C", str(site), "-cf", "-", "."],
+        ["tar", *skip, "-C", str(site), "-cf", "-", "."],
         stdout=subprocess.PIPE,
     )
     with dst.open("wb") as out:
@@ -178,11 +208,21 @@ def tree_bytes() -> int:
     return total
 
 
-def check_sizes(dest: Path) -> dict[str, int]:
-    """Each part plus the working tree must fit one call; says which does not."""
+def check_sizes(dest: Path, engine: str = "vllm") -> dict[str, int]:
+    """Each part plus the working tree must fit one call; says which does not. The vLLM parts
+    always; SGLang's when built (or asked for: `engine` "sglang")."""
     tree = tree_bytes()
     sizes = {"working_tree": tree}
-    for part, name in PARTS.items():
+    parts = dict(PARTS)
+    sglang_file = dest / SGLANG_PART[0] / SGLANG_PART[1]
+    if engine == "sglang":
+        parts = {SGLANG_PART[0]: SGLANG_PART[1]}
+    elif sglang_file.exists():
+        parts[SGLANG_PART[0]] = SGLANG_PART[1]
+    for part, name in parts.items():
+        if not (dest / part / name).exists():
+            how = " --engine sglang" if part == SGLANG_PART[0] else ""
+            raise SystemExit(f"{dest / part / name} is missing: python -m bench.gpu.payload{how}")
         size = (dest / part / name).stat().st_size
         sizes[part] = size
         if size + tree > CALL_LIMIT_BYTES:
@@ -219,21 +259,71 @@ def build(python: str, wheels: Path, dest: Path) -> dict[str, object]:
     return manifest
 
 
+def build_sglang(python: str, wheels: Path, dest: Path) -> dict[str, object]:
+    """SGLang 0.5.15's part: .gpu-payload/sglang/sglang.tar.xz (see the module docstring)."""
+    t0 = time.monotonic()
+    wheels.mkdir(parents=True, exist_ok=True)
+    plat = platform_args(SGLANG_PLATFORMS)
+    pip(
+        python, "download", "-q", "--no-deps", *plat, "-d", str(wheels),
+        f"sglang=={SGLANG_VERSION}", "-r", str(SGLANG_REQUIREMENTS),
+    )  # fmt: skip
+    found = sorted(wheels.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+    if not found:
+        raise SystemExit(f"sglang {SGLANG_VERSION}'s wheel is not in {wheels} after the download")
+    part, name = SGLANG_PART
+    (dest / part).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gpu-payload-sglang-") as tmp:
+        site = Path(tmp) / "site"
+        pip(
+            python, "install", "-q", "--no-index", "--find-links", str(wheels), "--no-deps",
+            "--no-compile", *plat, "--target", str(site),
+            "-r", str(SGLANG_REQUIREMENTS), str(found[0]),
+        )  # fmt: skip
+        unpacked = sum(f.stat().st_size for f in site.rglob("*") if f.is_file())
+        pruned = prune(site, SGLANG_PRUNE, SGLANG_PRUNE_GLOBS)
+        print(f"pruned {pruned / 2**20:.0f} MiB of {unpacked / 2**20:.0f}; xz -9 ...", flush=True)
+        xz_tree(site, dest / part / name, None)
+    sizes = check_sizes(dest, engine="sglang")
+    manifest: dict[str, object] = {
+        "sglang": SGLANG_VERSION,
+        "requirements": SGLANG_REQUIREMENTS.name,
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": round(time.monotonic() - t0, 1),
+        "unpacked_bytes": unpacked - pruned,
+        "bytes": sizes,
+        "sha256": {part: sha256(dest / part / name)},
+    }
+    (dest / "manifest-sglang.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="python -m bench.gpu.payload", description=__doc__)
     cli.add_argument("--dest", type=Path, default=DEST, help=f"output folder (default {DEST})")
     cli.add_argument("--wheels", type=Path, default=WHEELS, help="wheel cache folder")
     cli.add_argument("--python", help="a python 3.12 with pip (only unpacks wheels)")
     cli.add_argument("--check", action="store_true", help="only check an existing payload's sizes")
+    cli.add_argument(
+        "--engine",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help=f"vllm: vLLM {VLLM_VERSION}'s two parts (default); sglang: SGLang {SGLANG_VERSION}'s "
+        "part (it runs with the vLLM site part on its path, so build both)",
+    )
     args = cli.parse_args(argv)
     if args.check:
-        print(json.dumps(check_sizes(args.dest)))
+        print(json.dumps(check_sizes(args.dest, args.engine)))
         return 0
     if shutil.which("xz") is None:
         raise SystemExit("xz is not installed; it compresses the payload")
-    manifest = build(find_python312(args.python), args.wheels, args.dest)
+    python = find_python312(args.python)
+    if args.engine == "sglang":
+        manifest = build_sglang(python, args.wheels, args.dest)
+    else:
+        manifest = build(python, args.wheels, args.dest)
     print(json.dumps(manifest, indent=1))
-    print("\nnext: docs/gpu.md 'Running it' (two device calls, back to back)", file=sys.stderr)
+    print("\nnext: docs/gpu.md 'Running it'", file=sys.stderr)
     return 0
 
 

@@ -19,6 +19,17 @@ the recorded serving/engine_flags/vllm_0_26_0.py. Writes prepare.json and prepar
   proxy (bench.json, bench-engine.log, cpu.jsonl: per-process CPU each second).
 run.json holds the card, the versions, the proxy's and the engine's keep-alive settings and
 each phase's time; run.log what was printed. The table is printed last.
+
+SGLang 0.5.15 (it pins torch 2.11.0 too), after ``prepare`` (whose /tmp/site and model it uses):
+``prepare-sglang`` (carry ``.gpu-payload/sglang``) unpacks SGLang's part into /tmp/site-sglang
+(ahead of /tmp/site on SGLang's path only), probes its imports and parses the spec's SGLang
+command lines with SGLang's real parser, comparing its flags with the recorded
+serving/engine_flags/sglang_0_5_15.py (prepare-sglang.json, prepare-sglang.log). Then, in the
+same call or the next, ``run --phases sglang``: ``pytest`` on tests/gpu/test_sglang_*.py (real
+SGLang through ``python -m serving.engine`` and the proxy; pytest-sglang.txt, checks.json,
+checks-sglang-engine.log), and ``run --phases sglang-bench``: the SGLang spec through
+serving.engine, then bench.gpu.load direct vs proxy (sglang-bench.json,
+sglang-bench-engine.log, cpu.jsonl). Neither needs vLLM's kernel library.
 """
 
 from __future__ import annotations
@@ -51,6 +62,30 @@ ENGINE_START_LINES = re.compile(
     r"|init engine|Available KV cache|Maximum concurrency|healthy after|warm-up done"
     r"|SERVING READY|fall asleep|freed|wake up|Error|error:"
 )
+# SGLang 0.5.15's own start-up lines (sglang/srt/model_executor/model_runner.py,
+# entrypoints/http_server.py), and ours.
+SGLANG_START_LINES = re.compile(
+    r"Load weight end|KV Cache is allocated|max_total_num_tokens|Capture|capture .*(?:end|took)"
+    r"|fired up and ready|healthy after|warm-up done|SERVING READY|memory_occupation"
+    r"|Error|error:"
+)
+SGLANG_PROBE_MODULES = [
+    "transformers",
+    "sglang",
+    "sglang.srt.server_args",
+    "sglang.launch_server",
+    "sglang.srt.entrypoints.http_server",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.model_executor.model_runner",
+    "sglang.srt.models.llama",
+    "sglang.srt.layers.attention.triton_backend",
+    "sgl_kernel",
+    "flashinfer",
+    "torch_memory_saver",
+    "orjson",
+    "httptools",
+    "uvloop",
+]
 PROBE_MODULES = [
     "vllm",
     "vllm.entrypoints.openai.api_server",
@@ -89,10 +124,19 @@ def card() -> dict[str, str]:
     return {"gpu": name, "memory": memory, "driver": driver, "gpus": str(len(line))}
 
 
-def versions(with_site: bool) -> dict[str, str]:
+SGLANG_VERSIONS = [
+    "sglang", "sglang-kernel", "flashinfer-python", "torch_memory_saver", "huggingface-hub",
+    "openai", "fastapi", "uvicorn",
+]  # fmt: skip
+
+
+def versions(with_site: bool, engine: str = "vllm") -> dict[str, str]:
+    names = ["torch", "transformers", "tokenizers", "triton", "vllm", "pydantic", "httpx"]
+    if engine == "sglang":
+        names += SGLANG_VERSIONS
     code = (
         "import json, sys, importlib.metadata as m\n"
-        "names = ['torch', 'transformers', 'tokenizers', 'triton', 'vllm', 'pydantic', 'httpx']\n"
+        f"names = {names!r}\n"
         "v = {}\n"
         "for n in names:\n"
         "    try: v[n] = m.version(n)\n"
@@ -100,7 +144,7 @@ def versions(with_site: bool) -> dict[str, str]:
         "v['python'] = sys.version.split()[0]\n"
         "print(json.dumps(v))\n"
     )
-    env = device.run_env() if with_site else dict(os.environ)
+    env = device.run_env(engine) if with_site else dict(os.environ)
     found: dict[str, str] = json.loads(
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env).stdout
         or "{}"
@@ -178,7 +222,9 @@ def prepare(args: argparse.Namespace) -> int:
     return 0 if not bad and result["flags"].get("rc") == 0 else 1
 
 
-def probe_imports() -> dict[str, str]:
+def probe_imports(
+    modules: list[str] | None = None, env: dict[str, str] | None = None
+) -> dict[str, str]:
     code = (
         "import importlib, json, sys\n"
         "res = {}\n"
@@ -190,10 +236,10 @@ def probe_imports() -> dict[str, str]:
         "print(json.dumps(res))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, *PROBE_MODULES],
+        [sys.executable, "-c", code, *(modules or PROBE_MODULES)],
         capture_output=True,
         text=True,
-        env=device.run_env(),
+        env=env if env is not None else device.run_env(),
     )
     try:
         found: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -245,6 +291,83 @@ def check_flags(out: Path, log: Log) -> dict[str, Any]:
     return {"rc": done.returncode, "output": said[-3000:]}
 
 
+# ---- prepare-sglang (after prepare; SGLang 0.5.15) ---------------------------------------------
+
+
+def prepare_sglang(args: argparse.Namespace) -> int:
+    out = out_dir()
+    log = Log(out / "prepare-sglang.log")
+    result: dict[str, Any] = {"card": card(), "date": time.strftime("%Y-%m-%d %H:%M UTC")}
+    archive = PAYLOAD / "sglang" / "sglang.tar.xz"
+    if not archive.exists():
+        log(f"{archive} is missing: carry .gpu-payload/sglang (python -m bench.gpu.payload "
+            "--engine sglang)")  # fmt: skip
+        return 2
+    missing = [
+        str(p)
+        for p in (device.SITE / "fastapi", device.MODEL_DIR / "config.json")
+        if not p.exists()
+    ]
+    if missing:
+        log(f"{', '.join(missing)} missing: run `prepare` first (the call before, with "
+            ".gpu-payload/site; SGLang uses its packages and its model)")  # fmt: skip
+        return 2
+    t = time.monotonic()
+    if device.SITE_SGLANG.exists():
+        shutil.rmtree(device.SITE_SGLANG)
+    device.SITE_SGLANG.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(device.SITE_SGLANG, filter="tar")
+    result["unpack_s"] = round(time.monotonic() - t, 1)
+    log(f"unpacked {archive.name} into {device.SITE_SGLANG} in {result['unpack_s']} s")
+    env = device.run_env("sglang")
+    result["versions"] = versions(with_site=True, engine="sglang")
+    log(f"versions on SGLang's path: {result['versions']}")
+    t = time.monotonic()
+    result["imports"] = probe_imports(SGLANG_PROBE_MODULES, env)
+    result["imports_s"] = round(time.monotonic() - t, 1)
+    bad = {m: e for m, e in result["imports"].items() if e != "ok"}
+    log(f"imports: {len(result['imports']) - len(bad)} ok, failed: {bad or 'none'}")
+    result["flags"] = check_sglang_flags(out, log, env)
+    (out / "prepare-sglang.json").write_text(json.dumps(result, indent=1) + "\n")
+    log("prepare-sglang done; now `run --phases sglang` (at once, or in this call)")
+    return 0 if not bad and result["flags"].get("rc") == 0 else 1
+
+
+def sglang_flag_argvs() -> list[list[str]]:
+    """The SGLang argvs (without `python3 -m sglang.launch_server`) the GPU runs render, and
+    the spec's own variants: snapshot, TP 2, extra_args."""
+    sys.path[:0] = [str(device.ROOT)]
+    from serving.spec import ServingSpec
+
+    specs = [
+        device.sglang_spec_dict(),
+        device.sglang_spec_dict(snapshot=True),
+        {**device.sglang_spec_dict(), "gpu_count": 2, "gpu_memory_fraction": 0.85},
+        device.sglang_spec_dict(extra_args=["--max-running-requests", "64"]),
+        device.sglang_spec_dict(extra_args=["--chunked-prefill-size=-1"]),
+        # the shipped SGLang defaults alone (without this machine's backends)
+        {**device.spec_dict(), "engine": "sglang", "engine_version": device.SGLANG_VERSION},
+    ]  # fmt: skip
+    return [ServingSpec.model_validate(s).engine_command(8001)[3:] for s in specs]
+
+
+def check_sglang_flags(out: Path, log: Log, env: dict[str, str]) -> dict[str, Any]:
+    """SGLang's real parser takes the rendered argvs; its flags equal the recorded list."""
+    recorded = device.ROOT / "serving" / "engine_flags" / "sglang_0_5_15.py"
+    argv_file = out / "argvs-sglang.json"
+    argv_file.write_text(json.dumps(sglang_flag_argvs()))
+    cmd = [sys.executable, "-m", "bench.gpu.flags_shim", "sglang", "--check-argv", str(argv_file)]
+    cmd += ["--expect", str(recorded)]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=device.ROOT, env=env, timeout=300
+    )
+    argv_file.unlink()
+    said = (done.stdout + done.stderr[-1500:]).strip()
+    log(f"flag check rc={done.returncode}: {said[-600:]}")
+    return {"rc": done.returncode, "output": said[-3000:]}
+
+
 # ---- run (call 2) ---------------------------------------------------------------------------
 
 
@@ -291,7 +414,9 @@ def proxy_idle_setting() -> dict[str, Any]:
 def serving(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str, Any]]:
     """`python -m serving.engine --spec` until SERVING READY; stopped (SIGTERM) on exit."""
     spec_file = device.write_spec(Path("/tmp") / "bench-spec.json", spec)
-    env = device.run_env()
+    engine = spec.get("engine", "vllm")
+    env = device.run_env(engine)
+    start_lines = SGLANG_START_LINES if engine == "sglang" else ENGINE_START_LINES
     info: dict[str, Any] = {"spec": spec}
     logf = log_path.open("w")
     t0 = time.monotonic()
@@ -311,7 +436,7 @@ def serving(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str
         for line in stream:
             stamp = time.monotonic() - t0
             logf.write(f"{stamp:8.2f} {line}")
-            if ENGINE_START_LINES.search(line) and '"path"' not in line:
+            if start_lines.search(line) and '"path"' not in line:
                 lines.append((round(stamp, 2), line.rstrip()[:300]))
             if "SERVING READY" in line:
                 ready.set()
@@ -329,7 +454,7 @@ def serving(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str
         info["ready_s"] = round(time.monotonic() - t0, 1)
         info["start_lines"] = list(lines)
         log(f"serving.engine ready after {info['ready_s']} s")
-        info["engine_keepalive_env"] = engine_env_seen()
+        info["engine_keepalive_env"] = engine_env_seen(engine)
         yield info
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -345,14 +470,18 @@ def serving(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str
         info["exit_code"] = proc.returncode
 
 
-def engine_env_seen() -> dict[str, str]:
-    """The keep-alive variables the running vLLM server process really has (/proc)."""
+def engine_env_seen(engine: str = "vllm") -> dict[str, str]:
+    """The keep-alive variables the running engine's server process really has (/proc)."""
     import psutil
 
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or [])
         plain = f"--port {PLAIN_PORT}" in cmd  # the default `vllm serve` has no such env
-        if "vllm.entrypoints.cli.main" in cmd and " serve " in f" {cmd} " and not plain:
+        if engine == "sglang":
+            server = "sglang.launch_server" in cmd
+        else:
+            server = "vllm.entrypoints.cli.main" in cmd and " serve " in f" {cmd} "
+        if server and not plain:
             with contextlib.suppress(psutil.Error):
                 env = p.environ()
                 return {k: v for k, v in env.items() if "KEEP_ALIVE" in k}
@@ -385,6 +514,14 @@ class CpuSampler(threading.Thread):
             return prefix + "engine_core"
         if "vllm.entrypoints" in cmd or "APIServer" in name or "APIServer" in cmd:
             return prefix + "vllm_api"
+        # SGLang's processes (setproctitle "sglang::scheduler", "sglang::detokenizer"; the
+        # launch_server process runs the HTTP server and the tokenizer manager)
+        if "sglang::scheduler" in f"{name} {cmd}":
+            return "sglang_scheduler"
+        if "sglang::detokenizer" in f"{name} {cmd}":
+            return "sglang_detokenizer"
+        if "sglang.launch_server" in cmd:
+            return "sglang_api"
         return None
 
     def run(self) -> None:
@@ -700,35 +837,96 @@ def run_long(out: Path, log: Log, plan: str, prompt_tokens: int) -> dict[str, An
     return result
 
 
+def run_sglang_checks(out: Path, log: Log) -> dict[str, Any]:
+    """pytest on the SGLang tests only (GPU_ENGINE=sglang lets them run; the vLLM ones are not
+    collected): real SGLang 0.5.15 through serving.engine and the proxy."""
+    t = time.monotonic()
+    env = {**device.run_env("sglang"), "GPU_RESULTS": str(out), device.ENGINE_SELECT_ENV: "sglang"}
+    cmd = [
+        sys.executable, "-m", "pytest", *SGLANG_TESTS, "-v", "-rA", "-p", "no:cacheprovider",
+        "--confcutdir", "tests/gpu", "-o", "addopts=--strict-markers",
+    ]  # fmt: skip
+    with (out / "pytest-sglang.txt").open("w") as f:
+        done = subprocess.run(
+            cmd, cwd=device.ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900
+        )
+    text = (out / "pytest-sglang.txt").read_text()
+    summary = [ln for ln in text.splitlines() if re.match(r"^(PASSED|FAILED|SKIPPED|ERROR) ", ln)]
+    tail = text.strip().splitlines()[-1:] or [""]
+    log(f"pytest (SGLang) rc={done.returncode} in {time.monotonic() - t:.0f} s: {tail[0]}")
+    for line in summary:
+        log("  " + line[:200])
+    return {"rc": done.returncode, "seconds": round(time.monotonic() - t, 1), "summary": summary}
+
+
+SGLANG_TESTS = ["tests/gpu/test_sglang_serving.py", "tests/gpu/test_sglang_bad_flags.py"]
+
+
+def run_sglang_bench(out: Path, log: Log, plan: str) -> dict[str, Any]:
+    """SGLang 0.5.15 with the shipped SGLang defaults (+ this machine's backends) through
+    serving.engine, then bench.gpu.load direct (:8001) vs proxy (:8000), interleaved."""
+    result: dict[str, Any] = {"proxy_idle": proxy_idle_setting(), "plan": plan}
+    sampler = CpuSampler(out / "cpu.jsonl")
+    with serving(device.sglang_spec_dict(), out / "sglang-bench-engine.log", log) as info:
+        result["engine"] = info
+        log(f"engine keep-alive env seen in the SGLang process: {info['engine_keepalive_env']}")
+        sampler.start()
+        try:
+            result["load"] = run_load(load_cmd(out / "sglang-bench.json", plan), log)
+        finally:
+            sampler.stop.set()
+    result["load_rc"] = result["load"]["rc"]
+    result["table"] = result["load"]["table"]
+    return result
+
+
+VLLM_PHASES = {"checks", "bench", "tp", "coldstart", "long"}
+SGLANG_PHASES = {"sglang", "sglang-bench"}
+
+
 def run(args: argparse.Namespace) -> int:
     out = out_dir()
     log = Log(out / "run.log")
     result: dict[str, Any] = {"card": card(), "date": time.strftime("%Y-%m-%d %H:%M UTC")}
-    place_library(log)
-    result["versions"] = versions(with_site=True)
+    phases = {p.strip() for p in args.phases.split(",") if p.strip()}
+    unknown = phases - VLLM_PHASES - SGLANG_PHASES
+    if unknown:
+        log(f"unknown phases {sorted(unknown)}; known: {sorted(VLLM_PHASES | SGLANG_PHASES)}")
+        return 2
+    if phases & VLLM_PHASES:  # SGLang's phases need no vLLM kernel library
+        place_library(log)
+    engine = "vllm" if phases & VLLM_PHASES else "sglang"
+    result["versions"] = versions(with_site=True, engine=engine)
     log(f"card {result['card']}; versions {result['versions']}")
     rc = 0
     try:
-        if "checks" in args.phases:
+        if "checks" in phases:
             result["checks"] = run_checks(out, log)
             rc |= result["checks"]["rc"]
-        if "bench" in args.phases:
+        if "bench" in phases:
             result["bench"] = run_bench(out, log, args.plan, args.plain)
             rc |= result["bench"]["load_rc"]
-        if "tp" in args.phases:
+        if "tp" in phases:
             result["tp"] = run_tp(out, log, args.tp_plan)
-        if "coldstart" in args.phases:
+        if "coldstart" in phases:
             result["coldstart"] = run_coldstart(out, log)
-        if "long" in args.phases:
+        if "long" in phases:
             result["long"] = run_long(out, log, args.long_plan, args.prompt_tokens)
+        if "sglang" in phases:
+            result["sglang"] = run_sglang_checks(out, log)
+            rc |= result["sglang"]["rc"]
+        if "sglang-bench" in phases:
+            result["sglang_bench"] = run_sglang_bench(out, log, args.sglang_plan)
+            rc |= result["sglang_bench"]["load_rc"]
     except Exception as exc:  # what ran so far still comes back in run.json
         log(f"phase failed: {type(exc).__name__}: {exc}")
         result["error"] = f"{type(exc).__name__}: {exc}"
         rc |= 1
     finally:
         (out / "run.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    if "bench" in result:
-        print("\n" + result["bench"].get("table", ""))
+    for key in ("bench", "sglang_bench"):
+        if key in result:
+            print("\n" + result[key].get("table", ""))
     return rc
 
 
@@ -736,12 +934,20 @@ def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="python3 -m bench.gpu.remote", description=__doc__)
     sub = cli.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare", help="call 1: unpack, model, imports, flags")
+    sub.add_parser(
+        "prepare-sglang",
+        help="after prepare: unpack SGLang 0.5.15's part, its imports, its parser on the flags",
+    )
     r = sub.add_parser("run", help="call 2: place the library, checks and bench")
     r.add_argument(
         "--phases",
         default="checks,bench",
         help="comma list: checks, bench, tp (2 GPUs), coldstart (cold vs warm engine cache, wake),"
-        " long (long prompts)",
+        " long (long prompts); SGLang 0.5.15 (after prepare-sglang): sglang (its checks),"
+        " sglang-bench",
+    )
+    r.add_argument(
+        "--sglang-plan", default="1:2:8,32:2:64,256:2:512", help="load plan for sglang-bench"
     )
     r.add_argument("--tp-plan", default="1:2:8,32:2:128,256:2:512", help="load plan for tp")
     r.add_argument("--long-plan", default="1:2:4,32:2:64,256:1:256", help="load plan for long")
@@ -753,6 +959,8 @@ def main(argv: list[str] | None = None) -> int:
         help="bench a default `vllm serve` (PLAIN_PORT) too, interleaved with direct and proxy",
     )
     args = cli.parse_args(argv)
+    if args.cmd == "prepare-sglang":
+        return prepare_sglang(args)
     return prepare(args) if args.cmd == "prepare" else run(args)
 
 
