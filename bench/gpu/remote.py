@@ -336,8 +336,9 @@ def prepare_sglang(args: argparse.Namespace) -> int:
 
 def sglang_flag_argvs() -> list[list[str]]:
     """The SGLang argvs (without `python3 -m sglang.launch_server`) the GPU runs render, and
-    the spec's own variants: snapshot, TP 2, extra_args."""
-    sys.path[:0] = [str(device.ROOT)]
+    the spec's own variants: snapshot, TP 2, extra_args. serving.spec needs pydantic, which the
+    image lacks: it comes from the vLLM site (call 1), as in `flag_argvs`."""
+    sys.path[:0] = [str(device.ROOT), str(device.SITE)]
     from serving.spec import ServingSpec
 
     specs = [
