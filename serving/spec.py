@@ -880,6 +880,15 @@ class ServingSpec(_Model):
         if self.snapshot:
             # torch inductor's compile worker pool does not survive a memory snapshot.
             env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+            if self.engine == "sglang":
+                # SGLang's /health runs a one-token generation (0.5.15
+                # sglang/srt/entrypoints/http_server.py `health_generate`, unless
+                # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, default true in environ.py, is
+                # false). Our proxy keeps polling /health while the engine sleeps for the
+                # snapshot: on the H100 such a generation on released memory crashed 0.5.15's
+                # scheduler right after /release_memory_occupation (docs/gpu.md, run I). Off,
+                # /health answers 200 without generating; readiness still waits for our warm-up.
+                env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] = "false"
             if self.engine == "vllm":
                 # /sleep and /wake_up exist only in dev mode; the proxy never forwards them.
                 env["VLLM_SERVER_DEV_MODE"] = "1"

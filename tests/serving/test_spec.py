@@ -510,6 +510,10 @@ def test_engine_env() -> None:
     assert snap["VLLM_SERVER_DEV_MODE"] == "1" and snap["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
     sg = make(engine="sglang", snapshot=True, context_length=4096).engine_env()
     assert "VLLM_SERVER_DEV_MODE" not in sg and sg["SGLANG_CACHE_DIR"] == "/root/.cache/sglang"
+    # SGLang's /health must not generate while the engine sleeps for a snapshot (docs/gpu.md)
+    assert sg["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "false"
+    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" not in make(engine="sglang").engine_env()
+    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" not in snap
     for e in (env, snap, sg):  # every cache lives on a volume
         cache_root = make(engine="sglang" if e is sg else "vllm").engine_cache_path
         for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH"):
