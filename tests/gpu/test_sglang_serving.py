@@ -137,14 +137,21 @@ def test_non_stream_usage(served_sglang: Served) -> None:
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
 
 
+# sglang 0.5.15 managers/tokenizer_manager.py `create_abort_task`: `await asyncio.sleep(2)`
+# before it aborts a request whose client is gone.
+ENGINE_ABORT_DELAY_S = 2.0
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_client_disconnect_frees_the_engine_slot(
     served_sglang: Served, results: dict[str, Any], target: str
 ) -> None:
     """A client that goes away mid-stream: SGLang's own count of running requests (its load
-    report, /v1/loads) back to 0 within 1 s (through the proxy: the proxy must close its
-    engine connection at once). SGLang's Prometheus gauge is recorded beside it; it is set
-    only every 40 decode steps and every 30 s idle, so it is not what is asserted.
+    report, /v1/loads) back to 0 within 1 s of SGLang's own 2 s abort delay (through the
+    proxy: the proxy must close its engine connection at once; issue 24 asks for 1 s, which
+    SGLang 0.5.15 itself does not give, direct or not). SGLang's Prometheus gauge is recorded
+    beside it; it is set only every 40 decode steps and every 30 s idle, so it is not what is
+    asserted.
 
     To watch for: sglang 0.5.15 aborts a stream whose client left from the response's
     background task, which first sleeps 2 s (managers/tokenizer_manager.py create_abort_task),
@@ -180,4 +187,8 @@ def test_client_disconnect_frees_the_engine_slot(
         "abort_lines": served_sglang.matching("Abort", "abort")[-4:],
     }
     assert during >= 1
-    assert left == 0 and gone_s <= 1.0, f"still {left} running {gone_s:.2f} s after the close"
+    # The engine's own floor: 0.5.15 waits ENGINE_ABORT_DELAY_S before it aborts (docstring).
+    # Measured on the H100 (docs/gpu.md, runs I and J): freed 2.01-2.03 s after the close,
+    # direct and through the proxy alike; the proxy adds nothing a client would see.
+    bound = ENGINE_ABORT_DELAY_S + 1.0
+    assert left == 0 and gone_s <= bound, f"still {left} running {gone_s:.2f} s after the close"
