@@ -75,9 +75,9 @@ ENGINE_RELEASES: dict[str, dict[str, EngineRelease]] = {
         ),
         "0.5.15": EngineRelease(
             "lmsysorg/sglang:v0.5.15",
-            "parser",
-            "serving/engine_flags/sglang_0_5_15.py (pins torch 2.11.0 as the lent GPU has; "
-            "docs/gpu.md: bench.gpu.remote prepare-sglang, run --phases sglang)",
+            "gpu",
+            "docs/gpu.md: one H100 80GB HBM3, torch 2.11.0, Triton attention backend (what "
+            "travels to the lent GPU), python -m bench.gpu.remote run --phases sglang",
         ),
     },
 }
