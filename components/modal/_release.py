@@ -74,6 +74,10 @@ def rollback_command(name: str, env: str, version: int) -> str:
     return f"modal app rollback {name} v{version}" + (f" -e {env}" if env else "")
 
 
+#: The least time the re-check of a rolled-back version gets (bounded by customTimeouts).
+RECHECK_MIN_S = 30.0
+
+
 @dataclass(frozen=True)
 class Releases:
     """What Modal holds about an app's releases: its deployment history and tags."""
@@ -215,7 +219,11 @@ class Release:
         # the rest for a rollback and its re-check, so the step ends within the limit.
         limit = _custom_timeout(props, action)
         self.gate_deadline = min(budget, limit / 2) if limit else budget
-        self.recheck_deadline = min(budget, limit / 2 - 5.0) if limit else budget
+        # The re-check of the rolled-back version waits for the failed version's containers to
+        # leave and the known-good one to answer: never less than RECHECK_MIN_S, however short
+        # the gate's own budget (a short gate budget says how long a NEW version may take).
+        recheck = max(budget, RECHECK_MIN_S)
+        self.recheck_deadline = min(recheck, limit / 2 - 5.0) if limit else recheck
         self.recheck_deadline = max(self.recheck_deadline, 5.0)
         #: Release records known in this transaction: read before publish, written since.
         self.records: dict[int, str] = {}

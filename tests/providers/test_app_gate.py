@@ -557,6 +557,12 @@ def test_custom_timeouts_bound_the_release() -> None:
     assert (plain.gate_deadline, plain.recheck_deadline) == (720.0, 720.0)
     bounded = release("update", health_gate_timeout_s=720.0, custom_timeouts={"update": 600})
     assert (bounded.gate_deadline, bounded.recheck_deadline) == (300.0, 295.0)
+    # A short gate budget still leaves the re-check of the known-good version its 30 s...
+    short = release("update", health_gate_timeout_s=4.0)
+    assert (short.gate_deadline, short.recheck_deadline) == (4.0, 30.0)
+    # ...unless customTimeouts bound the step tighter.
+    tight = release("update", health_gate_timeout_s=4.0, custom_timeouts={"update": 40})
+    assert (tight.gate_deadline, tight.recheck_deadline) == (4.0, 15.0)
     # Only the step's own limit counts: a create limit does not bound an update.
     other = release("update", health_gate_timeout_s=720.0, custom_timeouts={"create": 60})
     assert other.gate_deadline == 720.0
