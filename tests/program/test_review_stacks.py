@@ -347,6 +347,7 @@ def service_users(env: Env, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return [su.name for su in modal.Workspace.from_context().service_users.list()]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_two_prs_at_once_twice_create_comment_update_destroy(
     env: Env, monkeypatch: pytest.MonkeyPatch
@@ -449,6 +450,7 @@ def _warnings(comment: str) -> list[str]:
     return [line for line in comment.splitlines() if line.startswith("⚠️")]
 
 
+@pytest.mark.slow
 def test_comment_shows_the_cost_delta_of_a_gpu_change(env: Env) -> None:
     """The figures are computed here from the price table; the comment must show exactly them
     (dev now: one L4 at most, none kept warm; the PR: one H100 kept warm)."""
@@ -466,6 +468,7 @@ def test_comment_shows_the_cost_delta_of_a_gpu_change(env: Env) -> None:
     assert f"| `tiny` | L4 → H100 | $0.00 → ${h100:,.2f} | ${l4:,.2f} → ${h100:,.2f} |" in comment
 
 
+@pytest.mark.slow
 def test_comment_warns_of_a_replace_of_retained_and_protected_resources(env: Env) -> None:
     """dev keeps its caches (protectCaches: the volumes protect + retainOnDelete, the
     environment retainOnDelete). A PR renaming the environment and dropping protectCaches
