@@ -150,6 +150,7 @@ def engine_python(engine: str, version: str) -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # importing a release's parser: 20-30 s alone, minutes on a busy machine
 @pytest.mark.parametrize(("engine", "version"), RELEASES)
 def test_parser_accepts_rendered_commands(engine: str, version: str) -> None:
     python = engine_python(engine, version)
