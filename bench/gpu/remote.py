@@ -548,24 +548,33 @@ class CpuSampler(threading.Thread):
                 f.flush()
 
 
-def run_checks(out: Path, log: Log) -> dict[str, Any]:
+def run_checks(out: Path, log: Log, engine: str = "vllm") -> dict[str, Any]:
+    """pytest on the GPU tests of one engine, through serving.engine and the proxy: vLLM's
+    (tests/gpu; the SGLang ones skip without GPU_ENGINE=sglang) or SGLang 0.5.15's."""
     t = time.monotonic()
-    env = {**device.run_env(), "GPU_RESULTS": str(out)}
+    env = {**device.run_env(engine), "GPU_RESULTS": str(out)}
+    tests, report = ["tests/gpu"], out / "pytest.txt"
+    if engine == "sglang":
+        env[device.ENGINE_SELECT_ENV] = "sglang"
+        tests, report = SGLANG_TESTS, out / "pytest-sglang.txt"
     cmd = [
-        sys.executable, "-m", "pytest", "tests/gpu", "-v", "-rA", "-p", "no:cacheprovider",
+        sys.executable, "-m", "pytest", *tests, "-v", "-rA", "-p", "no:cacheprovider",
         "--confcutdir", "tests/gpu", "-o", "addopts=--strict-markers",
     ]  # fmt: skip
-    with (out / "pytest.txt").open("w") as f:
+    with report.open("w") as f:
         done = subprocess.run(
             cmd, cwd=device.ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900
         )
-    text = (out / "pytest.txt").read_text()
+    text = report.read_text()
     summary = [ln for ln in text.splitlines() if re.match(r"^(PASSED|FAILED|SKIPPED|ERROR) ", ln)]
     tail = text.strip().splitlines()[-1:] or [""]
-    log(f"pytest tests/gpu rc={done.returncode} in {time.monotonic() - t:.0f} s: {tail[0]}")
+    log(f"pytest ({engine}) rc={done.returncode} in {time.monotonic() - t:.0f} s: {tail[0]}")
     for line in summary:
         log("  " + line[:200])
     return {"rc": done.returncode, "seconds": round(time.monotonic() - t, 1), "summary": summary}
+
+
+SGLANG_TESTS = ["tests/gpu/test_sglang_serving.py", "tests/gpu/test_sglang_bad_flags.py"]
 
 
 PLAIN_PORT = 8002
@@ -650,22 +659,14 @@ def run_bench(out: Path, log: Log, plan: str, plain: bool) -> dict[str, Any]:
         result["engine"] = info
         log(f"engine keep-alive env seen in the vLLM process: {info['engine_keepalive_env']}")
         sampler.start()
-        t = time.monotonic()
-        cmd = [
-            sys.executable, "-m", "bench.gpu.load", "--key", device.API_KEY,
-            "--model", device.SERVED_NAME, "--plan", plan, "--out", str(out / "bench.json"),
-        ]  # fmt: skip
+        cmd = load_cmd(out / "bench.json", plan)
         if plain:
             cmd += ["--plain", f"http://127.0.0.1:{PLAIN_PORT}"]
-        done = subprocess.run(
-            cmd, cwd=device.ROOT, env=device.run_env(), capture_output=True, text=True
-        )
-        sampler.stop.set()
-        result["load_rc"] = done.returncode
-        result["load_s"] = round(time.monotonic() - t, 1)
-        result["table"] = done.stdout[done.stdout.find("| streams") :]
-        if done.returncode:
-            log(f"load failed: {done.stderr[-1500:]}")
+        try:
+            load = run_load(cmd, log)
+        finally:
+            sampler.stop.set()
+        result.update(load_rc=load["rc"], load_s=load["seconds"], table=load["table"])
     return result
 
 
@@ -838,31 +839,6 @@ def run_long(out: Path, log: Log, plan: str, prompt_tokens: int) -> dict[str, An
     return result
 
 
-def run_sglang_checks(out: Path, log: Log) -> dict[str, Any]:
-    """pytest on the SGLang tests only (GPU_ENGINE=sglang lets them run; the vLLM ones are not
-    collected): real SGLang 0.5.15 through serving.engine and the proxy."""
-    t = time.monotonic()
-    env = {**device.run_env("sglang"), "GPU_RESULTS": str(out), device.ENGINE_SELECT_ENV: "sglang"}
-    cmd = [
-        sys.executable, "-m", "pytest", *SGLANG_TESTS, "-v", "-rA", "-p", "no:cacheprovider",
-        "--confcutdir", "tests/gpu", "-o", "addopts=--strict-markers",
-    ]  # fmt: skip
-    with (out / "pytest-sglang.txt").open("w") as f:
-        done = subprocess.run(
-            cmd, cwd=device.ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900
-        )
-    text = (out / "pytest-sglang.txt").read_text()
-    summary = [ln for ln in text.splitlines() if re.match(r"^(PASSED|FAILED|SKIPPED|ERROR) ", ln)]
-    tail = text.strip().splitlines()[-1:] or [""]
-    log(f"pytest (SGLang) rc={done.returncode} in {time.monotonic() - t:.0f} s: {tail[0]}")
-    for line in summary:
-        log("  " + line[:200])
-    return {"rc": done.returncode, "seconds": round(time.monotonic() - t, 1), "summary": summary}
-
-
-SGLANG_TESTS = ["tests/gpu/test_sglang_serving.py", "tests/gpu/test_sglang_bad_flags.py"]
-
-
 def run_sglang_bench(out: Path, log: Log, plan: str) -> dict[str, Any]:
     """SGLang 0.5.15 with the shipped SGLang defaults (+ this machine's backends) through
     serving.engine, then bench.gpu.load direct (:8001) vs proxy (:8000), interleaved."""
@@ -914,7 +890,7 @@ def run(args: argparse.Namespace) -> int:
         if "long" in phases:
             result["long"] = run_long(out, log, args.long_plan, args.prompt_tokens)
         if "sglang" in phases:
-            result["sglang"] = run_sglang_checks(out, log)
+            result["sglang"] = run_checks(out, log, "sglang")
             rc |= result["sglang"]["rc"]
         if "sglang-bench" in phases:
             result["sglang_bench"] = run_sglang_bench(out, log, args.sglang_plan)
