@@ -121,9 +121,14 @@ ENGINE_CORE_CPUS_PER_GPU = 1
 # ...and one core for the auth proxy (1-32 % at 256 streams), the warm-up and health polls,
 # Modal's in-container runtime.
 SUPPORT_CPUS = 1
-# SGLang's HTTP server has no equivalent of --api-server-count in the releases recorded here:
-# its tokenizer manager and detokenizer are one process each beside the scheduler(s).
-SGLANG_FRONTEND_CPUS = 2
+# SGLang's counterpart is `--tokenizer-worker-num N` (0.5.15 and 0.5.23: N uvicorn workers, each
+# an HTTP server with its own tokenizer manager, sharing the port; 0.5.15
+# sglang/srt/entrypoints/http_server.py `launch_server`, `workers=tokenizer_worker_num`), beside
+# one detokenizer process and the scheduler(s). `api_server_count` sets N for SGLang; unset it
+# stays at SGLang's default of 1 until a GPU run shows more serve better (docs/gpu.md).
+SGLANG_DEFAULT_TOKENIZER_WORKERS = 1
+# SGLang's detokenizer: one process beside the tokenizer workers.
+SGLANG_DETOKENIZER_CPUS = 1
 # Modal bills a container's CPU request per core (https://modal.com/pricing); the largest
 # request the spec accepts (Modal's own limit per container is higher).
 MAX_CPU = 64.0
@@ -232,6 +237,7 @@ RESERVED_FLAGS: dict[str, dict[str, str]] = {
         "--enable-weights-cpu-backup": "snapshot",
         "--download-dir": "volumes.hf_cache",
         "--api-key": _PROXY_KEYS,
+        "--tokenizer-worker-num": "api_server_count",
     },
 }
 
@@ -469,7 +475,8 @@ class ServingSpec(_Model):
     # CPU cores the container requests (Modal `cpu=`); None = what the engine's processes need
     # (`cpu_request`). Left out of to_json() when None, like api_server_count.
     cpu: Annotated[float, Field(ge=1.0, le=MAX_CPU)] | None = None
-    # vLLM's `--api-server-count`; None = derived from `cpu` (`api_servers`). vLLM only.
+    # vLLM's `--api-server-count` / SGLang's `--tokenizer-worker-num`: HTTP-server processes
+    # in front of the engine core; None = derived (`api_servers`).
     api_server_count: Annotated[int, Field(ge=1, le=64)] | None = None
 
     # ---- field checks ----------------------------------------------------------------------
@@ -643,14 +650,6 @@ class ServingSpec(_Model):
                 )
             )
         problems += extra_args_problems(self.engine, self.extra_args, self.engine_version)
-        if self.api_server_count is not None and self.engine != "vllm":
-            problems.append(
-                (
-                    "api_server_count",
-                    f"api_server_count is vLLM's --api-server-count; {self.engine} has no such "
-                    "flag. Leave it unset (set cpu for the container's cores)",
-                )
-            )
         if (
             self.cpu is not None
             and self.api_server_count is not None
@@ -661,8 +660,9 @@ class ServingSpec(_Model):
                     "cpu",
                     f"cpu={self.cpu:g} is below what api_server_count={self.api_server_count} "
                     f"needs: {self.api_server_count + self._non_api_cpus} (one core per API "
-                    f"server, {self._non_api_cpus} for the engine core, its GPU workers and "
-                    "the proxy). Raise cpu, lower api_server_count, or leave one unset",
+                    f"server, {self._non_api_cpus} for the engine core, its GPU workers"
+                    + (", SGLang's detokenizer" if self.engine == "sglang" else "")
+                    + " and the proxy). Raise cpu, lower api_server_count, or leave one unset",
                 )
             )
         if self.proxy.max_in_flight < self.scaling.max_concurrency:
@@ -704,23 +704,27 @@ class ServingSpec(_Model):
 
     @property
     def _non_api_cpus(self) -> int:
-        """Cores for the engine core (plus one worker per GPU under TP) and the proxy."""
+        """Cores for the engine core (plus one worker per GPU under TP), SGLang's
+        detokenizer, and the proxy."""
         gpus = self.gpu_count * ENGINE_CORE_CPUS_PER_GPU
-        return (gpus if self.gpu_count == 1 else gpus + 1) + SUPPORT_CPUS
+        frontend = SGLANG_DETOKENIZER_CPUS if self.engine == "sglang" else 0
+        return (gpus if self.gpu_count == 1 else gpus + 1) + frontend + SUPPORT_CPUS
 
     @property
     def api_servers(self) -> int:
-        """vLLM API-server processes (`--api-server-count`; 1 for SGLang).
+        """HTTP-server processes: vLLM's `--api-server-count`, SGLang's
+        `--tokenizer-worker-num`.
 
-        Explicit `api_server_count` wins. Else, with `cpu` set: every core the engine core,
-        its GPU workers and the proxy leave over (at least 1). Else DEFAULT_API_SERVERS, but 1
-        with `snapshot`: the snapshot cycle (sleep/wake through the dev endpoints, then
-        Modal's memory snapshot of every process) was verified with one API server only.
+        Explicit `api_server_count` wins. SGLang: else SGLANG_DEFAULT_TOKENIZER_WORKERS. vLLM:
+        else, with `cpu` set, every core the engine core, its GPU workers and the proxy leave
+        over (at least 1); else DEFAULT_API_SERVERS, but 1 with `snapshot`: the snapshot cycle
+        (sleep/wake through the dev endpoints, then Modal's memory snapshot of every process)
+        was verified with one API server only.
         """
-        if self.engine != "vllm":
-            return 1
         if self.api_server_count is not None:
             return self.api_server_count
+        if self.engine != "vllm":
+            return SGLANG_DEFAULT_TOKENIZER_WORKERS
         if self.cpu is not None:
             return max(1, math.floor(self.cpu) - self._non_api_cpus)
         return 1 if self.snapshot else DEFAULT_API_SERVERS
@@ -732,9 +736,7 @@ class ServingSpec(_Model):
         detokenizer processes instead of the API servers)."""
         if self.cpu is not None:
             return self.cpu
-        if self.engine == "vllm":
-            return float(self.api_servers + self._non_api_cpus)
-        return float(SGLANG_FRONTEND_CPUS + self._non_api_cpus)
+        return float(self.api_servers + self._non_api_cpus)
 
     def modal_gpu(self) -> str | list[str]:
         """The `gpu=` argument for Modal: "H100" / "H100:2", or a preference list of those."""
@@ -845,6 +847,9 @@ class ServingSpec(_Model):
                 cmd += ["--context-length", str(self.context_length)]
             if self.snapshot:
                 cmd += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
+            if self.api_servers > 1:
+                # HTTP servers, each with its own tokenizer (see SGLANG_DEFAULT_TOKENIZER_WORKERS)
+                cmd += ["--tokenizer-worker-num", str(self.api_servers)]
         return cmd + list(self.extra_args)
 
     def _default_wanted(self, flag: str) -> bool:

@@ -63,11 +63,19 @@ def test_flag_in_extra_args_is_refused_for_the_field() -> None:
             make(extra_args=[flag, "2"])
 
 
-def test_sglang_has_no_api_server_count() -> None:
+def test_sglang_tokenizer_workers_are_its_api_servers() -> None:
     s = make(engine="sglang")
     assert s.api_servers == 1 and s.cpu_request == 4.0  # tokenizer + detokenizer + core + proxy
-    with pytest.raises(ValidationError, match="sglang has no such flag"):
-        make(engine="sglang", api_server_count=2)
+    assert "--tokenizer-worker-num" not in s.engine_command()
+    four = make(engine="sglang", api_server_count=4)
+    cmd = four.engine_command()
+    assert cmd[cmd.index("--tokenizer-worker-num") + 1] == "4"
+    assert four.cpu_request == 7.0  # 4 tokenizer workers + detokenizer + core + proxy
+    assert "--api-server-count" not in cmd
+    with pytest.raises(ValidationError, match="cpu=4 is below what api_server_count=4 needs: 7"):
+        make(engine="sglang", cpu=4, api_server_count=4)
+    with pytest.raises(ValidationError, match="set api_server_count"):
+        make(engine="sglang", extra_args=["--tokenizer-worker-num", "2"])
 
 
 def test_unset_fields_keep_the_digest_set_fields_change_it() -> None:
