@@ -172,8 +172,9 @@ def run_round(
     requests: int,
     max_tokens: int,
     words: int = 0,
-) -> tuple[list[Result], float]:
-    """One round: `requests` streams, `concurrency` at a time, over a few processes."""
+) -> tuple[list[Result], float, float]:
+    """One round: `requests` streams, `concurrency` at a time, over a few processes.
+    Returns the results, the round's wall seconds and its start (epoch seconds)."""
     procs = 1 if concurrency == 1 else (4 if concurrency <= 32 else 8)
     procs = min(procs, concurrency)
     queue: Any = mp.Queue()
@@ -194,27 +195,28 @@ def run_round(
         ends.append(t_end)
     for p in workers:
         p.join()
-    return results, max(ends) - min(starts)
+    return results, max(ends) - min(starts), min(starts)
 
 
 def summarize(
-    target: str, concurrency: int, rounds: list[tuple[list[Result], float]]
+    target: str, concurrency: int, rounds: list[tuple[list[Result], float, float]]
 ) -> dict[str, Any]:
-    results = [r for res, _ in rounds for r in res]
+    results = [r for res, _, _ in rounds for r in res]
     ok = [r for r in results if r[0] == 200]
     ttft = [r[1] for r in ok if r[1] is not None]
     total = [r[2] for r in ok]
-    wall = sum(w for _, w in rounds)
+    wall = sum(w for _, w, _ in rounds)
     tokens = sum(r[3] for r in ok)
     errors: dict[str, int] = {}
     for r in results:
         if r[0] != 200:
             errors[str(r[0])] = errors.get(str(r[0]), 0) + 1
     per_round = []
-    for res, w in rounds:
+    for res, w, start in rounds:
         good = [r for r in res if r[0] == 200]
         per_round.append(
             {
+                "start": round(start, 3),  # epoch s: matches the CPU samples (remote.CpuSampler)
                 "wall_s": round(w, 3),
                 "tok_per_s": round(sum(r[3] for r in good) / w, 1) if w else 0.0,
                 "ttft_p50_ms": round(percentile([r[1] for r in good if r[1]], 50) * 1e3, 1),
@@ -251,7 +253,7 @@ def run_plan(
         for name in order:  # warm-up: connections, CUDA graphs for this batch size
             base, headers = targets[name]
             run_round(base, headers, model, concurrency, concurrency, max_tokens, words)
-        acc: dict[str, list[tuple[list[Result], float]]] = {name: [] for name in order}
+        acc: dict[str, list[tuple[list[Result], float, float]]] = {name: [] for name in order}
         for r in range(rounds):
             for name in order if r % 2 == 0 else order[::-1]:
                 base, headers = targets[name]

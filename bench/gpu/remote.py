@@ -54,6 +54,32 @@ from typing import IO, Any
 from bench.gpu import device
 
 PAYLOAD = device.ROOT / ".gpu-payload"
+
+# `run --server-cpus 0-7 --client-cpus 8-15`: the engine, the proxy and the plain engine on one
+# set of cores, the load clients on the other, so that the clients (up to ~15 cores at 1024
+# streams, docs/gpu.md runs C and D) do not take CPU from what is measured. None: unpinned.
+CPU_SETS: dict[str, set[int] | None] = {"server": None, "client": None}
+
+
+def parse_cpus(text: str | None) -> set[int] | None:
+    """ "0-7" / "0,2,4-6" -> {0, ..., 7} / {0, 2, 4, 5, 6}; None or "" -> None (unpinned)."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pinned(role: str) -> Any:
+    """A preexec_fn that puts the child (and what it spawns) on the role's cores, or None."""
+    cpus = CPU_SETS.get(role)
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 C_LIB = "vllm/_C_stable_libtorch.abi3.so"
 STUB = "vllm/_C_stable_libtorch.py"
 ENGINE_START_LINES = re.compile(
@@ -347,6 +373,7 @@ def sglang_flag_argvs() -> list[list[str]]:
         {**device.sglang_spec_dict(), "gpu_count": 2, "gpu_memory_fraction": 0.85},
         device.sglang_spec_dict(extra_args=["--max-running-requests", "64"]),
         device.sglang_spec_dict(extra_args=["--chunked-prefill-size=-1"]),
+        {**device.sglang_spec_dict(), "api_server_count": 4},  # --tokenizer-worker-num 4
         # the shipped SGLang defaults alone (without this machine's backends)
         {**device.spec_dict(), "engine": "sglang", "engine_version": device.SGLANG_VERSION},
     ]  # fmt: skip
@@ -429,6 +456,7 @@ def serving(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=pinned("server"),
     )
     ready = threading.Event()
     lines: list[tuple[float, str]] = []
@@ -518,11 +546,13 @@ class CpuSampler(threading.Thread):
         # SGLang's processes (setproctitle "sglang::scheduler", "sglang::detokenizer"; the
         # launch_server process runs the HTTP server and the tokenizer manager)
         if "sglang::scheduler" in f"{name} {cmd}":
-            return "sglang_scheduler"
+            return prefix + "sglang_scheduler"
         if "sglang::detokenizer" in f"{name} {cmd}":
-            return "sglang_detokenizer"
+            return prefix + "sglang_detokenizer"
         if "sglang.launch_server" in cmd:
-            return "sglang_api"
+            return prefix + "sglang_api"
+        if "sglang.launch_server" in family:  # e.g. --tokenizer-worker-num's HTTP workers
+            return prefix + "sglang_child"
         return None
 
     def run(self) -> None:
@@ -540,6 +570,10 @@ class CpuSampler(threading.Thread):
                 for pid, (role, p) in list(seen.items()):
                     try:
                         total[role] = total.get(role, 0.0) + p.cpu_percent(None)
+                        # CPU seconds so far of the role's live processes (per round: cpu_by_round)
+                        times = p.cpu_times()
+                        used = f"{role}_cpu_s"
+                        total[used] = round(total.get(used, 0.0) + times.user + times.system, 2)
                         rss = f"{role}_rss_mib"  # resident memory, for the memory request
                         total[rss] = round(total.get(rss, 0.0) + p.memory_info().rss / 2**20)
                     except psutil.Error:
@@ -597,25 +631,40 @@ def plain_command() -> list[str]:
     ]  # fmt: skip
 
 
+def plain_sglang_command() -> list[str]:
+    """A default SGLang launch: as plain_command, plus this machine's backends
+    (device.SGLANG_EXTRA_ARGS: what does not travel here, not a tuning)."""
+    return [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(device.WEIGHTS_ROOT / device.WEIGHTS_PATH),
+        "--context-length", str(device.CONTEXT_LENGTH),
+        "--served-model-name", device.SERVED_NAME,
+        "--host", "127.0.0.1", "--port", str(PLAIN_PORT),
+        "--mem-fraction-static", str(SHARED_MEMORY_FRACTION),
+        *device.SGLANG_EXTRA_ARGS,
+    ]  # fmt: skip
+
+
 @contextlib.contextmanager
-def plain_vllm(log_path: Path, log: Log) -> Iterator[dict[str, Any]]:
-    """The plain `vllm serve` until its /health answers 200; stopped (SIGTERM) on exit."""
+def plain_engine(log_path: Path, log: Log, engine: str = "vllm") -> Iterator[dict[str, Any]]:
+    """The plain `vllm serve` (or SGLang launch) until its /health answers 200; stopped
+    (SIGTERM) on exit."""
     import urllib.request
 
-    cmd = plain_command()
+    cmd = plain_command() if engine == "vllm" else plain_sglang_command()
     info: dict[str, Any] = {"argv": cmd}
     t0 = time.monotonic()
     with log_path.open("w") as logf:
         proc = subprocess.Popen(
-            cmd, cwd="/tmp", env=device.run_env(), stdout=logf, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            cmd, cwd="/tmp", env=device.run_env(engine), stdout=logf, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=pinned("server"),
         )  # fmt: skip
         try:
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"plain vllm serve exited {proc.returncode}; {log_path}")
+                    raise RuntimeError(f"plain {engine} exited {proc.returncode}; {log_path}")
                 if time.monotonic() - t0 > 600:
-                    raise RuntimeError(f"plain vllm serve not healthy after 600 s; {log_path}")
+                    raise RuntimeError(f"plain {engine} not healthy after 600 s; {log_path}")
                 with contextlib.suppress(OSError):
                     url = f"http://127.0.0.1:{PLAIN_PORT}/health"
                     with urllib.request.urlopen(url, timeout=2) as resp:
@@ -623,7 +672,7 @@ def plain_vllm(log_path: Path, log: Log) -> Iterator[dict[str, Any]]:
                             break
                 time.sleep(1.0)
             info["ready_s"] = round(time.monotonic() - t0, 1)
-            log(f"plain vllm serve healthy after {info['ready_s']} s")
+            log(f"plain {engine} healthy after {info['ready_s']} s")
             yield info
         finally:
             with contextlib.suppress(ProcessLookupError):
@@ -647,13 +696,52 @@ def bench_spec() -> dict[str, Any]:
     }
 
 
+def cpu_by_round(cpu_path: Path, bench_path: Path) -> list[dict[str, Any]]:
+    """Each counted round's CPU use per long-lived role (% of one core over the round), from
+    the sampler's cumulative CPU seconds at the samples just before and after the round.
+    The load clients' processes live one round each, so their seconds are not summed here."""
+    samples = [json.loads(line) for line in cpu_path.read_text().splitlines() if line.strip()]
+    rows: list[dict[str, Any]] = []
+    for row in json.loads(bench_path.read_text())["rows"]:
+        for i, rnd in enumerate(row.get("rounds", [])):
+            start, end = rnd["start"], rnd["start"] + rnd["wall_s"]
+            before = [s for s in samples if s["t"] <= start]
+            after = [s for s in samples if s["t"] >= end]
+            if not before or not after:
+                continue
+            a, b = before[-1], after[0]
+            span = b["t"] - a["t"]
+            use = {
+                k[: -len("_cpu_s")]: round((b[k] - a.get(k, 0.0)) / span * 100, 1)
+                for k in b
+                if k.endswith("_cpu_s") and not k.startswith("client") and span > 0
+            }
+            rows.append(
+                {"streams": row["concurrency"], "target": row["target"], "round": i,
+                 "tok_per_s": rnd["tok_per_s"], "span_s": round(span, 1), **use}
+            )  # fmt: skip
+    return rows
+
+
+def cpu_table(rows: list[dict[str, Any]]) -> str:
+    roles = sorted({k for r in rows for k in r} - {"streams", "target", "round", "tok_per_s",
+                                                   "span_s"})  # fmt: skip
+    lines = ["| streams | target | round | tokens/s | samples s | " + " | ".join(roles) + " |"]
+    lines.append("|---" * (5 + len(roles)) + "|")
+    for r in rows:
+        cells = [str(r["streams"]), r["target"], str(r["round"]), f"{r['tok_per_s']:.0f}",
+                 str(r["span_s"]), *(f"{r.get(k, 0.0):.0f}" for k in roles)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def run_bench(out: Path, log: Log, plan: str, plain: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"proxy_idle": proxy_idle_setting(), "plan": plan}
     log(f"proxy pool idle lifetime: {result['proxy_idle']}")
     sampler = CpuSampler(out / "cpu.jsonl")
     with contextlib.ExitStack() as stack:
         if plain:  # first, alone: vLLM profiles the card's free memory while it starts
-            result["plain"] = stack.enter_context(plain_vllm(out / "plain-engine.log", log))
+            result["plain"] = stack.enter_context(plain_engine(out / "plain-engine.log", log))
         spec = bench_spec() if plain else device.spec_dict()
         info = stack.enter_context(serving(spec, out / "bench-engine.log", log))
         result["engine"] = info
@@ -667,7 +755,19 @@ def run_bench(out: Path, log: Log, plan: str, plain: bool) -> dict[str, Any]:
         finally:
             sampler.stop.set()
         result.update(load_rc=load["rc"], load_s=load["seconds"], table=load["table"])
+    add_cpu_by_round(result, out / "cpu.jsonl", out / "bench.json", log)
     return result
+
+
+def add_cpu_by_round(result: dict[str, Any], cpu: Path, bench: Path, log: Log) -> None:
+    """% of one core per role in each counted round (cpu_by_round), into the result and log."""
+    try:
+        rows = cpu_by_round(cpu, bench)
+    except (OSError, ValueError, KeyError) as exc:
+        log(f"CPU by round: not computed ({type(exc).__name__}: {exc})")
+        return
+    result["cpu_by_round"] = rows
+    log("CPU by round (% of one core, between the samples around each round):\n" + cpu_table(rows))
 
 
 # serving/spec.py ENGINE_CACHE_PATHS["vllm"]: the engine-cache Volume's mount, where the spec
@@ -799,8 +899,9 @@ def load_cmd(out_file: Path, plan: str, prompt_tokens: int = 0) -> list[str]:
 def run_load(cmd: list[str], log: Log) -> dict[str, Any]:
     t = time.monotonic()
     done = subprocess.run(
-        cmd, cwd=device.ROOT, env=device.run_env(), capture_output=True, text=True
-    )
+        cmd, cwd=device.ROOT, env=device.run_env(), capture_output=True, text=True,
+        preexec_fn=pinned("client"),
+    )  # fmt: skip
     if done.returncode:
         log(f"load failed: {done.stderr[-1500:]}")
     table = done.stdout[done.stdout.find("| streams") :]
@@ -839,21 +940,38 @@ def run_long(out: Path, log: Log, plan: str, prompt_tokens: int) -> dict[str, An
     return result
 
 
-def run_sglang_bench(out: Path, log: Log, plan: str) -> dict[str, Any]:
-    """SGLang 0.5.15 with the shipped SGLang defaults (+ this machine's backends) through
-    serving.engine, then bench.gpu.load direct (:8001) vs proxy (:8000), interleaved."""
+def run_sglang_bench(
+    out: Path, log: Log, plan: str, plain: bool = False, workers: int | None = None
+) -> dict[str, Any]:
+    """SGLang 0.5.15 with the shipped SGLang defaults (+ this machine's backends; `workers`:
+    api_server_count, i.e. --tokenizer-worker-num) through serving.engine, then bench.gpu.load
+    direct (:8001) vs proxy (:8000), and a default SGLang launch (`plain`), interleaved."""
     result: dict[str, Any] = {"proxy_idle": proxy_idle_setting(), "plan": plan}
     sampler = CpuSampler(out / "cpu.jsonl")
-    with serving(device.sglang_spec_dict(), out / "sglang-bench-engine.log", log) as info:
+    spec = device.sglang_spec_dict()
+    if workers is not None:
+        spec["api_server_count"] = workers
+    with contextlib.ExitStack() as stack:
+        if plain:  # first, alone, as for vLLM (run_bench)
+            result["plain"] = stack.enter_context(
+                plain_engine(out / "plain-engine.log", log, "sglang")
+            )
+            spec["gpu_memory_fraction"] = SHARED_MEMORY_FRACTION
+            spec["proxy"] = {"max_in_flight": 4096}
+        info = stack.enter_context(serving(spec, out / "sglang-bench-engine.log", log))
         result["engine"] = info
         log(f"engine keep-alive env seen in the SGLang process: {info['engine_keepalive_env']}")
         sampler.start()
+        cmd = load_cmd(out / "sglang-bench.json", plan)
+        if plain:
+            cmd += ["--plain", f"http://127.0.0.1:{PLAIN_PORT}"]
         try:
-            result["load"] = run_load(load_cmd(out / "sglang-bench.json", plan), log)
+            result["load"] = run_load(cmd, log)
         finally:
             sampler.stop.set()
     result["load_rc"] = result["load"]["rc"]
     result["table"] = result["load"]["table"]
+    add_cpu_by_round(result, out / "cpu.jsonl", out / "sglang-bench.json", log)
     return result
 
 
@@ -875,6 +993,8 @@ def run(args: argparse.Namespace) -> int:
     engine = "vllm" if phases & VLLM_PHASES else "sglang"
     result["versions"] = versions(with_site=True, engine=engine)
     log(f"card {result['card']}; versions {result['versions']}")
+    CPU_SETS.update(server=parse_cpus(args.server_cpus), client=parse_cpus(args.client_cpus))
+    result["cpu_sets"] = {k: sorted(v) if v else None for k, v in CPU_SETS.items()}
     rc = 0
     try:
         if "checks" in phases:
@@ -893,7 +1013,9 @@ def run(args: argparse.Namespace) -> int:
             result["sglang"] = run_checks(out, log, "sglang")
             rc |= result["sglang"]["rc"]
         if "sglang-bench" in phases:
-            result["sglang_bench"] = run_sglang_bench(out, log, args.sglang_plan)
+            result["sglang_bench"] = run_sglang_bench(
+                out, log, args.sglang_plan, args.plain, args.sglang_workers
+            )
             rc |= result["sglang_bench"]["load_rc"]
     except Exception as exc:  # what ran so far still comes back in run.json
         log(f"phase failed: {type(exc).__name__}: {exc}")
@@ -933,8 +1055,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--plain",
         action="store_true",
-        help="bench a default `vllm serve` (PLAIN_PORT) too, interleaved with direct and proxy",
+        help="bench a default `vllm serve` / SGLang launch (PLAIN_PORT) too, interleaved with "
+        "direct and proxy (bench, sglang-bench)",
     )
+    r.add_argument(
+        "--sglang-workers", type=int, help="sglang-bench: api_server_count (--tokenizer-worker-num)"
+    )
+    r.add_argument("--server-cpus", help="cores for the engine and the proxy, e.g. 0-7")
+    r.add_argument("--client-cpus", help="cores for the load clients, e.g. 8-15")
     args = cli.parse_args(argv)
     if args.cmd == "prepare-sglang":
         return prepare_sglang(args)
