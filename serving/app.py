@@ -189,6 +189,10 @@ def _container() -> Container:
     # What the engine's command line needs: one core per vLLM API server, the engine core(s)
     # and the proxy (serving/spec.py `cpu_request`; measured in docs/gpu.md).
     cpu=SPEC.cpu_request,
+    # Host memory (MiB) for the same processes (serving/spec.py `memory_request_mib`: measured
+    # RSS + 25 %): a reservation billed as max(request, usage), not a limit; the weights go to
+    # the GPU, so it does not grow with the model.
+    memory=SPEC.memory_request_mib,
     volumes=volumes,
     secrets=secrets,
     port=PROXY_PORT,  # Modal routes to the proxy; the engine listens on 127.0.0.1 only

@@ -133,6 +133,48 @@ SGLANG_DETOKENIZER_CPUS = 1
 # request the spec accepts (Modal's own limit per container is higher).
 MAX_CPU = 64.0
 
+# Memory (Modal `memory=`, in MiB): derived from the same processes as the CPU request
+# (`memory_request_mib`), overridable (`ServingSpec.memory_gib`). The figures are the resident
+# memory (psutil RSS, sampled each second under 256-1024 streams) of each process on one H100
+# with a 1B-shaped model:
+# - vLLM 0.26.0 (docs/gpu.md runs C/D; raw: bench/gpu/runs/2026-11-27-h100-api-servers/
+#   cpu-c.jsonl, cpu-d.jsonl): the 4 API servers and their parent together 6387-6441 MiB
+#   (~1.57 GiB a server); a default single API server 1352-1384 MiB; the engine core
+#   1936-2024 MiB; the proxy 33-94 MiB.
+# - SGLang 0.5.15 (run K; raw: bench/gpu/runs/2026-11-27-h100-sglang/cpu-k.jsonl): the HTTP
+#   server with its tokenizer manager 1268-1292 MiB, the detokenizer 1234-1236 MiB, the
+#   scheduler 2165-2226 MiB.
+# The request is a reservation, not a limit: Modal bills max(request, usage) and lets a container
+# use more when its worker has memory free (modal.com/docs/guide/resources, "Billing"; an int
+# `memory=` sets no hard limit). The model's weights and KV cache live in GPU memory, not host
+# memory, so the request does not grow with the model. One exception, left out on purpose: with
+# `snapshot`, vLLM's sleep level 1 (and SGLang's `--enable-weights-cpu-backup`) copies the
+# weights to host memory while the engine sleeps for the snapshot (2.3 GiB for the 1B-shaped
+# model; a 27B model in bf16 is ~54 GB). The spec does not know the weights' size and that
+# usage was not measured here: it is billed as usage for the seconds it lasts; a stack that
+# wants it reserved sets `memory_gib` (derived figure + the weights' size).
+# Per HTTP-server process (vLLM API server, SGLang tokenizer worker): covers the 1.57 GiB a
+# server of vLLM's four, and SGLang's 1.26 GiB.
+API_SERVER_MEMORY_GIB = 1.6
+# Per engine process (vLLM's engine core; SGLang's scheduler; under tensor parallelism, counted
+# like the CPU request, the engine core plus one worker per GPU): SGLang's scheduler reached
+# 2.17 GiB, vLLM's engine core 1.98 GiB.
+ENGINE_PROCESS_MEMORY_GIB = 2.2
+# Under tensor parallelism, per GPU worker on top of the above: NCCL's and the workers'
+# shared-memory buffers. Not measured (runs E-H with 2 GPUs sampled no memory): a margin.
+TP_WORKER_EXTRA_MEMORY_GIB = 1.0
+# SGLang's detokenizer (1234-1236 MiB measured).
+SGLANG_DETOKENIZER_MEMORY_GIB = 1.25
+# The proxy (<= 94 MiB), serving.engine's supervisor and Modal's in-container runtime (neither
+# measured on its own).
+SUPPORT_MEMORY_GIB = 1.0
+# Headroom on top of the processes' sum (page cache for tokenizer files, bursts, allocator
+# growth over days): the derived request is the sum x 1.25, rounded up to a whole GiB.
+MEMORY_HEADROOM = 0.25
+# The largest request the spec accepts (Modal checks its own maximum when the function is
+# created: modal.com/docs/guide/resources, "How much can I request?").
+MAX_MEMORY_GIB = 256.0
+
 # Engine defaults the seeds' learnings call for (docs/serving.md explains each one).
 DEFAULT_GPU_MEMORY_FRACTION: dict[str, float] = {"vllm": 0.92, "sglang": 0.88}
 
@@ -478,6 +520,9 @@ class ServingSpec(_Model):
     # vLLM's `--api-server-count` / SGLang's `--tokenizer-worker-num`: HTTP-server processes
     # in front of the engine core; None = derived (`api_servers`).
     api_server_count: Annotated[int, Field(ge=1, le=64)] | None = None
+    # Host memory the container requests, in GiB (Modal `memory=`, sent in MiB); None = what the
+    # engine's processes need (`memory_request_mib`). Left out of to_json() when None, like cpu.
+    memory_gib: Annotated[float, Field(ge=1.0, le=MAX_MEMORY_GIB)] | None = None
 
     # ---- field checks ----------------------------------------------------------------------
 
@@ -665,6 +710,17 @@ class ServingSpec(_Model):
                     + " and the proxy). Raise cpu, lower api_server_count, or leave one unset",
                 )
             )
+        if self.memory_gib is not None and self.memory_gib < self.memory_floor_gib:
+            problems.append(
+                (
+                    "memory_gib",
+                    f"memory_gib={self.memory_gib:g} is below what the engine's processes "
+                    f"need: {self.memory_floor_gib:g} GiB ({self._memory_breakdown()}; measured "
+                    f"RSS, serving/spec.py). Raise memory_gib to at least "
+                    f"{math.ceil(self.memory_floor_gib)}, or leave it unset (derived: "
+                    f"{self._derived_memory_gib} GiB, with {MEMORY_HEADROOM:.0%} headroom)",
+                )
+            )
         if self.proxy.max_in_flight < self.scaling.max_concurrency:
             problems.append(
                 (
@@ -737,6 +793,48 @@ class ServingSpec(_Model):
         if self.cpu is not None:
             return self.cpu
         return float(self.api_servers + self._non_api_cpus)
+
+    def _memory_parts(self) -> list[tuple[str, float, int]]:
+        """(what, GiB each, how many) per kind of process, as counted for the CPU request."""
+        n = self.gpu_count
+        parts = [
+            ("per API server", API_SERVER_MEMORY_GIB, self.api_servers),
+            ("per engine process", ENGINE_PROCESS_MEMORY_GIB, 1 if n == 1 else n + 1),
+        ]
+        if n > 1:
+            parts.append(("per GPU worker under TP", TP_WORKER_EXTRA_MEMORY_GIB, n))
+        if self.engine == "sglang":
+            parts.append(("for SGLang's detokenizer", SGLANG_DETOKENIZER_MEMORY_GIB, 1))
+        parts.append(("for the proxy and Modal's runtime", SUPPORT_MEMORY_GIB, 1))
+        return parts
+
+    def _memory_breakdown(self) -> str:
+        return ", ".join(
+            f"{gib:g} GiB {what}" + (f" x {count}" if count != 1 else "")
+            for what, gib, count in self._memory_parts()
+        )
+
+    @property
+    def memory_floor_gib(self) -> float:
+        """Host memory the engine's processes measured at (no headroom), in GiB: the least an
+        explicit `memory_gib` may ask for."""
+        return round(sum(gib * count for _, gib, count in self._memory_parts()), 3)
+
+    @property
+    def _derived_memory_gib(self) -> int:
+        # round() first: 9.6 x 1.25 is 12.000000000000002 in floats, and must stay 12
+        return math.ceil(round(self.memory_floor_gib * (1 + MEMORY_HEADROOM), 6))
+
+    @property
+    def memory_request_mib(self) -> int:
+        """The container's memory request in MiB (Modal `memory=`): explicit `memory_gib`, else
+        the processes' measured memory (`memory_floor_gib`) plus MEMORY_HEADROOM, rounded up
+        to a whole GiB. A reservation, billed as max(request, usage); the comment above
+        API_SERVER_MEMORY_GIB says what it leaves out (the weights' host copy during a
+        snapshot)."""
+        if self.memory_gib is not None:
+            return math.ceil(self.memory_gib * 1024)
+        return self._derived_memory_gib * 1024
 
     def modal_gpu(self) -> str | list[str]:
         """The `gpu=` argument for Modal: "H100" / "H100:2", or a preference list of those."""
@@ -908,7 +1006,8 @@ class ServingSpec(_Model):
         unset = {"engine_standin"} if self.engine_standin is None else set()
         if self.weights is None:
             unset.add("weights")
-        unset |= {f for f in ("cpu", "api_server_count") if getattr(self, f) is None}
+        optional = ("cpu", "api_server_count", "memory_gib")
+        unset |= {f for f in optional if getattr(self, f) is None}
         if self.engine_version == ENGINE_VERSIONS[self.engine]:
             unset.add("engine_version")
         data = self.model_dump(mode="json", exclude=unset)

@@ -209,6 +209,9 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
     assert fn.resources.gpu_config.count == spec.gpu_count
     # The CPU request the command line needs (one core per API server + engine + proxy).
     assert fn.resources.milli_cpu == int(spec.cpu_request * 1000)
+    # ...and the memory request for the same processes, in MiB (no hard limit: memory_mb_max 0).
+    assert fn.resources.memory_mb == spec.memory_request_mib
+    assert fn.resources.memory_mb_max == 0
     assert fn.http_config.port == PROXY_PORT and fn.http_config.unauthenticated is False
     assert fn.http_config.startup_timeout == spec.timeouts.startup_s
     assert list(fn.http_config.proxy_regions) == [spec.routing_region]

@@ -361,6 +361,7 @@ def test_to_json_is_canonical_and_complete() -> None:
         "engine_version",
         "cpu",  # unset: derived (test_spec_cpu.py)
         "api_server_count",
+        "memory_gib",  # unset: derived (test_spec_memory.py)
     }
     with_standin = make(engine_standin={"fail": "start"})
     assert json.loads(with_standin.to_json())["engine_standin"] == {
@@ -559,7 +560,7 @@ def test_a_spec_written_before_engine_standin_keeps_its_text() -> None:
     del old["engine_standin"]
     del old["weights"]  # a later optional field, left out the same way
     del old["engine_version"]  # the default release: left out too
-    del old["cpu"], old["api_server_count"]  # later optional fields, left out when unset
+    del old["cpu"], old["api_server_count"], old["memory_gib"]  # later optional fields, left out
     text = json.dumps(old, sort_keys=True, separators=(",", ":"))
     assert ServingSpec.from_json(text).to_json() == text
 
