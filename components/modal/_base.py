@@ -19,6 +19,9 @@ Every provider in this package subclasses `ModalProvider`. What it gives them:
   was asked, what Modal answered and what to do next, with every secret value redacted
   (secrets may be given as a live collection or a callable, read when the error is built).
 - Small helpers for `check` (name validation, unknown values) and for secret outputs.
+- One declarative diff: a provider declares `DIFF = DiffSpec(...)` (which inputs replace,
+  which update, how a value is normalised before comparing) and inherits `diff`, which runs
+  `partial_diff`; specific logic (a digest of files or values) goes in `extra_changes`.
 
 Tuning (env, read at call time): `MODAL_PROVIDER_RETRY_ATTEMPTS` (default 3),
 `MODAL_PROVIDER_RETRY_BASE_DELAY` seconds (default 1.0, doubled per attempt, capped at 4 s) and
@@ -34,10 +37,10 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from pulumi.dynamic import CheckFailure, ConfigureRequest, ResourceProvider
+from pulumi.dynamic import CheckFailure, ConfigureRequest, DiffResult, ResourceProvider
 from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
@@ -156,6 +159,84 @@ def normalize_flag(props: Mapping[str, Any], key: str) -> dict[str, Any]:
 def flag_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
     new = news.get(key)
     return is_unknown(new) or bool(new or False) != bool(olds.get(key) or False)
+
+
+#: How a key's value is compared: a function of the whole props mapping (it may read more than
+#: its own key, e.g. a list with a fallback) whose results are compared with `!=`.
+View = Callable[[Mapping[str, Any]], Any]
+
+
+def flag_view(key: str) -> View:
+    """A true/false input: absent, None and False compare equal."""
+    return lambda props: bool(props.get(key) or False)
+
+
+def text_view(key: str) -> View:
+    """An optional string input: absent, None and "" compare equal."""
+    return lambda props: props.get(key) or ""
+
+
+def plain_view(key: str) -> View:
+    """An input that may arrive as a wire secret: compared unwrapped."""
+    return lambda props: plain(props.get(key))
+
+
+def json_view(key: str) -> View:
+    """A structured input: compared as canonical JSON (key order does not matter)."""
+    return lambda props: canonical_json(props.get(key))
+
+
+@dataclass(frozen=True)
+class DiffSpec:
+    """What a provider's diff compares (see `partial_diff`).
+
+    `replace_on`: inputs whose change replaces the object (reported in this order).
+    `update_on`: inputs whose change updates it in place.
+    `views`: per key (of either kind), how its value is read before comparing; a key without
+    one is compared raw (`news[key] != olds[key]`, absent = None).
+    `unset_keeps`: update keys that are left alone when the new value is None (absent): the
+    object keeps what it has, so no change is reported.
+    """
+
+    replace_on: tuple[str, ...] = ()
+    update_on: tuple[str, ...] = ()
+    views: Mapping[str, View] = field(default_factory=dict)
+    unset_keeps: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        keys = [*self.replace_on, *self.update_on]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ValueError(f"DiffSpec: keys {twice} declared twice")
+        stray = sorted({*self.views, *self.unset_keeps} - set(keys))
+        if stray:
+            raise ValueError(f"DiffSpec: keys {stray} are neither in replace_on nor in update_on")
+
+
+def key_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str, spec: DiffSpec) -> bool:
+    """Whether `key` changed under `spec`. An unknown new value (preview) always counts as a
+    change: it is tested on the raw value, before any view, so no view can hide it."""
+    new = news.get(key)
+    if is_unknown(new):
+        return True
+    if new is None and key in spec.unset_keeps:
+        return False
+    view = spec.views.get(key)
+    if view is None:
+        return bool(new != olds.get(key))
+    return bool(view(news) != view(olds))
+
+
+def partial_diff(olds: Mapping[str, Any], news: Mapping[str, Any], spec: DiffSpec) -> DiffResult:
+    """The DiffResult `spec` gives for `olds` -> `news`: `replaces` lists the changed
+    `replace_on` keys in declared order; `changes` is True when any declared key changed;
+    `delete_before_replace` is always False (the new object is made first). Every key is
+    compared, none skipped, so a bad value fails the same way whatever else changed."""
+    replaces = [k for k in spec.replace_on if key_changed(olds, news, k, spec)]
+    updated = [k for k in spec.update_on if key_changed(olds, news, k, spec)]
+    return DiffResult(
+        changes=bool(replaces) or bool(updated), replaces=replaces, delete_before_replace=False
+    )
 
 
 def canonical_json(value: Any) -> str:
@@ -292,6 +373,9 @@ class ModalProvider(ResourceProvider):
     #: Has an `adopt` input (an existing object can be taken over): named in error hints.
     adoptable: ClassVar[bool] = False
 
+    #: What `diff` compares; every provider declares its own (see `DiffSpec`).
+    DIFF: ClassVar[DiffSpec]
+
     # Providers are pickled into the `__provider` blob: never carry runtime state.
     def __getstate__(self) -> dict[str, Any]:
         return {}
@@ -303,6 +387,24 @@ class ModalProvider(ResourceProvider):
             if value:
                 cfg[key] = str(plain(value))
         self._stack_config = cfg
+
+    # ---- diff ------------------------------------------------------------------------------
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        """`partial_diff` over `DIFF`; when no declared key changed, `extra_changes` decides
+        whether an update is due. Never calls Modal."""
+        spec = getattr(type(self), "DIFF", None)
+        if spec is None:
+            raise NotImplementedError(f"{type(self).__name__} declares no DIFF = DiffSpec(...)")
+        result = partial_diff(olds, news, spec)
+        if result.changes or not self.extra_changes(olds, news):
+            return result
+        return DiffResult(changes=True, replaces=[], delete_before_replace=False)
+
+    def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+        """Provider-specific change (a digest of files or values, a due rotation) not
+        expressible in `DIFF`: an update when True. Asked only when no declared key changed,
+        so it may assume those are known and equal. Default: none."""
+        return False
 
     # ---- credentials ---------------------------------------------------------------------
     def credentials(self) -> Credentials:

@@ -61,7 +61,6 @@ from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
     CreateResult,
-    DiffResult,
     ReadResult,
     UpdateResult,
 )
@@ -69,6 +68,7 @@ from pulumi.dynamic import (
 from . import _rpc
 from ._base import (
     ADOPT_HOWTO,
+    DiffSpec,
     ModalAlreadyExistsError,
     ModalProvider,
     ModalProviderError,
@@ -148,6 +148,7 @@ class AppProvider(ModalProvider):
     kind = "App"
     type_token = TYPE_TOKEN
     adoptable = True
+    DIFF = DiffSpec(replace_on=("name", "environment"))
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_name(news, "name", "App") + check_environment(news)
@@ -300,18 +301,11 @@ class AppProvider(ModalProvider):
         except (OSError, ValueError, SyntaxError):
             return True  # check() reports the problem; never hide a change
 
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = [
-            k
-            for k in ("name", "environment")
-            if is_unknown(news.get(k)) or news.get(k) != olds.get(k)
-        ]
-        changes = (
-            bool(replaces)
-            or self._inputs_changed(olds, news)
-            or any(_record_changed(olds, news, k) for k in RECORD_ONLY)
+    def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+        """A redeploy (`_inputs_changed`) or a recorded-only input (RECORD_ONLY) is due."""
+        return self._inputs_changed(olds, news) or any(
+            _record_changed(olds, news, k) for k in RECORD_ONLY
         )
-        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     def deploy(
         self, props: Mapping[str, Any], action: str, tag: str, app_tags: Mapping[str, str]

@@ -34,16 +34,17 @@ from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
     CreateResult,
-    DiffResult,
     ReadResult,
     UpdateResult,
 )
 
 from . import _rpc
 from ._base import (
+    DiffSpec,
     ModalProvider,
     ModalProviderError,
     check_environment,
+    flag_view,
     is_unknown,
 )
 
@@ -70,6 +71,12 @@ class EnvironmentProvider(ModalProvider):
     kind = "Environment"
     type_token = TYPE_TOKEN
     adoptable = True
+    DIFF = DiffSpec(
+        replace_on=("name",),
+        update_on=("web_suffix", "adopt", "force_delete"),
+        views={"adopt": flag_view("adopt"), "force_delete": flag_view("force_delete")},
+        unset_keeps=("web_suffix",),  # an unset suffix keeps the one Modal gave
+    )
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_environment(news, "name")
@@ -95,20 +102,6 @@ class EnvironmentProvider(ModalProvider):
             if not is_unknown(news.get(flag)):
                 news[flag] = bool(news.get(flag) or False)
         return CheckResult(news, failures)
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = (
-            ["name"] if is_unknown(news.get("name")) or olds.get("name") != news.get("name") else []
-        )
-        changes = bool(replaces)
-        suffix = news.get("web_suffix")
-        if suffix is not None and (is_unknown(suffix) or suffix != olds.get("web_suffix")):
-            changes = True
-        for flag in ("adopt", "force_delete"):
-            new = news.get(flag)
-            if is_unknown(new) or bool(new or False) != bool(olds.get(flag) or False):
-                changes = True
-        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:

@@ -30,13 +30,12 @@ from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
     CreateResult,
-    DiffResult,
     ReadResult,
     UpdateResult,
 )
 
 from . import _rpc
-from ._base import ModalProvider, check_environment, is_unknown
+from ._base import DiffSpec, ModalProvider, check_environment, is_unknown
 from .service_user import MODAL_NAME_RE, NAME_RE
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:EnvironmentRole"  # noqa: S105 (a Pulumi type token)
@@ -67,6 +66,11 @@ def _names(props: Mapping[str, Any]) -> list[str]:
 class EnvironmentRoleProvider(ModalProvider):
     kind = "EnvironmentRole"
     type_token = TYPE_TOKEN
+    DIFF = DiffSpec(
+        replace_on=("environment", "service_user"),
+        update_on=("role", "service_users"),
+        views={"service_users": _names},
+    )
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_environment(news)
@@ -97,20 +101,6 @@ class EnvironmentRoleProvider(ModalProvider):
         if news.get("service_users") is None:
             news["service_users"] = []
         return CheckResult(news, failures)
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = [
-            k
-            for k in ("environment", "service_user")
-            if is_unknown(news.get(k)) or news.get(k) != olds.get(k)
-        ]
-        changes = bool(replaces)
-        if is_unknown(news.get("role")) or news.get("role") != olds.get("role"):
-            changes = True
-        users = news.get("service_users")
-        if is_unknown(users) or _names(news) != _names(olds):
-            changes = True
-        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:

@@ -62,21 +62,21 @@ from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
     CreateResult,
-    DiffResult,
     ReadResult,
     UpdateResult,
 )
 
 from . import _rpc
 from ._base import (
+    DiffSpec,
     ModalProvider,
     ModalProviderError,
     ModalUnavailableError,
-    canonical_json,
     check_environment,
     check_name,
     environment_name,
     is_unknown,
+    json_view,
     redact,
 )
 
@@ -166,9 +166,18 @@ class _Run:
     timed_out: bool = False
 
 
+#: Inputs whose change reprovisions (compared as canonical JSON).
+_UPDATE_KEYS = ("app_name", "volume", "source", "secrets", "app_file")
+
+
 class ModelWeightsProvider(ModalProvider):
     kind = "ModelWeights"
     type_token = TYPE_TOKEN
+    DIFF = DiffSpec(
+        replace_on=("environment",),
+        update_on=_UPDATE_KEYS,
+        views={k: json_view(k) for k in _UPDATE_KEYS},
+    )
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_name(news, "app_name", "App") + check_name(news, "volume", "Volume")
@@ -212,22 +221,12 @@ class ModelWeightsProvider(ModalProvider):
 
         return source_digest(str(props.get("app_file") or DEFAULT_APP_FILE))
 
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        env = news.get("environment")
-        replaces = ["environment"] if is_unknown(env) or env != olds.get("environment") else []
-        keys = ("app_name", "volume", "source", "secrets", "app_file")
-        changed = any(is_unknown(news.get(k)) for k in keys)
-        changed = changed or any(
-            canonical_json(news.get(k)) != canonical_json(olds.get(k)) for k in keys
-        )
-        if not changed:
-            try:
-                changed = self._source_digest(news) != olds.get("source_digest")
-            except (OSError, SyntaxError):
-                changed = True  # check() reports the problem; never hide a change
-        return DiffResult(
-            changes=bool(replaces) or changed, replaces=replaces, delete_before_replace=False
-        )
+    def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+        """The shipped weights app changed (its source digest)."""
+        try:
+            return bool(self._source_digest(news) != olds.get("source_digest"))
+        except (OSError, SyntaxError):
+            return True  # check() reports the problem; never hide a change
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:

@@ -35,13 +35,20 @@ from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
     CreateResult,
-    DiffResult,
     ReadResult,
     UpdateResult,
 )
 
 from . import _rpc
-from ._base import ModalProvider, is_unknown, plain, secret_output, valid_environment_name
+from ._base import (
+    DiffSpec,
+    ModalProvider,
+    is_unknown,
+    plain,
+    secret_output,
+    text_view,
+    valid_environment_name,
+)
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ProxyAuthToken"  # noqa: S105 (a Pulumi type token)
 
@@ -62,6 +69,11 @@ def _envs(props: Mapping[str, Any]) -> list[str]:
 class ProxyAuthTokenProvider(ModalProvider):
     kind = "ProxyAuthToken"
     type_token = TYPE_TOKEN
+    DIFF = DiffSpec(
+        replace_on=("rotation",),
+        update_on=("name", "environments"),
+        views={"rotation": text_view("rotation"), "environments": _envs},
+    )
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures: list[CheckFailure] = []
@@ -89,21 +101,6 @@ class ProxyAuthTokenProvider(ModalProvider):
         if news.get("environments") is None:
             news["environments"] = []
         return CheckResult(news, failures)
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        rotation = news.get("rotation")
-        replaces = (
-            ["rotation"]
-            if is_unknown(rotation) or (rotation or "") != (olds.get("rotation") or "")
-            else []
-        )
-        changes = bool(replaces)
-        if is_unknown(news.get("name")) or news.get("name") != olds.get("name"):
-            changes = True
-        envs = news.get("environments")
-        if is_unknown(envs) or _envs(news) != _envs(olds):
-            changes = True
-        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     @staticmethod
     def _outputs(

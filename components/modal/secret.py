@@ -36,7 +36,6 @@ from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
     CreateResult,
-    DiffResult,
     ReadResult,
     UpdateResult,
 )
@@ -44,13 +43,14 @@ from pulumi.dynamic import (
 from . import _rpc
 from ._base import (
     ADOPT_HOWTO,
+    DiffSpec,
     ModalProvider,
     canonical_json,
     check_environment,
     check_flag,
     check_name,
     environment_name,
-    flag_changed,
+    flag_view,
     is_unknown,
     normalize_flag,
     plain,
@@ -91,6 +91,11 @@ class SecretProvider(ModalProvider):
     kind = "Secret"
     type_token = TYPE_TOKEN
     adoptable = True
+    DIFF = DiffSpec(
+        replace_on=("name", "environment"),
+        update_on=("adopt",),
+        views={"adopt": flag_view("adopt")},
+    )
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_name(news, "name", "Secret") + check_environment(news)
@@ -113,19 +118,11 @@ class SecretProvider(ModalProvider):
         failures += check_flag(news, "adopt")
         return CheckResult(normalize_flag(news, "adopt"), failures)
 
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = [
-            k
-            for k in ("name", "environment")
-            if is_unknown(news.get(k)) or olds.get(k) != news.get(k)
-        ]
+    def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+        """The values changed: their digest (salted as recorded) differs from the state's."""
         values = news.get("values")
         salt = str(plain(olds.get("values_salt")) or "")
-        values_changed = is_unknown(values) or values_digest(values or {}, salt) != olds.get(
-            "values_digest"
-        )
-        changes = bool(replaces) or values_changed or flag_changed(olds, news, "adopt")
-        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
+        return is_unknown(values) or values_digest(values or {}, salt) != olds.get("values_digest")
 
     def _target(self, props: Mapping[str, Any]) -> str:
         env = environment_name(props)

@@ -48,13 +48,12 @@ from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
     CreateResult,
-    DiffResult,
     ReadResult,
     UpdateResult,
 )
 
 from . import _rpc
-from ._base import ModalProvider, is_unknown, plain, secret_output
+from ._base import DiffSpec, ModalProvider, is_unknown, plain, secret_output
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ServiceUser"  # noqa: S105 (a Pulumi type token)
 
@@ -103,6 +102,7 @@ def _in_use(props: Mapping[str, Any]) -> bool:
 class ServiceUserProvider(ModalProvider):
     kind = "ServiceUser"
     type_token = TYPE_TOKEN
+    DIFF = DiffSpec(replace_on=("name",))  # rotation and retirement: extra_changes
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures: list[CheckFailure] = []
@@ -149,15 +149,15 @@ class ServiceUserProvider(ModalProvider):
             or _expires(news) != _expires(olds)
         )
 
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        name = news.get("name")
-        if is_unknown(name) or name != olds.get("name"):
-            return DiffResult(changes=True, replaces=["name"], delete_before_replace=False)
+    def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+        """A rotation is due, or the previous service user can be retired (logged either way
+        when a previous one exists)."""
         if self._rotates(olds, news):
-            return DiffResult(changes=True, replaces=[], delete_before_replace=False)
+            return True
+        name = news.get("name")
         previous = olds.get("previous_name") or ""
         if not previous:
-            return DiffResult(changes=False, replaces=[], delete_before_replace=False)
+            return False
         current = olds.get("current_name") or name
         if _in_use(olds):
             pulumi.log.info(
@@ -166,7 +166,7 @@ class ServiceUserProvider(ModalProvider):
                 f" this update deletes it, and its token {olds.get('previous_token_id')} stops"
                 " working"
             )
-            return DiffResult(changes=True, replaces=[], delete_before_replace=False)
+            return True
         pulumi.log.info(
             f"ServiceUser '{name}': previous service user {previous} kept: the new token"
             f" {olds.get('token_id')} ({current}) has not been used since it was created"
@@ -174,7 +174,7 @@ class ServiceUserProvider(ModalProvider):
             " new token where the old one is used; once something used it, `pulumi up"
             " --refresh` retires the previous service user"
         )
-        return DiffResult(changes=False, replaces=[], delete_before_replace=False)
+        return False
 
     # ---- outputs -------------------------------------------------------------------------
     @staticmethod

@@ -35,18 +35,18 @@ from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
     CreateResult,
-    DiffResult,
     ReadResult,
     UpdateResult,
 )
 
 from . import _rpc
 from ._base import (
+    DiffSpec,
     ModalProvider,
     check_environment,
     environment_name,
     is_unknown,
-    plain,
+    plain_view,
 )
 from .app import AppArgs, AppProvider, app_props
 
@@ -94,6 +94,11 @@ def _thresholds(props: Mapping[str, Any]) -> list[float]:
 class SpendAlertProvider(ModalProvider):
     kind = "SpendAlert"
     type_token = TYPE_TOKEN
+    DIFF = DiffSpec(
+        replace_on=("environment",),
+        update_on=("monthly_budget_usd", "thresholds"),
+        views={"monthly_budget_usd": plain_view("monthly_budget_usd"), "thresholds": _thresholds},
+    )
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_environment(news)
@@ -139,17 +144,6 @@ class SpendAlertProvider(ModalProvider):
         if news.get("thresholds") is None:
             news["thresholds"] = list(DEFAULT_THRESHOLDS)
         return CheckResult(news, failures)
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        env = news.get("environment")
-        replaces = ["environment"] if is_unknown(env) or env != olds.get("environment") else []
-        changes = bool(replaces)
-        new, old = plain(news.get("monthly_budget_usd")), plain(olds.get("monthly_budget_usd"))
-        if is_unknown(new) or new != old:
-            changes = True
-        if is_unknown(news.get("thresholds")) or _thresholds(news) != _thresholds(olds):
-            changes = True
-        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:

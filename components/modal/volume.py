@@ -26,19 +26,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
 from ._base import (
     ADOPT_HOWTO,
+    DiffSpec,
     ModalProvider,
     ModalProviderError,
     check_environment,
     check_flag,
     check_name,
     environment_name,
-    flag_changed,
-    is_unknown,
+    flag_view,
     normalize_flag,
 )
 
@@ -58,18 +58,16 @@ class VolumeProvider(ModalProvider):
     kind = "Volume"
     type_token = TYPE_TOKEN
     adoptable = True
+    DIFF = DiffSpec(
+        replace_on=("environment",),
+        update_on=("name", "adopt"),
+        views={"adopt": flag_view("adopt")},
+    )
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_name(news, "name", "Volume") + check_environment(news)
         failures += check_flag(news, "adopt")
         return CheckResult(normalize_flag(news, "adopt"), failures)
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        env = news.get("environment")
-        replaces = ["environment"] if is_unknown(env) or olds.get("environment") != env else []
-        renamed = is_unknown(news.get("name")) or olds.get("name") != news.get("name")
-        changes = bool(replaces) or renamed or flag_changed(olds, news, "adopt")
-        return DiffResult(changes=changes, replaces=replaces, delete_before_replace=False)
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:
