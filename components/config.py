@@ -51,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "hfToken": "",  # secrets: "" means unset
     "alertWebhookUrl": "",
     "alertWatchToken": "",
-    "costOverheadPct": 15,
+    "costOverheadPct": 0,  # CPU and memory are priced from the spec's requests (cost.py)
     "engineStandin": False,
 }
 # Gateway overflow keys (a map and a secret map): parsed and validated by components/overflow.py.
@@ -642,6 +642,8 @@ def parse_stack_config(
                     warm_extra_hours=extra_container_hours_per_month(
                         windows, scaling.min_containers
                     ),
+                    cpu_cores=spec.cpu_request,
+                    memory_gib=spec.memory_request_mib / 1024,
                 ),
                 prices,
             )

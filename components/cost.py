@@ -1,20 +1,25 @@
-"""Cost model and budget guard: what a stack costs per month idle and at worst, from GPU prices.
+"""Cost model and budget guard: what a stack costs per month idle and at worst, from Modal's
+GPU, CPU and memory prices.
 
 Pure helpers, no Pulumi resources. The figures are stack outputs (so every `pulumi preview`
 shows them) and the budget guard runs while the config is validated, before anything is
 created: a stack whose worst case exceeds its budget fails with the overshoot and the knobs
 to turn, unless it sets `allowOverBudget: true`.
 
-Model, per service (one container = `gpu_count` GPUs of the priced type):
-- container $/h = GPU $/h x gpu_count x region multiplier x (1 + costOverheadPct / 100)
+Model, per service (one container = `gpu_count` GPUs of the priced type, plus the CPU and
+memory the serving spec requests):
+- container $/h = (GPU $/h x gpu_count + CPU cores x CPU $/core-h + memory GiB x memory
+  $/GiB-h) x region multiplier x (1 + costOverheadPct / 100)
   - GPU $/h: the table below (or the stack's `gpuPricesUsdPerHour` override); a GPU
     preference list is priced at its MOST expensive entry.
+  - CPU and memory: the spec's requests (serving/spec.py `cpu_request`, `memory_request_mib`:
+    derived from the engine's processes, or the service's `cpu` / `memory_gib`) at Modal's
+    rates below. Modal bills max(request, usage); the model prices the request.
   - region multiplier: Modal charges x1.5 for a broad region (`us`, `eu`, ...) and x1.75 for
     a narrow one (`us-east`, `eu-west`, ...) when a container region is pinned; x1 otherwise.
-  - overhead: CPU and memory are billed on top of the GPU (CPU ~$0.047/core-h, memory
-    ~$0.008/GiB-h); `costOverheadPct` (default 15 %) is a flat allowance for them. An engine
-    using 8 cores and 64 GiB adds ~$0.89/h: ~20 % of an H200 but >100 % of a T4, so raise it
-    for small GPUs when the figure matters. Storage and egress are left out.
+  - costOverheadPct (default 0): an allowance for what the model leaves out: storage,
+    egress, and usage above the requests (a burst over the CPU or memory request is billed
+    as usage).
 - warm     = the scheduled pre-warm windows' container-hours above min_containers a month
   (serving/prewarm.py `extra_container_hours_per_month`) x container $/h
 - idle     = min_containers x container $/h x 730 h + warm (kept warm with no traffic at all)
@@ -80,10 +85,24 @@ GPU_PRICE_PROVENANCE: dict[str, str] = {
 }
 """Per row: whether the rate was checked against a dated copy of the price page, and which."""
 
+# CPU and memory, billed per second on top of the GPU, for the request or the usage, whichever
+# is higher (https://modal.com/docs/guide/resources, "Billing"). Modal's `cpu=` counts physical
+# cores (1 core = 2 vCPUs), its `memory=` MiB.
+CPU_USD_PER_CORE_HOUR = 0.0000131 * 3600  # $0.0000131 per physical core per second = $0.04716
+MEMORY_USD_PER_GIB_HOUR = 0.00000222 * 3600  # $0.00000222 per GiB per second = $0.007992
+CPU_MEMORY_PRICE_PROVENANCE = (
+    "confirmed 2026-06-27: beam.cloud 'Modal Pricing Explained (2026)' quoting "
+    "modal.com/pricing (CPU $0.0000131/core/s, memory $0.00000222/GiB/s), the same rates in "
+    "finops.apis.io's Modal profile"
+)
+"""Where the CPU and memory rates come from (like GPU_PRICE_PROVENANCE's rows)."""
+
 REGION_PRICING_SOURCE = "https://modal.com/docs/guide/region-selection (section Pricing)"
 REGION_MULTIPLIER_BROAD = 1.5  # e.g. region "us"
 REGION_MULTIPLIER_NARROW = 1.75  # e.g. region "us-east"
-DEFAULT_OVERHEAD_PCT = 15.0
+# costOverheadPct's default: CPU and memory are priced from the spec's requests, so no flat
+# allowance is added unless a stack asks for one (storage, egress, usage above the requests).
+DEFAULT_OVERHEAD_PCT = 0.0
 
 _GPU_BY_UPPER = {name.upper(): name for name in GPU_TYPES}
 
@@ -110,6 +129,10 @@ class ServiceCostInput:
     overhead_pct: float = DEFAULT_OVERHEAD_PCT
     #: Container-hours a month the pre-warm windows keep warm above min_containers.
     warm_extra_hours: float = 0.0
+    #: The container's CPU request in physical cores (serving/spec.py `cpu_request`).
+    cpu_cores: float = 0.0
+    #: The container's memory request in GiB (serving/spec.py `memory_request_mib` / 1024).
+    memory_gib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -130,15 +153,29 @@ class ServiceCost:
     baseline_usd: float = 0.0
     #: What the scheduled pre-warm windows add a month (included in idle and baseline).
     warm_usd: float = 0.0
+    cpu_cores: float = 0.0
+    memory_gib: float = 0.0
+
+    @property
+    def gpu_usd_per_hour(self) -> float:
+        """One container's GPUs, region multiplier included."""
+        return self.gpu_price_usd_per_hour * self.gpu_count * self.region_multiplier
+
+    @property
+    def cpu_usd_per_hour(self) -> float:
+        """One container's CPU request, region multiplier included."""
+        return self.cpu_cores * CPU_USD_PER_CORE_HOUR * self.region_multiplier
+
+    @property
+    def memory_usd_per_hour(self) -> float:
+        """One container's memory request, region multiplier included."""
+        return self.memory_gib * MEMORY_USD_PER_GIB_HOUR * self.region_multiplier
 
     @property
     def container_usd_per_hour(self) -> float:
-        """One container: its GPUs, the region multiplier and the CPU/memory allowance."""
-        return (
-            self.gpu_price_usd_per_hour
-            * self.gpu_count
-            * self.region_multiplier
-            * (1 + self.overhead_pct / 100)
+        """One container: (GPUs + CPU + memory) x region multiplier x (1 + overhead)."""
+        return (self.gpu_usd_per_hour + self.cpu_usd_per_hour + self.memory_usd_per_hour) * (
+            1 + self.overhead_pct / 100
         )
 
 
@@ -225,6 +262,8 @@ def service_cost(service: ServiceCostInput, table: Mapping[str, float]) -> Servi
         buffer_containers=service.buffer_containers,
         region_multiplier=region_multiplier(service.region),
         overhead_pct=service.overhead_pct,
+        cpu_cores=service.cpu_cores,
+        memory_gib=service.memory_gib,
         idle_usd=0.0,
         worst_usd=0.0,
     )
@@ -245,11 +284,23 @@ def stack_cost(services: Sequence[ServiceCostInput], table: Mapping[str, float])
 
 
 def _formula(s: ServiceCost) -> str:
-    parts = [f"{s.max_containers} x {s.gpu_count} x {s.gpu} ${s.gpu_price_usd_per_hour:.2f}/h"]
+    """`max x (GPUs + CPU + memory = $/h) [x region] [x (1 + overhead)] x 730 h`, the figures
+    before the region multiplier."""
+    terms = [f"{s.gpu_count} x {s.gpu} ${s.gpu_price_usd_per_hour:.2f}/h"]
+    if s.cpu_cores:
+        terms.append(f"{s.cpu_cores:g} CPU cores x ${CPU_USD_PER_CORE_HOUR:.5f}/h")
+    if s.memory_gib:
+        terms.append(f"{s.memory_gib:g} GiB x ${MEMORY_USD_PER_GIB_HOUR:.6f}/h")
+    base = (
+        s.gpu_price_usd_per_hour * s.gpu_count
+        + s.cpu_cores * CPU_USD_PER_CORE_HOUR
+        + s.memory_gib * MEMORY_USD_PER_GIB_HOUR
+    )
+    parts = [f"{s.max_containers} x ({' + '.join(terms)} = ${base:.4f}/h)"]
     if s.region_multiplier != 1.0:
         parts.append(f"region x{s.region_multiplier:g}")
     if s.overhead_pct:
-        parts.append(f"(1 + {s.overhead_pct:g}% CPU/memory)")
+        parts.append(f"(1 + {s.overhead_pct:g}% overhead)")
     return " x ".join([*parts, "730 h"])
 
 
@@ -270,8 +321,8 @@ def check_budget(
         f"worst-case monthly cost ${worst:,.2f} exceeds {config_ns}:monthlyBudgetUsd "
         f"${budget_usd:,.2f} by ${over:,.2f} ({over / budget_usd * 100 if budget_usd else 100:.0f}%"
         f" over).",
-        "Worst case = max_containers x gpu_count x GPU $/h [x region] x (1 + overhead) x 730 h,"
-        " per service:",
+        "Worst case = max_containers x (gpu_count x GPU $/h + CPU cores x CPU $/h + memory GiB"
+        " x memory $/h) [x region] [x (1 + costOverheadPct)] x 730 h, per service:",
     ]
     for i, s in enumerate(cost.services):
         per_container = s.container_usd_per_hour * HOURS_PER_MONTH
@@ -288,7 +339,8 @@ def check_budget(
             )
         )
     lines.append(
-        "Turn one knob: lower scaling.max_containers, pick a cheaper gpu or a smaller gpu_count, "
+        "Turn one knob: lower scaling.max_containers, pick a cheaper gpu or a smaller gpu_count "
+        "(or fewer CPU cores: a service's cpu / api_server_count), "
         f"raise the budget (pulumi config set {config_ns}:monthlyBudgetUsd {math.ceil(worst)}), "
         f"or accept it explicitly (pulumi config set {config_ns}:allowOverBudget true)."
     )

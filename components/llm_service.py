@@ -511,6 +511,17 @@ class LLMService(pulumi.ComponentResource):
             "monthly_cost_idle_usd": c.idle_usd,
             "monthly_cost_baseline_usd": c.baseline_usd,
             "monthly_cost_worst_usd": c.worst_usd,
+            # One container's requests and what each part costs an hour (components/cost.py:
+            # region multiplier included; `total` also has costOverheadPct), so a preview shows
+            # the CPU and memory beside the GPU.
+            "cpu_cores": c.cpu_cores,
+            "memory_gib": c.memory_gib,
+            "container_usd_per_hour": {
+                "gpu": round(c.gpu_usd_per_hour, 4),
+                "cpu": round(c.cpu_usd_per_hour, 4),
+                "memory": round(c.memory_usd_per_hour, 4),
+                "total": round(c.container_usd_per_hour, 4),
+            },
             **(
                 {"warm_schedule": self.settings.warm_schedule, "monthly_cost_warm_usd": c.warm_usd}
                 if self.settings.warm_schedule

@@ -14,8 +14,9 @@ changed keys (pulumi/dynamic/__main__.py Diff), so an update has neither `diffRe
 detailed diff. A protected resource the program would replace stops the preview with an error
 diagnostic (pkg/resource/deploy/step_generator.go) and no step for it.
 
-Values are what a dev stack of this project holds (Pulumi.dev.yaml: qwen-small on an L4, worst
-case $671.60) and a PR that moves it to an A10G and renames the environment.
+Values are what a dev stack of this project holds (Pulumi.dev.yaml: qwen-small on an L4 with
+6 CPU cores and 12 GiB, worst case $860.57) and a PR that moves it to an A10G and renames the
+environment.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ OLD_OUTPUTS = {
     "environment": "dev",
     "gateway_config": "[secret]",
     "gateway_config_json": "[secret]",
-    "monthly_budget_usd": 700,
+    "monthly_budget_usd": 900,
     "monthly_cost_baseline_usd": 0,
     "monthly_cost_idle_usd": 0,
-    "monthly_cost_worst_usd": 671.6,
+    "monthly_cost_worst_usd": 860.57,
     "proxy_token_id": "wk-AbCdEfGhIjKlMnOpQrStUv",
     "proxy_token_secret": "[secret]",
     "served_model_name": "qwen2.5-1.5b-instruct",
@@ -67,7 +68,7 @@ OLD_OUTPUTS = {
             "min_containers": 0,
             "max_containers": 1,
             "monthly_cost_idle_usd": 0,
-            "monthly_cost_worst_usd": 671.6,
+            "monthly_cost_worst_usd": 860.57,
         }
     },
 }

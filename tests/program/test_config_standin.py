@@ -27,7 +27,7 @@ def parse(url: str | None, *, standin: bool = True, **service: Any) -> Any:
     values = {
         "environment": "local",
         "services": json.dumps([{**SERVICE, **service}]),
-        "monthlyBudgetUsd": "500",
+        "monthlyBudgetUsd": "1000",  # one T4 with its CPU and memory: $707.27 at worst
         "engineStandin": "true" if standin else "false",
     }
     return parse_stack_config(values, stack="mine", modal_server_url=url)

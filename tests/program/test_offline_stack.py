@@ -89,8 +89,10 @@ def test_preview_up_noop_destroy(emulator: EmulatorProcess, tmp_path: Path) -> N
     assert {r[1] for r in rows} == set(TYPES)
     assert "Resources: + 9 to create" in plan
     outs = _outputs(plan)
-    assert outs["monthly_cost_worst_usd"] == "495.3"
-    assert outs["monthly_budget_usd"] == "500"
+    # one T4 with vLLM's derived requests (6 cores, 12 GiB) all month: $707.27
+    worst = round((0.59 + 6 * 0.0000131 * 3600 + 12 * 0.00000222 * 3600) * 730, 2)
+    assert outs["monthly_cost_worst_usd"] == str(worst)
+    assert outs["monthly_budget_usd"] == "750"
     assert outs["environment"] == '"local"'
     assert outs["endpoint_url"] == "output<unknown>"  # computed by the App at up
     for secret in ("api_keys", "proxy_token_secret", "gateway_config"):

@@ -246,8 +246,9 @@ def test_program_deploys_the_prewarm_app_after_the_service_and_prices_the_window
     }
     assert apps["tiny"].urn in prewarm.dependencies
     summary = run.output("services")["tiny"]
-    # 5 x 10 h a week of one T4 container: $0.59 x 1.15 x 50 h x 730 / 168.
-    warm = round(0.59 * 1.15 * 50 * 730 / 168, 2)
+    # 5 x 10 h a week of one T4 container with vLLM's default requests (6 cores, 12 GiB):
+    # ($0.59 + 6 x $0.04716 + 12 x $0.007992) x 50 h x 730 / 168.
+    warm = round((0.59 + 6 * 0.04716 + 12 * 0.007992) * 50 * 730 / 168, 2)
     assert summary["warm_schedule"] == windows
     assert summary["monthly_cost_warm_usd"] == pytest.approx(warm, abs=0.01)
     assert summary["monthly_cost_idle_usd"] == pytest.approx(warm, abs=0.01)  # base is 0

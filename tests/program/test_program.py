@@ -63,6 +63,27 @@ SECRET_OUTPUTS = {
 }
 
 
+# The cost model as documented (components/cost.py, docs/program.md "Cost guard"), computed here:
+# container $/h = (GPU $/h x gpu_count + cores x $0.04716 + GiB x $0.007992) x region
+# x (1 + costOverheadPct / 100), x 730 h a month. The CPU and memory requests are the spec's
+# derived ones (docs/serving.md "CPU and memory"): vLLM's defaults 6 cores / 12 GiB (4 API
+# servers), with snapshot 3 / 6 GiB (1 API server); SGLang's defaults 4 / 8 GiB.
+CPU_USD_PER_CORE_HOUR = 0.0000131 * 3600
+MEMORY_USD_PER_GIB_HOUR = 0.00000222 * 3600
+VLLM_DEFAULT = (6, 12)
+VLLM_SNAPSHOT = (3, 6)
+SGLANG_DEFAULT = (4, 8)
+
+
+def month_usd(
+    gpu_usd: float, cpu_mem: tuple[int, int], *, containers: int = 1, region: float = 1.0,
+    overhead_pct: float = 0.0,
+) -> float:  # fmt: skip
+    cores, gib = cpu_mem
+    hourly = gpu_usd + cores * CPU_USD_PER_CORE_HOUR + gib * MEMORY_USD_PER_GIB_HOUR
+    return round(containers * hourly * region * (1 + overhead_pct / 100) * 730, 2)
+
+
 def _stack_yaml(stack: str) -> dict[str, Any]:
     data = yaml.safe_load((PROJECT_ROOT / f"Pulumi.{stack}.yaml").read_text())
     config = data["config"]
@@ -298,12 +319,16 @@ def test_outputs(stack_run: tuple[str, ProgramRun]) -> None:
     assert run.output("proxy_token_secret").startswith("ws-")
     assert set(run.output("api_keys")) == set(key_names)
     assert run.output("monthly_budget_usd") == config[NS + "monthlyBudgetUsd"]
-    # container $/h x 1.15 (the default 15 % CPU/memory allowance) x 730 h
+    # (GPU + CPU + memory) $/h x 730 h; costOverheadPct defaults to 0
     expected = {
-        "local": (0.0, 495.3),  # 1 x T4 $0.59/h x 1.15 x 730 h (495.305 in floats: 495.30)
-        "dev": (0.0, 671.6),  # 1 x L4 $0.80/h x 1.15 x 730 h
-        "prod": (3811.33, 15245.32),  # 1 (idle) / 4 (worst) x H200 $4.54/h x 1.15 x 730 h
+        "local": (0.0, month_usd(0.59, VLLM_DEFAULT)),  # 1 x T4, 6 cores, 12 GiB
+        "dev": (0.0, month_usd(0.80, VLLM_DEFAULT)),  # 1 x L4
+        # 1 (idle) / 4 (worst) x H200 with snapshot: 3 cores, 6 GiB
+        "prod": (month_usd(4.54, VLLM_SNAPSHOT), month_usd(4.54, VLLM_SNAPSHOT, containers=4)),
     }[stack]
+    assert expected == {"local": (0.0, 707.27), "dev": (0.0, 860.57)}.get(
+        stack, (3452.49, 13809.94)
+    )
     assert (run.output("monthly_cost_idle_usd"), run.output("monthly_cost_worst_usd")) == expected
     assert run.output("monthly_cost_baseline_usd") == expected[0]  # no buffer containers
     assert expected[1] <= run.output("monthly_budget_usd")
@@ -311,6 +336,16 @@ def test_outputs(stack_run: tuple[str, ProgramRun]) -> None:
     assert summary["endpoint_url"] == run.output("endpoint_url")
     assert summary["served_model_name"] == first["served_model_name"]
     assert summary["monthly_cost_worst_usd"] == expected[1]
+    # one container's requests and its $/h by part, shown in every preview
+    cores, gib = VLLM_SNAPSHOT if stack == "prod" else VLLM_DEFAULT
+    assert (summary["cpu_cores"], summary["memory_gib"]) == (cores, gib)
+    gpu_usd = {"local": 0.59, "dev": 0.80, "prod": 4.54}[stack]
+    assert summary["container_usd_per_hour"] == {
+        "gpu": gpu_usd,
+        "cpu": round(cores * CPU_USD_PER_CORE_HOUR, 4),
+        "memory": round(gib * MEMORY_USD_PER_GIB_HOUR, 4),
+        "total": round(gpu_usd + cores * CPU_USD_PER_CORE_HOUR + gib * MEMORY_USD_PER_GIB_HOUR, 4),
+    }
     # Which engine release, and how far it is verified: the committed stacks pin the image
     # releases, which only their recorded parsers checked (docs/gpu.md ran vLLM 0.26.0).
     engine = first.get("engine", "vllm")
@@ -373,7 +408,9 @@ def test_two_services_in_one_stack() -> None:
     assert models == ["qwen2.5-1.5b-instruct", "coder"]
     # Priced at the dearer GPU of the preference list (A10 $1.10/h > L4 $0.80/h).
     assert run.output("services")["coder"]["gpu"] == "A10"
-    assert run.output("monthly_cost_worst_usd") == pytest.approx(671.6 + 923.45)
+    # qwen-small: L4 with vLLM's defaults; coder: A10 with SGLang's
+    both = month_usd(0.80, VLLM_DEFAULT) + month_usd(1.10, SGLANG_DEFAULT)
+    assert run.output("monthly_cost_worst_usd") == pytest.approx(both)
     assert run.output("served_model_name") == "qwen2.5-1.5b-instruct"  # the first service
     # Per-service facts for every service, not only the first.
     for svc in ("qwen-small", "coder"):
@@ -433,18 +470,24 @@ def test_prod_requires_a_pinned_revision() -> None:
 
 def test_budget_exceeded_says_by_how_much_and_which_knob() -> None:
     message = _error("prod", *_with_secrets("prod", monthlyBudgetUsd=10000))
-    assert "worst-case monthly cost $15,245.32 exceeds modal-llm:monthlyBudgetUsd" in message
-    assert "by $5,245.32" in message
-    assert "4 x 1 x H200 $4.54/h x (1 + 15% CPU/memory) x 730 h" in message
+    worst = month_usd(4.54, VLLM_SNAPSHOT, containers=4)  # $13,809.94
+    assert f"worst-case monthly cost ${worst:,.2f} exceeds modal-llm:monthlyBudgetUsd" in message
+    assert f"by ${worst - 10000:,.2f}" in message
+    hourly = 4.54 + 3 * CPU_USD_PER_CORE_HOUR + 6 * MEMORY_USD_PER_GIB_HOUR
+    assert (
+        f"4 x (1 x H200 $4.54/h + 3 CPU cores x $0.04716/h + 6 GiB x $0.007992/h = "
+        f"${hourly:.4f}/h) x 730 h = ${worst:,.2f}"
+    ) in message
+    # one container-month is $3,452.49: two fit in $10,000
     assert "services[0].scaling.max_containers <= 2 would fit" in message
-    assert "pulumi config set modal-llm:monthlyBudgetUsd 15246" in message
+    assert "pulumi config set modal-llm:monthlyBudgetUsd 13810" in message
     assert "allowOverBudget true" in message
 
 
 def test_allow_over_budget_deploys_and_still_reports_cost() -> None:
     config, keys = _with_secrets("prod", monthlyBudgetUsd=10000, allowOverBudget=True)
     run = run_program("prod", config, keys)
-    assert run.output("monthly_cost_worst_usd") == 15245.32
+    assert run.output("monthly_cost_worst_usd") == month_usd(4.54, VLLM_SNAPSHOT, containers=4)
     assert run.output("monthly_budget_usd") == 10000
 
 
@@ -490,8 +533,8 @@ def test_preview_of_a_new_stack_still_shows_the_cost() -> None:
 
     config, keys = _with_secrets("prod")
     run = run_program("prod", config, keys, mocks=ProgramMocks(inputs_only), preview=True)
-    assert run.output("monthly_cost_worst_usd") == 15245.32
-    assert run.output("monthly_cost_idle_usd") == 3811.33
+    assert run.output("monthly_cost_worst_usd") == month_usd(4.54, VLLM_SNAPSHOT, containers=4)
+    assert run.output("monthly_cost_idle_usd") == month_usd(4.54, VLLM_SNAPSHOT)
     assert len(run.of_type("modal:App")) == 1
     # Values that only exist after `up` are unknown, as `pulumi preview` shows them.
     assert isinstance(run.outputs["endpoint_url"], Unknown)
@@ -582,7 +625,7 @@ def test_api_key_rotation_from_config() -> None:
 
 def test_price_override_keys_are_modal_gpu_names() -> None:
     run = run_program("dev", *_with_secrets("dev", gpuPricesUsdPerHour={"l4": 0.7}))
-    assert run.output("monthly_cost_worst_usd") == pytest.approx(0.7 * 1.15 * 730)
+    assert run.output("monthly_cost_worst_usd") == month_usd(0.7, VLLM_DEFAULT)
     message = _error("dev", *_with_secrets("dev", gpuPricesUsdPerHour={"L-4": 1.0}))
     assert "gpuPricesUsdPerHour['L-4']: 'L-4' is not a Modal GPU type" in message
     assert "L4" in message
@@ -590,23 +633,36 @@ def test_price_override_keys_are_modal_gpu_names() -> None:
 
 def test_region_pinning_and_overhead_are_priced() -> None:
     services = _stack_yaml("dev")[NS + "services"]
-    services[0]["region"] = "us-east"  # narrow region: x1.75
-    run = run_program("dev", *_with_secrets("dev", services=services, monthlyBudgetUsd=2000))
-    assert run.output("monthly_cost_worst_usd") == pytest.approx(0.80 * 1.75 * 1.15 * 730)
+    services[0]["region"] = "us-east"  # narrow region: x1.75 on GPU, CPU and memory
+    run = run_program(
+        "dev", *_with_secrets("dev", services=services, costOverheadPct=15, monthlyBudgetUsd=3000)
+    )
+    expected = month_usd(0.80, VLLM_DEFAULT, region=1.75, overhead_pct=15)
+    assert run.output("monthly_cost_worst_usd") == pytest.approx(expected, abs=0.01)
     assert run.output("services")["qwen-small"]["region"] == "us-east"
     services[0]["region"] = "us"  # broad region: x1.5
-    run = run_program(
-        "dev", *_with_secrets("dev", services=services, costOverheadPct=0, monthlyBudgetUsd=2000)
-    )
-    assert run.output("monthly_cost_worst_usd") == pytest.approx(0.80 * 1.5 * 730)
+    run = run_program("dev", *_with_secrets("dev", services=services, monthlyBudgetUsd=3000))
+    expected = month_usd(0.80, VLLM_DEFAULT, region=1.5)  # the default overhead is 0
+    assert run.output("monthly_cost_worst_usd") == pytest.approx(expected, abs=0.01)
+
+
+def test_cpu_and_memory_overrides_are_priced() -> None:
+    """A service's own cpu / memory_gib are what the cost model prices."""
+    services = _stack_yaml("dev")[NS + "services"]
+    services[0]["cpu"] = 10
+    services[0]["memory_gib"] = 40
+    run = run_program("dev", *_with_secrets("dev", services=services, monthlyBudgetUsd=3000))
+    assert run.output("monthly_cost_worst_usd") == month_usd(0.80, (10, 40))
+    summary = run.output("services")["qwen-small"]
+    assert (summary["cpu_cores"], summary["memory_gib"]) == (10, 40)
 
 
 def test_buffer_containers_in_the_baseline_not_the_idle_figure() -> None:
     services = _stack_yaml("prod")[NS + "services"]
     services[0]["scaling"]["buffer_containers"] = 1
     run = run_program("prod", *_with_secrets("prod", services=services))
-    assert run.output("monthly_cost_idle_usd") == 3811.33
-    assert run.output("monthly_cost_baseline_usd") == 7622.66
+    assert run.output("monthly_cost_idle_usd") == month_usd(4.54, VLLM_SNAPSHOT)
+    assert run.output("monthly_cost_baseline_usd") == month_usd(4.54, VLLM_SNAPSHOT, containers=2)
 
 
 def test_project_defaults_reach_the_program_as_the_cli_sends_them() -> None:
@@ -615,7 +671,7 @@ def test_project_defaults_reach_the_program_as_the_cli_sends_them() -> None:
     config, secret_keys = stack_config("local")
     assert config[NS + "protectCaches"] == "false"
     assert config[NS + "alertThresholdsPct"] == "[50, 80, 100]"
-    assert config[NS + "costOverheadPct"] == "15"
+    assert config[NS + "costOverheadPct"] == "0"
     assert config[NS + "hfToken"] == "" and NS + "hfToken" not in secret_keys
     run = run_program("local", config, secret_keys)
     assert not [s for s in run.of_type("modal:Secret") if s.inputs["name"] == "huggingface-token"]

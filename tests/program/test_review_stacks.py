@@ -48,7 +48,9 @@ import review_comment
 
 PY = sys.executable
 PASSPHRASE = "review-test"  # emulator-only state
-OVERHEAD = 1.15  # costOverheadPct default 15 (Pulumi.yaml)
+# The service below is vLLM with the spec's derived requests: 6 CPU cores, 12 GiB (docs/serving.md
+# "CPU and memory"), at Modal's $0.0000131 per core-second and $0.00000222 per GiB-second.
+CPU_MEMORY_USD_PER_HOUR = 6 * 0.0000131 * 3600 + 12 * 0.00000222 * 3600  # $0.378864
 DEV_CONFIG: dict[str, Any] = {
     "modal-llm:environment": "dev",
     "modal-llm:engineStandin": True,
@@ -71,8 +73,10 @@ DEV_CONFIG: dict[str, Any] = {
 
 
 def expected_cost(gpu: str, containers: int) -> float:
-    """components/cost.py's model, computed here: price x 1.15 x 730 h x containers."""
-    return round(GPU_PRICES_USD_PER_HOUR[gpu] * OVERHEAD * HOURS_PER_MONTH * containers, 2)
+    """components/cost.py's model, computed here: (GPU price + CPU + memory) x 730 h x
+    containers (costOverheadPct defaults to 0)."""
+    hourly = GPU_PRICES_USD_PER_HOUR[gpu] + CPU_MEMORY_USD_PER_HOUR
+    return round(hourly * HOURS_PER_MONTH * containers, 2)
 
 
 def copy_checkout(dest: Path) -> Path:
@@ -456,7 +460,7 @@ def test_comment_shows_the_cost_delta_of_a_gpu_change(env: Env) -> None:
     (dev now: one L4 at most, none kept warm; the PR: one H100 kept warm)."""
     comment, _ = _plan_and_render(env, 201, with_service(DEV_CONFIG, gpu="H100", min_containers=1))
     l4, h100 = expected_cost("L4", 1), expected_cost("H100", 1)
-    assert (l4, h100) == (671.6, 3316.02)  # components/cost.py as of GPU_PRICES_AS_OF
+    assert (l4, h100) == (860.57, 3160.07)  # components/cost.py as of GPU_PRICES_AS_OF
     rows = {
         line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
         for line in comment.splitlines()

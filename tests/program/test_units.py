@@ -57,8 +57,10 @@ def test_cost_idle_baseline_and_worst_case() -> None:
     assert c.idle_usd == 1 * 2 * 5.0 * 730
     assert c.baseline_usd == 2 * 2 * 5.0 * 730
     assert c.worst_usd == 3 * 2 * 5.0 * 730
-    with_overhead = cost.service_cost(cost.ServiceCostInput("m", ("T4",), 1, 1, 1), table)
-    assert with_overhead.idle_usd == pytest.approx(0.59 * 1.15 * 730, abs=0.01)  # default 15 %
+    plain = cost.service_cost(cost.ServiceCostInput("m", ("T4",), 1, 1, 1), table)
+    assert plain.idle_usd == pytest.approx(0.59 * 730, abs=0.01)  # default overhead 0, no CPU
+    svc15 = cost.ServiceCostInput("m", ("T4",), 1, 1, 1, overhead_pct=15)
+    assert cost.service_cost(svc15, table).idle_usd == pytest.approx(0.59 * 1.15 * 730, abs=0.01)
     with pytest.raises(cost.UnknownGpuPrice, match="no price for GPU 'X1'"):
         cost.gpu_price("X1", table)
     with pytest.raises(cost.UnknownGpuPrice, match="must be a number >= 0"):
@@ -67,6 +69,39 @@ def test_cost_idle_baseline_and_worst_case() -> None:
     assert cost.price_table({"h200": 9.0})["H200"] == 9.0
     with pytest.raises(cost.UnknownGpuPrice, match="'H2OO' is not a Modal GPU type"):
         cost.price_table({"H2OO": 9.0})
+
+
+def test_cpu_and_memory_are_priced_from_the_requests() -> None:
+    # Modal's rates (modal.com/pricing, CPU_MEMORY_PRICE_PROVENANCE): $0.0000131 per physical
+    # core per second, $0.00000222 per GiB per second.
+    cpu_h, mem_h = 0.0000131 * 3600, 0.00000222 * 3600
+    assert (round(cpu_h, 5), round(mem_h, 6)) == (0.04716, 0.007992)
+    assert abs(cost.CPU_USD_PER_CORE_HOUR - cpu_h) < 1e-12
+    assert abs(cost.MEMORY_USD_PER_GIB_HOUR - mem_h) < 1e-12
+    assert cost.CPU_MEMORY_PRICE_PROVENANCE.startswith("confirmed 20")
+    # One H100 with the default vLLM spec's requests: 6 cores, 12 GiB.
+    svc = cost.ServiceCostInput("m", ("H100",), 1, 1, 2, cpu_cores=6, memory_gib=12)
+    c = cost.service_cost(svc, cost.GPU_PRICES_USD_PER_HOUR)
+    hourly = 3.95 + 6 * 0.04716 + 12 * 0.007992  # $4.328864/h
+    assert c.container_usd_per_hour == pytest.approx(hourly)
+    assert (c.gpu_usd_per_hour, c.cpu_usd_per_hour) == (3.95, pytest.approx(6 * 0.04716))
+    assert c.memory_usd_per_hour == pytest.approx(12 * 0.007992)
+    assert c.idle_usd == round(hourly * 730, 2) == 3160.07
+    assert c.worst_usd == round(2 * hourly * 730, 2)
+    # the region multiplier applies to the CPU and memory too, the overhead to the whole
+    pinned = cost.ServiceCostInput(
+        "m", ("H100",), 1, 1, 1, region="us", overhead_pct=10, cpu_cores=6, memory_gib=12
+    )
+    c = cost.service_cost(pinned, cost.GPU_PRICES_USD_PER_HOUR)
+    assert c.idle_usd == round(hourly * 1.5 * 1.10 * 730, 2)
+    # the budget message shows the terms
+    stack = cost.StackCost(services=(c,))
+    with pytest.raises(cost.BudgetExceeded) as info:
+        cost.check_budget(stack, 100, allow_over_budget=False, config_ns="p")
+    assert (
+        "1 x (1 x H100 $3.95/h + 6 CPU cores x $0.04716/h + 12 GiB x $0.007992/h = $4.3289/h)"
+        " x region x1.5 x (1 + 10% overhead) x 730 h"
+    ) in str(info.value)
 
 
 def test_region_pinning_multiplier() -> None:

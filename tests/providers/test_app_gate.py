@@ -480,7 +480,9 @@ def test_program_wires_the_gate_and_preview_says_when_it_is_off(
     if gated:
         assert notes == []
     else:
-        assert len(notes) == 1 and "up to $0.26" in notes[0], notes
+        # dev: one L4 with 6 CPU cores and 12 GiB for its 900 s startup + 120 s scale-down
+        gate_usd = (0.80 + 6 * 0.0000131 * 3600 + 12 * 0.00000222 * 3600) * (900 + 120) / 3600
+        assert len(notes) == 1 and f"up to ${gate_usd:.2f}" in notes[0], notes  # $0.33
     # The preview also says when the engine release was never served on a GPU here (not on
     # the local stack, whose stand-in engine runs no release at all).
     parser_only = [
