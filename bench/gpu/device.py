@@ -26,6 +26,7 @@ SERVED_NAME = "llama"
 MODEL_ID = "meta-llama/Llama-3.2-1B-Instruct"  # the shape mkmodel copies (never downloaded)
 ENGINE_VERSION = "0.26.0"  # what the image's torch 2.11.0 allows (docs/gpu.md)
 CONTEXT_LENGTH = 2048
+ENGINE_PORT = 8001  # serving.spec ENGINE_PORT (not imported: the image's python lacks pydantic)
 API_KEY = "sk-gpu-check-0123456789abcdef"  # a throwaway key for loopback only
 KEY_NAME = "gpu"
 # The engine's own metric of requests in its running batch (vLLM v1, Prometheus /metrics).

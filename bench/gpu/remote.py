@@ -555,6 +555,30 @@ class CpuSampler(threading.Thread):
             return prefix + "sglang_child"
         return None
 
+    @staticmethod
+    def engine_connections(seen: dict[int, tuple[str, Any]]) -> dict[str, list[int]]:
+        """Per engine HTTP-server process (vLLM's API servers, SGLang's tokenizer workers):
+        its established connections on the engine port, largest first. Several processes
+        share one listening socket, so which process serves a connection is decided once, at
+        accept: a pool's long-lived connections keep that split, fresh clients re-roll it."""
+        import psutil
+
+        port = device.ENGINE_PORT
+        counts: dict[str, list[int]] = {}
+        for role, p in seen.values():
+            if role not in ("vllm_api", "sglang_api", "sglang_child"):
+                continue
+            try:
+                n = sum(
+                    1
+                    for c in p.net_connections(kind="tcp")
+                    if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+                )
+            except psutil.Error:
+                continue
+            counts.setdefault(f"{role}_conns", []).append(n)
+        return {k: sorted(v, reverse=True) for k, v in counts.items()}
+
     def run(self) -> None:
         import psutil
 
@@ -578,7 +602,8 @@ class CpuSampler(threading.Thread):
                         total[rss] = round(total.get(rss, 0.0) + p.memory_info().rss / 2**20)
                     except psutil.Error:
                         seen.pop(pid)
-                f.write(json.dumps({"t": round(time.time(), 1), **total}) + "\n")
+                conns = self.engine_connections(seen)
+                f.write(json.dumps({"t": round(time.time(), 1), **total, **conns}) + "\n")
                 f.flush()
 
 
@@ -716,11 +741,17 @@ def cpu_by_round(cpu_path: Path, bench_path: Path) -> list[dict[str, Any]]:
                 for k in b
                 if k.endswith("_cpu_s") and not k.startswith("client") and span > 0
             }
+            middle = min(samples, key=lambda s: abs(s["t"] - (start + end) / 2))
+            conns = {k: v for k, v in middle.items() if k.endswith("_conns")}
             rows.append(
                 {"streams": row["concurrency"], "target": row["target"], "round": i,
-                 "tok_per_s": rnd["tok_per_s"], "span_s": round(span, 1), **use}
+                 "tok_per_s": rnd["tok_per_s"], "span_s": round(span, 1), **use, **conns}
             )  # fmt: skip
     return rows
+
+
+def _cell(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else f"{value:.0f}"
 
 
 def cpu_table(rows: list[dict[str, Any]]) -> str:
@@ -730,7 +761,7 @@ def cpu_table(rows: list[dict[str, Any]]) -> str:
     lines.append("|---" * (5 + len(roles)) + "|")
     for r in rows:
         cells = [str(r["streams"]), r["target"], str(r["round"]), f"{r['tok_per_s']:.0f}",
-                 str(r["span_s"]), *(f"{r.get(k, 0.0):.0f}" for k in roles)]  # fmt: skip
+                 str(r["span_s"]), *(_cell(r.get(k, 0.0)) for k in roles)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
