@@ -946,10 +946,15 @@ class HttpServer:
         await self.app.shutdown()
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not listening yet). ``reuse_port``: with
+    SO_REUSEPORT, so that several processes (``--workers``) can each listen on the port and
+    the kernel spreads new connections across them."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock

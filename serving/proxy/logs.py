@@ -4,11 +4,16 @@ A request's access line is formatted at once but reaches stderr within ``max_del
 (default 0.2 s) together with its neighbours: one write per batch instead of one per request
 (each write is a syscall on the hot path). A background thread flushes the batch on time even
 when traffic stops; ``close()`` (at exit) flushes what is left.
+
+With ``--workers N`` several processes write to the same stderr: a write to a pipe is atomic
+only up to ``PIPE_BUF`` (4096) bytes, so there each batch goes out in writes of whole lines
+of at most that size (``max_write``), and no line of one process is cut by another's.
 """
 
 from __future__ import annotations
 
 import logging
+import select
 import sys
 import threading
 from typing import TextIO
@@ -17,9 +22,12 @@ from typing import TextIO
 class BatchingStreamHandler(logging.Handler):
     """Buffer formatted records; write them together every ``max_delay_s`` or ``max_lines``."""
 
-    def __init__(self, stream: TextIO, max_delay_s: float = 0.2, max_lines: int = 512) -> None:
+    def __init__(
+        self, stream: TextIO, max_delay_s: float = 0.2, max_lines: int = 512, max_write: int = 0
+    ) -> None:
         super().__init__()
         self.stream = stream
+        self.max_write = max_write  # > 0: no write longer than this (whole lines; see above)
         self.max_delay_s = max_delay_s
         self.max_lines = max_lines
         self._lines: list[str] = []
@@ -51,8 +59,13 @@ class BatchingStreamHandler(logging.Handler):
                 return
             lines, self._lines = self._lines, []
         try:
-            self.stream.write("\n".join(lines) + "\n")
-            self.stream.flush()
+            if self.max_write:
+                for chunk in _chunks(lines, self.max_write):
+                    self.stream.write(chunk)
+                    self.stream.flush()
+            else:
+                self.stream.write("\n".join(lines) + "\n")
+                self.stream.flush()
         except (OSError, ValueError):
             pass  # stderr gone (process exiting): nothing useful left to do
 
@@ -66,10 +79,33 @@ class BatchingStreamHandler(logging.Handler):
         super().close()
 
 
-def configure_logging(access_log: bool, stream: TextIO | None = None) -> None:
+def _chunks(lines: list[str], limit: int) -> list[str]:
+    """``lines`` joined into strings of whole lines, each ending in a newline and at most
+    ``limit`` bytes long (a longer line alone: it cannot be split)."""
+    out: list[str] = []
+    group: list[str] = []
+    size = 0
+    for line in lines:
+        n = (len(line) if line.isascii() else len(line.encode())) + 1
+        if group and size + n > limit:
+            out.append("\n".join(group) + "\n")
+            group, size = [], 0
+        group.append(line)
+        size += n
+    if group:
+        out.append("\n".join(group) + "\n")
+    return out
+
+
+def configure_logging(
+    access_log: bool, stream: TextIO | None = None, shared_stream: bool = False
+) -> None:
     """Route ``serving.proxy`` (events) and ``serving.proxy.access`` (one JSON line per
-    request) to stderr as bare JSON lines."""
-    handler = BatchingStreamHandler(stream or sys.stderr)
+    request) to stderr as bare JSON lines. ``shared_stream``: other processes write to the
+    same stderr (``--workers``): writes of whole lines, at most ``PIPE_BUF`` bytes each."""
+    handler = BatchingStreamHandler(
+        stream or sys.stderr, max_write=select.PIPE_BUF if shared_stream else 0
+    )
     handler.setFormatter(logging.Formatter("%(message)s"))
     root = logging.getLogger("serving.proxy")
     root.handlers[:] = [handler]

@@ -3,12 +3,17 @@
 Kept dependency-free and cheap: a counter is a dict entry, a histogram observation is one
 ``bisect``. Label values are route names, status codes and key *names* (validated at start to
 ``[A-Za-z0-9._-]``), never a raw path or a key.
+
+With ``--workers N`` each worker keeps its own ``Metrics``; ``state()`` is what a worker
+publishes (plain JSON-able data) and ``Metrics.merged`` sums the workers' states for /metrics
+(serving/proxy/workers.py).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from typing import Any
 
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -32,6 +37,22 @@ class Histogram:
         row[bisect.bisect_left(self.buckets, value)] += 1
         row[-2] += value
         row[-1] += 1
+
+    def state(self) -> list[list[object]]:
+        """The series as JSON-able data: ``[[labels...], [bucket counts..., sum, count]]``."""
+        return [[list(labels), row] for labels, row in self.series.items()]
+
+    def add(self, state: list[list[object]]) -> None:
+        """Add another histogram's ``state()`` (same buckets) to this one."""
+        for labels, row in state:
+            assert isinstance(labels, list) and isinstance(row, list)
+            key = tuple(str(v) for v in labels)
+            mine = self.series.get(key)
+            if mine is None:
+                self.series[key] = [float(v) for v in row]
+            else:
+                for i, v in enumerate(row):
+                    mine[i] += v
 
     def render(self, name: str, label_names: tuple[str, ...], out: list[str]) -> None:
         for labels, row in sorted(self.series.items()):
@@ -62,6 +83,43 @@ class Metrics:
         self.engine_ready = False
         self.connect_retries = 0
         self.health_failures = 0
+
+    def state(self) -> dict[str, object]:
+        """Everything here as JSON-able data (a worker's published state; see ``merged``)."""
+        return {
+            "requests": [[*labels, n] for labels, n in self.requests.items()],
+            "tokens": [[*labels, n] for labels, n in self.tokens.items()],
+            "upstream_errors": [[kind, n] for kind, n in self.upstream_errors.items()],
+            "latency": self.latency.state(),
+            "ttft": self.ttft.state(),
+            "overhead": self.overhead.state(),
+            "in_flight": self.in_flight,
+            "engine_ready": self.engine_ready,
+            "connect_retries": self.connect_retries,
+            "health_failures": self.health_failures,
+        }
+
+    @classmethod
+    def merged(cls, states: list[dict[str, Any]]) -> Metrics:
+        """The sum of several ``state()``s: counters and histograms summed, ``in_flight``
+        summed, ``engine_ready`` only if every state says ready (and there is one)."""
+        total = cls()
+        total.engine_ready = bool(states)
+        for state in states:
+            for route, status, key, n in state["requests"]:
+                total.requests[(route, status, key)] += n
+            for key, kind, n in state["tokens"]:
+                total.tokens[(key, kind)] += n
+            for kind, n in state["upstream_errors"]:
+                total.upstream_errors[kind] += n
+            total.latency.add(state["latency"])
+            total.ttft.add(state["ttft"])
+            total.overhead.add(state["overhead"])
+            total.in_flight += state["in_flight"]
+            total.engine_ready = total.engine_ready and bool(state["engine_ready"])
+            total.connect_retries += state["connect_retries"]
+            total.health_failures += state["health_failures"]
+        return total
 
     def render(self) -> bytes:
         out: list[str] = []
