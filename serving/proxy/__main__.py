@@ -1,5 +1,6 @@
-"""CLI: ``python -m serving.proxy --upstream URL --port PORT [options]`` (one process; the
-proxy's own HTTP server on uvloop + httptools, or uvicorn with ``--server uvicorn``).
+"""CLI: ``python -m serving.proxy --upstream URL --port PORT [options]`` (the proxy's own
+HTTP server on uvloop + httptools, or uvicorn with ``--server uvicorn``; one process, or
+``--workers N`` processes on the port: serving/proxy/workers.py).
 
 Keys come from env ``SERVING_API_KEYS``; without valid keys the proxy refuses to start (exit 2)
 with a message that names the problem but never a key or digest.
@@ -8,58 +9,25 @@ with a message that names the problem but never a key or digest.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import json
 import logging
 import os
-import signal
 import sys
-from typing import Any
-
-import uvicorn
 
 from serving.proxy.app import ProxyApp, ProxyConfig
-from serving.proxy.httpserver import ServerLimits, bind, serve
+from serving.proxy.httpserver import bind
 from serving.proxy.keys import ENV_VAR, KeyConfigError, KeyRing
 from serving.proxy.logs import configure_logging
+from serving.proxy.runner import (
+    http_protocol,
+    run_own_server,
+    run_uvicorn,
+    server_limits,
+    tune_gc,
+)
+from serving.proxy.workers import run_workers, worker_config
 
-
-def server_limits(config: ProxyConfig) -> ServerLimits:
-    return ServerLimits(max_head_bytes=config.max_head_bytes, head_timeout_s=config.head_timeout_s)
-
-
-def run_own_server(app: ProxyApp, config: ProxyConfig, host: str, port: int) -> None:
-    """The proxy's own server (serving/proxy/httpserver.py) on uvloop when installed, until
-    SIGTERM/SIGINT, then a graceful shutdown (open requests get up to 30 s)."""
-    sock = bind(host, port)
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(app, sock, server_limits(config), stop)
-
-    with runner:
-        runner.run(main())
-
-
-def http_protocol(config: ProxyConfig) -> Any:
-    """uvicorn's ``http`` setting: httptools with the head limits (serving/proxy/server.py)
-    when httptools is installed, else uvicorn's h11 (its own 16 KiB head limit; no head
-    timeout)."""
-    try:
-        from serving.proxy.server import guarded_httptools_protocol
-    except ImportError:
-        return "h11"
-    return guarded_httptools_protocol(config.max_head_bytes, config.head_timeout_s)
+__all__ = ["build_parser", "http_protocol", "main", "server_limits"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server", choices=("own", "uvicorn"), default="own",
                    help="HTTP server: the proxy's own on httptools (default, needs httptools) "
                    "or uvicorn with the same head limits")  # fmt: skip
+    p.add_argument("--workers", type=int, default=1,
+                   help="server processes sharing the port (SO_REUSEPORT), like the engine's "
+                   "API servers; --max-in-flight stays the total, --max-buffered-bytes is "
+                   "split between them (default 1: one process)")  # fmt: skip
     p.add_argument("--no-access-log", action="store_true", help="do not write JSON access logs")
     return p
 
@@ -140,38 +112,29 @@ def main(argv: list[str] | None = None) -> int:
             max_head_bytes=args.max_head_bytes,
             head_timeout_s=args.head_timeout_s,
         )
-        app = ProxyApp(config, keys)
+        if args.workers < 1:
+            raise ValueError(f"--workers {args.workers} is invalid: it must be at least 1")
+        app = ProxyApp(config, keys)  # with --workers, each worker builds its own
+        if args.workers > 1:
+            worker_config(config, args.workers)  # the buffer budget's split must hold a body
     except ValueError as exc:
         print(f"serving.proxy: refusing to start: {exc}", file=sys.stderr)
         return 2
-    configure_logging(not args.no_access_log)
+    configure_logging(not args.no_access_log, shared_stream=args.workers > 1)
     logging.getLogger("serving.proxy").warning(
         json.dumps({"event": "proxy_starting", "port": args.port, "upstream": args.upstream,
-                    "key_names": keys.names, "max_in_flight": config.max_in_flight})
+                    "key_names": keys.names, "max_in_flight": config.max_in_flight,
+                    "workers": args.workers})
     )  # fmt: skip
-    # Fewer, cheaper GC passes: the start-up heap is frozen, young-object collections are rarer.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
+    if args.workers > 1:
+        return run_workers(
+            config, args.workers, args.host, args.port, args.server, not args.no_access_log
+        )
+    tune_gc()
     if args.server == "own":
-        run_own_server(app, config, args.host, args.port)
-        return 0
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        loop="auto",  # uvloop when installed
-        http=http_protocol(config),  # httptools + head limits when installed
-        ws="none",
-        lifespan="on",
-        access_log=False,
-        server_header=False,
-        log_level="warning",
-        timeout_keep_alive=75,
-        timeout_graceful_shutdown=30,  # on SIGTERM: let open streams finish, at most 30 s
-        proxy_headers=False,  # client addresses are not used; skip uvicorn's middleware
-        backlog=4096,
-    )
+        run_own_server(app, config, bind(args.host, args.port))
+    else:
+        run_uvicorn(app, config, (args.host, args.port), not args.no_access_log)
     return 0
 
 

@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_str  # quoted, escaped, ASCII
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serving.proxy.exchange import Exchange, Route
 from serving.proxy.keys import KeyRing, parse_bearer
@@ -52,6 +52,9 @@ from serving.proxy.upstream import (
     UpstreamError,
     UpstreamResponse,
 )
+
+if TYPE_CHECKING:
+    from serving.proxy.workers import WorkerShare
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -437,10 +440,22 @@ def check_body(body: bytes | memoryview) -> tuple[str | None, bool, bool]:
 
 
 class ProxyApp:
-    """The ASGI application. One instance per process; state is the counters and the pool."""
+    """The ASGI application. One instance per process; state is the counters and the pool.
 
-    def __init__(self, config: ProxyConfig, keys: KeyRing) -> None:
+    ``share``: this process is one of ``--workers N`` (serving/proxy/workers.py): admission
+    also takes a slot of the in-flight count all workers share, and /metrics sums all
+    workers' metrics. None (one process): neither."""
+
+    def __init__(
+        self, config: ProxyConfig, keys: KeyRing, share: WorkerShare | None = None
+    ) -> None:
         self.config = config
+        self.share = share
+        self._shared_in_flight = share.in_flight if share is not None else None
+        # The access line's last field, and the readiness events': which worker (none with
+        # one process).
+        self._log_tail = f',"worker":{share.index}' if share is not None else ""
+        self._event_tags = {"worker": share.index} if share is not None else {}
         self.buffered_bytes = 0  # request + non-stream response bodies held (max_buffered_bytes)
         # Request-body bytes held per key: each key may hold its share of the budget at most,
         # so one key's uploads never keep another key from its share (issue 22 item 2).
@@ -475,6 +490,8 @@ class ProxyApp:
         self._stopping = False
         self._emit_access = _access_emitter()
         self._poller = asyncio.get_running_loop().create_task(self._poll_health())
+        if self.share is not None:
+            self.share.start(self.metrics)
 
     async def shutdown(self) -> None:
         self._stopping = True
@@ -486,6 +503,8 @@ class ProxyApp:
         for task in list(self._tasks):
             task.cancel()
         self.client.close()
+        if self.share is not None:
+            self.share.stop()
         # uvicorn re-raises SIGTERM after shutdown, so atexit never runs: flush logs now.
         for logger in (access_log, event_log):
             for handler in logger.handlers:
@@ -503,14 +522,19 @@ class ProxyApp:
                 return
 
     def _set_ready(self, ready: bool, reason: str) -> None:
-        if ready != self.ready:
+        changed = ready != self.ready
+        if changed:
             event_log.warning(
                 json.dumps({"event": "engine_ready" if ready else "engine_not_ready",
-                            "reason": reason, "upstream": self.config.upstream})
+                            "reason": reason, "upstream": self.config.upstream,
+                            **self._event_tags})
             )  # fmt: skip
         self.ready = ready
         self.metrics.engine_ready = ready
         self._ready_reason = reason
+        if changed and self.share is not None:
+            with contextlib.suppress(OSError):
+                self.share.publish()  # the other workers' /metrics see it at once
 
     async def _poll_health(self) -> None:
         interval = self.config.health_interval_s
@@ -546,7 +570,8 @@ class ProxyApp:
             event_log.warning(
                 json.dumps({"event": "engine_health_failed", "reason": reason,
                             "failed_in_a_row": self._failed_polls,
-                            "unready_after": self.config.unready_after_failures})
+                            "unready_after": self.config.unready_after_failures,
+                            **self._event_tags})
             )  # fmt: skip
 
     async def _check_health(self) -> tuple[bool, str]:
@@ -792,6 +817,8 @@ class ProxyApp:
         ex.duration = time.perf_counter() - ex.t0
         if ex.admitted:
             self.metrics.in_flight -= 1
+            if self._shared_in_flight is not None:
+                self._shared_in_flight.give_back()
         if ex.body_held:
             self.key_held[ex.key] -= ex.body_held
             ex.body_held = 0
@@ -833,8 +860,10 @@ class ProxyApp:
                 self._not_ready(writer, ex)
         elif self._authenticate(writer, ex, auth, auth_count):
             if route.kind == _METRICS:
+                share = self.share
                 self.answer(
-                    writer, ex, 200, self.metrics.render(),
+                    writer, ex, 200,
+                    self.metrics.render() if share is None else share.render(self.metrics),
                     (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
                 )  # fmt: skip
             elif not self.ready:
@@ -993,7 +1022,8 @@ class ProxyApp:
         """The in-flight cap (429); the body was read first, so a slow body holds only its
         share of the buffer budget (and at most body_timeout_s), never a slot."""
         metrics = self.metrics
-        if metrics.in_flight >= self.config.max_in_flight:
+        shared = self._shared_in_flight  # --workers: one count for all workers
+        if metrics.in_flight >= self.config.max_in_flight or not (shared is None or shared.take()):
             self.answer_error(
                 writer, ex, 429, f"proxy at capacity ({self.config.max_in_flight} requests "
                 "in flight); retry after the Retry-After delay", "rate_limit_error",
@@ -1248,5 +1278,5 @@ class ProxyApp:
                 f'"prompt_tokens":{"null" if ex.prompt_tokens is None else ex.prompt_tokens},'
                 f'"completion_tokens":'
                 f"{'null' if ex.completion_tokens is None else ex.completion_tokens},"
-                f'"error":{"null" if ex.error is None else _json_str(ex.error)}}}'
+                f'"error":{"null" if ex.error is None else _json_str(ex.error)}{self._log_tail}}}'
             )
