@@ -392,8 +392,8 @@ def cost_section(old: Mapping[str, Any] | None, new: Mapping[str, Any], base: st
         lines.append("")
     lines.append(
         "_idle: `min_containers` kept warm all month (+ pre-warm windows); worst case: every"
-        " allowed container busy all month (components/cost.py, Modal's GPU prices + the CPU/"
-        "memory allowance)._"
+        " allowed container busy all month (components/cost.py: GPU, CPU and memory at Modal's"
+        " rates, + `costOverheadPct` where a stack sets one)._"
     )
     return lines
 

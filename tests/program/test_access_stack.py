@@ -100,7 +100,7 @@ def test_access_program_registers_each_environment() -> None:
     assert set(role.property_dependencies["environment"]) == {env.urn}
     assert "token_secret" in su.additional_secret_outputs
     budget = next(r for r in run.resources if r.name == "budget-local")
-    assert budget.inputs["monthly_budget_usd"] == 500
+    assert budget.inputs["monthly_budget_usd"] == 750
     assert budget.inputs["thresholds"] == [0.5, 0.8, 1.0]
 
     assert run.is_secret("credentials") and not run.is_secret("environments")
@@ -142,6 +142,17 @@ def test_workspace_stack_file_is_valid() -> None:
     )
 
 
+def test_local_stack_file_budgets_are_the_service_stacks() -> None:
+    """The local access stack's budgets mirror the service stacks' cost guard, as the
+    workspace's do (Pulumi.local.yaml for `local`, Pulumi.dev.yaml for `dev`)."""
+    raw = yaml.safe_load((ACCESS / "Pulumi.local.yaml").read_text())["config"]
+    envs = parse_access_config(json.dumps(raw["modal-llm-access:environments"]), stack="local")
+    assert [e.name for e in envs] == ["local", "dev"]
+    for env in envs:
+        service = yaml.safe_load((PROJECT_ROOT / f"Pulumi.{env.name}.yaml").read_text())
+        assert service["config"][NS + "monthlyBudgetUsd"] == env.monthly_budget_usd
+
+
 @pytest.mark.parametrize(
     ("old", "new", "expected"),
     [
@@ -158,7 +169,7 @@ def test_workspace_stack_file_is_valid() -> None:
             " is already environments[0].identities[0]: service users are workspace-wide",
         ),
         (
-            "monthly_budget_usd: 700",
+            "monthly_budget_usd: 900",
             "monthly_budget_usd: -1",
             "environments[1].monthly_budget_usd (Pulumi.local.yaml line {line}): -1 must be a"
             " number of dollars >= 0",
