@@ -426,8 +426,9 @@ def proxy_command(
     engine_port: int = ENGINE_PORT,
     python: str = sys.executable,
 ) -> list[str]:
-    """The auth proxy's command line (serving/proxy; keys come from env SERVING_API_KEYS)."""
-    return [
+    """The auth proxy's command line (serving/proxy; keys come from env SERVING_API_KEYS);
+    `--workers` only when the spec wants more than one process (`ServingSpec.proxy_workers`)."""
+    cmd = [
         python, "-m", "serving.proxy",
         "--upstream", f"http://127.0.0.1:{engine_port}",
         "--port", str(port),
@@ -436,6 +437,9 @@ def proxy_command(
         "--keepalive-s", repr(float(spec.proxy.keepalive_s)),
         "--upstream-timeout-s", str(spec.timeouts.request_s),
     ]  # fmt: skip
+    if spec.proxy_workers > 1:
+        cmd += ["--workers", str(spec.proxy_workers)]
+    return cmd
 
 
 def exit_on_death(proc: ManagedProcess, returncode: int) -> None:

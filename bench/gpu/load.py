@@ -318,6 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--direct", default="http://127.0.0.1:8001")
     cli.add_argument("--proxy", default="http://127.0.0.1:8000")
     cli.add_argument("--plain", help="a default `vllm serve` to compare with (optional)")
+    cli.add_argument(
+        "--proxy-target",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="another proxy to compare (with the key), e.g. proxy-1w=http://127.0.0.1:8003",
+    )
     cli.add_argument("--key", required=True, help="an API key the proxy accepts")
     cli.add_argument("--model", default="llama")
     cli.add_argument("--max-tokens", type=int, default=64)
@@ -337,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         "direct": (args.direct, {}),
         "proxy": (args.proxy, {"Authorization": f"Bearer {args.key}"}),
     }
+    for item in args.proxy_target:
+        name, _, url = item.partition("=")
+        targets[name] = (url, {"Authorization": f"Bearer {args.key}"})
     t0 = time.monotonic()
     words, measured = 0, 0
     if args.prompt_tokens:

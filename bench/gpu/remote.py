@@ -535,8 +535,8 @@ class CpuSampler(threading.Thread):
             return None
         # the plain `vllm serve` (PLAIN_PORT) and its children: "plain_" roles
         prefix = "plain_" if f"--port {PLAIN_PORT}" in f"{cmd} {family}" else ""
-        if "serving.proxy" in cmd:
-            return "proxy"
+        if "serving.proxy" in f"{cmd} {family}":  # with --workers: the workers too
+            return "proxy_1w" if f"--port {ONE_WORKER_PROXY_PORT}" in f"{cmd} {family}" else "proxy"
         if "bench.gpu.load" in cmd:
             return "client"
         if "EngineCore" in name or "EngineCore" in cmd:
@@ -766,19 +766,68 @@ def cpu_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_bench(out: Path, log: Log, plan: str, plain: bool) -> dict[str, Any]:
+ONE_WORKER_PROXY_PORT = 8003
+
+
+@contextlib.contextmanager
+def one_worker_proxy(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str, Any]]:
+    """A second auth proxy in front of the same engine, as serving.engine starts it but with
+    one process (`--workers 1`): the baseline for the spec's `proxy_workers`, same run."""
+    import urllib.request
+
+    sys.path[:0] = [str(device.ROOT), str(device.SITE)]
+    from serving.engine import proxy_command
+    from serving.spec import ServingSpec
+
+    cmd = proxy_command(ServingSpec.model_validate(spec), port=ONE_WORKER_PROXY_PORT)
+    if "--workers" in cmd:
+        at = cmd.index("--workers")
+        del cmd[at : at + 2]
+    info: dict[str, Any] = {"argv": cmd}
+    with log_path.open("w") as logf:
+        proc = subprocess.Popen(
+            cmd, cwd=device.ROOT, env=device.run_env(), stdout=logf, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=pinned("server"),
+        )  # fmt: skip
+        try:
+            for _ in range(120):
+                with contextlib.suppress(OSError):
+                    url = f"http://127.0.0.1:{ONE_WORKER_PROXY_PORT}/ready"
+                    with urllib.request.urlopen(url, timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                time.sleep(0.5)
+            log(f"one-process proxy on :{ONE_WORKER_PROXY_PORT}: {' '.join(cmd[3:])}")
+            yield info
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(40)
+            info["exit_code"] = proc.returncode
+
+
+def run_bench(
+    out: Path, log: Log, plan: str, plain: bool, one_worker: bool = False
+) -> dict[str, Any]:
     result: dict[str, Any] = {"proxy_idle": proxy_idle_setting(), "plan": plan}
     log(f"proxy pool idle lifetime: {result['proxy_idle']}")
     sampler = CpuSampler(out / "cpu.jsonl")
     with contextlib.ExitStack() as stack:
         if plain:  # first, alone: vLLM profiles the card's free memory while it starts
             result["plain"] = stack.enter_context(plain_engine(out / "plain-engine.log", log))
-        spec = bench_spec() if plain else device.spec_dict()
+        # the proxy's cap above the bench's 1024 streams either way (bench_spec)
+        spec = bench_spec() if plain else {**device.spec_dict(), "proxy": {"max_in_flight": 4096}}
         info = stack.enter_context(serving(spec, out / "bench-engine.log", log))
         result["engine"] = info
         log(f"engine keep-alive env seen in the vLLM process: {info['engine_keepalive_env']}")
-        sampler.start()
         cmd = load_cmd(out / "bench.json", plan)
+        if one_worker:
+            result["one_worker_proxy"] = stack.enter_context(
+                one_worker_proxy(spec, out / "proxy-1w.log", log)
+            )
+            cmd += ["--proxy-target", f"proxy-1w=http://127.0.0.1:{ONE_WORKER_PROXY_PORT}"]
+        sampler.start()
         if plain:
             cmd += ["--plain", f"http://127.0.0.1:{PLAIN_PORT}"]
         try:
@@ -1032,7 +1081,7 @@ def run(args: argparse.Namespace) -> int:
             result["checks"] = run_checks(out, log)
             rc |= result["checks"]["rc"]
         if "bench" in phases:
-            result["bench"] = run_bench(out, log, args.plan, args.plain)
+            result["bench"] = run_bench(out, log, args.plan, args.plain, args.one_worker_proxy)
             rc |= result["bench"]["load_rc"]
         if "tp" in phases:
             result["tp"] = run_tp(out, log, args.tp_plan)
@@ -1091,6 +1140,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument(
         "--sglang-workers", type=int, help="sglang-bench: api_server_count (--tokenizer-worker-num)"
+    )
+    r.add_argument(
+        "--one-worker-proxy",
+        action="store_true",
+        help="bench: a second proxy with one process (:8003) beside the spec's, as a target",
     )
     r.add_argument("--server-cpus", help="cores for the engine and the proxy, e.g. 0-7")
     r.add_argument("--client-cpus", help="cores for the load clients, e.g. 8-15")

@@ -335,6 +335,19 @@ def test_proxy_command_carries_the_spec_settings() -> None:
     assert parsed.max_in_flight == 300 and parsed.keepalive_s == 5.0
 
 
+def test_proxy_workers_one_unless_set() -> None:
+    four = make_spec(snapshot=False)  # 4 vLLM API servers, still one proxy process
+    assert four.api_servers == 4 and four.proxy_workers == 1
+    assert "--workers" not in proxy_command(four)
+    cmd = proxy_command(make_spec(snapshot=False, proxy={"workers": 4}))
+    assert cmd[cmd.index("--workers") + 1] == "4"
+    from serving.proxy.__main__ import build_parser
+
+    assert build_parser().parse_args(cmd[3:]).workers == 4  # the real proxy CLI takes it
+    assert "--workers" not in proxy_command(make_spec(proxy={"workers": 1}))
+    assert '"workers"' not in make_spec().to_json()  # unset: the digest of older specs holds
+
+
 # ---- the CLI runner: what the container does, as a process ------------------------------------
 
 
