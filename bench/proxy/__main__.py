@@ -1,7 +1,8 @@
 """``python -m bench.proxy [--quick] [--reps N] [--no-nginx] [--only PARTS] [--baseline-ref REF
-| --baseline-root DIR]``: the proxy vs calling the stub engine directly vs nginx, in one run,
-with the issue-13 targets table; optionally also the proxy as of a commit, or from a
-directory (e.g. compiled by ``python -m bench.proxy.compiled DIR``).
+| --baseline-root DIR] [--proxy-workers N] [--bursts]``: the proxy vs calling the stub engine
+directly vs nginx, in one run, with the issue-13 targets table; optionally also the proxy as
+of a commit, or from a directory (e.g. compiled by ``python -m bench.proxy.compiled DIR``),
+and the proxy with ``--workers N`` (target "proxy xN").
 
 Starts, in separate processes: the stub engine (tests/harness/stub_engine.py, uvicorn +
 uvloop), our proxy (``python -m serving.proxy``, its own HTTP server, access log on, stderr to
@@ -22,7 +23,9 @@ reps it was met. Parts:
    only the window after a warm-up counts, so (re)connecting is not measured (the proxy's
    pool drops connections idle for 4 s, below the engine's 5 s keep-alive, which happens
    while the other targets have their slices). SSE events/s and the ratio to direct, proxy
-   CPU per relayed event (from /proc, read at the window's edges).
+   CPU per relayed event (from /proc, read at the window's edges). ``--bursts``: each slice
+   runs in synchronized rounds (all C streams start together, the next C once all have
+   ended: the GPU bench's load shape) instead of C clients back to back.
 3. ``json``: request-body validation throughput in this process (the proxy's own check,
    ``check_body``) at 68 B, 64 KiB, 1 MiB and the 4 MiB maximum body, and on a long chat
    history of 8000 small messages.
@@ -100,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="also measure the proxy as of this commit (its serving/ package, from "
                    "git archive) as target 'proxy at REF': a change against its own past, "
                    "in the same run")  # fmt: skip
+    p.add_argument("--proxy-workers", type=int, default=0, metavar="N",
+                   help="also measure the proxy with --workers N (N > 1) as target "
+                   "'proxy xN' in the latency and streams parts")  # fmt: skip
+    p.add_argument("--bursts", action="store_true",
+                   help="streams part: in synchronized rounds (all C streams start together, "
+                   "the next C once all have ended) instead of C clients back to back")  # fmt: skip
     p.add_argument("--baseline-root", type=Path, default=None, metavar="DIR",
                    help="instead: the proxy in DIR (a directory holding a `serving` package, "
                    "e.g. one built by `python -m bench.proxy.compiled DIR`) as target "
@@ -109,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --baseline-ref or --baseline-root, not both")
     if args.baseline_root and (problem := root_problem(args.baseline_root)):
         p.error(problem)
+    if args.proxy_workers == 1 or args.proxy_workers < 0:
+        p.error("--proxy-workers N needs N > 1 (the plain 'proxy' target is one process)")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
@@ -127,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
           f"load avg {info['load_avg_at_start']}", flush=True)  # fmt: skip
     # Non-stream parts use an engine that answers at once; streams a 25 tokens/s one.
     stub = StubEngineProcess(tokens=TOKENS, token_delay_ms=0, record=False).start()
-    proxy = on_uvicorn = nginx = baseline = None
+    proxy = on_uvicorn = nginx = baseline = workers = None
     results: dict[str, Any] = {"machine": info, "quick": quick, "reps": reps}
     t_start = time.time()
     tmp = tempfile.TemporaryDirectory(prefix="bench-proxy-baseline-")
@@ -144,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
             pids["nginx"] = nginx.proc.pid
         lat_targets = {**targets, "proxy on uvicorn": on_uvicorn.url}
         lat_pids = {**pids, "proxy on uvicorn": on_uvicorn.proc.pid}
+        if args.proxy_workers:  # CPU is read over the process tree: main + workers
+            workers = Proxy(stub.url, "--workers", str(args.proxy_workers))
+            lat_targets[f"proxy x{args.proxy_workers}"] = workers.url
+            lat_pids[f"proxy x{args.proxy_workers}"] = workers.proc.pid
         if args.baseline_ref or args.baseline_root:
             if args.baseline_root:
                 root = args.baseline_root.resolve()
@@ -166,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             stub.configure(token_delay_ms=TOKEN_DELAY_MS)
             lat_pids["direct"] = pids["direct"] = stub.pid  # a restart: new process, same port
             results["streams"] = measure_streams(
-                lat_targets, lat_pids, levels, duration, warmup, reps
+                lat_targets, lat_pids, levels, duration, warmup, reps, args.bursts
             )
+            results["stream_bursts"] = args.bursts
             stub.configure(token_delay_ms=0)
         if "clients" in parts:
             results["clients"] = measure_clients(stub.url, 500 if quick else 2000)
@@ -176,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             results["memory_bytes_per_stream"] = measure_memory(stub, 256 if quick else 1024,
                                                                 use_nginx)  # fmt: skip
     finally:
-        for thing in (proxy, on_uvicorn, nginx, baseline):
+        for thing in (proxy, on_uvicorn, nginx, baseline, workers):
             if thing is not None:
                 thing.stop()
         stub.stop()
@@ -279,6 +295,7 @@ def measure_streams(
     duration: float,
     warmup: float,
     reps: int,
+    bursts: bool = False,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for busy in (False, True):
@@ -286,7 +303,8 @@ def measure_streams(
             for rep in range(reps):
                 for name, url in targets.items():
                     job = {"kind": "streams", "url": url, "concurrency": c,
-                           "duration_s": duration, "warmup_s": warmup}  # fmt: skip
+                           "duration_s": duration, "warmup_s": warmup,
+                           "burst": bursts}  # fmt: skip
                     if busy:
                         with Spinner():
                             r = _stream_slice(job, pids[name])
@@ -323,6 +341,7 @@ def _stream_slice(job: dict[str, Any], pid: int) -> dict[str, Any]:
     return {
         "events_per_s": events / result["wall_s"], "events": events, "errors": result["errors"],
         "ttft_p50_ms": pct(result["ttft"], 0.5) * 1e3,
+        "ttft_p99_ms": pct(result["ttft"], 0.99) * 1e3,
         "cpu_us_per_event": (cpu1 - cpu0) * 1e6 / max(1, events),
         "machine_busy": busy_share(m0, m1),
         "loadgen_cpu_share": result["loadgen_cpu_s"] / result["wall_s"],

@@ -9,10 +9,12 @@
   per-target latencies (s) and, when present, the ``x-proxy-overhead-ms`` header values.
   With ``"stream": true`` the latency is the time to the first body bytes of a stream (the
   first event; TTFB), the rest of the stream is then read and dropped.
-- ``{"kind": "streams", "url": U, "concurrency": C, "duration_s": S, "warmup_s": W}``: C
-  workers each running streamed chat requests back to back for S seconds; only events and
-  TTFTs in the window [W, S] count (connecting, and any reconnect of a proxy's pool whose
-  idle connections expired while other targets ran, fall in the warm-up); prints
+- ``{"kind": "streams", "url": U, "concurrency": C, "duration_s": S, "warmup_s": W,
+  "burst": false}``: C workers each running streamed chat requests back to back for S
+  seconds (``"burst": true``: in rounds, all C streams started together and the next round
+  once all C have ended); only events and TTFTs in the window [W, S] count (connecting,
+  and any reconnect of a proxy's pool whose idle connections expired while other targets
+  ran, fall in the warm-up); prints
   ``{"mark": "start"}`` / ``{"mark": "end"}`` at the window's edges so the caller can read
   CPU counters there.
 - ``{"kind": "clients", "url": U, "n": N}``: the same sequential requests straight to the
@@ -127,35 +129,49 @@ async def streams(job: dict[str, Any]) -> dict[str, Any]:
         print(json.dumps({"mark": "end"}), flush=True)
         marks["cpu1"] = time.process_time()
 
+    async def one(warm: bool) -> None:
+        t0 = time.perf_counter()
+        try:
+            resp = await client.request(b"POST", PATH, AUTH, STREAM_BODY)
+            await resp.head()
+            first = True
+            while True:
+                data = await resp.read()
+                if data is None:
+                    continue
+                if not data:
+                    break
+                now = time.perf_counter()
+                if first:
+                    if warm and w_start <= t0 and now <= w_end:
+                        ttfts.append(now - t0)
+                    first = False
+                if w_start <= now <= w_end:
+                    counts["events"] += data.count(b"data: {")
+            if w_start <= t0:
+                counts["streams"] += 1
+        except Exception:
+            counts["errors"] += 1
+            await asyncio.sleep(0.01)
+
     async def worker() -> None:
         warm = False  # a worker's first stream pays for connecting: not counted in TTFT
         while time.perf_counter() < w_end:
-            t0 = time.perf_counter()
-            try:
-                resp = await client.request(b"POST", PATH, AUTH, STREAM_BODY)
-                await resp.head()
-                first = True
-                while True:
-                    data = await resp.read()
-                    if data is None:
-                        continue
-                    if not data:
-                        break
-                    now = time.perf_counter()
-                    if first:
-                        if warm and w_start <= t0 and now <= w_end:
-                            ttfts.append(now - t0)
-                        first = False
-                    if w_start <= now <= w_end:
-                        counts["events"] += data.count(b"data: {")
-                if w_start <= t0:
-                    counts["streams"] += 1
-                warm = True
-            except Exception:
-                counts["errors"] += 1
-                await asyncio.sleep(0.01)
+            await one(warm)
+            warm = True
 
-    await asyncio.gather(mark_window(), *(worker() for _ in range(job["concurrency"])))
+    async def bursts() -> None:
+        """All C streams start together; the next C once every one has ended (the GPU
+        bench's load: a batch finishes together and the next batch arrives together)."""
+        warm = False
+        while time.perf_counter() < w_end:
+            await asyncio.gather(*(one(warm) for _ in range(job["concurrency"])))
+            warm = True
+
+    if job.get("burst"):
+        await asyncio.gather(mark_window(), bursts())
+    else:
+        await asyncio.gather(mark_window(), *(worker() for _ in range(job["concurrency"])))
     wall = w_end - w_start
     cpu = marks["cpu1"] - marks["cpu0"]
     return {"ttft": ttfts, "wall_s": wall, "loadgen_cpu_s": cpu, **counts}

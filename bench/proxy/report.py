@@ -39,7 +39,7 @@ def render(results: dict[str, Any]) -> str:
     if "latency" in results:
         render_latency(results["latency"], out)
     if "streams" in results:
-        render_streams(results["streams"], out)
+        render_streams(results["streams"], out, results.get("stream_bursts", False))
     if "json" in results:
         render_json(results["json"], out)
     if "clients" in results:
@@ -135,16 +135,17 @@ def render_latency(lat: dict[str, Any], out: list[str]) -> None:
         out.append(f"x-proxy-overhead-ms header (68 B): p50 {_med(header):.3f} ms")
 
 
-def render_streams(streams: list[dict[str, Any]], out: list[str]) -> None:
+def render_streams(streams: list[dict[str, Any]], out: list[str], bursts: bool = False) -> None:
+    how = "in synchronized rounds (--bursts)" if bursts else "clients back to back"
     out.append(
-        f"\nStreams ({TOKENS} tokens, {TOKEN_DELAY_MS} ms apart, clients back to back; medians "
+        f"\nStreams ({TOKENS} tokens, {TOKEN_DELAY_MS} ms apart, {how}; medians "
         "over the reps; counted after a warm-up)"
     )
     out.append(
-        "| streams | one CPU busy | target | TTFT p50 ms | events/s | x direct (spread) | errors "
-        "| CPU µs/event | machine busy |"
+        "| streams | one CPU busy | target | TTFT p50 ms | TTFT p99 ms | events/s "
+        "| x direct (spread) | errors | CPU µs/event | machine busy |"
     )
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     keys = sorted({(r["busy_cpu"], r["concurrency"]) for r in streams})
     for busy, c in keys:
         sel = [r for r in streams if r["busy_cpu"] == busy and r["concurrency"] == c]
@@ -158,6 +159,7 @@ def render_streams(streams: list[dict[str, Any]], out: list[str]) -> None:
             out.append(
                 f"| {c} | {'yes' if busy else 'no'} | {target} "
                 f"| {_med([r['ttft_p50_ms'] for r in mine]):.2f} "
+                f"| {_med([r.get('ttft_p99_ms', float('nan')) for r in mine]):.2f} "
                 f"| {_med([r['events_per_s'] for r in mine]):.0f} "
                 f"| {_med(ratios):.2f} ({_spread(ratios, '.2f')}) "
                 f"| {sum(r['errors'] for r in mine)} "
