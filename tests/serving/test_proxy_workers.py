@@ -59,7 +59,10 @@ class ProxyProcess:
             self.proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stderr=err)
 
     def lines(self) -> list[dict[str, Any]]:
-        return [json.loads(x) for x in self.log.read_text().splitlines() if x.startswith("{")]
+        """The JSON lines written so far (whole lines: a process may be writing the last)."""
+        text = self.log.read_text()
+        whole = text[: text.rfind("\n") + 1].splitlines()
+        return [json.loads(x) for x in whole if x.startswith("{")]
 
     def access(self, route: str | None = None) -> list[dict[str, Any]]:
         return [e for e in self.lines() if "route" in e and route in (None, e["route"])]
