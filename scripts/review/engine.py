@@ -1,0 +1,331 @@
+"""The engine a review stack runs with: the Pulumi CLI or the stand-in (`python -m pulumi_standin`).
+
+`Engine` runs stack commands (select, up, preview --json, outputs, destroy, ls) in the checkout
+whose code deploys, on the service project or the access project, with a given Modal token;
+`choose_engine` picks cli or standin (`--engine`, PULUMI_ENGINE, auto); `StackInfo` is one
+review stack as listed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .common import (
+    ACCESS_DIR,
+    ACCESS_NS,
+    NS,
+    REVIEW_STACK,
+    STANDIN_DEFAULT_PASSPHRASE,
+    ReviewError,
+    parse_time,
+    stack_name,
+)
+
+
+def pulumi_cli() -> str | None:
+    home_cli = Path.home() / ".pulumi/bin/pulumi"
+    return shutil.which("pulumi") or (str(home_cli) if home_cli.exists() else None)
+
+
+@dataclass
+class StackInfo:
+    name: str
+    pr: int
+    last_update: dt.datetime | None
+    in_progress: bool = False
+
+
+@dataclass
+class Engine:
+    """The Pulumi CLI or the stand-in, run in `project` (the checkout whose code deploys), on
+    the service project or (`access=True`) on the access project `project/access`.
+
+    `token`: the Modal token its commands run with (None: the caller's). The access project
+    runs with REVIEW_ACCESS_BACKEND_URL / REVIEW_ACCESS_PASSPHRASE when set, so the access
+    stacks (which hold every review environment's deploy token) can live in a backend the
+    deploy jobs cannot read."""
+
+    kind: str  # "cli" | "standin"
+    project: Path
+    state_dir: Path
+    server_url: str = ""
+    python: str = sys.executable
+    token: tuple[str, str] | None = None
+
+    def with_token(self, token: tuple[str, str]) -> Engine:
+        return replace(self, token=token)
+
+    # ---- plumbing
+    def env(self, *, access: bool = False) -> dict[str, str]:
+        env = dict(os.environ)
+        for key in ("MODAL_ENVIRONMENT", "MODAL_PROFILE", "PYTHONPATH"):
+            env.pop(key, None)
+        env["PULUMI_SKIP_UPDATE_CHECK"] = "true"
+        if self.token is not None:
+            env["MODAL_TOKEN_ID"], env["MODAL_TOKEN_SECRET"] = self.token
+        if access:
+            if env.get("REVIEW_ACCESS_BACKEND_URL"):
+                env["PULUMI_BACKEND_URL"] = env["REVIEW_ACCESS_BACKEND_URL"]
+            if env.get("REVIEW_ACCESS_PASSPHRASE"):
+                env["PULUMI_CONFIG_PASSPHRASE"] = env["REVIEW_ACCESS_PASSPHRASE"]
+                env.pop("OFFLINE_STACK_PASSPHRASE", None)
+        if self.kind == "standin":
+            if not (env.get("OFFLINE_STACK_PASSPHRASE") or env.get("PULUMI_CONFIG_PASSPHRASE")):
+                env["PULUMI_CONFIG_PASSPHRASE"] = STANDIN_DEFAULT_PASSPHRASE
+            if self.server_url:
+                env["MODAL_SERVER_URL"] = self.server_url
+        return env
+
+    def dir(self, access: bool) -> Path:
+        return self.project / ACCESS_DIR if access else self.project
+
+    def state(self, stack: str, *, access: bool = False) -> Path:
+        return self.state_dir / f"{'access-' if access else ''}{stack}.json"
+
+    def meta(self, stack: str) -> Path:
+        return self.state_dir / f"{stack}.review.json"
+
+    def standin(
+        self, command: str, stack: str, *extra: str, access: bool = False, state: Path | None = None
+    ) -> list[str]:
+        cmd = [self.python, "-m", "pulumi_standin", command, "--stack", stack]
+        if access:
+            cmd += ["--cwd", str(self.dir(True))]
+        cmd += ["--state", str(state or self.state(stack, access=access))]
+        if self.server_url and command != "output":
+            cmd += ["--server-url", self.server_url]
+        return [*cmd, *extra]
+
+    def cli(self, *args: str, access: bool = False) -> list[str]:
+        exe = pulumi_cli()
+        if exe is None:
+            raise ReviewError("the Pulumi CLI is not installed (PATH, ~/.pulumi/bin)")
+        return [exe, *args, "--non-interactive", "--cwd", str(self.dir(access))]
+
+    def run(
+        self,
+        cmd: Sequence[str],
+        *,
+        capture: bool = False,
+        access: bool = False,
+        stdin: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        sys.stdout.flush()
+        feed: dict[str, Any] = (
+            {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
+        )
+        return subprocess.run(
+            list(cmd),
+            cwd=self.dir(access) if self.kind == "cli" else self.project,
+            env=self.env(access=access),
+            text=True,
+            stdout=subprocess.PIPE if capture else None,
+            check=False,
+            **feed,
+        )
+
+    def checked(
+        self,
+        cmd: Sequence[str],
+        what: str,
+        *,
+        capture: bool = False,
+        access: bool = False,
+        stdin: str | None = None,
+    ) -> str:
+        done = self.run(cmd, capture=capture, access=access, stdin=stdin)
+        if done.returncode != 0:
+            raise ReviewError(f"{what} failed (exit {done.returncode}); its output is above")
+        return done.stdout or ""
+
+    # ---- commands
+    def select_or_create(self, stack: str, *, access: bool = False) -> None:
+        if self.kind == "cli":
+            self.checked(
+                self.cli("stack", "select", "--create", stack, access=access),
+                f"pulumi stack select --create {stack}",
+                access=access,
+            )
+
+    def deploy(
+        self, stack: str, *, access: bool = False, secrets: Mapping[str, str] | None = None
+    ) -> None:
+        """`up`; `secrets` (short key -> value) are set as secret config first (CLI: `pulumi
+        config set --secret` reading the value from stdin; stand-in: `--secret` of the run)."""
+        ns = ACCESS_NS if access else NS
+        if self.kind == "cli":
+            for key, value in (secrets or {}).items():
+                self.checked(
+                    self.cli("config", "set", "--secret", f"{ns}:{key}", "--stack", stack),
+                    f"pulumi config set --secret {ns}:{key}",
+                    stdin=value,
+                    access=access,
+                )
+            self.checked(
+                self.cli("up", "--yes", "--stack", stack, access=access),
+                f"pulumi up --stack {stack}",
+                access=access,
+            )
+            return
+        extra = [f"--secret={key}={value}" for key, value in (secrets or {}).items()]
+        self.checked(self.standin("up", stack, *extra, access=access), f"up of {stack}")
+
+    def preview_json(self, stack: str, state: Path | None) -> tuple[dict[str, Any], int]:
+        if self.kind == "cli":
+            cmd = self.cli("preview", "--json", "--stack", stack)
+        else:
+            cmd = self.standin("preview", stack, "--json", state=state)
+        done = self.run(cmd, capture=True)
+        try:
+            doc = json.loads(done.stdout or "")
+        except ValueError:
+            raise ReviewError(
+                f"preview --json of {stack} printed no JSON document (exit {done.returncode})"
+            ) from None
+        if not isinstance(doc, dict):
+            raise ReviewError(f"preview --json of {stack}: not a JSON object")
+        return doc, done.returncode
+
+    def outputs(
+        self, stack: str, state: Path | None = None, *, access: bool = False, reveal: bool = False
+    ) -> dict[str, Any]:
+        """The stack's outputs, secrets `[secret]` unless `reveal` (the access stack's
+        credentials: read by the admin step only)."""
+        if self.kind == "cli":
+            args = ["stack", "output", "--json", "--stack", stack]
+            text = self.checked(
+                self.cli(*args, *(["--show-secrets"] if reveal else []), access=access),
+                f"pulumi stack output --stack {stack}",
+                capture=True,
+                access=access,
+            )
+            value = json.loads(text or "{}")
+            return dict(value) if isinstance(value, dict) else {}
+        path = state or self.state(stack, access=access)
+        return standin_outputs(stack, path, self.env(access=access), reveal=reveal)
+
+    def exists(self, stack: str, *, access: bool = False) -> bool:
+        if self.kind == "standin":
+            return self.state(stack, access=access).exists()
+        return any(s.name == stack for s in self.list_stacks(access=access))
+
+    def destroy(self, stack: str, *, access: bool = False) -> bool:
+        """Destroy and remove the stack; False when there was none."""
+        if not self.exists(stack, access=access):
+            if not access:
+                self.meta(stack).unlink(missing_ok=True)
+            return False
+        if self.kind == "cli":
+            self.checked(
+                self.cli("destroy", "--yes", "--stack", stack, access=access),
+                f"pulumi destroy --stack {stack}",
+                access=access,
+            )
+            self.checked(
+                self.cli("stack", "rm", "--yes", "--stack", stack, access=access),
+                f"pulumi stack rm {stack}",
+                access=access,
+            )
+            return True
+        self.checked(self.standin("destroy", stack, access=access), f"destroy of {stack}")
+        state = self.state(stack, access=access)
+        state.unlink(missing_ok=True)
+        state.with_name(state.stem + ".last-error.txt").unlink(missing_ok=True)
+        if not access:
+            self.meta(stack).unlink(missing_ok=True)
+        return True
+
+    def list_stacks(self, *, access: bool = False) -> list[StackInfo]:
+        found: list[StackInfo] = []
+        if self.kind == "cli":
+            text = self.checked(
+                self.cli("stack", "ls", "--json", access=access),
+                "pulumi stack ls",
+                capture=True,
+                access=access,
+            )
+            for entry in json.loads(text or "[]"):
+                m = REVIEW_STACK.search(str(entry.get("name", "")))
+                if m:
+                    found.append(
+                        StackInfo(
+                            name=stack_name(int(m["pr"])),
+                            pr=int(m["pr"]),
+                            last_update=parse_time(entry.get("lastUpdate")),
+                            in_progress=bool(entry.get("updateInProgress")),
+                        )
+                    )
+            return sorted(found, key=lambda s: s.pr)
+        prefix = "access-" if access else ""
+        for path in sorted(self.state_dir.glob(f"{prefix}pr-*.json")):
+            m = REVIEW_STACK.search(path.name.removeprefix(prefix).removesuffix(".json"))
+            if not m:
+                continue
+            stack = stack_name(int(m["pr"]))
+            when = None
+            if not access:
+                with contextlib.suppress(OSError, ValueError):
+                    when = parse_time(json.loads(self.meta(stack).read_text()).get("updated_at"))
+            if when is None:  # no record: the state file's own time (written at every step)
+                when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
+            found.append(StackInfo(name=stack, pr=int(m["pr"]), last_update=when))
+        return sorted(found, key=lambda s: s.pr)
+
+
+def standin_outputs(
+    stack: str, state: Path, env: Mapping[str, str], *, reveal: bool = False
+) -> dict[str, Any]:
+    """The stand-in's outputs of its last `up`, as `pulumi stack output --json` shows them."""
+    if not state.exists():
+        return {}
+    from pulumi_standin.display import show_output
+    from pulumi_standin.statefile import StandinError, StateFile
+    from pulumi_standin.values import to_program
+
+    keys = ("OFFLINE_STACK_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE")
+    saved = {k: os.environ.get(k) for k in keys}
+    for key in keys:
+        if env.get(key):
+            os.environ[key] = env[key]
+        else:
+            os.environ.pop(key, None)
+    try:
+        outputs = to_program(StateFile.load(state, stack).outputs)
+    except StandinError as exc:
+        raise ReviewError(str(exc)) from None
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return {k: show_output(v, reveal) for k, v in outputs.items()}
+
+
+def choose_engine(asked: str | None) -> str:
+    wanted = asked or os.environ.get("PULUMI_ENGINE") or "auto"
+    if wanted == "cli":
+        if pulumi_cli() is None:
+            raise ReviewError("PULUMI_ENGINE=cli, but the Pulumi CLI is not installed")
+        return "cli"
+    if wanted == "standin":
+        return "standin"
+    if wanted != "auto":
+        raise ReviewError(f"engine {wanted!r} is not one of auto, cli, standin")
+    if pulumi_cli() is not None:
+        return "cli"
+    print(
+        "No Pulumi CLI: using the Pulumi stand-in python -m pulumi_standin instead (NOT the"
+        " Pulumi engine, emulator only; docs/offline.md)."
+    )
+    return "standin"

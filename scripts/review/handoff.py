@@ -1,0 +1,118 @@
+"""The hand-over of review stack pr-N's deploy identity from the access step to the deploy.
+
+`Handoff` holds the `pr-N-deploy` token and the gateway's proxy token (its repr hides both);
+`write_handoff` writes it mode 0600, optionally sealed with openssl (`OPENSSL_ENC`, for a CI
+artifact), and `read_handoff` reads or opens it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .common import ReviewError, deploy_identity, stack_name
+
+#: openssl's symmetric encryption of a sealed hand-over file; the workflow opens it with the
+#: same arguments plus -d (.github/workflows/review.yml).
+OPENSSL_ENC = ["enc", "-aes-256-cbc", "-pbkdf2", "-iter", "200000", "-salt"]
+_TOKEN = re.compile(r"^(?P<id>[a-z]{2}-[^:\s]+):(?P<secret>[a-z]{2}-\S+)$")
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What the access stack gives review stack pr-N: the `pr-N-deploy` token (contributor in
+    pr-N only) and the gateway's proxy token. Never printed (repr hides them)."""
+
+    environment: str
+    deploy_token: str  # "ak-...:as-..."
+    proxy_token: str  # "wk-...:ws-..."
+
+    def __repr__(self) -> str:
+        return f"Handoff(environment={self.environment!r}, <tokens hidden>)"
+
+    @property
+    def deploy_pair(self) -> tuple[str, str]:
+        token_id, _, secret = self.deploy_token.partition(":")
+        return token_id, secret
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "environment": self.environment,
+                "deploy_token": self.deploy_token,
+                "proxy_token": self.proxy_token,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Handoff:
+        try:
+            doc = json.loads(text)
+            found = cls(str(doc["environment"]), str(doc["deploy_token"]), str(doc["proxy_token"]))
+        except (ValueError, KeyError, TypeError):
+            raise ReviewError(f"{where}: not a hand-over file of scripts/review_stack.py") from None
+        for what, value, prefixes in (
+            ("deploy_token", found.deploy_token, ("ak-", "as-")),
+            ("proxy_token", found.proxy_token, ("wk-", "ws-")),
+        ):
+            m = _TOKEN.match(value)
+            if not m or not (
+                m["id"].startswith(prefixes[0]) and m["secret"].startswith(prefixes[1])
+            ):
+                raise ReviewError(f"{where}: {what} is not '{prefixes[0]}...:{prefixes[1]}...'")
+        return found
+
+
+def handoff_from_credentials(credentials: Any, pr: int) -> Handoff:
+    """The access stack's `credentials` output -> pr-N's hand-over."""
+    stack = stack_name(pr)
+    try:
+        env = credentials[stack]
+        return Handoff(stack, str(env["identities"][deploy_identity(pr)]), str(env["proxy_token"]))
+    except (KeyError, TypeError):
+        raise ReviewError(
+            f"the access stack {stack} has no credentials for {deploy_identity(pr)} in {stack}"
+        ) from None
+
+
+def write_handoff(path: Path, handoff: Handoff, seal_env: str | None) -> None:
+    """Mode 0600; with `seal_env`, encrypted with openssl under that variable's value (for an
+    artifact: the workflow's deploy job opens it before any of the PR's code runs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    if seal_env:
+        if not os.environ.get(seal_env):
+            raise ReviewError(f"--seal-key-env {seal_env}: the variable is not set")
+        done = subprocess.run(
+            ["openssl", *OPENSSL_ENC, "-pass", f"env:{seal_env}", "-out", str(path)],
+            input=handoff.to_json().encode(),
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ReviewError(f"openssl could not seal {path}: {done.stderr.decode()[:200]}")
+        return
+    path.write_text(handoff.to_json())
+
+
+def read_handoff(path: Path, open_env: str | None = None) -> Handoff:
+    if open_env:
+        done = subprocess.run(
+            ["openssl", *OPENSSL_ENC, "-d", "-pass", f"env:{open_env}", "-in", str(path)],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ReviewError(f"{path}: openssl could not open it (wrong key or not sealed)")
+        return Handoff.from_json(done.stdout.decode(), str(path))
+    try:
+        return Handoff.from_json(path.read_text(), str(path))
+    except OSError as exc:
+        raise ReviewError(f"{path}: cannot be read ({exc.strerror or exc})") from None
