@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_str  # quoted, escaped, ASCII
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from serving.proxy.exchange import Exchange, Route
 from serving.proxy.keys import KeyRing, parse_bearer
@@ -53,8 +53,28 @@ from serving.proxy.upstream import (
     UpstreamResponse,
 )
 
-if TYPE_CHECKING:
-    from serving.proxy.workers import WorkerShare
+
+class SharedCount(Protocol):
+    """The in-flight count all ``--workers`` share (workers.SharedInFlight)."""
+
+    def take(self) -> bool: ...
+    def give_back(self) -> None: ...
+
+
+class WorkerShare(Protocol):
+    """What a worker of ``--workers N`` shares with the others (workers.WorkerShare): declared
+    here, so that this module needs nothing from workers.py, which builds on it."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def in_flight(self) -> SharedCount: ...
+
+    def start(self, metrics: Metrics) -> None: ...
+    def stop(self) -> None: ...
+    def publish(self) -> None: ...
+    def render(self, own: Metrics) -> bytes: ...
+
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
