@@ -9,12 +9,15 @@ read into this model: `load_stack_config()` returns them separately as Pulumi se
 Keys live in the project's namespace (the Pulumi project name, `modal-llm`); scalar keys are
 declared with types and defaults in `Pulumi.yaml`, `services` is declared there untyped (Pulumi's
 project schema has no object type), the optional maps `gpuPricesUsdPerHour` and
-`apiKeyRotation` are documented in docs/program.md.
+`apiKeyRotation` and the optional CPU / memory rates `cpuPriceUsdPerCoreHour` and
+`memoryPriceUsdPerGibHour` (RATE_KEYS: the schema has no number type either) are documented in
+docs/program.md.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -75,7 +78,16 @@ SECRET_KEYS = (
     PROXY_TOKEN_KEY,
 )
 MAP_KEYS = ("gpuPricesUsdPerHour", "apiKeyRotation")
+# Per-stack overrides of components/cost.py's CPU and memory rates (like gpuPricesUsdPerHour for
+# the GPUs): key -> (default, unit). Not declared in Pulumi.yaml: the CLI's project schema has
+# no number type (string, integer, boolean, array), an `integer` would refuse 0.05, and a
+# declared key without a default is required; unset means cost.py's constant.
+RATE_KEYS: dict[str, tuple[float, str]] = {
+    "cpuPriceUsdPerCoreHour": (cost.CPU_USD_PER_CORE_HOUR, "USD per physical CPU core per hour"),
+    "memoryPriceUsdPerGibHour": (cost.MEMORY_USD_PER_GIB_HOUR, "USD per GiB of memory per hour"),
+}
 KNOWN_KEYS = {"environment", "services", *MAP_KEYS} | set(DEFAULTS) | set(SECRET_KEYS)
+KNOWN_KEYS |= set(RATE_KEYS)
 KNOWN_KEYS |= {OVERFLOW_KEY, MANAGED_KEY}
 # Provider keys (namespace `modal:`) that hold credentials: refused when stored in clear.
 PROVIDER_SECRET_KEYS = ("modal:tokenSecret",)
@@ -165,6 +177,9 @@ class StackConfig(BaseModel):
     has_weights_store: bool = False
     gpu_prices: dict[str, float]
     cost_overhead_pct: float
+    #: The CPU and memory rates the cost figures use (RATE_KEYS: override, else cost.py's).
+    cpu_usd_per_core_hour: float = cost.CPU_USD_PER_CORE_HOUR
+    memory_usd_per_gib_hour: float = cost.MEMORY_USD_PER_GIB_HOUR
     services: list[ServiceSettings]
     cost: cost.StackCost
     budget_warning: str | None = None
@@ -315,6 +330,29 @@ def _gpu_prices(r: _Reader) -> dict[str, float]:
         return cost.price_table(value)
     except cost.UnknownGpuPrice as exc:
         raise ConfigError(f"{_key(r.ns, key)}: {exc}") from exc
+
+
+def _rate(r: _Reader, key: str, stack: str) -> float:
+    """`cpuPriceUsdPerCoreHour` / `memoryPriceUsdPerGibHour` (RATE_KEYS): a finite number >= 0,
+    not a boolean, like a gpuPricesUsdPerHour entry; unset: components/cost.py's rate."""
+    default, unit = RATE_KEYS[key]
+    value = r.raw(key)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not (math.isfinite(number) and number >= 0):  # also rejects NaN; "true" is no float
+        boolean = ", not a boolean" if value.strip().lower() in ("true", "false") else ""
+        raise ConfigError(
+            f"{_key(r.ns, key)} = {value!r} must be a number >= 0{boolean} ({unit}; unset, "
+            f"it is Modal's rate {default:g} from components/cost.py). Fix it in "
+            f"Pulumi.{stack}.yaml with: pulumi config set {_key(r.ns, key)} {default:g} "
+            f"--stack {stack}   (or pulumi config rm {_key(r.ns, key)} --stack {stack} for the "
+            f"default)"
+        )
+    return number
 
 
 def _api_key_rotation(r: _Reader, key_names: list[str]) -> dict[str, str]:
@@ -595,6 +633,8 @@ def parse_stack_config(
     has_hf_token = values.get("hfToken") is not None
     has_weights_store = values.get(WEIGHTS_STORE_KEY) is not None
     prices = _gpu_prices(r)
+    cpu_rate = _rate(r, "cpuPriceUsdPerCoreHour", stack)
+    memory_rate = _rate(r, "memoryPriceUsdPerGibHour", stack)
     overhead_pct = r.number("costOverheadPct")
 
     entries = r.json_value("services", "[0].model Qwen/Qwen2.5-0.5B-Instruct")
@@ -644,6 +684,8 @@ def parse_stack_config(
                     ),
                     cpu_cores=spec.cpu_request,
                     memory_gib=spec.memory_request_mib / 1024,
+                    cpu_usd_per_core_hour=cpu_rate,
+                    memory_usd_per_gib_hour=memory_rate,
                 ),
                 prices,
             )
@@ -721,6 +763,8 @@ def parse_stack_config(
         has_weights_store=has_weights_store,
         gpu_prices=prices,
         cost_overhead_pct=overhead_pct,
+        cpu_usd_per_core_hour=cpu_rate,
+        memory_usd_per_gib_hour=memory_rate,
         services=settings,
         cost=stack_cost,
         budget_warning=warning,

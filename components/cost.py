@@ -14,7 +14,8 @@ memory the serving spec requests):
     preference list is priced at its MOST expensive entry.
   - CPU and memory: the spec's requests (serving/spec.py `cpu_request`, `memory_request_mib`:
     derived from the engine's processes, or the service's `cpu` / `memory_gib`) at Modal's
-    rates below. Modal bills max(request, usage); the model prices the request.
+    rates below (or the stack's `cpuPriceUsdPerCoreHour` / `memoryPriceUsdPerGibHour`
+    overrides). Modal bills max(request, usage); the model prices the request.
   - region multiplier: Modal charges x1.5 for a broad region (`us`, `eu`, ...) and x1.75 for
     a narrow one (`us-east`, `eu-west`, ...) when a container region is pinned; x1 otherwise.
   - costOverheadPct (default 0): an allowance for what the model leaves out: storage,
@@ -87,7 +88,8 @@ GPU_PRICE_PROVENANCE: dict[str, str] = {
 
 # CPU and memory, billed per second on top of the GPU, for the request or the usage, whichever
 # is higher (https://modal.com/docs/guide/resources, "Billing"). Modal's `cpu=` counts physical
-# cores (1 core = 2 vCPUs), its `memory=` MiB.
+# cores (1 core = 2 vCPUs), its `memory=` MiB. Override per stack with
+# `modal-llm:cpuPriceUsdPerCoreHour` / `modal-llm:memoryPriceUsdPerGibHour` (components/config.py).
 CPU_USD_PER_CORE_HOUR = 0.0000131 * 3600  # $0.0000131 per physical core per second = $0.04716
 MEMORY_USD_PER_GIB_HOUR = 0.00000222 * 3600  # $0.00000222 per GiB per second = $0.007992
 CPU_MEMORY_PRICE_PROVENANCE = (
@@ -133,6 +135,10 @@ class ServiceCostInput:
     cpu_cores: float = 0.0
     #: The container's memory request in GiB (serving/spec.py `memory_request_mib` / 1024).
     memory_gib: float = 0.0
+    #: USD per physical core per hour (the stack's `cpuPriceUsdPerCoreHour`, else Modal's rate).
+    cpu_usd_per_core_hour: float = CPU_USD_PER_CORE_HOUR
+    #: USD per GiB of memory per hour (the stack's `memoryPriceUsdPerGibHour`, else Modal's).
+    memory_usd_per_gib_hour: float = MEMORY_USD_PER_GIB_HOUR
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,8 @@ class ServiceCost:
     warm_usd: float = 0.0
     cpu_cores: float = 0.0
     memory_gib: float = 0.0
+    cpu_usd_per_core_hour: float = CPU_USD_PER_CORE_HOUR
+    memory_usd_per_gib_hour: float = MEMORY_USD_PER_GIB_HOUR
 
     @property
     def gpu_usd_per_hour(self) -> float:
@@ -164,12 +172,12 @@ class ServiceCost:
     @property
     def cpu_usd_per_hour(self) -> float:
         """One container's CPU request, region multiplier included."""
-        return self.cpu_cores * CPU_USD_PER_CORE_HOUR * self.region_multiplier
+        return self.cpu_cores * self.cpu_usd_per_core_hour * self.region_multiplier
 
     @property
     def memory_usd_per_hour(self) -> float:
         """One container's memory request, region multiplier included."""
-        return self.memory_gib * MEMORY_USD_PER_GIB_HOUR * self.region_multiplier
+        return self.memory_gib * self.memory_usd_per_gib_hour * self.region_multiplier
 
     @property
     def container_usd_per_hour(self) -> float:
@@ -264,6 +272,8 @@ def service_cost(service: ServiceCostInput, table: Mapping[str, float]) -> Servi
         overhead_pct=service.overhead_pct,
         cpu_cores=service.cpu_cores,
         memory_gib=service.memory_gib,
+        cpu_usd_per_core_hour=service.cpu_usd_per_core_hour,
+        memory_usd_per_gib_hour=service.memory_usd_per_gib_hour,
         idle_usd=0.0,
         worst_usd=0.0,
     )
@@ -288,13 +298,13 @@ def _formula(s: ServiceCost) -> str:
     before the region multiplier."""
     terms = [f"{s.gpu_count} x {s.gpu} ${s.gpu_price_usd_per_hour:.2f}/h"]
     if s.cpu_cores:
-        terms.append(f"{s.cpu_cores:g} CPU cores x ${CPU_USD_PER_CORE_HOUR:.5f}/h")
+        terms.append(f"{s.cpu_cores:g} CPU cores x ${s.cpu_usd_per_core_hour:.5f}/h")
     if s.memory_gib:
-        terms.append(f"{s.memory_gib:g} GiB x ${MEMORY_USD_PER_GIB_HOUR:.6f}/h")
+        terms.append(f"{s.memory_gib:g} GiB x ${s.memory_usd_per_gib_hour:.6f}/h")
     base = (
         s.gpu_price_usd_per_hour * s.gpu_count
-        + s.cpu_cores * CPU_USD_PER_CORE_HOUR
-        + s.memory_gib * MEMORY_USD_PER_GIB_HOUR
+        + s.cpu_cores * s.cpu_usd_per_core_hour
+        + s.memory_gib * s.memory_usd_per_gib_hour
     )
     parts = [f"{s.max_containers} x ({' + '.join(terms)} = ${base:.4f}/h)"]
     if s.region_multiplier != 1.0:

@@ -522,6 +522,14 @@ class LLMService(pulumi.ComponentResource):
                 "memory": round(c.memory_usd_per_hour, 4),
                 "total": round(c.container_usd_per_hour, 4),
             },
+            # The unit rates those parts are priced at, before the region multiplier: the GPU
+            # table's row (or gpuPricesUsdPerHour), the CPU and memory rates (cost.py's, or
+            # cpuPriceUsdPerCoreHour / memoryPriceUsdPerGibHour).
+            "prices_usd_per_hour": {
+                "gpu": round(c.gpu_price_usd_per_hour, 6),
+                "cpu_core": round(c.cpu_usd_per_core_hour, 6),
+                "memory_gib": round(c.memory_usd_per_gib_hour, 6),
+            },
             **(
                 {"warm_schedule": self.settings.warm_schedule, "monthly_cost_warm_usd": c.warm_usd}
                 if self.settings.warm_schedule
