@@ -49,8 +49,8 @@ Engine, as scripts/up.sh decides it: `PULUMI_ENGINE=cli|standin|auto` (or `--eng
 takes the Pulumi CLI when `pulumi` is on PATH or in ~/.pulumi/bin, else the stand-in
 (`python -m pulumi_standin`, emulator only), said in one line.
 
-Where the code is: the package scripts/review/ (this file is only the entry point and
-re-exports the names tests use): common.py (names, errors, times), config.py (review_config,
+Where the code is: the package scripts/review/ (this file is only the entry point, and
+re-exports the few names a test uses): common.py (names, errors, times), config.py (review_config,
 stack files), handoff.py (Handoff, seal/open), costs.py (stack_costs), engine.py (Engine,
 choose_engine), deploy.py (up, access-up, handoff, plan, config, costs, comment), teardown.py
 (destroy, access-destroy, list, sweep), cli.py (parse_args, COMMANDS, main). To monkeypatch a
@@ -68,125 +68,12 @@ if str(_ROOT) not in sys.path:  # this checkout's code (the PR's), never another
 if str(_ROOT / "scripts") not in sys.path:
     sys.path.insert(0, str(_ROOT / "scripts"))
 
-from review.cli import COMMANDS, main, parse_args  # noqa: E402
-from review.common import (  # noqa: E402
-    ACCESS_DIR,
-    ACCESS_NS,
-    DEFAULT_BASE_STACK,
-    DEFAULT_BUDGET_USD,
-    DEFAULT_MAX_CONTAINERS,
-    DEFAULT_SWEEP_DAYS,
-    FILES,
-    NS,
-    REVIEW_STACK,
-    ROOT,
-    ReviewError,
-    deploy_identity,
-    is_fork,
-    iso,
-    now_utc,
-    parse_time,
-    stack_name,
-)
-from review.config import (  # noqa: E402
-    DROPPED_KEYS,
-    read_stack_file,
-    review_config,
-    write_access_stack_file,
-    write_review_stack_file,
-)
-from review.costs import stack_costs  # noqa: E402
-from review.deploy import (  # noqa: E402
-    access_up,
-    cmd_access_up,
-    cmd_comment,
-    cmd_config,
-    cmd_costs,
-    cmd_handoff,
-    cmd_plan,
-    cmd_up,
-    comment_from_files,
-    existing_handoff,
-    use_access_flow,
-)
-from review.engine import (  # noqa: E402
-    Engine,
-    StackInfo,
-    choose_engine,
-    pulumi_cli,
-    standin_outputs,
-)
-from review.handoff import (  # noqa: E402
-    OPENSSL_ENC,
-    Handoff,
-    handoff_from_credentials,
-    read_handoff,
-    write_handoff,
-)
-from review.teardown import (  # noqa: E402
-    cmd_access_destroy,
-    cmd_destroy,
-    cmd_list,
-    cmd_sweep,
-    review_stacks,
-    stale,
-)
+# main, and what tests/ci/test_review_workflow.py uses through this file (the rest: review.*).
+from review.cli import main  # noqa: E402
+from review.common import ReviewError  # noqa: E402
+from review.handoff import Handoff, read_handoff, write_handoff  # noqa: E402
 
-__all__ = [
-    "ACCESS_DIR",
-    "ACCESS_NS",
-    "COMMANDS",
-    "DEFAULT_BASE_STACK",
-    "DEFAULT_BUDGET_USD",
-    "DEFAULT_MAX_CONTAINERS",
-    "DEFAULT_SWEEP_DAYS",
-    "DROPPED_KEYS",
-    "FILES",
-    "NS",
-    "OPENSSL_ENC",
-    "REVIEW_STACK",
-    "ROOT",
-    "Engine",
-    "Handoff",
-    "ReviewError",
-    "StackInfo",
-    "access_up",
-    "choose_engine",
-    "cmd_access_destroy",
-    "cmd_access_up",
-    "cmd_comment",
-    "cmd_config",
-    "cmd_costs",
-    "cmd_destroy",
-    "cmd_handoff",
-    "cmd_list",
-    "cmd_plan",
-    "cmd_sweep",
-    "cmd_up",
-    "comment_from_files",
-    "deploy_identity",
-    "existing_handoff",
-    "handoff_from_credentials",
-    "is_fork",
-    "iso",
-    "main",
-    "now_utc",
-    "parse_args",
-    "parse_time",
-    "pulumi_cli",
-    "read_handoff",
-    "read_stack_file",
-    "review_config",
-    "review_stacks",
-    "stack_costs",
-    "stack_name",
-    "stale",
-    "standin_outputs",
-    "use_access_flow",
-    "write_access_stack_file",
-    "write_handoff",
-    "write_review_stack_file",
-]
+__all__ = ["Handoff", "ReviewError", "main", "read_handoff", "write_handoff"]
 
 if __name__ == "__main__":
     sys.exit(main())

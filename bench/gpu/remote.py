@@ -797,6 +797,8 @@ def one_worker_proxy(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator
                         if resp.status == 200:
                             break
                 time.sleep(0.5)
+            else:
+                raise RuntimeError(f"one-process proxy not ready after 60 s; see {log_path}")
             log(f"one-process proxy on :{ONE_WORKER_PROXY_PORT}: {' '.join(cmd[3:])}")
             yield info
         finally:
