@@ -54,6 +54,11 @@ from typing import IO, Any
 from bench.gpu import device
 
 PAYLOAD = device.ROOT / ".gpu-payload"
+# coldstart: how vLLM starts its engine-core process, set in the `vllm` wrapper (prepare).
+# Unset, `vllm serve` picks "spawn" (vllm 0.26.0 entrypoints/serve/utils/api_utils.py sets
+# VLLM_WORKER_MULTIPROC_METHOD=spawn when it is not set); "fork" starts the engine core from
+# the API server's process, with its imports done (vllm/utils/system_utils.py get_mp_context).
+MP_METHOD_ENV = "BENCH_VLLM_MP_METHOD"
 
 # `run --server-cpus 0-7 --client-cpus 8-15`: the engine, the proxy and the plain engine on one
 # set of cores, the load clients on the other, so that the clients (up to ~15 cores at 1024
@@ -219,12 +224,15 @@ def prepare(args: argparse.Namespace) -> int:
     wrapper.write_text(
         "#!/bin/sh\n"
         f'export PYTHONPATH="{device.SITE}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        # coldstart's A/B only: serving.engine puts the spec's env over the inherited one, so
+        # the bench's choice of vLLM's start method is applied here, after it (MP_METHOD_ENV)
+        f'[ -n "${MP_METHOD_ENV}" ] && export VLLM_WORKER_MULTIPROC_METHOD="${MP_METHOD_ENV}"\n'
         f'exec {sys.executable} -m vllm.entrypoints.cli.main "$@"\n'
     )
     wrapper.chmod(0o755)
     t = time.monotonic()
     made = subprocess.run(
-        [sys.executable, "-m", "bench.gpu.mkmodel", str(device.MODEL_DIR)],
+        [sys.executable, "-m", "bench.gpu.mkmodel", str(device.MODEL_DIR), "--shape", args.shape],
         cwd=device.ROOT,
         capture_output=True,
         text=True,
@@ -232,6 +240,7 @@ def prepare(args: argparse.Namespace) -> int:
     said = made.stdout.strip().splitlines() or made.stderr.strip().splitlines()[-3:]
     result["model"] = said[-1] if said else f"mkmodel exited {made.returncode}"
     result["model_s"] = round(time.monotonic() - t, 1)
+    result["shape"] = args.shape
     log(f"model in {result['model_s']} s: {result['model'][:300]}")
     device.WEIGHTS_ROOT.mkdir(exist_ok=True)
     link = device.WEIGHTS_ROOT / device.WEIGHTS_PATH
@@ -924,42 +933,81 @@ def first_token_s(key: str, port: int = 8000, max_tokens: int = 16) -> float:
     raise RuntimeError("the stream ended without content")
 
 
-def run_coldstart(out: Path, log: Log) -> dict[str, Any]:
-    """Issue 24 item 6: the same snapshot spec started twice, first with an empty engine cache
-    (cold: what a new engine-cache Volume gives), then with the cache the first start left
-    (warm: the Volume kept from the previous container); then sleep/wake -> first token."""
+def drop_page_cache(root: Path) -> float:
+    """Evict root's files from the page cache (posix_fadvise DONTNEED: clean pages, no root
+    needed), so that a start reads the weights from disk as a new container reads its Volume,
+    not from the memory the last start (or mkmodel's write) left them in. MiB asked to drop."""
+    total = 0
+    for f in sorted(root.rglob("*")):
+        if f.is_file() and not f.is_symlink():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                total += os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+    return round(total / 2**20, 1)
+
+
+def model_shape() -> dict[str, Any]:
+    """What model the run served: mkmodel's config (dimensions) and the weights' size."""
+    try:
+        cfg = json.loads((device.MODEL_DIR / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_key_value_heads")
+    size = sum(f.stat().st_size for f in device.MODEL_DIR.glob("*.safetensors"))
+    return {**{k: cfg.get(k) for k in keys}, "weights_gib": round(size / 2**30, 2)}
+
+
+def run_coldstart(out: Path, log: Log, methods: list[str]) -> dict[str, Any]:
+    """Issue 24 item 6: the same snapshot spec started twice per start method of vLLM's
+    engine core (MP_METHOD_ENV; "default": what `vllm serve` picks, spawn), first with an empty
+    engine cache (cold: what a new engine-cache Volume gives), then with the cache the first
+    start left (warm: the Volume kept from the previous container); the weights evicted from
+    the page cache before each start; then sleep/wake -> first token."""
     import httpx
 
-    result: dict[str, Any] = {"engine_cache": str(ENGINE_CACHE)}
-    shutil.rmtree(ENGINE_CACHE, ignore_errors=True)
+    result: dict[str, Any] = {"engine_cache": str(ENGINE_CACHE), "methods": methods}
     spec = device.spec_dict(snapshot=True)
-    for label in ("cold", "warm"):
-        with serving(spec, out / f"coldstart-{label}.log", log) as info:
-            row = {"ready_s": info["ready_s"], **phases(info["start_lines"])}
-            row["first_token_s"] = first_token_s(device.API_KEY)
-            if label == "warm":
-                wakes = []
-                for _ in range(3):
-                    r = httpx.post("http://127.0.0.1:8001/sleep?level=1", timeout=60)
-                    r.raise_for_status()
-                    t = time.perf_counter()
-                    httpx.post("http://127.0.0.1:8001/wake_up", timeout=60).raise_for_status()
-                    woke = time.perf_counter() - t
-                    wakes.append(
-                        {
-                            "wake_s": round(woke, 3),
-                            "to_first_token_s": round(woke + first_token_s(device.API_KEY), 3),
-                        }
-                    )
-                row["wake"] = wakes
-        cache_mib = sum(f.stat().st_size for f in ENGINE_CACHE.rglob("*") if f.is_file()) / 2**20
-        row["cache_mib_after"] = round(cache_mib, 1)
-        result[label] = row
-        log(f"coldstart {label}: {row}")
-    if result["cold"].get("ready_at_s") and result["warm"].get("ready_at_s"):
-        result["warm_vs_cold"] = round(
-            result["warm"]["ready_at_s"] / result["cold"]["ready_at_s"], 3
-        )
+    for method in methods:
+        shutil.rmtree(ENGINE_CACHE, ignore_errors=True)
+        if method == "default":
+            os.environ.pop(MP_METHOD_ENV, None)
+        else:
+            os.environ[MP_METHOD_ENV] = method
+        for label in ("cold", "warm"):
+            name = label if method == "default" else f"{label}-{method}"
+            dropped = drop_page_cache(device.MODEL_DIR)
+            with serving(spec, out / f"coldstart-{name}.log", log) as info:
+                row = {"ready_s": info["ready_s"], "page_cache_dropped_mib": dropped}
+                row.update(phases(info["start_lines"]))
+                row["first_token_s"] = first_token_s(device.API_KEY)
+                if label == "warm":
+                    wakes = []
+                    for _ in range(3):
+                        r = httpx.post("http://127.0.0.1:8001/sleep?level=1", timeout=120)
+                        r.raise_for_status()
+                        t = time.perf_counter()
+                        httpx.post("http://127.0.0.1:8001/wake_up", timeout=120).raise_for_status()
+                        woke = time.perf_counter() - t
+                        wakes.append(
+                            {
+                                "wake_s": round(woke, 3),
+                                "to_first_token_s": round(woke + first_token_s(device.API_KEY), 3),
+                            }
+                        )
+                    row["wake"] = wakes
+            files = [f for f in ENGINE_CACHE.rglob("*") if f.is_file()]
+            row["cache_mib_after"] = round(sum(f.stat().st_size for f in files) / 2**20, 1)
+            result[name] = row
+            log(f"coldstart {name}: {row}")
+        suffix = "" if method == "default" else f"-{method}"
+        cold, warm = result[f"cold{suffix}"], result[f"warm{suffix}"]
+        if cold.get("ready_at_s") and warm.get("ready_at_s"):
+            result[f"warm_vs_cold{suffix}"] = round(warm["ready_at_s"] / cold["ready_at_s"], 3)
+    os.environ.pop(MP_METHOD_ENV, None)
     return result
 
 
@@ -1074,6 +1122,7 @@ def run(args: argparse.Namespace) -> int:
         place_library(log)
     engine = "vllm" if phases & VLLM_PHASES else "sglang"
     result["versions"] = versions(with_site=True, engine=engine)
+    result["model"] = model_shape()
     log(f"card {result['card']}; versions {result['versions']}")
     CPU_SETS.update(server=parse_cpus(args.server_cpus), client=parse_cpus(args.client_cpus))
     result["cpu_sets"] = {k: sorted(v) if v else None for k, v in CPU_SETS.items()}
@@ -1088,7 +1137,10 @@ def run(args: argparse.Namespace) -> int:
         if "tp" in phases:
             result["tp"] = run_tp(out, log, args.tp_plan)
         if "coldstart" in phases:
-            result["coldstart"] = run_coldstart(out, log)
+            methods = [m.strip() for m in args.coldstart_methods.split(",") if m.strip()]
+            if not set(methods) <= {"default", "spawn", "fork"}:
+                raise ValueError(f"--coldstart-methods {methods}: default, spawn or fork")
+            result["coldstart"] = run_coldstart(out, log, methods)
         if "long" in phases:
             result["long"] = run_long(out, log, args.long_plan, args.prompt_tokens)
         if "sglang" in phases:
@@ -1114,7 +1166,13 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="python3 -m bench.gpu.remote", description=__doc__)
     sub = cli.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("prepare", help="call 1: unpack, model, imports, flags")
+    p = sub.add_parser("prepare", help="call 1: unpack, model, imports, flags")
+    p.add_argument(
+        "--shape",
+        default="llama-1b",
+        choices=["llama-1b", "llama-8b"],
+        help="the model's shape (bench.gpu.mkmodel SHAPES): 1B- or 8B-shaped random weights",
+    )
     sub.add_parser(
         "prepare-sglang",
         help="after prepare: unpack SGLang 0.5.15's part, its imports, its parser on the flags",
@@ -1147,6 +1205,12 @@ def main(argv: list[str] | None = None) -> int:
         "--one-worker-proxy",
         action="store_true",
         help="bench: a second proxy with one process (:8003) beside the spec's, as a target",
+    )
+    r.add_argument(
+        "--coldstart-methods",
+        default="default",
+        help="coldstart: comma list of vLLM engine-core start methods, a cold and a warm start "
+        "each: default (what `vllm serve` picks: spawn), spawn, fork",
     )
     r.add_argument("--server-cpus", help="cores for the engine and the proxy, e.g. 0-7")
     r.add_argument("--client-cpus", help="cores for the load clients, e.g. 8-15")
