@@ -195,6 +195,19 @@ ENGINE_KEEPALIVE_ENV: dict[str, str] = {
     "sglang": "SGLANG_TIMEOUT_KEEP_ALIVE",
 }
 
+# How vLLM starts its engine-core process. Unset, `vllm serve` sets "spawn" (0.26.0
+# vllm/entrypoints/serve/utils/api_utils.py, 0.33.0 vllm/entrypoints/common/startup.py: only
+# when VLLM_WORKER_MULTIPROC_METHOD is not in the environment), and a spawned process imports
+# vLLM and torch all over again: 19-24 s of every start of an 8B-shaped model on one H100,
+# cold or warm cache (docs/gpu.md, runs P and S: the engine core came up 20.8-23.6 s after the
+# API server resolved the model spawned, 2.3-2.7 s forked). "fork" starts it from the API
+# server's process with its imports done. vLLM itself switches back to spawn, with a warning,
+# where fork is unsafe: CUDA already initialised in the parent, a Ray actor, NUMA binding
+# (0.26.0 vllm/utils/system_utils.py `_maybe_force_spawn`). Set for one GPU only: with
+# tensor parallel the engine core starts its GPU workers the same way, which no GPU run here
+# has tried with fork yet.
+VLLM_MULTIPROC_METHOD = "fork"
+
 
 class GpuType(NamedTuple):
     """A Modal GPU type: memory per GPU and the most GPUs Modal attaches to one container."""
@@ -988,6 +1001,8 @@ class ServingSpec(_Model):
         }
         if self.engine == "vllm":
             env["VLLM_CACHE_ROOT"] = cache  # vLLM's torch.compile cache and other state
+            if self.gpu_count == 1:  # the engine core forked, not spawned (see the constant)
+                env["VLLM_WORKER_MULTIPROC_METHOD"] = VLLM_MULTIPROC_METHOD
         else:
             # SGLang derives DeepGEMM, FlashInfer and TileLang JIT caches from this root.
             env["SGLANG_CACHE_DIR"] = cache

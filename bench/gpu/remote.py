@@ -509,7 +509,8 @@ def serving(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str
 
 
 def engine_env_seen(engine: str = "vllm") -> dict[str, str]:
-    """The keep-alive variables the running engine's server process really has (/proc)."""
+    """The keep-alive variables (and vLLM's engine-core start method) the running engine's
+    server process really has (/proc)."""
     import psutil
 
     for p in psutil.process_iter(["cmdline"]):
@@ -522,7 +523,11 @@ def engine_env_seen(engine: str = "vllm") -> dict[str, str]:
         if server and not plain:
             with contextlib.suppress(psutil.Error):
                 env = p.environ()
-                return {k: v for k, v in env.items() if "KEEP_ALIVE" in k}
+                return {
+                    k: v
+                    for k, v in env.items()
+                    if "KEEP_ALIVE" in k or k == "VLLM_WORKER_MULTIPROC_METHOD"
+                }
     return {}
 
 
@@ -1011,6 +1016,19 @@ def run_coldstart(out: Path, log: Log, methods: list[str]) -> dict[str, Any]:
     return result
 
 
+def run_start(out: Path, log: Log) -> dict[str, Any]:
+    """The shipped spec (its derived API-server count, the engine core as the spec starts it)
+    started once, with the engine cache as the last start left it, phase by phase; then one
+    streamed answer through the proxy."""
+    spec = device.spec_dict()
+    with serving(spec, out / "start.log", log) as info:
+        row = {"ready_s": info["ready_s"], **phases(info["start_lines"])}
+        row["engine_env"] = info["engine_keepalive_env"]
+        row["first_token_s"] = first_token_s(device.API_KEY)
+    log(f"start: {row}")
+    return row
+
+
 def gpu_memory() -> list[int]:
     text = sh(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"])
     return [int(x) for x in text.split()]
@@ -1105,7 +1123,7 @@ def run_sglang_bench(
     return result
 
 
-VLLM_PHASES = {"checks", "bench", "tp", "coldstart", "long"}
+VLLM_PHASES = {"checks", "bench", "tp", "coldstart", "long", "start"}
 SGLANG_PHASES = {"sglang", "sglang-bench"}
 
 
@@ -1136,6 +1154,8 @@ def run(args: argparse.Namespace) -> int:
             rc |= result["bench"]["load_rc"]
         if "tp" in phases:
             result["tp"] = run_tp(out, log, args.tp_plan)
+        if "start" in phases:
+            result["start"] = run_start(out, log)
         if "coldstart" in phases:
             methods = [m.strip() for m in args.coldstart_methods.split(",") if m.strip()]
             if not set(methods) <= {"default", "spawn", "fork"}:
@@ -1182,6 +1202,7 @@ def main(argv: list[str] | None = None) -> int:
         "--phases",
         default="checks,bench",
         help="comma list: checks, bench, tp (2 GPUs), coldstart (cold vs warm engine cache, wake),"
+        " start (the shipped spec started once),"
         " long (long prompts); SGLang 0.5.15 (after prepare-sglang): sglang (its checks),"
         " sglang-bench",
     )
