@@ -198,14 +198,17 @@ ENGINE_KEEPALIVE_ENV: dict[str, str] = {
 # How vLLM starts its engine-core process. Unset, `vllm serve` sets "spawn" (0.26.0
 # vllm/entrypoints/serve/utils/api_utils.py, 0.33.0 vllm/entrypoints/common/startup.py: only
 # when VLLM_WORKER_MULTIPROC_METHOD is not in the environment), and a spawned process imports
-# vLLM and torch all over again: 19-24 s of every start of an 8B-shaped model on one H100,
-# cold or warm cache (docs/gpu.md, runs P and S: the engine core came up 20.8-23.6 s after the
-# API server resolved the model spawned, 2.3-2.7 s forked). "fork" starts it from the API
-# server's process with its imports done. vLLM itself switches back to spawn, with a warning,
+# vLLM and torch all over again. "fork" starts it from the API server's process with its
+# imports done. With one API server (snapshot specs, `api_server_count: 1`) that took 17-26 s
+# off each start of an 8B-shaped model on one H100, cold or warm cache (docs/gpu.md runs P
+# and S: the engine core came up 20.8-23.7 s after the model was resolved spawned, 2.3-3.3 s
+# forked). With several API servers vLLM always spawns those (0.26.0 vllm/v1/utils.py), and
+# the engine core waits for them before it initialises, so the start is as long either way;
+# forked it served there too (run T). vLLM switches back to spawn itself, with a warning,
 # where fork is unsafe: CUDA already initialised in the parent, a Ray actor, NUMA binding
 # (0.26.0 vllm/utils/system_utils.py `_maybe_force_spawn`). Set for one GPU only: with
-# tensor parallel the engine core starts its GPU workers the same way, which no GPU run here
-# has tried with fork yet.
+# tensor parallel the engine core starts its GPU workers the same way, and no GPU run here
+# has tried that with fork yet.
 VLLM_MULTIPROC_METHOD = "fork"
 
 
