@@ -59,6 +59,7 @@ PAYLOAD = device.ROOT / ".gpu-payload"
 # VLLM_WORKER_MULTIPROC_METHOD=spawn when it is not set); "fork" starts the engine core from
 # the API server's process, with its imports done (vllm/utils/system_utils.py get_mp_context).
 MP_METHOD_ENV = "BENCH_VLLM_MP_METHOD"
+COLDSTART_METHODS = {"default", "spawn", "fork"}
 
 # `run --server-cpus 0-7 --client-cpus 8-15`: the engine, the proxy and the plain engine on one
 # set of cores, the load clients on the other, so that the clients (up to ~15 cores at 1024
@@ -1136,6 +1137,10 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         log(f"unknown phases {sorted(unknown)}; known: {sorted(VLLM_PHASES | SGLANG_PHASES)}")
         return 2
+    methods = [m.strip() for m in args.coldstart_methods.split(",") if m.strip()]
+    if not methods or not set(methods) <= COLDSTART_METHODS:
+        log(f"--coldstart-methods {args.coldstart_methods!r}: a comma list of {COLDSTART_METHODS}")
+        return 2
     if phases & VLLM_PHASES:  # SGLang's phases need no vLLM kernel library
         place_library(log)
     engine = "vllm" if phases & VLLM_PHASES else "sglang"
@@ -1157,9 +1162,6 @@ def run(args: argparse.Namespace) -> int:
         if "start" in phases:
             result["start"] = run_start(out, log)
         if "coldstart" in phases:
-            methods = [m.strip() for m in args.coldstart_methods.split(",") if m.strip()]
-            if not set(methods) <= {"default", "spawn", "fork"}:
-                raise ValueError(f"--coldstart-methods {methods}: default, spawn or fork")
             result["coldstart"] = run_coldstart(out, log, methods)
         if "long" in phases:
             result["long"] = run_long(out, log, args.long_plan, args.prompt_tokens)

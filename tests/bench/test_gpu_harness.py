@@ -1,0 +1,84 @@
+"""The GPU harness's own logic, on this machine (no GPU): what it reads from vLLM's real start
+lines and from a real run's files (bench/gpu/runs/), the page-cache eviction before a cold
+start, the model's shape, and the refusal of an unknown engine-core start method."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.gpu import remote
+
+RUNS = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "runs"
+RUN_8B = RUNS / "2026-11-27-h100-8b"
+LINE = re.compile(r"^\s*([\d.]+) (.*)$")
+
+
+def start_lines(log: Path) -> list[tuple[float, str]]:
+    """(seconds, line) of an engine log as serving() keeps them (its START_LINES filter)."""
+    out = []
+    for raw in log.read_text(errors="replace").splitlines():
+        m = LINE.match(raw)
+        if m and remote.ENGINE_START_LINES.search(m.group(2)) and '"path"' not in m.group(2):
+            out.append((float(m.group(1)), m.group(2)[:300]))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("log", "run", "key"),
+    [
+        ("coldstart-cold-p.log", "run-p-coldstart.json", "cold"),
+        ("coldstart-warm-fork-p.log", "run-p-coldstart.json", "warm-fork"),
+        ("coldstart-warm-fork-s.log", "run-s-coldstart.json", "warm-fork"),
+    ],
+)
+def test_phases_from_vllm_start_lines_as_the_run_recorded(log: str, run: str, key: str) -> None:
+    """phases() on vLLM 0.26.0's own start lines (a kept log) gives what the run recorded."""
+    found = remote.phases(start_lines(RUN_8B / log))
+    recorded = json.loads((RUN_8B / run).read_text())["coldstart"][key]
+    for name in ("architecture_at_s", "engine_core_at_s", "torch_compile_s", "ready_at_s"):
+        assert found[name] == pytest.approx(recorded[name], abs=0.01), name
+    # forked, the engine core is up within seconds of the model's architecture; spawned,
+    # ~20 s later (its second import): what the spec's VLLM_MULTIPROC_METHOD rests on
+    gap = found["engine_core_at_s"] - found["architecture_at_s"]
+    assert gap < 5 if "fork" in key else gap > 15
+
+
+def test_cpu_by_round_from_a_real_run_matches_its_log() -> None:
+    """cpu_by_round on run Q's samples and rounds gives the table its log printed."""
+    rows = remote.cpu_by_round(RUN_8B / "cpu-q.jsonl", RUN_8B / "bench-q.json")
+    logged = (RUN_8B / "run-q.log").read_text()
+    assert len(rows) >= 25, "rounds without CPU samples around them"
+    assert remote.cpu_table(rows) in logged
+
+
+def test_drop_page_cache_covers_every_file_once(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.safetensors").write_bytes(b"x" * 3 * 2**20)
+    (tmp_path / "sub" / "b.json").write_bytes(b"y" * 2**20)
+    os.symlink(tmp_path / "a.safetensors", tmp_path / "link.safetensors")  # not counted twice
+    assert remote.drop_page_cache(tmp_path) == 4.0
+
+
+def test_model_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote.device, "MODEL_DIR", tmp_path)
+    assert "error" in remote.model_shape()  # no model made yet
+    config = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 8}))
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 2**20)
+    shape = remote.model_shape()
+    assert shape == {**config, "num_key_value_heads": 8, "weights_gib": 0.0}
+
+
+def test_unknown_coldstart_method_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OUT", str(tmp_path))
+    argv = ["run", "--phases", "coldstart", "--coldstart-methods", "default,forkk"]
+    assert remote.main(argv) == 2
+    assert "--coldstart-methods 'default,forkk'" in capsys.readouterr().out
+    assert not (tmp_path / "run.json").exists()
