@@ -581,7 +581,9 @@ def render_failed(pr: int, stack: str, *, what: str, run_url: str = "") -> str:
 # ---- from the files of scripts/review_stack.py --------------------------------------------
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """A JSON file's value; None when the file does not exist; ValueError when it is
+    unreadable (what a review stack's step left behind, or did not)."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -612,7 +614,7 @@ def from_files(
     stack = f"pr-{pr}"
     if failed:
         return render_failed(pr, stack, what=failed, run_url=run_url)
-    meta = _read_json(src / FILES["meta"]) or {}
+    meta = read_json(src / FILES["meta"]) or {}
     if closed or not (src / FILES["outputs"]).exists():
         return render_destroyed(
             pr, stack, reason=reason or "the pull request was closed", when=_now()
@@ -628,10 +630,10 @@ def from_files(
     comment = ReviewComment(
         pr=pr,
         stack=stack,
-        preview=_read_json(src / FILES["preview"]),
-        new_costs=_read_json(src / FILES["costs"]) or {},
-        review_outputs=_read_json(src / FILES["outputs"]) or {},
-        dev_outputs=_read_json(src / FILES["dev_outputs"]),
+        preview=read_json(src / FILES["preview"]),
+        new_costs=read_json(src / FILES["costs"]) or {},
+        review_outputs=read_json(src / FILES["outputs"]) or {},
+        dev_outputs=read_json(src / FILES["dev_outputs"]),
         reader=OutputReader(
             kind=kind, stack=stack, state=str(meta.get("state") or ""), python=reader_python
         ),

@@ -42,11 +42,9 @@ def _write_json(path: Path, value: Any) -> None:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise ReviewError(f"{path}: unreadable ({exc})") from None
+        return review_comment.read_json(path)
+    except ValueError as exc:
+        raise ReviewError(str(exc)) from None
 
 
 def _refuse_fork(args: argparse.Namespace) -> bool:
