@@ -22,7 +22,8 @@ request waited 30-50 ms; N processes take the burst in parallel (docs/proxy.md, 
 - **Supervision**: the main process forwards SIGTERM/SIGINT to the workers (each drains as
   one process does), and when a worker dies unexpectedly it logs which, with its exit code
   and what to do, stops the others and exits 1. Workers get SIGTERM when the main process
-  dies (Linux ``PR_SET_PDEATHSIG``), so none is left behind.
+  dies (Linux ``PR_SET_PDEATHSIG``), so none is left behind. The metrics directory of a main
+  process killed by SIGKILL is removed by the next one to start (``sweep_stale_boards``).
 
 ``--workers 1`` uses none of this: the CLI serves in its own process as before.
 """
@@ -228,6 +229,36 @@ def _describe(code: int | None) -> str:
     return f"exit code {code}"
 
 
+# The metrics directory of a `--workers N` proxy: BOARD_PREFIX, its main process's pid, "-",
+# mkdtemp's random part. The main process removes its own when it stops; one that was
+# SIGKILLed cannot, so each new main process removes those of main processes gone.
+BOARD_PREFIX = "serving-proxy-metrics-"
+
+
+def sweep_stale_boards(parent: str) -> list[str]:
+    """Remove the metrics directories in `parent` whose main process no longer exists (one
+    SIGKILLed before it could clean up); returns their names. A directory of a live process,
+    of another user, or not named as ours is left alone."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent):
+            pid_text, sep, _ = entry.name.removeprefix(BOARD_PREFIX).partition("-")
+            if not (entry.name.startswith(BOARD_PREFIX) and sep and pid_text.isdigit()):
+                continue
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+            try:
+                os.kill(int(pid_text), 0)
+                continue  # alive (or another user's process of that pid): not ours to judge
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
+
+
 def run_workers(
     config: ProxyConfig, workers: int, host: str, port: int, server: str, access_log: bool
 ) -> int:
@@ -242,10 +273,9 @@ def run_workers(
     holder = bind(host, port, reuse_port=True)  # never listens: reserves the port
     port = holder.getsockname()[1]
     shm = "/dev/shm"  # noqa: S108 - tmpfs; mkdtemp makes a private (0700) directory in it
-    board = tempfile.mkdtemp(
-        prefix="serving-proxy-metrics-",
-        dir=shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None,
-    )
+    boards = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    sweep_stale_boards(boards)
+    board = tempfile.mkdtemp(prefix=f"{BOARD_PREFIX}{os.getpid()}-", dir=boards)
     in_flight = SharedInFlight(ctx.RawValue("q", 0), ctx.Lock(), config.max_in_flight)
     procs: list[Any] = []
     state = {"stopping": False, "deadline": float("inf")}

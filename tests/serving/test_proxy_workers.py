@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from serving.proxy.workers import PUBLISH_S
+from serving.proxy.workers import BOARD_PREFIX, PUBLISH_S, sweep_stale_boards
 from tests.harness.stub_engine import PROJECT_ROOT, StubEngine
 from tests.serving.conftest import ALICE, AUTH, CHAT, KEYS, wait_until
 
@@ -297,3 +298,43 @@ def test_refuses_settings_the_workers_cannot_keep(flags: list[str], expect: str)
     )  # fmt: skip
     assert done.returncode == 2
     assert "refusing to start" in done.stderr and expect in done.stderr
+
+
+def boards_of(pid: int) -> list[Path]:
+    """The metrics directories of the `--workers` main process `pid` (serving/proxy/workers.py
+    BOARD_PREFIX), wherever it made them: /dev/shm when writable, else the temp dir."""
+    shm = Path("/dev/shm")  # where the proxy puts them
+    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return sorted(parent.glob(f"{BOARD_PREFIX}{pid}-*"))
+
+
+def test_a_sigkilled_proxys_metrics_directory_is_removed_by_the_next(start: Any) -> None:
+    """A main process killed by SIGKILL cannot remove its metrics directory; the next proxy
+    started on the machine removes it (its pid is gone), and keeps its own."""
+    first = start(workers=2)
+    assert len(boards_of(first.proc.pid)) == 1
+    first.proc.kill()
+    first.kill()  # reaped; its workers stopped by PR_SET_PDEATHSIG
+    assert len(boards_of(first.proc.pid)) == 1  # left behind
+    second = start(workers=2)
+    assert boards_of(first.proc.pid) == []
+    assert len(boards_of(second.proc.pid)) == 1
+    assert chat(second).status == 200
+
+
+def test_sweep_leaves_live_foreign_and_unnamed_directories(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead_pid = int(dead.stdout)
+    (tmp_path / f"{BOARD_PREFIX}{dead_pid}-abc").mkdir()
+    (tmp_path / f"{BOARD_PREFIX}{os.getpid()}-def").mkdir()  # alive: this test
+    (tmp_path / f"{BOARD_PREFIX}notapid-x").mkdir()
+    (tmp_path / f"{BOARD_PREFIX}{dead_pid}-file").write_text("")  # not a directory
+    (tmp_path / "other").mkdir()
+    if alive(dead_pid):
+        pytest.skip(f"pid {dead_pid} was reused already")
+    assert sweep_stale_boards(str(tmp_path)) == [f"{BOARD_PREFIX}{dead_pid}-abc"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{BOARD_PREFIX}{os.getpid()}-def", f"{BOARD_PREFIX}notapid-x",
+         f"{BOARD_PREFIX}{dead_pid}-file", "other"]
+    )  # fmt: skip
