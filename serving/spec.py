@@ -144,6 +144,9 @@ MAX_CPU = 64.0
 # - SGLang 0.5.15 (run K; raw: bench/gpu/runs/2026-11-27-h100-sglang/cpu-k.jsonl): the HTTP
 #   server with its tokenizer manager 1268-1292 MiB, the detokenizer 1234-1236 MiB, the
 #   scheduler 2165-2226 MiB.
+# With an 8B-shaped model (runs Q/R; raw: bench/gpu/runs/2026-11-27-h100-8b/cpu-q.jsonl,
+# cpu-r.jsonl), the same under 1-1024 streams: the 4 API servers and their parent 6424-6435
+# MiB, the engine core 2112-2141 MiB, the proxy 66-67 MiB.
 # The request is a reservation, not a limit: Modal bills max(request, usage) and lets a container
 # use more when its worker has memory free (modal.com/docs/guide/resources, "Billing"; an int
 # `memory=` sets no hard limit). The model's weights and KV cache live in GPU memory, not host
