@@ -52,14 +52,17 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.gpu import device
+from bench.gpu.mkmodel import SHAPES
 
 PAYLOAD = device.ROOT / ".gpu-payload"
-# coldstart: how vLLM starts its engine-core process, set in the `vllm` wrapper (prepare).
-# Unset, `vllm serve` picks "spawn" (vllm 0.26.0 entrypoints/serve/utils/api_utils.py sets
-# VLLM_WORKER_MULTIPROC_METHOD=spawn when it is not set); "fork" starts the engine core from
-# the API server's process, with its imports done (vllm/utils/system_utils.py get_mp_context).
+# coldstart: how vLLM starts its engine-core process, set in the `vllm` wrapper (prepare) over
+# what the spec sets. "default": as the spec sets it (serving/spec.py VLLM_MULTIPROC_METHOD:
+# fork on one GPU since f80cad5; before it nothing, and `vllm serve` then picks "spawn": vllm
+# 0.26.0 entrypoints/serve/utils/api_utils.py); "spawn": a fresh interpreter that imports vLLM
+# again; "fork": from the API server's process, its imports done (vllm/utils/system_utils.py
+# get_mp_context).
 MP_METHOD_ENV = "BENCH_VLLM_MP_METHOD"
-COLDSTART_METHODS = {"default", "spawn", "fork"}
+COLDSTART_METHODS = ("default", "spawn", "fork")
 
 # `run --server-cpus 0-7 --client-cpus 8-15`: the engine, the proxy and the plain engine on one
 # set of cores, the load clients on the other, so that the clients (up to ~15 cores at 1024
@@ -969,7 +972,7 @@ def model_shape() -> dict[str, Any]:
 
 def run_coldstart(out: Path, log: Log, methods: list[str]) -> dict[str, Any]:
     """Issue 24 item 6: the same snapshot spec started twice per start method of vLLM's
-    engine core (MP_METHOD_ENV; "default": what `vllm serve` picks, spawn), first with an empty
+    engine core (MP_METHOD_ENV; "default": as the spec sets it), first with an empty
     engine cache (cold: what a new engine-cache Volume gives), then with the cache the first
     start left (warm: the Volume kept from the previous container); the weights evicted from
     the page cache before each start; then sleep/wake -> first token."""
@@ -1138,8 +1141,9 @@ def run(args: argparse.Namespace) -> int:
         log(f"unknown phases {sorted(unknown)}; known: {sorted(VLLM_PHASES | SGLANG_PHASES)}")
         return 2
     methods = [m.strip() for m in args.coldstart_methods.split(",") if m.strip()]
-    if not methods or not set(methods) <= COLDSTART_METHODS:
-        log(f"--coldstart-methods {args.coldstart_methods!r}: a comma list of {COLDSTART_METHODS}")
+    if not methods or not set(methods) <= set(COLDSTART_METHODS):
+        known = ", ".join(COLDSTART_METHODS)
+        log(f"--coldstart-methods {args.coldstart_methods!r}: a comma list of {known}")
         return 2
     if phases & VLLM_PHASES:  # SGLang's phases need no vLLM kernel library
         place_library(log)
@@ -1192,7 +1196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--shape",
         default="llama-1b",
-        choices=["llama-1b", "llama-8b"],
+        choices=sorted(SHAPES),
         help="the model's shape (bench.gpu.mkmodel SHAPES): 1B- or 8B-shaped random weights",
     )
     sub.add_parser(
@@ -1233,7 +1237,7 @@ def main(argv: list[str] | None = None) -> int:
         "--coldstart-methods",
         default="default",
         help="coldstart: comma list of vLLM engine-core start methods, a cold and a warm start "
-        "each: default (what `vllm serve` picks: spawn), spawn, fork",
+        "each: default (as the spec sets it: fork on one GPU), spawn, fork",
     )
     r.add_argument("--server-cpus", help="cores for the engine and the proxy, e.g. 0-7")
     r.add_argument("--client-cpus", help="cores for the load clients, e.g. 8-15")
