@@ -499,17 +499,9 @@ def serving(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str
         info["engine_keepalive_env"] = engine_env_seen(engine)
         yield info
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        info["exit_code"] = stop_group(proc, 60)
         reader.join(5)
         logf.close()
-        info["exit_code"] = proc.returncode
 
 
 def engine_env_seen(engine: str = "vllm") -> dict[str, str]:
@@ -688,45 +680,56 @@ def plain_sglang_command() -> list[str]:
     ]  # fmt: skip
 
 
+def wait_http_ok(
+    proc: subprocess.Popen[Any], url: str, timeout_s: float, what: str, log_path: Path
+) -> float:
+    """Poll `url` until it answers 200; seconds it took. RuntimeError if `proc` exits first or
+    `timeout_s` passes (naming `what` and its log)."""
+    import urllib.request
+
+    t0 = time.monotonic()
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited {proc.returncode}; see {log_path}")
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"{what} not answering {url} after {timeout_s:g} s; see {log_path}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
+            if resp.status == 200:
+                return round(time.monotonic() - t0, 1)
+        time.sleep(0.5)
+
+
+def stop_group(proc: subprocess.Popen[Any], grace_s: float) -> int | None:
+    """SIGTERM to the process group, SIGKILL after `grace_s`; the exit code."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    return proc.returncode
+
+
 @contextlib.contextmanager
 def plain_engine(log_path: Path, log: Log, engine: str = "vllm") -> Iterator[dict[str, Any]]:
     """The plain `vllm serve` (or SGLang launch) until its /health answers 200; stopped
     (SIGTERM) on exit."""
-    import urllib.request
-
     cmd = plain_command() if engine == "vllm" else plain_sglang_command()
     info: dict[str, Any] = {"argv": cmd}
-    t0 = time.monotonic()
     with log_path.open("w") as logf:
         proc = subprocess.Popen(
             cmd, cwd="/tmp", env=device.run_env(engine), stdout=logf, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=pinned("server"),
         )  # fmt: skip
         try:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"plain {engine} exited {proc.returncode}; {log_path}")
-                if time.monotonic() - t0 > 600:
-                    raise RuntimeError(f"plain {engine} not healthy after 600 s; {log_path}")
-                with contextlib.suppress(OSError):
-                    url = f"http://127.0.0.1:{PLAIN_PORT}/health"
-                    with urllib.request.urlopen(url, timeout=2) as resp:
-                        if resp.status == 200:
-                            break
-                time.sleep(1.0)
-            info["ready_s"] = round(time.monotonic() - t0, 1)
+            url = f"http://127.0.0.1:{PLAIN_PORT}/health"
+            info["ready_s"] = wait_http_ok(proc, url, 600, f"plain {engine}", log_path)
             log(f"plain {engine} healthy after {info['ready_s']} s")
             yield info
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-            info["exit_code"] = proc.returncode
+            info["exit_code"] = stop_group(proc, 60)
 
 
 def bench_spec() -> dict[str, Any]:
@@ -791,8 +794,6 @@ ONE_WORKER_PROXY_PORT = 8003
 def one_worker_proxy(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str, Any]]:
     """A second auth proxy in front of the same engine, as serving.engine starts it but with
     one process (`--workers 1`): the baseline for the spec's `proxy_workers`, same run."""
-    import urllib.request
-
     sys.path[:0] = [str(device.ROOT), str(device.SITE)]
     from serving.engine import proxy_command
     from serving.spec import ServingSpec
@@ -808,23 +809,12 @@ def one_worker_proxy(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator
             start_new_session=True, preexec_fn=pinned("server"),
         )  # fmt: skip
         try:
-            for _ in range(120):
-                with contextlib.suppress(OSError):
-                    url = f"http://127.0.0.1:{ONE_WORKER_PROXY_PORT}/ready"
-                    with urllib.request.urlopen(url, timeout=2) as resp:
-                        if resp.status == 200:
-                            break
-                time.sleep(0.5)
-            else:
-                raise RuntimeError(f"one-process proxy not ready after 60 s; see {log_path}")
+            url = f"http://127.0.0.1:{ONE_WORKER_PROXY_PORT}/ready"
+            wait_http_ok(proc, url, 60, "the one-process proxy", log_path)
             log(f"one-process proxy on :{ONE_WORKER_PROXY_PORT}: {' '.join(cmd[3:])}")
             yield info
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(40)
-            info["exit_code"] = proc.returncode
+            info["exit_code"] = stop_group(proc, 40)
 
 
 def run_bench(

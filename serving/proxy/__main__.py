@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.workers < 1:
             raise ValueError(f"--workers {args.workers} is invalid: it must be at least 1")
-        app = ProxyApp(config, keys)  # with --workers, each worker builds its own
+        # Built here in either case: it refuses a bad upstream URL before any process
+        # starts. With --workers this one is only that check; each worker builds its own.
+        app = ProxyApp(config, keys)
         if args.workers > 1:
             worker_config(config, args.workers)  # the buffer budget's split must hold a body
     except ValueError as exc:

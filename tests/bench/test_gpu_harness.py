@@ -82,3 +82,29 @@ def test_unknown_coldstart_method_is_refused_before_anything_runs(
     assert remote.main(argv) == 2
     assert "--coldstart-methods 'default,forkk'" in capsys.readouterr().out
     assert not (tmp_path / "run.json").exists()
+
+
+def test_wait_http_ok_then_stop_group(tmp_path: Path) -> None:
+    """The harness's start/stop of a process group: ready once the URL answers 200; a process
+    that exits first is reported at once; SIGTERM to the group stops it."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "server.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert remote.wait_http_ok(server, f"http://127.0.0.1:{port}/", 30, "server", log) < 30
+    finally:
+        assert remote.stop_group(server, 10) is not None
+    assert server.poll() is not None
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
+    with pytest.raises(RuntimeError, match=r"dead one exited 3; see .*server\.log"):
+        remote.wait_http_ok(dead, f"http://127.0.0.1:{port}/", 30, "dead one", log)
