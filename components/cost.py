@@ -301,11 +301,7 @@ def _formula(s: ServiceCost) -> str:
         terms.append(f"{s.cpu_cores:g} CPU cores x ${s.cpu_usd_per_core_hour:.5f}/h")
     if s.memory_gib:
         terms.append(f"{s.memory_gib:g} GiB x ${s.memory_usd_per_gib_hour:.6f}/h")
-    base = (
-        s.gpu_price_usd_per_hour * s.gpu_count
-        + s.cpu_cores * s.cpu_usd_per_core_hour
-        + s.memory_gib * s.memory_usd_per_gib_hour
-    )
+    base = (s.gpu_usd_per_hour + s.cpu_usd_per_hour + s.memory_usd_per_hour) / s.region_multiplier
     parts = [f"{s.max_containers} x ({' + '.join(terms)} = ${base:.4f}/h)"]
     if s.region_multiplier != 1.0:
         parts.append(f"region x{s.region_multiplier:g}")
