@@ -1056,18 +1056,37 @@ def run_load(cmd: list[str], log: Log) -> dict[str, Any]:
     }
 
 
-def run_tp(out: Path, log: Log, plan: str) -> dict[str, Any]:
+def run_tp(out: Path, log: Log, plan: str, methods: list[str]) -> dict[str, Any]:
     """Issue 24 item 7: `gpu_count: 2` (tensor parallel over both cards) through serving.engine
-    and the proxy: it starts, both cards hold a share, it answers, and a short load."""
+    and the proxy: it starts, both cards hold a share, it answers, and a short load. Once per
+    start method of vLLM's engine core and its workers (MP_METHOD_ENV; "default": as the spec
+    sets it, spawn for more than one GPU), each from an empty engine cache (cold), so that the
+    starts differ only in the method."""
     n = len(gpu_memory())
     if n < 2:
         return {"skipped": f"{n} GPU on this machine; tensor parallel needs 2 (nvidia-h100-x2)"}
     spec = {**device.spec_dict(), "gpu_count": 2}
-    with serving(spec, out / "tp-engine.log", log) as info:
-        result: dict[str, Any] = {"ready_s": info["ready_s"], **phases(info["start_lines"])}
-        result["gpu_memory_mib"] = gpu_memory()
-        result["first_token_s"] = first_token_s(device.API_KEY)
-        result["load"] = run_load(load_cmd(out / "tp-bench.json", plan), log)
+    result: dict[str, Any] = {"methods": methods}
+    for method in methods:
+        shutil.rmtree(ENGINE_CACHE, ignore_errors=True)
+        if method == "default":
+            os.environ.pop(MP_METHOD_ENV, None)
+        else:
+            os.environ[MP_METHOD_ENV] = method
+        name = "" if method == "default" else f"-{method}"
+        dropped = drop_page_cache(device.MODEL_DIR)
+        try:
+            with serving(spec, out / f"tp-engine{name}.log", log) as info:
+                row: dict[str, Any] = {"ready_s": info["ready_s"], **phases(info["start_lines"])}
+                row["page_cache_dropped_mib"] = dropped
+                row["engine_env"] = info["engine_keepalive_env"]
+                row["gpu_memory_mib"] = gpu_memory()
+                row["first_token_s"] = first_token_s(device.API_KEY)
+                row["load"] = run_load(load_cmd(out / f"tp-bench{name}.json", plan), log)
+        finally:
+            os.environ.pop(MP_METHOD_ENV, None)
+        log(f"tp {method}: { {k: v for k, v in row.items() if k != 'load'} }")
+        result[method] = row
     return result
 
 
@@ -1130,10 +1149,10 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         log(f"unknown phases {sorted(unknown)}; known: {sorted(VLLM_PHASES | SGLANG_PHASES)}")
         return 2
-    methods = [m.strip() for m in args.coldstart_methods.split(",") if m.strip()]
+    methods = [m.strip() for m in args.start_methods.split(",") if m.strip()]
     if not methods or not set(methods) <= set(COLDSTART_METHODS):
         known = ", ".join(COLDSTART_METHODS)
-        log(f"--coldstart-methods {args.coldstart_methods!r}: a comma list of {known}")
+        log(f"--start-methods {args.start_methods!r}: a comma list of {known}")
         return 2
     if phases & VLLM_PHASES:  # SGLang's phases need no vLLM kernel library
         place_library(log)
@@ -1152,7 +1171,7 @@ def run(args: argparse.Namespace) -> int:
             result["bench"] = run_bench(out, log, args.plan, args.plain, args.one_worker_proxy)
             rc |= result["bench"]["load_rc"]
         if "tp" in phases:
-            result["tp"] = run_tp(out, log, args.tp_plan)
+            result["tp"] = run_tp(out, log, args.tp_plan, methods)
         if "start" in phases:
             result["start"] = run_start(out, log)
         if "coldstart" in phases:
@@ -1224,10 +1243,13 @@ def main(argv: list[str] | None = None) -> int:
         help="bench: a second proxy with one process (:8003) beside the spec's, as a target",
     )
     r.add_argument(
+        "--start-methods",
         "--coldstart-methods",
+        dest="start_methods",
         default="default",
-        help="coldstart: comma list of vLLM engine-core start methods, a cold and a warm start "
-        "each: default (as the spec sets it: fork on one GPU), spawn, fork",
+        help="coldstart, tp: comma list of how vLLM starts its engine core (and its workers): "
+        "default (as the spec sets it: fork on one GPU, spawn on more), spawn, fork; coldstart "
+        "starts cold and warm per method, tp cold",
     )
     r.add_argument("--server-cpus", help="cores for the engine and the proxy, e.g. 0-7")
     r.add_argument("--client-cpus", help="cores for the load clients, e.g. 8-15")

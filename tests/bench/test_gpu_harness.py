@@ -78,9 +78,9 @@ def test_unknown_coldstart_method_is_refused_before_anything_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("OUT", str(tmp_path))
-    argv = ["run", "--phases", "coldstart", "--coldstart-methods", "default,forkk"]
+    argv = ["run", "--phases", "coldstart", "--start-methods", "default,forkk"]
     assert remote.main(argv) == 2
-    assert "--coldstart-methods 'default,forkk'" in capsys.readouterr().out
+    assert "--start-methods 'default,forkk'" in capsys.readouterr().out
     assert not (tmp_path / "run.json").exists()
 
 
