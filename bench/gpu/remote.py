@@ -617,7 +617,7 @@ class CpuSampler(threading.Thread):
                 f.flush()
 
 
-def run_checks(out: Path, log: Log, engine: str = "vllm") -> dict[str, Any]:
+def run_checks(out: Path, log: Log, engine: str = "vllm", select: str = "") -> dict[str, Any]:
     """pytest on the GPU tests of one engine, through serving.engine and the proxy: vLLM's
     (tests/gpu; the SGLang ones skip without GPU_ENGINE=sglang) or SGLang 0.5.15's."""
     t = time.monotonic()
@@ -630,6 +630,8 @@ def run_checks(out: Path, log: Log, engine: str = "vllm") -> dict[str, Any]:
         sys.executable, "-m", "pytest", *tests, "-v", "-rA", "-p", "no:cacheprovider",
         "--confcutdir", "tests/gpu", "-o", "addopts=--strict-markers",
     ]  # fmt: skip
+    if select:
+        cmd += ["-k", select]
     with report.open("w") as f:
         done = subprocess.run(
             cmd, cwd=device.ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900
@@ -732,13 +734,22 @@ def plain_engine(log_path: Path, log: Log, engine: str = "vllm") -> Iterator[dic
             info["exit_code"] = stop_group(proc, 60)
 
 
-def bench_spec() -> dict[str, Any]:
+def bench_proxy(workers: int | None = None) -> dict[str, Any]:
+    """The proxy's settings in a bench: its cap above the bench's 1024 streams (the default,
+    256, answers 429 beyond it), and `workers` processes if given (else the spec's default)."""
+    proxy: dict[str, Any] = {"max_in_flight": 4096}
+    if workers is not None:
+        proxy["workers"] = workers
+    return proxy
+
+
+def bench_spec(proxy_workers: int | None = None) -> dict[str, Any]:
     """The shipped spec (its derived --api-server-count included) as the bench serves it: the
     card shared with the plain engine, and the proxy's cap above the bench's 1024 streams."""
     return {
         **device.spec_dict(),
         "gpu_memory_fraction": SHARED_MEMORY_FRACTION,
-        "proxy": {"max_in_flight": 4096},
+        "proxy": bench_proxy(proxy_workers),
     }
 
 
@@ -818,7 +829,12 @@ def one_worker_proxy(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator
 
 
 def run_bench(
-    out: Path, log: Log, plan: str, plain: bool, one_worker: bool = False
+    out: Path,
+    log: Log,
+    plan: str,
+    plain: bool,
+    one_worker: bool = False,
+    proxy_workers: int | None = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"proxy_idle": proxy_idle_setting(), "plan": plan}
     log(f"proxy pool idle lifetime: {result['proxy_idle']}")
@@ -827,7 +843,11 @@ def run_bench(
         if plain:  # first, alone: vLLM profiles the card's free memory while it starts
             result["plain"] = stack.enter_context(plain_engine(out / "plain-engine.log", log))
         # the proxy's cap above the bench's 1024 streams either way (bench_spec)
-        spec = bench_spec() if plain else {**device.spec_dict(), "proxy": {"max_in_flight": 4096}}
+        spec = (
+            bench_spec(proxy_workers)
+            if plain
+            else {**device.spec_dict(), "proxy": bench_proxy(proxy_workers)}
+        )
         info = stack.enter_context(serving(spec, out / "bench-engine.log", log))
         result["engine"] = info
         log(f"engine keep-alive env seen in the vLLM process: {info['engine_keepalive_env']}")
@@ -1102,28 +1122,41 @@ def run_long(out: Path, log: Log, plan: str, prompt_tokens: int) -> dict[str, An
 
 
 def run_sglang_bench(
-    out: Path, log: Log, plan: str, plain: bool = False, workers: int | None = None
+    out: Path,
+    log: Log,
+    plan: str,
+    plain: bool = False,
+    workers: int | None = None,
+    proxy_workers: int | None = None,
+    one_worker: bool = False,
 ) -> dict[str, Any]:
     """SGLang 0.5.15 with the shipped SGLang defaults (+ this machine's backends; `workers`:
     api_server_count, i.e. --tokenizer-worker-num) through serving.engine, then bench.gpu.load
-    direct (:8001) vs proxy (:8000), and a default SGLang launch (`plain`), interleaved."""
+    direct (:8001) vs proxy (:8000), and a default SGLang launch (`plain`) or a one-process
+    proxy (`one_worker`, :8003), interleaved."""
     result: dict[str, Any] = {"proxy_idle": proxy_idle_setting(), "plan": plan}
     sampler = CpuSampler(out / "cpu.jsonl")
     spec = device.sglang_spec_dict()
     if workers is not None:
         spec["api_server_count"] = workers
+    # the proxy's cap above the bench's 1024 streams (its default, 256, answers 429 beyond)
+    spec["proxy"] = bench_proxy(proxy_workers)
     with contextlib.ExitStack() as stack:
         if plain:  # first, alone, as for vLLM (run_bench)
             result["plain"] = stack.enter_context(
                 plain_engine(out / "plain-engine.log", log, "sglang")
             )
             spec["gpu_memory_fraction"] = SHARED_MEMORY_FRACTION
-            spec["proxy"] = {"max_in_flight": 4096}
         info = stack.enter_context(serving(spec, out / "sglang-bench-engine.log", log))
         result["engine"] = info
         log(f"engine keep-alive env seen in the SGLang process: {info['engine_keepalive_env']}")
-        sampler.start()
         cmd = load_cmd(out / "sglang-bench.json", plan)
+        if one_worker:
+            result["one_worker_proxy"] = stack.enter_context(
+                one_worker_proxy(spec, out / "proxy-1w.log", log)
+            )
+            cmd += ["--proxy-target", f"proxy-1w=http://127.0.0.1:{ONE_WORKER_PROXY_PORT}"]
+        sampler.start()
         if plain:
             cmd += ["--plain", f"http://127.0.0.1:{PLAIN_PORT}"]
         try:
@@ -1165,10 +1198,12 @@ def run(args: argparse.Namespace) -> int:
     rc = 0
     try:
         if "checks" in phases:
-            result["checks"] = run_checks(out, log)
+            result["checks"] = run_checks(out, log, select=args.checks_k)
             rc |= result["checks"]["rc"]
         if "bench" in phases:
-            result["bench"] = run_bench(out, log, args.plan, args.plain, args.one_worker_proxy)
+            result["bench"] = run_bench(
+                out, log, args.plan, args.plain, args.one_worker_proxy, args.proxy_workers
+            )
             rc |= result["bench"]["load_rc"]
         if "tp" in phases:
             result["tp"] = run_tp(out, log, args.tp_plan, methods)
@@ -1179,12 +1214,13 @@ def run(args: argparse.Namespace) -> int:
         if "long" in phases:
             result["long"] = run_long(out, log, args.long_plan, args.prompt_tokens)
         if "sglang" in phases:
-            result["sglang"] = run_checks(out, log, "sglang")
+            result["sglang"] = run_checks(out, log, "sglang", args.checks_k)
             rc |= result["sglang"]["rc"]
         if "sglang-bench" in phases:
             result["sglang_bench"] = run_sglang_bench(
-                out, log, args.sglang_plan, args.plain, args.sglang_workers
-            )
+                out, log, args.sglang_plan, args.plain, args.sglang_workers,
+                args.proxy_workers, args.one_worker_proxy,
+            )  # fmt: skip
             rc |= result["sglang_bench"]["load_rc"]
     except Exception as exc:  # what ran so far still comes back in run.json
         log(f"phase failed: {type(exc).__name__}: {exc}")
@@ -1240,7 +1276,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--one-worker-proxy",
         action="store_true",
-        help="bench: a second proxy with one process (:8003) beside the spec's, as a target",
+        help="bench, sglang-bench: a second proxy with one process (:8003) beside the "
+        "spec's, as a target",
+    )
+    r.add_argument(
+        "--proxy-workers", type=int, help="bench, sglang-bench: the spec's proxy.workers"
     )
     r.add_argument(
         "--start-methods",
@@ -1251,6 +1291,7 @@ def main(argv: list[str] | None = None) -> int:
         "default (as the spec sets it: fork on one GPU, spawn on more), spawn, fork; coldstart "
         "starts cold and warm per method, tp cold",
     )
+    r.add_argument("--checks-k", default="", help="checks, sglang: pytest -k expression")
     r.add_argument("--server-cpus", help="cores for the engine and the proxy, e.g. 0-7")
     r.add_argument("--client-cpus", help="cores for the load clients, e.g. 8-15")
     args = cli.parse_args(argv)

@@ -22,7 +22,6 @@ from tests.gpu.support import (
     PROXY,
     Served,
     chat,
-    running_requests,
     sse_data,
     usage_only,
     wait_running,
@@ -135,7 +134,14 @@ def test_client_disconnect_frees_the_engine_slot(
                     chunks += 1
                 if chunks >= 5:
                     break
-            during = running_requests(metrics)
+            # vLLM sets the gauge from the scheduler stats the engine core sends with its
+            # outputs, so it can lag the first chunks: wait (bounded) until it counts ours.
+            _, during = wait_running(metrics, want_zero=False, timeout=5)
+            seen = [
+                ln
+                for ln in metrics.get(f"{ENGINE}/metrics", timeout=5).text.splitlines()
+                if "num_requests" in ln and not ln.startswith("#")
+            ]
             t_close = time.monotonic()
             r.close()  # the client disconnects mid-stream
         client.close()
@@ -145,6 +151,7 @@ def test_client_disconnect_frees_the_engine_slot(
         "running_before_close": during,
         "running_after": left,
         "freed_within_s": round(gone_s, 3),
+        "request_gauges_before_close": seen,
     }
-    assert during >= 1
+    assert during >= 1, f"the engine's gauge read {during} mid-stream: {seen}"
     assert left == 0 and gone_s <= 1.0, f"still {left} running {gone_s:.2f} s after the close"
