@@ -198,20 +198,20 @@ ENGINE_KEEPALIVE_ENV: dict[str, str] = {
     "sglang": "SGLANG_TIMEOUT_KEEP_ALIVE",
 }
 
-# How vLLM starts its engine-core process. Unset, `vllm serve` sets "spawn" (0.26.0
-# vllm/entrypoints/serve/utils/api_utils.py, 0.33.0 vllm/entrypoints/common/startup.py: only
-# when VLLM_WORKER_MULTIPROC_METHOD is not in the environment), and a spawned process imports
-# vLLM and torch all over again. "fork" starts it from the API server's process with its
-# imports done. With one API server (snapshot specs, `api_server_count: 1`) that took 17-26 s
-# off each start of an 8B-shaped model on one H100, cold or warm cache (docs/gpu.md runs P
-# and S: the engine core came up 20.8-23.7 s after the model was resolved spawned, 2.3-3.3 s
-# forked). With several API servers vLLM always spawns those (0.26.0 vllm/v1/utils.py), and
-# the engine core waits for them before it initialises, so the start is as long either way;
-# forked it served there too (run T). vLLM switches back to spawn itself, with a warning,
-# where fork is unsafe: CUDA already initialised in the parent, a Ray actor, NUMA binding
-# (0.26.0 vllm/utils/system_utils.py `_maybe_force_spawn`). Set for one GPU only: with
-# tensor parallel the engine core starts its GPU workers the same way, and no GPU run here
-# has tried that with fork yet.
+# How vLLM starts its engine-core process and, with tensor parallel, the engine core its GPU
+# workers. Unset, `vllm serve` sets "spawn" (0.26.0 vllm/entrypoints/serve/utils/api_utils.py,
+# 0.33.0 vllm/entrypoints/common/startup.py: only when VLLM_WORKER_MULTIPROC_METHOD is not in
+# the environment), and a spawned process imports vLLM and torch all over again. "fork"
+# starts it from its parent with the imports done. One GPU, one API server (snapshot specs,
+# `api_server_count: 1`): 17-26 s off each start of an 8B-shaped model on one H100, cold or
+# warm cache (docs/gpu.md runs P and S: the engine core came up 20.8-23.7 s after the model
+# was resolved spawned, 2.3-3.3 s forked). With several API servers vLLM always spawns those
+# (0.26.0 vllm/v1/utils.py), and the engine core waits for them, so a one-GPU start is as
+# long either way (run T). Two GPUs (run Z, two H100s, empty engine cache): the two workers
+# came up 1 s after the engine core instead of after a second import, 140.7 s -> 117.8 s to
+# SERVING READY, and it served the same load through the proxy. vLLM switches back to spawn
+# itself, with a warning, where fork is unsafe: CUDA already initialised in the parent, a Ray
+# actor, NUMA binding (0.26.0 vllm/utils/system_utils.py `_maybe_force_spawn`).
 VLLM_MULTIPROC_METHOD = "fork"
 
 
@@ -1007,8 +1007,8 @@ class ServingSpec(_Model):
         }
         if self.engine == "vllm":
             env["VLLM_CACHE_ROOT"] = cache  # vLLM's torch.compile cache and other state
-            if self.gpu_count == 1:  # the engine core forked, not spawned (see the constant)
-                env["VLLM_WORKER_MULTIPROC_METHOD"] = VLLM_MULTIPROC_METHOD
+            # the engine core (and its TP workers) forked, not spawned (see the constant)
+            env["VLLM_WORKER_MULTIPROC_METHOD"] = VLLM_MULTIPROC_METHOD
         else:
             # SGLang derives DeepGEMM, FlashInfer and TileLang JIT caches from this root.
             env["SGLANG_CACHE_DIR"] = cache

@@ -55,11 +55,12 @@ from bench.gpu import device
 from bench.gpu.mkmodel import SHAPES
 
 PAYLOAD = device.ROOT / ".gpu-payload"
-# coldstart: how vLLM starts its engine-core process, set in the `vllm` wrapper (prepare) over
-# what the spec sets. "default": as the spec sets it (serving/spec.py VLLM_MULTIPROC_METHOD:
-# fork on one GPU since f80cad5; before it nothing, and `vllm serve` then picks "spawn": vllm
-# 0.26.0 entrypoints/serve/utils/api_utils.py); "spawn": a fresh interpreter that imports vLLM
-# again; "fork": from the API server's process, its imports done (vllm/utils/system_utils.py
+# coldstart, tp: how vLLM starts its engine-core process (and its TP workers), set in the
+# `vllm` wrapper (prepare) over what the spec sets. "default": as the spec sets it
+# (serving/spec.py VLLM_MULTIPROC_METHOD: fork on one GPU since f80cad5, on any number since
+# run Z; before it nothing, and `vllm serve` then picks "spawn": vllm 0.26.0
+# entrypoints/serve/utils/api_utils.py); "spawn": a fresh interpreter that imports vLLM again;
+# "fork": from the parent's process, its imports done (vllm/utils/system_utils.py
 # get_mp_context).
 MP_METHOD_ENV = "BENCH_VLLM_MP_METHOD"
 COLDSTART_METHODS = ("default", "spawn", "fork")
@@ -1080,7 +1081,7 @@ def run_tp(out: Path, log: Log, plan: str, methods: list[str]) -> dict[str, Any]
     """Issue 24 item 7: `gpu_count: 2` (tensor parallel over both cards) through serving.engine
     and the proxy: it starts, both cards hold a share, it answers, and a short load. Once per
     start method of vLLM's engine core and its workers (MP_METHOD_ENV; "default": as the spec
-    sets it, spawn for more than one GPU), each from an empty engine cache (cold), so that the
+    sets it: fork since run Z), each from an empty engine cache (cold), so that the
     starts differ only in the method."""
     n = len(gpu_memory())
     if n < 2:
@@ -1288,8 +1289,8 @@ def main(argv: list[str] | None = None) -> int:
         dest="start_methods",
         default="default",
         help="coldstart, tp: comma list of how vLLM starts its engine core (and its workers): "
-        "default (as the spec sets it: fork on one GPU, spawn on more), spawn, fork; coldstart "
-        "starts cold and warm per method, tp cold",
+        "default (as the spec sets it: fork), spawn, fork; coldstart starts cold and warm per "
+        "method, tp cold",
     )
     r.add_argument("--checks-k", default="", help="checks, sglang: pytest -k expression")
     r.add_argument("--server-cpus", help="cores for the engine and the proxy, e.g. 0-7")

@@ -521,16 +521,12 @@ def test_engine_env() -> None:
             assert e[key].startswith(cache_root + "/")
 
 
-def test_vllm_engine_core_forked_on_one_gpu_only() -> None:
-    """One GPU: vLLM's engine core is forked from the API server (no second import, ~20 s of
-    every start, docs/gpu.md runs P and S); tensor parallel keeps vLLM's own spawn (never run
-    with fork on a GPU); SGLang has no such variable."""
-    assert make().engine_env()["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
-    assert (
-        make(snapshot=True, context_length=4096).engine_env()["VLLM_WORKER_MULTIPROC_METHOD"]
-        == "fork"
-    )
-    assert "VLLM_WORKER_MULTIPROC_METHOD" not in make(gpu_count=2).engine_env()
+def test_vllm_engine_core_and_workers_forked() -> None:
+    """vLLM's engine core is forked from the API server and, with tensor parallel, its GPU
+    workers from the engine core (no second import: ~20 s of every start, docs/gpu.md runs P,
+    S and Z); SGLang has no such variable."""
+    for spec in (make(), make(snapshot=True, context_length=4096), make(gpu_count=2)):
+        assert spec.engine_env()["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
     assert "VLLM_WORKER_MULTIPROC_METHOD" not in make(engine="sglang").engine_env()
 
 
