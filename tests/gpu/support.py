@@ -193,6 +193,44 @@ def wait_running(
         time.sleep(0.02)
 
 
+def gauge_reads(
+    client: httpx.Client,
+    seconds: float,
+    read: Callable[[httpx.Client], float] = running_requests,
+) -> list[float]:
+    """The gauge read every 20 ms for `seconds` (at least one read)."""
+    end, reads = time.monotonic() + seconds, [read(client)]
+    while time.monotonic() < end:
+        time.sleep(0.02)
+        reads.append(read(client))
+    return reads
+
+
+def wait_stable_zero(
+    client: httpx.Client,
+    hold_s: float,
+    timeout: float,
+    read: Callable[[httpx.Client], float] = running_requests,
+) -> tuple[float | None, float]:
+    """Poll every 20 ms until the gauge has read 0 at every poll for `hold_s`: (seconds from
+    the call to the first 0 of that run, or None if none held within `timeout`; last value).
+    vLLM 0.26.0's running gauge read 0 between reads of 1 while a stream was decoding
+    (docs/gpu.md, runs U-Y), so one read of 0 does not say the request is gone."""
+    t0 = time.monotonic()
+    zero_since: float | None = None
+    while True:
+        now, value = time.monotonic(), read(client)
+        if value != 0:
+            zero_since = None
+        elif zero_since is None:
+            zero_since = now
+        if zero_since is not None and now - zero_since >= hold_s:
+            return zero_since - t0, value
+        if now - t0 > timeout:
+            return None, value
+        time.sleep(0.02)
+
+
 def usage_only(events: list[str]) -> list[dict[str, Any]]:
     found = []
     for data in events:
