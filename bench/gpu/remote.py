@@ -1122,6 +1122,22 @@ def run_long(out: Path, log: Log, plan: str, prompt_tokens: int) -> dict[str, An
     return result
 
 
+def sglang_bench_spec(
+    plain: bool, workers: int | None = None, proxy_workers: int | None = None
+) -> dict[str, Any]:
+    """The SGLang spec as its bench serves it: `workers` tokenizer workers if given, the
+    proxy's cap above the bench's 1024 streams (bench_proxy: run X, without it, got 429 for
+    2757 of 4096 requests at 1024 streams), the card shared with a plain launch if there is
+    one."""
+    spec = device.sglang_spec_dict()
+    if workers is not None:
+        spec["api_server_count"] = workers
+    spec["proxy"] = bench_proxy(proxy_workers)
+    if plain:
+        spec["gpu_memory_fraction"] = SHARED_MEMORY_FRACTION
+    return spec
+
+
 def run_sglang_bench(
     out: Path,
     log: Log,
@@ -1137,17 +1153,12 @@ def run_sglang_bench(
     proxy (`one_worker`, :8003), interleaved."""
     result: dict[str, Any] = {"proxy_idle": proxy_idle_setting(), "plan": plan}
     sampler = CpuSampler(out / "cpu.jsonl")
-    spec = device.sglang_spec_dict()
-    if workers is not None:
-        spec["api_server_count"] = workers
-    # the proxy's cap above the bench's 1024 streams (its default, 256, answers 429 beyond)
-    spec["proxy"] = bench_proxy(proxy_workers)
+    spec = sglang_bench_spec(plain, workers, proxy_workers)
     with contextlib.ExitStack() as stack:
         if plain:  # first, alone, as for vLLM (run_bench)
             result["plain"] = stack.enter_context(
                 plain_engine(out / "plain-engine.log", log, "sglang")
             )
-            spec["gpu_memory_fraction"] = SHARED_MEMORY_FRACTION
         info = stack.enter_context(serving(spec, out / "sglang-bench-engine.log", log))
         result["engine"] = info
         log(f"engine keep-alive env seen in the SGLang process: {info['engine_keepalive_env']}")

@@ -108,3 +108,23 @@ def test_wait_http_ok_then_stop_group(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
     with pytest.raises(RuntimeError, match=r"dead one exited 3; see .*server\.log"):
         remote.wait_http_ok(dead, f"http://127.0.0.1:{port}/", 30, "dead one", log)
+
+
+def test_every_bench_spec_caps_the_proxy_above_its_streams() -> None:
+    """Run X: the SGLang bench without --plain left the proxy at its default cap (256 in
+    flight), and 1024 streams got 429s. Every bench's spec must let the plan's streams in."""
+    from serving.spec import ServingSpec
+
+    most = 1024  # issue 24 item 4's most streams, the largest level of any plan in docs/gpu.md
+    specs = [
+        remote.bench_spec(),
+        remote.bench_spec(proxy_workers=4),
+        remote.sglang_bench_spec(plain=False),
+        remote.sglang_bench_spec(plain=True, workers=4, proxy_workers=4),
+    ]
+    for raw in specs:
+        spec = ServingSpec.model_validate(raw)
+        assert spec.proxy.max_in_flight >= most, raw
+    sglang = ServingSpec.model_validate(remote.sglang_bench_spec(False, 4, 4))
+    assert sglang.api_servers == 4 and sglang.proxy_workers == 4
+    assert "gpu_memory_fraction" not in remote.sglang_bench_spec(plain=False)
