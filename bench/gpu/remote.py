@@ -981,6 +981,20 @@ def model_shape() -> dict[str, Any]:
     return {**{k: cfg.get(k) for k in keys}, "weights_gib": round(size / 2**30, 2)}
 
 
+@contextlib.contextmanager
+def start_method(method: str) -> Iterator[None]:
+    """vLLM's engine-core (and TP worker) start method for the starts inside: the `vllm`
+    wrapper reads MP_METHOD_ENV ("default": unset, as the spec sets it). Unset on the way out."""
+    if method == "default":
+        os.environ.pop(MP_METHOD_ENV, None)
+    else:
+        os.environ[MP_METHOD_ENV] = method
+    try:
+        yield
+    finally:
+        os.environ.pop(MP_METHOD_ENV, None)
+
+
 def run_coldstart(out: Path, log: Log, methods: list[str]) -> dict[str, Any]:
     """Issue 24 item 6: the same snapshot spec started twice per start method of vLLM's
     engine core (MP_METHOD_ENV; "default": as the spec sets it), first with an empty
@@ -993,14 +1007,10 @@ def run_coldstart(out: Path, log: Log, methods: list[str]) -> dict[str, Any]:
     spec = device.spec_dict(snapshot=True)
     for method in methods:
         shutil.rmtree(ENGINE_CACHE, ignore_errors=True)
-        if method == "default":
-            os.environ.pop(MP_METHOD_ENV, None)
-        else:
-            os.environ[MP_METHOD_ENV] = method
         for label in ("cold", "warm"):
             name = label if method == "default" else f"{label}-{method}"
             dropped = drop_page_cache(device.MODEL_DIR)
-            with serving(spec, out / f"coldstart-{name}.log", log) as info:
+            with start_method(method), serving(spec, out / f"coldstart-{name}.log", log) as info:
                 row = {"ready_s": info["ready_s"], "page_cache_dropped_mib": dropped}
                 row.update(phases(info["start_lines"]))
                 row["first_token_s"] = first_token_s(device.API_KEY)
@@ -1027,7 +1037,6 @@ def run_coldstart(out: Path, log: Log, methods: list[str]) -> dict[str, Any]:
         cold, warm = result[f"cold{suffix}"], result[f"warm{suffix}"]
         if cold.get("ready_at_s") and warm.get("ready_at_s"):
             result[f"warm_vs_cold{suffix}"] = round(warm["ready_at_s"] / cold["ready_at_s"], 3)
-    os.environ.pop(MP_METHOD_ENV, None)
     return result
 
 
@@ -1090,22 +1099,15 @@ def run_tp(out: Path, log: Log, plan: str, methods: list[str]) -> dict[str, Any]
     result: dict[str, Any] = {"methods": methods}
     for method in methods:
         shutil.rmtree(ENGINE_CACHE, ignore_errors=True)
-        if method == "default":
-            os.environ.pop(MP_METHOD_ENV, None)
-        else:
-            os.environ[MP_METHOD_ENV] = method
         name = "" if method == "default" else f"-{method}"
         dropped = drop_page_cache(device.MODEL_DIR)
-        try:
-            with serving(spec, out / f"tp-engine{name}.log", log) as info:
-                row: dict[str, Any] = {"ready_s": info["ready_s"], **phases(info["start_lines"])}
-                row["page_cache_dropped_mib"] = dropped
-                row["engine_env"] = info["engine_keepalive_env"]
-                row["gpu_memory_mib"] = gpu_memory()
-                row["first_token_s"] = first_token_s(device.API_KEY)
-                row["load"] = run_load(load_cmd(out / f"tp-bench{name}.json", plan), log)
-        finally:
-            os.environ.pop(MP_METHOD_ENV, None)
+        with start_method(method), serving(spec, out / f"tp-engine{name}.log", log) as info:
+            row: dict[str, Any] = {"ready_s": info["ready_s"], **phases(info["start_lines"])}
+            row["page_cache_dropped_mib"] = dropped
+            row["engine_env"] = info["engine_keepalive_env"]
+            row["gpu_memory_mib"] = gpu_memory()
+            row["first_token_s"] = first_token_s(device.API_KEY)
+            row["load"] = run_load(load_cmd(out / f"tp-bench{name}.json", plan), log)
         log(f"tp {method}: { {k: v for k, v in row.items() if k != 'load'} }")
         result[method] = row
     return result

@@ -128,3 +128,20 @@ def test_every_bench_spec_caps_the_proxy_above_its_streams() -> None:
     sglang = ServingSpec.model_validate(remote.sglang_bench_spec(False, 4, 4))
     assert sglang.api_servers == 4 and sglang.proxy_workers == 4
     assert "gpu_memory_fraction" not in remote.sglang_bench_spec(plain=False)
+
+
+def test_start_method_is_set_for_the_starts_inside_and_cleared_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    monkeypatch.delenv(remote.MP_METHOD_ENV, raising=False)
+    with remote.start_method("fork"):
+        assert os.environ[remote.MP_METHOD_ENV] == "fork"
+    assert remote.MP_METHOD_ENV not in os.environ
+    monkeypatch.setenv(remote.MP_METHOD_ENV, "spawn")  # left by an earlier method
+    with remote.start_method("default"):
+        assert remote.MP_METHOD_ENV not in os.environ
+    with pytest.raises(RuntimeError), remote.start_method("spawn"):
+        raise RuntimeError("a start that fails")
+    assert remote.MP_METHOD_ENV not in os.environ
