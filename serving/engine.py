@@ -66,6 +66,15 @@ STARTUP_MARGIN_MAX_S = 60.0
 # Warm-up routes in order: a model without a chat template answers 400 on chat, an embedding
 # model 400/404 on both generation routes; those statuses move on to the next route.
 WARMUP_FALLBACK_STATUSES = frozenset({400, 404})
+# Where an engine says whether it generates or embeds, before any warm-up prompt: SGLang's
+# `GET /model_info` ("is_generation"), which its own launcher reads to pick its warm-up route
+# (0.5.15 sglang/srt/entrypoints/http_server.py `model_info` and `_execute_server_warmup`:
+# /generate for a generation model, /encode otherwise). A chat request to an SGLang embedding
+# model is not refused with 400/404 the way vLLM refuses one (tokenizer_manager.py checks only
+# the other direction), so the route order alone cannot be trusted there. vLLM has no such
+# route; its pooling models answer chat 400/404 and the order finds /v1/embeddings (docs/gpu.md,
+# run Y).
+MODEL_KIND_ROUTES: dict[str, str] = {"sglang": "/model_info"}
 
 # (path, JSON body or None) per engine, both POST: where sleep and wake live.
 SLEEP_ROUTES: dict[str, tuple[str, dict[str, Any] | None]] = {
@@ -334,10 +343,13 @@ class Engine:
 
         Chat completions first; on 400/404 (no chat template, an embedding model) completions,
         then embeddings; the first route that answers 200 is used for the remaining prompts.
+        An engine that says it serves an embedding model (`embeds_only`) gets embeddings only.
         `deadline` (time.monotonic()) bounds the whole warm-up.
         """
         timeout = float(min(self.spec.timeouts.request_s, 300))
         route: str | None = None
+        if self.spec.warmup_prompts and self.embeds_only(timeout):
+            route = "/v1/embeddings"
         for i, prompt in enumerate(self.spec.warmup_prompts):
             candidates = warmup_requests(self.spec.served_model_name, prompt)
             if route is not None:
@@ -359,6 +371,24 @@ class Engine:
                 )
         log.info("warm-up done: %d prompt(s) via %s", len(self.spec.warmup_prompts), route)
         return route
+
+    def embeds_only(self, timeout: float) -> bool:
+        """True when the engine says it serves an embedding model (MODEL_KIND_ROUTES); False
+        when it says otherwise, has no such route, or its answer cannot be read: the warm-up
+        then tries the routes in order."""
+        path = MODEL_KIND_ROUTES.get(self.spec.engine)
+        if path is None:
+            return False
+        self._check_alive()
+        try:
+            status, body = self.request("GET", path, timeout=min(timeout, 30.0))
+            info = json.loads(body) if status == 200 else None
+        except (OSError, ValueError):
+            return False
+        embeds = isinstance(info, dict) and info.get("is_generation") is False
+        if embeds:
+            log.info("%s says the model embeds (%s is_generation=false)", self.spec.engine, path)
+        return embeds
 
     def _warmup_call(
         self, i: int, path: str, payload: dict[str, Any], timeout: float, deadline: float | None

@@ -85,7 +85,7 @@ DANGEROUS_ROUTES = (  # vLLM and SGLang routes (some dev-mode only) that must ne
     "/release_memory_occupation", "/resume_memory_occupation", "/collective_rpc",
     "/reset_prefix_cache", "/pause", "/resume", "/update_weights", "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter", "/server_info", "/get_server_info", "/get_model_info",
-    "/flush_cache", "/health_generate", "/generate", "/update_weights_from_disk",
+    "/model_info", "/flush_cache", "/health_generate", "/generate", "/update_weights_from_disk",
     "/start_profile", "/stop_profile", "/scale_elastic_ep", "/pooling", "/classify", "/score",
     "/rerank", "/v1/responses", "/v1/audio/transcriptions",
 )  # fmt: skip

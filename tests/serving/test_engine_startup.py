@@ -134,7 +134,15 @@ STATUS = {
     "embed": {"/v1/chat/completions": 404, "/v1/completions": 404, "/v1/embeddings": 200},
     "unknown-model": {"/v1/chat/completions": 404, "/v1/completions": 404,
                       "/v1/embeddings": 404},
+    # SGLang serving an embedding model: nothing refuses chat with 400/404 there
+    # (serving/engine.py MODEL_KIND_ROUTES), so this engine answers it 500
+    "sglang-embed": {"/v1/chat/completions": 500, "/v1/completions": 500,
+                     "/v1/embeddings": 200},
+    "sglang-generate": {"/v1/chat/completions": 200, "/v1/completions": 200,
+                        "/v1/embeddings": 400},
 }[mode]
+# SGLang's GET /model_info (0.5.15 sglang/srt/entrypoints/http_server.py), in its modes only
+MODEL_INFO = {"sglang-embed": {"is_generation": False}, "sglang-generate": {"is_generation": True}}
 seen = []
 
 class H(BaseHTTPRequestHandler):
@@ -147,13 +155,21 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
+        if self.path == "/model_info":
+            seen.append(["GET /model_info", None])
+            if mode in MODEL_INFO:
+                self._send(200, MODEL_INFO[mode])
+            else:
+                self._send(404, {"detail": "Not Found"})
+            return
         self._send(200, seen if self.path == "/_log" else {"ok": True})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         seen.append([self.path, body])
         status = STATUS.get(self.path, 404)
-        message = {400: "default chat template is no longer allowed", 404: "not found"}
+        message = {400: "default chat template is no longer allowed", 404: "not found",
+                   500: "internal error"}
         self._send(status, {"ok": True} if status == 200 else {"error": message[status]})
 
     def log_message(self, *args):
@@ -170,9 +186,9 @@ def route_engine(tmp_path: Path) -> Any:
     script.write_text(ROUTE_ENGINE)
     started: list[Engine] = []
 
-    def start(mode: str, prompts: list[str]) -> Engine:
+    def start(mode: str, prompts: list[str], engine_name: str = "vllm") -> Engine:
         port = free_port()
-        spec = make_spec(snapshot=False, warmup_prompts=prompts)
+        spec = make_spec(engine=engine_name, snapshot=False, warmup_prompts=prompts)
         engine = Engine(spec, port=port, argv=[sys.executable, str(script), str(port), mode])
         started.append(engine.start())
         engine.wait_ready(timeout_s=30, interval_s=0.05)
@@ -208,6 +224,35 @@ def test_embedding_model_warms_up_with_embeddings(route_engine: Any) -> None:
         "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/embeddings",
     ]  # fmt: skip
     assert [b["input"] for p, b in seen if p == "/v1/embeddings"] == ["Hello", "World"]
+
+
+def test_sglang_embedding_model_is_asked_first_and_warms_up_with_embeddings(
+    route_engine: Any,
+) -> None:
+    """SGLang says what its model is (`/model_info`): an embedding model is warmed up through
+    /v1/embeddings alone, never with a chat request it would not refuse cleanly."""
+    engine = route_engine("sglang-embed", ["Hello", "World"], engine_name="sglang")
+    assert engine.warm_up() == "/v1/embeddings"
+    assert [p for p, _ in posts(engine)] == [
+        "GET /model_info", "/v1/embeddings", "/v1/embeddings",
+    ]  # fmt: skip
+
+
+def test_sglang_generation_model_and_vllm_keep_the_route_order(route_engine: Any) -> None:
+    sglang = route_engine("sglang-generate", ["Hello"], engine_name="sglang")
+    assert sglang.warm_up() == "/v1/chat/completions"
+    assert [p for p, _ in posts(sglang)] == ["GET /model_info", "/v1/chat/completions"]
+    vllm = route_engine("embed", ["Hello"])  # vLLM has no such route: it is never asked
+    assert vllm.warm_up() == "/v1/embeddings"
+    assert "GET /model_info" not in [p for p, _ in posts(vllm)]
+
+
+def test_sglang_without_model_info_keeps_the_route_order(route_engine: Any) -> None:
+    engine = route_engine("base", ["Hello"], engine_name="sglang")  # /model_info: 404
+    assert engine.warm_up() == "/v1/completions"
+    assert [p for p, _ in posts(engine)] == [
+        "GET /model_info", "/v1/chat/completions", "/v1/completions",
+    ]  # fmt: skip
 
 
 def test_warm_up_error_lists_every_route_tried(route_engine: Any) -> None:
