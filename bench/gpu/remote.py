@@ -646,7 +646,12 @@ def run_checks(out: Path, log: Log, engine: str = "vllm", select: str = "") -> d
     return {"rc": done.returncode, "seconds": round(time.monotonic() - t, 1), "summary": summary}
 
 
-SGLANG_TESTS = ["tests/gpu/test_sglang_serving.py", "tests/gpu/test_sglang_bad_flags.py"]
+# the embeddings file first: its own start needs the card before `served_sglang` takes it
+SGLANG_TESTS = [
+    "tests/gpu/test_sglang_embeddings.py",
+    "tests/gpu/test_sglang_serving.py",
+    "tests/gpu/test_sglang_bad_flags.py",
+]
 
 
 PLAIN_PORT = 8002

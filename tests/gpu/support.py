@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -191,6 +192,37 @@ def wait_running(
         if (value == 0) == want_zero or time.monotonic() - t0 > timeout:
             return time.monotonic() - t0, value
         time.sleep(0.02)
+
+
+def model_hidden_size() -> int:
+    """The served model's hidden size (mkmodel's config): an embedding's length."""
+    config = json.loads((Path(device.MODEL_DIR) / "config.json").read_text())
+    return int(config["hidden_size"])
+
+
+def check_embeddings_through(proxy: str) -> dict[str, Any]:
+    """POST /v1/embeddings with two inputs through the proxy at `proxy`: refused (401) without
+    a key; with it, one finite vector per input, in order, of the model's hidden size, the two
+    different, and the engine's usage. Returns what it measured."""
+    body = {"model": device.SERVED_NAME, "input": ["The sea is calm.", "A storm is coming."]}
+    with httpx.Client(timeout=60) as client:
+        refused = client.post(f"{proxy}/v1/embeddings", json=body)
+        answer = client.post(f"{proxy}/v1/embeddings", json=body, headers=AUTH)
+    assert refused.status_code == 401, refused.text[:300]
+    assert answer.status_code == 200, answer.text[:500]
+    data = answer.json()
+    vectors = [row["embedding"] for row in sorted(data["data"], key=lambda r: r["index"])]
+    measured = {
+        "dimensions": [len(v) for v in vectors],
+        "norms": [round(math.sqrt(sum(x * x for x in v)), 4) for v in vectors],
+        "usage": data.get("usage"),
+    }
+    assert [row["index"] for row in data["data"]] == [0, 1], measured
+    assert all(len(v) == model_hidden_size() for v in vectors), measured  # last token pooled
+    assert all(math.isfinite(x) for v in vectors for x in v)
+    assert vectors[0] != vectors[1]
+    assert data["usage"]["prompt_tokens"] > 0, measured
+    return measured
 
 
 def gauge_reads(

@@ -11,23 +11,19 @@ Its own start (ports 18000/18001, 0.3 of the card's memory), stopped at the end 
 module: it runs before test_vllm_serving.py's `served` (files run in name order), which holds
 0.92 of the card; run alone, or first, it has the card to itself.
 
-Not yet run on a GPU (written after the last device time of the session that added it).
+Passed on one H100 in docs/gpu.md runs U and Y.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from bench.gpu import device
 from tests.gpu.conftest import results_dir
-from tests.gpu.support import AUTH, Served
+from tests.gpu.support import Served, check_embeddings_through
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 EMBED_ARGS = ["--runner", "pooling", "--convert", "embed"]
@@ -44,11 +40,6 @@ def embedder(tmp_path_factory: pytest.TempPathFactory, results: dict[str, Any]) 
         yield srv
 
 
-def hidden_size() -> int:
-    config = json.loads((Path(device.MODEL_DIR) / "config.json").read_text())
-    return int(config["hidden_size"])
-
-
 def test_warm_up_falls_back_to_embeddings(embedder: Served, results: dict[str, Any]) -> None:
     done = embedder.matching("warm-up done")
     results["embeddings"]["warm_up"] = done
@@ -56,21 +47,4 @@ def test_warm_up_falls_back_to_embeddings(embedder: Served, results: dict[str, A
 
 
 def test_embeddings_through_the_proxy(embedder: Served, results: dict[str, Any]) -> None:
-    body = {"model": device.SERVED_NAME, "input": ["The sea is calm.", "A storm is coming."]}
-    with httpx.Client(timeout=60) as client:
-        refused = client.post(f"{PROXY}/v1/embeddings", json=body)
-        answer = client.post(f"{PROXY}/v1/embeddings", json=body, headers=AUTH)
-    assert refused.status_code == 401, refused.text[:300]
-    assert answer.status_code == 200, answer.text[:500]
-    data = answer.json()
-    vectors = [row["embedding"] for row in sorted(data["data"], key=lambda r: r["index"])]
-    results["embeddings"]["answer"] = {
-        "dimensions": [len(v) for v in vectors],
-        "norms": [round(math.sqrt(sum(x * x for x in v)), 4) for v in vectors],
-        "usage": data.get("usage"),
-    }
-    assert [row["index"] for row in data["data"]] == [0, 1]
-    assert all(len(v) == hidden_size() for v in vectors)  # the last token's hidden state
-    assert all(math.isfinite(x) for v in vectors for x in v)
-    assert vectors[0] != vectors[1]
-    assert data["usage"]["prompt_tokens"] > 0
+    results["embeddings"]["answer"] = check_embeddings_through(PROXY)
