@@ -15,7 +15,7 @@ engines is what the lifecycle and the proxy depend on:
   the client asks (``stream_options.include_usage``) or when the command line has vLLM's
   ``--enable-force-include-usage`` (which also puts running usage on every chunk) or SGLang's
   ``--stream-response-default-include-usage``), ``/v1/embeddings``; ``GET /health``;
-  ``GET /metrics``;
+  ``GET /metrics``; SGLang's ``GET /model_info`` (``is_generation: true``);
 - errors in the engine's own shape (vLLM: ``{"error": {message, type, param, code}}``, SGLang:
   ``{"object": "error", message, type, param, code}``), vLLM's 404 for a model name it does
   not serve;
@@ -180,6 +180,12 @@ class StandinEngineApp:
                 "owned_by": s.engine, "root": s.model_path,
             }  # fmt: skip
             await respond(send, 200, {"object": "list", "data": [card]})
+        elif s.engine == "sglang" and path == "/model_info" and method == "GET":
+            # SGLang 0.5.15 sglang/srt/entrypoints/http_server.py `model_info` (the fields
+            # serving.engine and SGLang's own warm-up read); the stand-in generates
+            call["status"] = 200
+            info = {"model_path": s.model_path, "is_generation": True, "architectures": None}
+            await respond(send, 200, info)
         elif s.engine == "vllm" and s.dev_mode and path in VLLM_SLEEP_ROUTES:
             await self._vllm_sleep_route(scope, call, send)
         elif s.engine == "sglang" and path in SGLANG_SLEEP_ROUTES and method in ("GET", "POST"):

@@ -133,6 +133,10 @@ def test_sglang_standin_answers_like_sglang(standin: Any) -> None:
     assert [ch["choices"][0]["text"] for ch in chunks[:-1]] == ["[stand-in ", "engine]"]
     assert all("usage" not in ch for ch in chunks[:-1])
     assert chunks[-1]["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    # SGLang says what its model is; serving.engine reads is_generation before its warm-up
+    info = c.get("/model_info")
+    assert info.status_code == 200 and info.json()["is_generation"] is True
+    assert standin(spec_for("vllm")).get("/model_info").status_code == 404  # vLLM has none
 
 
 def test_a_stream_without_the_usage_flags_reports_usage_only_when_asked(standin: Any) -> None:
