@@ -25,6 +25,7 @@ from tests.gpu.support import (
     gauge_reads,
     sse_data,
     usage_only,
+    wait_running,
     wait_stable_zero,
 )
 
@@ -138,8 +139,11 @@ def test_client_disconnect_frees_the_engine_slot(
             # vLLM sets the gauge from the scheduler stats that come with the engine core's
             # outputs (0.26.0 vllm/v1/engine/async_llm.py output_handler -> loggers.py
             # record), and it read 0 between reads of 1 while this stream decoded (runs U-Y):
-            # read it for 0.3 s while the stream is open and keep how often it counted ours.
+            # read it for 0.3 s while the stream is open and keep how often it counted ours;
+            # if no read did, wait up to 2 s more for one (the stream runs ~3 s).
             during = gauge_reads(metrics, 0.3)
+            if max(during) < 1:
+                during.append(wait_running(metrics, want_zero=False, timeout=2)[1])
             t_close = time.monotonic()
             r.close()  # the client disconnects mid-stream
         client.close()
