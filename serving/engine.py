@@ -69,11 +69,11 @@ WARMUP_FALLBACK_STATUSES = frozenset({400, 404})
 # Where an engine says whether it generates or embeds, before any warm-up prompt: SGLang's
 # `GET /model_info` ("is_generation"), which its own launcher reads to pick its warm-up route
 # (0.5.15 sglang/srt/entrypoints/http_server.py `model_info` and `_execute_server_warmup`:
-# /generate for a generation model, /encode otherwise). A chat request to an SGLang embedding
-# model is not refused with 400/404 the way vLLM refuses one (tokenizer_manager.py checks only
-# the other direction), so the route order alone cannot be trusted there. vLLM has no such
-# route; its pooling models answer chat 400/404 and the order finds /v1/embeddings (docs/gpu.md,
-# run Y).
+# /generate for a generation model, /encode otherwise). Nothing in SGLang refuses a chat
+# request to an embedding model up front (tokenizer_manager.py `_validate_one_request` checks
+# only an embedding request to a generation model), so its answer is not a 400/404 the route
+# order could rely on (what it does answer was not seen: not run). vLLM has no such route;
+# its pooling models answer chat 400/404 and the order finds /v1/embeddings (docs/gpu.md, run Y).
 MODEL_KIND_ROUTES: dict[str, str] = {"sglang": "/model_info"}
 
 # (path, JSON body or None) per engine, both POST: where sleep and wake live.

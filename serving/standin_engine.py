@@ -184,7 +184,7 @@ class StandinEngineApp:
             # SGLang 0.5.15 sglang/srt/entrypoints/http_server.py `model_info` (the fields
             # serving.engine and SGLang's own warm-up read); the stand-in generates
             call["status"] = 200
-            info = {"model_path": s.model_path, "is_generation": True, "architectures": None}
+            info = {"model_path": s.model_path, "is_generation": True}
             await respond(send, 200, info)
         elif s.engine == "vllm" and s.dev_mode and path in VLLM_SLEEP_ROUTES:
             await self._vllm_sleep_route(scope, call, send)

@@ -235,6 +235,12 @@ def _describe(code: int | None) -> str:
 BOARD_PREFIX = "serving-proxy-metrics-"
 
 
+def boards_parent() -> str:
+    """Where the metrics directories go: /dev/shm (tmpfs) when writable, else the temp dir."""
+    shm = "/dev/shm"  # noqa: S108 - tmpfs; mkdtemp makes a private (0700) directory in it
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+
+
 def sweep_stale_boards(parent: str) -> list[str]:
     """Remove the metrics directories in `parent` whose main process no longer exists (one
     SIGKILLed before it could clean up); returns their names. A directory of a live process,
@@ -272,8 +278,7 @@ def run_workers(
     per_worker = worker_config(config, workers)
     holder = bind(host, port, reuse_port=True)  # never listens: reserves the port
     port = holder.getsockname()[1]
-    shm = "/dev/shm"  # noqa: S108 - tmpfs; mkdtemp makes a private (0700) directory in it
-    boards = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    boards = boards_parent()
     sweep_stale_boards(boards)
     board = tempfile.mkdtemp(prefix=f"{BOARD_PREFIX}{os.getpid()}-", dir=boards)
     in_flight = SharedInFlight(ctx.RawValue("q", 0), ctx.Lock(), config.max_in_flight)

@@ -4,8 +4,8 @@
 SGLang serves the project's Llama-shaped model as an embedding model with `--is-embedding`
 (in 0.5.15's recorded parser; its LlamaForCausalLM pools the last token and normalises:
 sglang/srt/models/llama.py `Pooler(PoolingType.LAST, normalize=True)`). The spec carries the
-flag as `extra_args`, as a stack would. SGLang does not refuse a chat request to such a model
-with 400/404, so `serving.engine` asks `GET /model_info` first (serving/engine.py
+flag as `extra_args`, as a stack would. Nothing in SGLang refuses a chat request to such a
+model up front, so `serving.engine` asks `GET /model_info` first (serving/engine.py
 `MODEL_KIND_ROUTES`) and must warm up through `/v1/embeddings` alone; the proxy must pass
 `/v1/embeddings` with its usage.
 

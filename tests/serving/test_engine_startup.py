@@ -134,8 +134,9 @@ STATUS = {
     "embed": {"/v1/chat/completions": 404, "/v1/completions": 404, "/v1/embeddings": 200},
     "unknown-model": {"/v1/chat/completions": 404, "/v1/completions": 404,
                       "/v1/embeddings": 404},
-    # SGLang serving an embedding model: nothing refuses chat with 400/404 there
-    # (serving/engine.py MODEL_KIND_ROUTES), so this engine answers it 500
+    # SGLang serving an embedding model: nothing there refuses chat up front
+    # (serving/engine.py MODEL_KIND_ROUTES); this engine answers it 500, a status the route
+    # order cannot move past
     "sglang-embed": {"/v1/chat/completions": 500, "/v1/completions": 500,
                      "/v1/embeddings": 200},
     "sglang-generate": {"/v1/chat/completions": 200, "/v1/completions": 200,

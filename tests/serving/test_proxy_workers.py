@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from serving.proxy.workers import BOARD_PREFIX, PUBLISH_S, sweep_stale_boards
+from serving.proxy.workers import BOARD_PREFIX, PUBLISH_S, boards_parent, sweep_stale_boards
 from tests.harness.stub_engine import PROJECT_ROOT, StubEngine
 from tests.serving.conftest import ALICE, AUTH, CHAT, KEYS, wait_until
 
@@ -302,10 +301,8 @@ def test_refuses_settings_the_workers_cannot_keep(flags: list[str], expect: str)
 
 def boards_of(pid: int) -> list[Path]:
     """The metrics directories of the `--workers` main process `pid` (serving/proxy/workers.py
-    BOARD_PREFIX), wherever it made them: /dev/shm when writable, else the temp dir."""
-    shm = Path("/dev/shm")  # where the proxy puts them
-    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return sorted(parent.glob(f"{BOARD_PREFIX}{pid}-*"))
+    BOARD_PREFIX, in boards_parent())."""
+    return sorted(Path(boards_parent()).glob(f"{BOARD_PREFIX}{pid}-*"))
 
 
 def test_a_sigkilled_proxys_metrics_directory_is_removed_by_the_next(start: Any) -> None:
