@@ -31,6 +31,9 @@ API_KEY = "sk-gpu-check-0123456789abcdef"  # a throwaway key for loopback only
 KEY_NAME = "gpu"
 # The engine's own metric of requests in its running batch (vLLM v1, Prometheus /metrics).
 RUNNING_METRIC = "vllm:num_requests_running"
+# Its counter of tokens generated (loggers.py `counter_generation_tokens`, "_total" added by
+# prometheus_client): a stream the engine aborted stops adding to it.
+GENERATION_METRIC = "vllm:generation_tokens_total"
 
 # ---- SGLang 0.5.15 (bench.gpu.remote prepare-sglang / run --phases sglang) ----
 # It pins torch 2.11.0 as the image has; its part unpacks here, ahead of SITE (the vLLM part,

@@ -225,6 +225,26 @@ def check_embeddings_through(proxy: str) -> dict[str, Any]:
     return measured
 
 
+def read_events(lines: Iterator[str], n: int) -> int:
+    """Read SSE lines from `lines` (a live `r.iter_lines()`) until `n` content events came;
+    the count read (fewer only where the stream ended first).
+
+    The caller must hold `lines` until it means the client to leave. A
+    `for line in r.iter_lines(): ... break` leaves at the break: the loop's generator is
+    finalised there, and httpcore closes the connection on that GeneratorExit (httpcore
+    _sync/connection_pool.py `PoolByteStream.__iter__`, `except BaseException: self.close()`).
+    Measured with httpx 0.28.1 (tests/bench/test_gpu_support.py): the server saw the close at
+    the break, before `r.close()`. Runs U-Y's disconnect checks read the engine's gauge after
+    that break, so what they took for a gauge reading 0 mid-stream was the abort."""
+    count = 0
+    for line in lines:
+        if line.startswith("data:") and "[DONE]" not in line:
+            count += 1
+            if count >= n:
+                break  # `lines` itself stays open: its owner still holds it
+    return count
+
+
 def gauge_reads(
     client: httpx.Client,
     seconds: float,
@@ -246,8 +266,8 @@ def wait_stable_zero(
 ) -> tuple[float | None, float]:
     """Poll every 20 ms until the gauge has read 0 at every poll for `hold_s`: (seconds from
     the call to the first 0 of that run, or None if none held within `timeout`; last value).
-    vLLM 0.26.0's running gauge read 0 between reads of 1 while a stream was decoding
-    (docs/gpu.md, runs U-Y), so one read of 0 does not say the request is gone."""
+    A held 0, not one read: the gauge is set per output batch (vLLM 0.26.0 async_llm.py
+    `output_handler` -> loggers.py `record`), so a single read can race the batch that ends."""
     t0 = time.monotonic()
     zero_since: float | None = None
     while True:

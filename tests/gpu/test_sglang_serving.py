@@ -25,6 +25,7 @@ from tests.gpu.support import (
     Served,
     chat,
     metric_value,
+    read_events,
     sglang_running,
     sse_data,
     usage_only,
@@ -165,15 +166,12 @@ def test_client_disconnect_frees_the_engine_slot(
         client = httpx.Client(timeout=60)
         with client.stream("POST", f"{base}/v1/chat/completions", headers=headers, json=body) as r:
             assert r.status_code == 200
-            chunks = 0
-            for line in r.iter_lines():
-                if line.startswith("data:") and "[DONE]" not in line:
-                    chunks += 1
-                if chunks >= 5:
-                    break
+            lines = r.iter_lines()  # held: the client stays until r.close() (read_events)
+            assert read_events(lines, 5) == 5
             during = sglang_running(probe)
             t_close = time.monotonic()
             r.close()  # the client disconnects mid-stream
+            del lines  # held until the close above
         client.close()
         # up to 30 s, so that the figure is known even where it misses the 1 s
         _, left = wait_running(probe, want_zero=True, timeout=30, read=sglang_running)

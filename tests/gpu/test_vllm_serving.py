@@ -23,14 +23,18 @@ from tests.gpu.support import (
     Served,
     chat,
     gauge_reads,
+    metric_value,
+    read_events,
     sse_data,
     usage_only,
-    wait_running,
     wait_stable_zero,
 )
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 TARGETS = {"proxy": (PROXY, AUTH), "engine": (ENGINE, {})}
+# Tokens asked of the stream a client leaves: ~3 s of decoding for the 1B model on an H100
+# (one stream, ~2 ms a token), so it is still running 0.3 s after its first 5 events.
+LONG_ANSWER = 1500
 
 
 def test_ready_after_health_and_warm_up(served: Served, results: dict[str, Any]) -> None:
@@ -121,43 +125,41 @@ def test_client_disconnect_frees_the_engine_slot(
     served: Served, results: dict[str, Any], target: str
 ) -> None:
     """A client that goes away mid-stream: the engine's running-requests gauge back to 0
-    within 1 s (through the proxy: the proxy must close its engine connection at once)."""
+    within 1 s, and the answer cut short (through the proxy: the proxy must close its engine
+    connection at once)."""
     base, headers = TARGETS[target]
     with httpx.Client(timeout=30) as metrics:
         idle, value = wait_stable_zero(metrics, hold_s=0.5, timeout=10)
         assert idle is not None, f"{value} requests still running before the test"
-        body = chat(1500, stream=True)  # ~seconds of decoding: still running when we leave
+        generated_before = metric_value(metrics, device.GENERATION_METRIC) or 0.0
+        body = chat(LONG_ANSWER, stream=True)  # ~3 s of decoding: still running when we leave
         client = httpx.Client(timeout=60)
         with client.stream("POST", f"{base}/v1/chat/completions", headers=headers, json=body) as r:
             assert r.status_code == 200
-            chunks = 0
-            for line in r.iter_lines():
-                if line.startswith("data:") and "[DONE]" not in line:
-                    chunks += 1
-                if chunks >= 5:
-                    break
-            # vLLM sets the gauge from the scheduler stats that come with the engine core's
-            # outputs (0.26.0 vllm/v1/engine/async_llm.py output_handler -> loggers.py
-            # record), and it read 0 between reads of 1 while this stream decoded (runs U-Y):
-            # read it for 0.3 s while the stream is open and keep how often it counted ours;
-            # if no read did, wait up to 2 s more for one (the stream runs ~3 s).
+            lines = r.iter_lines()  # held: the client stays until r.close() (read_events)
+            assert read_events(lines, 5) == 5
+            # the stream is open and decoding: the gauge counts it
             during = gauge_reads(metrics, 0.3)
-            if max(during) < 1:
-                during.append(wait_running(metrics, want_zero=False, timeout=2)[1])
             t_close = time.monotonic()
             r.close()  # the client disconnects mid-stream
+            del lines  # held until the close above
         client.close()
         # freed: the gauge reads 0 at every poll for 0.5 s, from within 1 s of the close
         t_wait = time.monotonic()
         zero_after, left = wait_stable_zero(metrics, hold_s=0.5, timeout=10)
+        generated = (metric_value(metrics, device.GENERATION_METRIC) or 0.0) - generated_before
     gone_s = None if zero_after is None else round(t_wait - t_close + zero_after, 3)
     results.setdefault("disconnect", {})[target] = {
         "running_reads_before_close": len(during),
         "running_reads_ge_1_before_close": sum(1 for v in during if v >= 1),
         "running_after": left,
         "freed_within_s": gone_s,
+        "tokens_generated": generated,
     }
-    assert max(during) >= 1, f"the engine's gauge never counted the open stream: {during}"
+    assert min(during) >= 1, f"the engine's gauge did not count the open stream: {during}"
+    # the engine stopped the answer: it made fewer tokens than asked (ignore_eos: it would
+    # otherwise make all of them)
+    assert 0 < generated < LONG_ANSWER, f"{generated} tokens generated of {LONG_ANSWER} asked"
     assert gone_s is not None and gone_s <= 1.0, (
         f"the gauge did not stay at 0 from within 1 s of the close (last read {left})"
     )
