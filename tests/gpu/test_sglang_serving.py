@@ -182,11 +182,10 @@ def test_client_disconnect_frees_the_engine_slot(
         "running_after": left,
         "freed_within_s": round(gone_s, 3),
         "prometheus_gauge_after": gauge,
-        "abort_lines": served_sglang.matching("Abort", "abort")[-4:],
     }
     assert during >= 1
     # The engine's own floor: 0.5.15 waits ENGINE_ABORT_DELAY_S before it aborts (docstring).
-    # Measured on the H100 (docs/gpu.md, runs I and J): freed 2.01-2.03 s after the close,
+    # Measured on the H100 (docs/gpu.md, runs I, J, AD, AF): freed 2.01-2.03 s after the close,
     # direct and through the proxy alike; the proxy adds nothing a client would see.
     bound = ENGINE_ABORT_DELAY_S + 1.0
     assert left == 0 and gone_s <= bound, f"still {left} running {gone_s:.2f} s after the close"
