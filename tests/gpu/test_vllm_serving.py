@@ -36,6 +36,8 @@ TARGETS = {"proxy": (PROXY, AUTH), "engine": (ENGINE, {})}
 # (one stream, ~3 ms a token: run AE made 117-135 in the ~0.35 s its client stayed), so it
 # is still running when the client closes, 0.3 s after its first 5 events.
 LONG_ANSWER = 1500
+# How long after the slot is freed the engine must have made no more tokens.
+STILL_S = 1.0
 
 
 def test_ready_after_health_and_warm_up(served: Served, results: dict[str, Any]) -> None:
@@ -149,6 +151,9 @@ def test_client_disconnect_frees_the_engine_slot(
         t_wait = time.monotonic()
         zero_after, left = wait_stable_zero(metrics, hold_s=0.5, timeout=10)
         generated = (metric_value(metrics, device.GENERATION_METRIC) or 0.0) - generated_before
+        # and it stays so: a stream still decoding would add ~300 tokens a second
+        time.sleep(STILL_S)
+        later = (metric_value(metrics, device.GENERATION_METRIC) or 0.0) - generated_before
     gone_s = None if zero_after is None else round(t_wait - t_close + zero_after, 3)
     results.setdefault("disconnect", {})[target] = {
         "running_reads_before_close": len(during),
@@ -156,10 +161,12 @@ def test_client_disconnect_frees_the_engine_slot(
         "running_after": left,
         "freed_within_s": gone_s,
         "tokens_generated": generated,
+        f"tokens_generated_{STILL_S:g}s_later": later,
     }
     assert min(during) >= 1, f"the engine's gauge did not count the open stream: {during}"
-    # the engine stopped the answer: it made fewer tokens than asked (ignore_eos: it would
-    # otherwise make all of them)
+    # the engine stopped the answer: no token after the gauge's 0, and fewer than asked
+    # (ignore_eos: it would otherwise make all of them)
+    assert later == generated, f"{later - generated} tokens generated after the slot was freed"
     assert 0 < generated < LONG_ANSWER, f"{generated} tokens generated of {LONG_ANSWER} asked"
     assert gone_s is not None and gone_s <= 1.0, (
         f"the gauge did not stay at 0 from within 1 s of the close (last read {left})"
