@@ -749,14 +749,14 @@ def bench_proxy(workers: int | None = None) -> dict[str, Any]:
     return proxy
 
 
-def bench_spec(proxy_workers: int | None = None) -> dict[str, Any]:
+def bench_spec(plain: bool, proxy_workers: int | None = None) -> dict[str, Any]:
     """The shipped spec (its derived --api-server-count included) as the bench serves it: the
-    card shared with the plain engine, and the proxy's cap above the bench's 1024 streams."""
-    return {
-        **device.spec_dict(),
-        "gpu_memory_fraction": SHARED_MEMORY_FRACTION,
-        "proxy": bench_proxy(proxy_workers),
-    }
+    proxy's cap above the bench's 1024 streams (bench_proxy), the card shared with the plain
+    engine if there is one."""
+    spec = {**device.spec_dict(), "proxy": bench_proxy(proxy_workers)}
+    if plain:
+        spec["gpu_memory_fraction"] = SHARED_MEMORY_FRACTION
+    return spec
 
 
 def cpu_by_round(cpu_path: Path, bench_path: Path) -> list[dict[str, Any]]:
@@ -848,12 +848,7 @@ def run_bench(
     with contextlib.ExitStack() as stack:
         if plain:  # first, alone: vLLM profiles the card's free memory while it starts
             result["plain"] = stack.enter_context(plain_engine(out / "plain-engine.log", log))
-        # the proxy's cap above the bench's 1024 streams either way (bench_spec)
-        spec = (
-            bench_spec(proxy_workers)
-            if plain
-            else {**device.spec_dict(), "proxy": bench_proxy(proxy_workers)}
-        )
+        spec = bench_spec(plain, proxy_workers)
         info = stack.enter_context(serving(spec, out / "bench-engine.log", log))
         result["engine"] = info
         log(f"engine keep-alive env seen in the vLLM process: {info['engine_keepalive_env']}")

@@ -117,8 +117,8 @@ def test_every_bench_spec_caps_the_proxy_above_its_streams() -> None:
 
     most = 1024  # issue 24 item 4's most streams, the largest level of any plan in docs/gpu.md
     specs = [
-        remote.bench_spec(),
-        remote.bench_spec(proxy_workers=4),
+        remote.bench_spec(plain=False),
+        remote.bench_spec(plain=True, proxy_workers=4),
         remote.sglang_bench_spec(plain=False),
         remote.sglang_bench_spec(plain=True, workers=4, proxy_workers=4),
     ]
@@ -128,6 +128,8 @@ def test_every_bench_spec_caps_the_proxy_above_its_streams() -> None:
     sglang = ServingSpec.model_validate(remote.sglang_bench_spec(False, 4, 4))
     assert sglang.api_servers == 4 and sglang.proxy_workers == 4
     assert "gpu_memory_fraction" not in remote.sglang_bench_spec(plain=False)
+    assert "gpu_memory_fraction" not in remote.bench_spec(plain=False)
+    assert ServingSpec.model_validate(remote.bench_spec(True, 4)).proxy_workers == 4
 
 
 def test_start_method_is_set_for_the_starts_inside_and_cleared_after(
