@@ -72,8 +72,10 @@ WARMUP_FALLBACK_STATUSES = frozenset({400, 404})
 # /generate for a generation model, /encode otherwise). Nothing in SGLang refuses a chat
 # request to an embedding model up front (tokenizer_manager.py `_validate_one_request` checks
 # only an embedding request to a generation model), so its answer is not a 400/404 the route
-# order could rely on (what it does answer was not seen: not run). vLLM has no such route;
-# its pooling models answer chat 400/404 and the order finds /v1/embeddings (docs/gpu.md, run Y).
+# order could rely on (what it does answer was never seen: the warm-up no longer asks). On an
+# H100 SGLang 0.5.15 with `--is-embedding` answered is_generation=false and the warm-up went
+# to /v1/embeddings alone (docs/gpu.md, runs AD and AF). vLLM has no such route; its pooling
+# models answer chat 400/404 and the order finds /v1/embeddings (docs/gpu.md, runs Y, AE).
 MODEL_KIND_ROUTES: dict[str, str] = {"sglang": "/model_info"}
 
 # (path, JSON body or None) per engine, both POST: where sleep and wake live.

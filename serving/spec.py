@@ -207,9 +207,10 @@ ENGINE_KEEPALIVE_ENV: dict[str, str] = {
 # warm cache (docs/gpu.md runs P and S: the engine core came up 20.8-23.7 s after the model
 # was resolved spawned, 2.3-3.3 s forked). With several API servers vLLM always spawns those
 # (0.26.0 vllm/v1/utils.py), and the engine core waits for them, so a one-GPU start is as
-# long either way (run T). Two GPUs (run Z, two H100s, empty engine cache): the two workers
-# came up 1 s after the engine core instead of after a second import, 140.7 s -> 117.8 s to
-# SERVING READY, and it served the same load through the proxy. vLLM switches back to spawn
+# long either way (run T). Two GPUs (runs Z, AG, AH, two H100s, empty engine cache): the two
+# workers came up ~1 s after the engine core instead of after a second import, 140.7 / 142.3 s
+# spawned -> 117.8 / 113.3 s forked to SERVING READY, and it served the same load through the
+# proxy. vLLM switches back to spawn
 # itself, with a warning, where fork is unsafe: CUDA already initialised in the parent, a Ray
 # actor, NUMA binding (0.26.0 vllm/utils/system_utils.py `_maybe_force_spawn`).
 VLLM_MULTIPROC_METHOD = "fork"
