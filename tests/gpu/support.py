@@ -266,8 +266,9 @@ def wait_stable_zero(
 ) -> tuple[float | None, float]:
     """Poll every 20 ms until the gauge has read 0 at every poll for `hold_s`: (seconds from
     the call to the first 0 of that run, or None if none held within `timeout`; last value).
-    A held 0, not one read: the gauge is set per output batch (vLLM 0.26.0 async_llm.py
-    `output_handler` -> loggers.py `record`), so a single read can race the batch that ends."""
+    A held 0, not one read: the check's claim is that the slot stays free, and one read of 0
+    would also pass a gauge that went back to 1 (vLLM 0.26.0 sets it per output batch:
+    async_llm.py `output_handler` -> loggers.py `record`)."""
     t0 = time.monotonic()
     zero_since: float | None = None
     while True:

@@ -12,8 +12,7 @@ model up front, so `serving.engine` asks `GET /model_info` first (serving/engine
 Its own start (ports 18000/18001, 0.3 of the card's memory), stopped at the end of this
 module. `bench.gpu.remote` runs this file first among SGLang's (SGLANG_TESTS), before the
 session's `served_sglang` holds the card. Run by `python3 -m bench.gpu.remote run --phases
-sglang`; skipped anywhere else. Not yet run on a GPU (written after the device time of the
-session that added it).
+sglang`; skipped anywhere else. Passed on one H100 in docs/gpu.md runs AD and AF.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Its own start (ports 18000/18001, 0.3 of the card's memory), stopped at the end 
 module: it runs before test_vllm_serving.py's `served` (files run in name order), which holds
 0.92 of the card; run alone, or first, it has the card to itself.
 
-Passed on one H100 in docs/gpu.md runs U and Y.
+Passed on one H100 in docs/gpu.md runs U, Y, AC and AE.
 """
 
 from __future__ import annotations
