@@ -4,113 +4,69 @@ read what a scripted gauge gives them."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.gpu.support import gauge_reads, read_events, wait_stable_zero
+from tests.harness.stub_engine import StubEngine, running_stub
 
-EVENTS = 400  # 4 s of 10 ms events: far longer than any test here stays
-
-
-class StreamServer:
-    """A real socket that streams SSE events every 10 ms and records when it sees the client
-    go (EOF or a failed write), as an engine notices a client that left."""
-
-    def __init__(self) -> None:
-        self.gone_at: float | None = None
-        self.sent = 0
-        self.port = 0
-        self._ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        assert self._ready.wait(5)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n\r\n"
-        )
-        try:
-            for i in range(EVENTS):
-                data = f'data: {{"n": {i}}}\n\n'.encode()
-                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-                await writer.drain()
-                self.sent = i + 1
-                await asyncio.sleep(0.01)
-                if reader.at_eof():
-                    break
-        except ConnectionError:
-            pass
-        self.gone_at = time.monotonic()
-        writer.close()
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+TOKENS = 400  # 4 s of 10 ms tokens: far longer than any test here stays
+STREAM = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture
-def stream_server() -> Iterator[StreamServer]:
-    server = StreamServer()
-    yield server
-    server.stop()
+def engine() -> Iterator[StubEngine]:
+    """The project's stub engine, streaming a token every 10 ms; its record says whether the
+    client went away before the end (``cancelled``) and how many tokens it sent."""
+    with running_stub(tokens=TOKENS, token_delay_ms=10) as stub:
+        yield stub
 
 
-def wait_gone(server: StreamServer, timeout: float = 2.0) -> float | None:
+def record(engine: StubEngine) -> dict[str, Any]:
+    [only] = engine.requests("/v1/chat/completions")
+    return only
+
+
+def wait_cancelled(engine: StubEngine, timeout: float = 2.0) -> bool:
     end = time.monotonic() + timeout
-    while server.gone_at is None and time.monotonic() < end:
+    while time.monotonic() < end:
+        if record(engine)["cancelled"]:
+            return True
         time.sleep(0.01)
-    return server.gone_at
+    return False
 
 
-def test_read_events_keeps_the_client_until_it_closes(stream_server: StreamServer) -> None:
-    """read_events on a held iter_lines(): the server still streams 0.3 s later, and sees the
+def test_read_events_keeps_the_client_until_it_closes(engine: StubEngine) -> None:
+    """read_events on a held iter_lines(): the engine still streams 0.3 s later, and sees the
     client go only at r.close()."""
-    with httpx.Client(timeout=10) as client:
-        url = f"http://127.0.0.1:{stream_server.port}/"
-        with client.stream("GET", url) as r:
-            lines = r.iter_lines()
-            assert read_events(lines, 5) == 5
-            time.sleep(0.3)
-            assert stream_server.gone_at is None, "the client left before it closed"
-            sent_while_open = stream_server.sent
-            t_close = time.monotonic()
-            r.close()
-            del lines  # held until the close above
-    gone = wait_gone(stream_server)
-    assert sent_while_open >= 20  # the server kept streaming while the client held it
-    assert gone is not None and gone >= t_close
+    client = httpx.Client(base_url=engine.url, timeout=10)
+    with client, client.stream("POST", "/v1/chat/completions", json=STREAM) as r:
+        lines = r.iter_lines()
+        assert read_events(lines, 5) == 5
+        time.sleep(0.3)
+        assert not record(engine)["cancelled"], "the client left before it closed"
+        r.close()
+        del lines  # held until the close above
+    assert wait_cancelled(engine)
+    assert 20 <= record(engine)["tokens_sent"] < TOKENS  # it streamed on while the client held
 
 
-def test_a_for_loop_that_breaks_leaves_at_the_break(stream_server: StreamServer) -> None:
+def test_a_for_loop_that_breaks_leaves_at_the_break(engine: StubEngine) -> None:
     """Why read_events exists (its docstring): `for line in r.iter_lines(): ... break` closes
     the connection at the break, with r.close() not yet called (httpx 0.28.1, httpcore)."""
-    with httpx.Client(timeout=10) as client:
-        url = f"http://127.0.0.1:{stream_server.port}/"
-        with client.stream("GET", url) as r:
-            count = 0
-            for line in r.iter_lines():
-                count += line.startswith("data:")
-                if count >= 5:
-                    break
-            gone = wait_gone(stream_server, timeout=1.0)
-            t_close = time.monotonic()
-    assert gone is not None and gone < t_close
-    assert stream_server.sent < EVENTS
+    client = httpx.Client(base_url=engine.url, timeout=10)
+    with client, client.stream("POST", "/v1/chat/completions", json=STREAM) as r:
+        count = 0
+        for line in r.iter_lines():
+            count += line.startswith("data:")
+            if count >= 5:
+                break
+        assert wait_cancelled(engine, timeout=1.0), "the client stayed after the break"
+    assert record(engine)["tokens_sent"] < TOKENS
 
 
 def scripted(values: list[float]) -> Callable[[httpx.Client], float]:
