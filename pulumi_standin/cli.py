@@ -7,6 +7,7 @@
     python -m pulumi_standin destroy --stack local          # like `pulumi destroy`
     python -m pulumi_standin output  --stack local [NAME] [--show-secrets]
       [--state FILE] [--server-url URL] [--config KEY=VALUE ...] [--target URN|NAME ...]
+      [--secret KEY=VALUE ...] [--secret-from-env KEY=VAR ...]
       [--verbose] [--cwd DIR]
     python -m pulumi_standin up --cwd access --stack local   # like `pulumi -C access up`
 
@@ -55,22 +56,40 @@ NO_EMULATOR_URL = "http://127.0.0.1:9"
 
 
 def parse_overrides(
-    pairs: list[str], secret_pairs: list[str] | None = None, project: str = PROJECT
+    pairs: list[str],
+    secret_pairs: list[str] | None = None,
+    project: str = PROJECT,
+    *,
+    env_pairs: list[str] | None = None,
 ) -> dict[str, Any]:
     """`--config KEY=VALUE` pairs -> {"namespace:key": value}; bare keys get the project's
     namespace (`modal-llm:`, or the `--cwd` project's).
 
     `--config` is `pulumi config set` (plain text: the program refuses a secret key given that
-    way, as it does under the CLI); `--secret` is `pulumi config set --secret`."""
+    way, as it does under the CLI); `--secret` is `pulumi config set --secret`;
+    `--secret-from-env KEY=VAR` is `--secret` with the value read from environment variable
+    VAR, so that it is on no command line (`ps`, /proc/<pid>/cmdline)."""
     overrides: dict[str, Any] = {}
-    given: list[tuple[str, list[str]]] = [("--config", pairs), ("--secret", secret_pairs or [])]
+    given: list[tuple[str, list[str]]] = [
+        ("--config", pairs),
+        ("--secret", secret_pairs or []),
+        ("--secret-from-env", env_pairs or []),
+    ]
     for flag, items in given:
         for pair in items:
             key, sep, value = pair.partition("=")
             if not sep or not key:  # the text is not echoed: it may be a secret value
                 raise StandinError(f"{flag}: expected KEY=VALUE (no key or no '=' given)")
+            if flag == "--secret-from-env":
+                var, found = value, os.environ.get(value)
+                if not var or found is None:
+                    raise StandinError(
+                        f"--secret-from-env {key}={var}: the environment variable {var!r} is"
+                        " not set; export it (the secret's value) and rerun"
+                    )
+                value = found
             full = key if ":" in key else f"{project}:{key}"
-            overrides[full] = Secret(value) if flag == "--secret" else value
+            overrides[full] = value if flag == "--config" else Secret(value)
     return overrides
 
 
@@ -215,6 +234,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ),
     )
     parser.add_argument(
+        "--secret-from-env",
+        action="append",
+        default=[],
+        metavar="KEY=VAR",
+        help=(
+            "as --secret, the value read from environment variable VAR (kept off the command"
+            " line), e.g. --secret-from-env proxyToken=REVIEW_SECRET_PROXYTOKEN"
+        ),
+    )
+    parser.add_argument(
         "--target",
         action="append",
         default=[],
@@ -265,7 +294,9 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             raise StandinError(f"no stack file {stack_file.name} in {project_dir}")
         raw_config = stack_file_config(stack_file)
         project = PROJECT if project_dir == PROJECT_ROOT else project_name(project_dir)
-        overrides = parse_overrides(args.config, args.secret, project)
+        overrides = parse_overrides(
+            args.config, args.secret, project, env_pairs=args.secret_from_env
+        )
         state_path = args.state or project_dir / ".pulumi-offline" / f"{args.stack}.json"
         url = "" if args.command == "output" else server_url(args, raw_config, out, project_dir)
         if args.command == "up":

@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,6 +120,7 @@ class Engine:
         capture: bool = False,
         access: bool = False,
         stdin: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         sys.stdout.flush()
         feed: dict[str, Any] = (
@@ -127,7 +129,7 @@ class Engine:
         return subprocess.run(
             list(cmd),
             cwd=self.dir(access) if self.kind == "cli" else self.project,
-            env=self.env(access=access),
+            env={**self.env(access=access), **(extra_env or {})},
             text=True,
             stdout=subprocess.PIPE if capture else None,
             check=False,
@@ -142,8 +144,9 @@ class Engine:
         capture: bool = False,
         access: bool = False,
         stdin: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
     ) -> str:
-        done = self.run(cmd, capture=capture, access=access, stdin=stdin)
+        done = self.run(cmd, capture=capture, access=access, stdin=stdin, extra_env=extra_env)
         if done.returncode != 0:
             raise ReviewError(f"{what} failed (exit {done.returncode}); its output is above")
         return done.stdout or ""
@@ -177,8 +180,21 @@ class Engine:
                 access=access,
             )
             return
-        extra = [f"--secret={key}={value}" for key, value in (secrets or {}).items()]
-        self.checked(self.standin("up", stack, *extra, access=access), f"up of {stack}")
+        # Stand-in: each secret in an environment variable of the child only, named on its
+        # command line (`--secret-from-env KEY=VAR`), never the value itself: argv is readable
+        # by every user of the machine (`ps`, /proc/<pid>/cmdline).
+        extra: list[str] = []
+        env_secrets: dict[str, str] = {}
+        for key, value in (secrets or {}).items():
+            var = f"REVIEW_SECRET_{re.sub(r'[^A-Za-z0-9]', '_', key).upper()}"
+            env_secrets[var] = value
+            extra += ["--secret-from-env", f"{key}={var}"]
+        self.checked(
+            self.standin("up", stack, *extra, access=access),
+            f"up of {stack}",
+            access=access,
+            extra_env=env_secrets,
+        )
 
     def preview_json(self, stack: str, state: Path | None) -> tuple[dict[str, Any], int]:
         if self.kind == "cli":
@@ -237,7 +253,9 @@ class Engine:
                 access=access,
             )
             return True
-        self.checked(self.standin("destroy", stack, access=access), f"destroy of {stack}")
+        self.checked(
+            self.standin("destroy", stack, access=access), f"destroy of {stack}", access=access
+        )
         state = self.state(stack, access=access)
         state.unlink(missing_ok=True)
         state.with_name(state.stem + ".last-error.txt").unlink(missing_ok=True)
