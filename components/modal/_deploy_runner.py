@@ -21,14 +21,132 @@ deploy (issue 11 item 5: a create that Modal completed must not fail).
 `web_url`: the first flash URL of an `@app.server` (what `modal.Server.from_name(...).get_url()`
 returns), else the first web endpoint URL (`Function.get_web_url()`), by function tag order.
 `version`: the highest version in `AppDeploymentHistory` for the app.
+
+Dies with its parent (issue 32 item 11): the runner holds the Modal token in its environment,
+so it must not outlive whatever started it (a kill -9 of the engine, the stand-in or the
+provider server). `die_with_parent` (also used by the weights runner in model_weights.py)
+asks Linux for SIGTERM when the parent dies (`prctl(PR_SET_PDEATHSIG)`), watches the parent
+pid as a fallback, and on either removes the files the parent handed over (SERVING_SPEC, the
+weights source) with their temp directory, then exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import ctypes.util
 import json
+import os
+import shutil
+import signal
 import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
+
+#: The parent may name itself (its pid) so a parent that died before the child got to
+#: `die_with_parent` is still noticed; without it the parent is whoever it is at that point.
+PARENT_PID_ENV = "MODAL_LLM_PARENT_PID"
+#: Temp directories the providers hand files over in (tempfile.TemporaryDirectory prefixes):
+#: only such a directory, directly under the temp dir, is removed with its file.
+HANDOVER_DIR_PREFIXES = ("modal-app-spec-", "modal-weights-")
+#: linux/prctl.h: `#define PR_SET_PDEATHSIG 1`.
+PR_SET_PDEATHSIG = 1
+#: How often the fallback watchdog looks at the parent pid.
+WATCH_EVERY_S = 0.2
+#: How long a SIGTERM waits to see the parent gone before it exits without removing files.
+TERM_GRACE_S = 1.0
+
+
+def _remove_handover(paths: Iterable[str]) -> None:
+    """Remove each handed-over file, and its directory when it is one of our temp dirs."""
+    tmp = Path(tempfile.gettempdir()).resolve()
+    for raw in paths:
+        if not raw:
+            continue
+        path = Path(raw)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        parent = path.parent
+        with contextlib.suppress(OSError):
+            if parent.resolve().parent == tmp and parent.name.startswith(HANDOVER_DIR_PREFIXES):
+                shutil.rmtree(parent, ignore_errors=True)
+
+
+def _set_pdeathsig(sig: int) -> bool:
+    """`prctl(PR_SET_PDEATHSIG, sig)`: man 2 prctl, "Set the parent-death signal of the calling
+    process to arg2 ... This is the signal that the calling process will get when its parent
+    dies." Linux only; False where it is unavailable (the watchdog still runs)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return int(libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _parent_gone(expected: int) -> bool:
+    """We were re-parented, or the parent is dead (a zombie, or no such process)."""
+    if os.getppid() != expected:
+        return True
+    try:
+        stat = Path(f"/proc/{expected}/stat").read_text()
+    except OSError:
+        return Path("/proc/self").exists()  # no /proc (not Linux): getppid() alone decides
+    return stat[stat.rindex(")") + 2 :].split()[0] in ("Z", "X")
+
+
+def die_with_parent(paths: Iterable[str]) -> None:
+    """End this process (after removing `paths`) as soon as its parent is gone.
+
+    1. `prctl(PR_SET_PDEATHSIG, SIGTERM)`; SIGTERM's handler removes the files and `_exit`s.
+       SIGTERM rather than SIGKILL so the files can be removed (a SIGKILLed child cannot).
+       man 2 prctl: the setting is cleared on fork, kept across execve of a non-setuid
+       binary, and the "parent" is the *thread* that created this process: the providers
+       start the runner from the thread that then waits for it, so that thread lives as long
+       as the parent does.
+    2. man 2 prctl also warns that a parent dead before the call is not signalled: the parent
+       pid is compared right after the call (PARENT_PID_ENV when the parent set it).
+    3. A watchdog thread compares `os.getppid()` with the parent every WATCH_EVERY_S (where
+       prctl is missing, or the signal could not be delivered).
+    """
+    files = [str(p) for p in paths if p]
+    expected = int(os.environ.get(PARENT_PID_ENV) or 0) or os.getppid()
+
+    def die(code: int) -> None:
+        _remove_handover(files)
+        os._exit(code)
+
+    def on_term(_signum: int, _frame: Any) -> None:
+        # The parent-death signal comes when the *thread* that started us exits, which in a
+        # SIGKILLed parent is before the process is gone (we are handed to a sibling thread
+        # first: `getppid()` still names it). Wait for the parent to be gone; a SIGTERM from
+        # anyone else while the parent lives leaves the files to the parent.
+        until = time.monotonic() + TERM_GRACE_S
+        while time.monotonic() < until:
+            if _parent_gone(expected):
+                die(128 + signal.SIGTERM)
+            time.sleep(0.02)
+        os._exit(128 + signal.SIGTERM)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
+        _set_pdeathsig(signal.SIGTERM)
+    if _parent_gone(expected):
+        die(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(WATCH_EVERY_S)
+            if _parent_gone(expected):
+                die(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def _transient(exc: BaseException) -> bool:
@@ -105,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON object of App tags to publish with (the release records the app holds)",
     )
     args = parser.parse_args(argv)
+    die_with_parent([os.environ.get("SERVING_SPEC", "")])
     try:
         from modal.cli.import_refs import import_app_from_ref, parse_import_ref
         from modal.config import config

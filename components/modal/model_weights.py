@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import math
 import os
@@ -79,6 +80,7 @@ from ._base import (
     json_view,
     redact,
 )
+from ._deploy_runner import PARENT_PID_ENV, die_with_parent
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ModelWeights"  # noqa: S105 (a Pulumi type token)
 DEFAULT_APP_FILE = "serving/weights_app.py"
@@ -273,9 +275,16 @@ class ModelWeightsProvider(ModalProvider):
         )
         if env:
             child_env["MODAL_ENVIRONMENT"] = env
-        with tempfile.TemporaryDirectory(prefix="modal-weights-") as tmp:
+        child_env[PARENT_PID_ENV] = str(os.getpid())  # the runner dies with this process
+        # The runner removes the file once read, and with its directory if this process dies
+        # first (issue 32 item 11): the directory may be gone when the `with` ends.
+        with tempfile.TemporaryDirectory(
+            prefix="modal-weights-", ignore_cleanup_errors=True
+        ) as tmp:
             request = Path(tmp) / "source.json"
-            request.write_text(json.dumps(_source(props)))
+            fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(_source(props)))
             cmd = [sys.executable, "-m", "components.modal.model_weights", "--app-file", app_file]
             cmd += ["--name", name, "--environment", env, "--source", str(request)]
             run = self._run_streaming(cmd, child_env, props, deadline_s, [creds.token_secret])
@@ -604,6 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--environment", default="")
     parser.add_argument("--source", required=True, help="a JSON file holding the source map")
     args = parser.parse_args(argv)
+    die_with_parent([args.source])  # it holds the Modal token: never outlive the provider
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
     try:
         import modal
@@ -616,7 +626,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # pragma: no cover (a broken install)
         _emit({"ok": False, "error": f"{type(e).__name__}: {e}", "transient": False})
         return 1
-    source = json.loads(Path(args.source).read_text())
+    try:
+        source = json.loads(Path(args.source).read_text())
+    finally:
+        with contextlib.suppress(OSError):
+            Path(args.source).unlink()  # read once; nothing of it stays behind on any exit
     env = args.environment or config.get("environment") or ""
     log_lines = synchronizer.create_blocking(_log_lines)
     seen: set[tuple[float, str]] = set()
