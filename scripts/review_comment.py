@@ -35,11 +35,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import re
 import shlex
 import sys
+import unicodedata
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,103 @@ FILES = {
 }
 MAX_CHANGED_KEYS = 12
 MAX_SHOWN_VALUE = 40
+
+
+# ---- PR-controlled values: inert Markdown ---------------------------------------------------
+#
+# Every file this module renders comes from a job that ran the PR's code (`plan`, `deploy`), so
+# every value in them (endpoint, names, the preview's resources, keys, values and errors, the
+# costs, the meta file) is the PR author's. None may reach the comment as Markdown or HTML: a
+# value with a shape (a URL, a name, a commit, a time, a number) is checked against it and left
+# out (or the curl refused) when it does not match; anything else is shown with `text()`, which
+# makes every character literal. So no value can end a code fence or a table row, open an HTML
+# comment or element, a link, a heading, or add a second marker line.
+
+#: What may be shown in a code span as is: no backtick, pipe, `<`, whitespace or control char.
+_CODE_SAFE = re.compile(r"[A-Za-z0-9._:/@=+,~%#-]{1,200}")
+#: Strict shapes of the values the curl and the headings use.
+SHAPES: dict[str, re.Pattern[str]] = {
+    # http(s), a host, an optional port and a plain path: no whitespace, control character,
+    # quote, backtick, `<`, `>`, `|`, query or fragment.
+    "endpoint_url": re.compile(
+        r"https?://[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?(?::[0-9]{1,5})?"
+        r"(?:/[A-Za-z0-9._~%/-]*)?"
+    ),
+    "proxy_token_id": re.compile(r"wk-[A-Za-z0-9]{1,64}"),
+    "served_model_name": re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}"),
+    "key_name": re.compile(r"[a-z0-9][a-z0-9_-]{0,63}"),
+    "name": re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"),  # stack, environment
+    "state": re.compile(r"/?[A-Za-z0-9._+-]+(?:/[A-Za-z0-9._+-]+)*"),  # stand-in state file
+    "head_sha": re.compile(r"[0-9a-f]{7,40}"),
+    "updated_at": re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z"),
+}
+#: The ASCII punctuation `text()` escapes: all of it but `"`, `'` and `,`, which start no
+#: Markdown construct outside a link (and `[`, `(`, `<` are escaped, so there is no link).
+_MD_PUNCT = frozenset("!#$%()*+-./:;=?@[\\]^_`{|}~")
+#: What may be shown as plain text as is: a GPU (`A100-80GB`, `H100:2`), a resource type
+#: (`modal:Volume`): letters, digits, `:`, `+`, `-`; no `_`, `*`, `.`, `/` (emphasis, links).
+_PLAIN_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9:+-]{0,79}")
+_HTML = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+
+
+def shaped(value: Any, shape: str) -> str | None:
+    """`value` when it is a string of the strict shape `shape` (SHAPES), else None."""
+    if isinstance(value, str) and SHAPES[shape].fullmatch(value):
+        return value
+    return None
+
+
+def text(value: Any) -> str:
+    """Any value as inert Markdown text: every ASCII punctuation character backslash-escaped
+    (CommonMark: any ASCII punctuation may be; `\\|` is also GFM's escape of a pipe in a
+    table cell), `<`, `>` and `&` as entities, and every control, format or line-separator
+    character (newline, bidi overrides) written as `\\uXXXX`. The reader sees the characters;
+    nothing in them is Markdown or HTML, and a URL in it is not linked (`:` and `.` escaped)."""
+    raw = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    out = []
+    for ch in raw:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            out.append(f"\\u{ord(ch):04x}")
+        elif ch in _HTML:
+            out.append(_HTML[ch])
+        elif ch == "@":  # GitHub would mention `@someone` even escaped: a word joiner after it
+            out.append("\\@\u2060")
+        elif ch in _MD_PUNCT:
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def plain(value: Any) -> str:
+    """Plain text when the value is a word of `_PLAIN_SAFE` (a GPU, a type), else `text()`."""
+    if isinstance(value, str) and _PLAIN_SAFE.fullmatch(value):
+        return value
+    return text(value)
+
+
+def code(value: Any) -> str:
+    """A code span when the value is plainly safe in one (`_CODE_SAFE`), else `text()`."""
+    if isinstance(value, str) and _CODE_SAFE.fullmatch(value):
+        return f"`{value}`"
+    return text(value)
+
+
+def number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def fenced(info: str, lines: Sequence[str]) -> list[str]:
+    """A fenced code block whose fence is longer than any backtick run in it (CommonMark: a
+    fence closes only on a run at least as long). The lines are ours, built from shape-checked
+    values; a line break inside one is refused rather than rendered."""
+    if any(c in line for line in lines for c in "\r\n"):
+        raise ValueError("a line of the code block holds a line break")
+    runs = [len(m) for line in lines for m in re.findall(r"`+", line)]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    return [fence + info, *lines, fence]
 
 
 @dataclass(frozen=True)
@@ -150,13 +249,14 @@ def _shown(value: Any) -> str:
         return "(known after apply)"
     if value == SECRET:
         return SECRET
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= MAX_SHOWN_VALUE else ""
+    shown = json.dumps(value, sort_keys=True)
+    return text(shown) if len(shown) <= MAX_SHOWN_VALUE else ""
 
 
 def changed_keys(old: Any, new: Any, path: str = "") -> list[tuple[str, str]]:
     """(dotted key, "old -> new" or "") for every leaf that differs. Objects and JSON-object
-    strings are walked; a value is shown only when short and not secret on either side."""
+    strings are walked; a value is shown only when short and not secret on either side, as
+    inert Markdown (`text()`: the values are the PR's)."""
     if old == new:
         return []
     old_obj, new_obj = _as_object(old), _as_object(new)
@@ -266,7 +366,11 @@ def warnings_of(preview: Mapping[str, Any]) -> list[str]:
         if not (replacing or deleting) or not (view.protect or view.old_retain):
             continue
         what = "replaced" if replacing else "deleted"
-        why = f" (replace on: {', '.join(view.replace_reasons)})" if view.replace_reasons else ""
+        why = (
+            f" (replace on: {', '.join(code(r) for r in view.replace_reasons)})"
+            if view.replace_reasons
+            else ""
+        )
         effects = []
         if view.old_protect and (view.new_protect or deleting):
             effects.append(
@@ -285,7 +389,8 @@ def warnings_of(preview: Mapping[str, Any]) -> list[str]:
         elif not (view.old_protect and view.new_protect):
             effects.append("the old object and its data are deleted")
         lines.append(
-            f"⚠️ `{view.name}` ({view.type}) would be **{what}**{why}: {'; '.join(effects)}."
+            f"⚠️ {code(view.name)} ({plain(view.type)}) would be **{what}**{why}:"
+            f" {'; '.join(effects)}."
         )
     for diag in preview.get("diagnostics") or []:
         if str(diag.get("severity")) != "error":
@@ -293,8 +398,11 @@ def warnings_of(preview: Mapping[str, Any]) -> list[str]:
         found = _PROTECT_ERROR.search(" ".join(str(diag.get("message") or "").split()))
         if found:
             urn = found["urn"]
+            parts = urn.split("::")
+            type_ = parts[-2].split("$")[-1] if len(parts) >= 2 else "?"
             lines.append(
-                f"⚠️ `{resource_name(urn)}` ({short_type(urn.split('::')[-2].split('$')[-1])})"
+                f"⚠️ {code(resource_name(urn))}"
+                f" ({plain(short_type(type_))})"
                 f" would be **{found['what']}d**, but it is **protected**: the preview stopped"
                 " there (`pulumi up` of {stack} would fail)."
             )
@@ -322,15 +430,15 @@ def errors_of(preview: Mapping[str, Any]) -> list[str]:
 
 
 def money(value: Any) -> str:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "n/a"
-    return f"${value:,.2f}"
+    amount = number(value)
+    return "n/a" if amount is None else f"${amount:,.2f}"
 
 
 def delta(old: Any, new: Any) -> str:
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (old, new)):
+    before, after = number(old), number(new)
+    if before is None or after is None:
         return "n/a"
-    diff = round(float(new) - float(old), 2)
+    diff = round(after - before, 2)
     if diff == 0:
         return "±$0.00"
     return f"{'+' if diff > 0 else '-'}${abs(diff):,.2f}"
@@ -350,9 +458,9 @@ def _services(outputs: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
 def _gpu(service: Mapping[str, Any] | None) -> str:
     if not service:
         return "—"
-    gpu = service.get("gpu") or "?"
+    gpu = plain(service.get("gpu") or "?")
     count = service.get("gpu_count") or 1
-    return f"{count} x {gpu}" if count != 1 else str(gpu)
+    return f"{text(count)} x {gpu}" if count != 1 else gpu
 
 
 def cost_section(old: Mapping[str, Any] | None, new: Mapping[str, Any], base: str) -> list[str]:
@@ -388,7 +496,7 @@ def cost_section(old: Mapping[str, Any] | None, new: Mapping[str, Any], base: st
                 f"{money(_cost(o, 'monthly_cost_worst_usd'))} → "
                 f"{money(_cost(n, 'monthly_cost_worst_usd'))}"
             )
-            lines.append(f"| `{name}` | {gpu} | {idle} | {worst} |")
+            lines.append(f"| {code(name)} | {gpu} | {idle} | {worst} |")
         lines.append("")
     lines.append(
         "_idle: `min_containers` kept warm all month (+ pre-warm windows); worst case: every"
@@ -408,9 +516,11 @@ def _summary_line(preview: Mapping[str, Any]) -> str:
         "same": "unchanged",
     }
     parts = [
-        f"{OP_SYMBOLS.get(op, '').strip()} {summary[op]} {word}".strip()
+        f"{OP_SYMBOLS.get(op, '').strip()} {int(summary[op])} {word}".strip()
         for op, word in words.items()
-        if summary.get(op)
+        if isinstance(summary.get(op), int)
+        and not isinstance(summary.get(op), bool)
+        and summary[op] > 0
     ]
     return ", ".join(parts) or "no resources"
 
@@ -430,46 +540,74 @@ def diff_section(preview: Mapping[str, Any] | None, base: str) -> list[str]:
         for view in changed:
             parts = []
             for key, shown in view.changes[:MAX_CHANGED_KEYS]:
-                parts.append(f"`{key}`" + (f" {_md_escape(shown)}" if shown else ""))
+                parts.append(code(key) + (f" {shown}" if shown else ""))
             if len(view.changes) > MAX_CHANGED_KEYS:
                 parts.append(f"… {len(view.changes) - MAX_CHANGED_KEYS} more")
             if view.replace_reasons:
-                parts.append(f"(replace on: {', '.join(f'`{r}`' for r in view.replace_reasons)})")
+                parts.append(f"(replace on: {', '.join(code(r) for r in view.replace_reasons)})")
             what = "; ".join(parts) if parts else ("" if view.op in ("create", "delete") else "—")
             symbol = OP_SYMBOLS.get(view.op, "?")
-            lines.append(f"| `{symbol}` {view.op} | `{view.name}` | {view.type} | {what} |")
+            op = view.op if view.op in OP_SYMBOLS else text(view.op)
+            lines.append(f"| `{symbol}` {op} | {code(view.name)} | {plain(view.type)} | {what} |")
     else:
         lines.append("No resource of the dev stack changes.")
     errors = errors_of(preview)
     if errors:
         lines += ["", "The preview stopped with an error:", ""]
-        lines += [f"> {_md_escape(e)}" for e in errors]
+        lines += [f"> {text(e)}" for e in errors]
     return lines
 
 
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def endpoint_section(c: ReviewComment) -> list[str]:
+    """The endpoint and its curl. The curl is built only from values of their strict shape
+    (SHAPES): a value that is not (a PR can make its outputs anything) gets no curl at all,
+    and the comment names which output was refused, never shows it."""
     out = c.review_outputs
-    endpoint = out.get("endpoint_url")
-    model = out.get("served_model_name") or "<model>"
-    token_id = out.get("proxy_token_id") or "<proxy token id>"
     lines = [f"### Endpoint of `{c.stack}`", ""]
-    if not endpoint:
+    if not out.get("endpoint_url"):
         return [*lines, "_Not deployed (no `endpoint_url` output)._"]
-    lines.append(f"`{endpoint}` — Modal environment `{out.get('environment') or c.stack}`")
+    endpoint = shaped(out.get("endpoint_url"), "endpoint_url")
+    model = shaped(out.get("served_model_name"), "served_model_name")
+    token_id = shaped(out.get("proxy_token_id"), "proxy_token_id")
+    key_name = shaped(c.key_name, "key_name")
+    state = shaped(c.reader.state, "state") if c.reader.state else ""
+    environment = shaped(out.get("environment"), "name") or c.stack
+    if endpoint:
+        lines.append(f"`{endpoint}` — Modal environment `{environment}`")
     services = _services(out)
     if len(services) > 1:
         lines.append("")
         for name, svc in sorted(services.items()):
+            url = shaped(svc.get("endpoint_url"), "endpoint_url")
+            served = shaped(svc.get("served_model_name"), "served_model_name")
             lines.append(
-                f"- `{name}`: `{svc.get('endpoint_url')}` ({svc.get('served_model_name')})"
+                f"- {code(name)}: {f'`{url}`' if url else '(no valid endpoint URL)'}"
+                + (f" (`{served}`)" if served else "")
             )
-    secret_cmd = c.reader.command("proxy_token_secret")
-    keys_cmd = c.reader.command("api_keys", as_json=True)
-    pick = shlex.quote(f"import json, sys; print(json.load(sys.stdin)[{json.dumps(c.key_name)}])")
+    refused = [
+        what
+        for what, ok in (
+            ("endpoint_url", endpoint),
+            ("proxy_token_id", token_id),
+            ("served_model_name", model),
+            ("key name", key_name),
+            ("state file", state is not None),
+        )
+        if not ok
+    ]
+    if refused or endpoint is None or token_id is None or model is None or key_name is None:
+        return [
+            *lines,
+            "",
+            f"_No curl: the review stack's {', '.join(f'`{r}`' for r in refused)} did not have"
+            " the expected shape (an http(s) URL without spaces or control characters, names"
+            " of letters, digits and `-`), so it is not shown here; see the deploy job's"
+            " log._",
+        ]
+    reader = replace(c.reader, state=state or "")
+    secret_cmd = reader.command("proxy_token_secret")
+    keys_cmd = reader.command("api_keys", as_json=True)
+    pick = shlex.quote(f"import json, sys; print(json.load(sys.stdin)[{json.dumps(key_name)}])")
     body = json.dumps(
         {
             "model": model,
@@ -479,9 +617,9 @@ def endpoint_section(c: ReviewComment) -> list[str]:
     )
     where = (
         "in the PR's checkout, with the stand-in's passphrase exported"
-        if c.reader.kind == "standin"
+        if reader.kind == "standin"
         else "in a checkout of this repository, logged in to the review stacks' backend"
-        " (`pulumi login`, its passphrase exported)"
+        f" (`pulumi login`), with `{c.stack}`'s passphrase exported"
     )
     lines += [
         "",
@@ -489,19 +627,22 @@ def endpoint_section(c: ReviewComment) -> list[str]:
         " never written here or on a command line; the first request cold-starts a container"
         " (the service scales to zero):",
         "",
-        "```bash",
-        'umask 077 && H="$(mktemp)" && {',
-        f"  printf 'Modal-Secret: %s\\n' \"$({secret_cmd})\"",
-        f"  printf 'Authorization: Bearer %s\\n' \"$({keys_cmd} | python3 -c {pick})\"",
-        '} > "$H"',
-        f"curl -sS --max-time 900 {shlex.quote(str(endpoint).rstrip('/') + '/v1/chat/completions')}"
-        " \\",
-        f'    -H {shlex.quote("Modal-Key: " + str(token_id))} -H @"$H"'
-        " -H 'Content-Type: application/json' \\",
-        f"    -d {shlex.quote(body)} \\",
-        "    -w '\\nHTTP %{http_code}\\n'",
-        'rm -f "$H"',
-        "```",
+        *fenced(
+            "bash",
+            [
+                'umask 077 && H="$(mktemp)" && {',
+                f"  printf 'Modal-Secret: %s\\n' \"$({secret_cmd})\"",
+                f"  printf 'Authorization: Bearer %s\\n' \"$({keys_cmd} | python3 -c {pick})\"",
+                '} > "$H"',
+                "curl -sS --max-time 900"
+                f" {shlex.quote(endpoint.rstrip('/') + '/v1/chat/completions')} \\",
+                f'    -H {shlex.quote("Modal-Key: " + token_id)} -H @"$H"'
+                " -H 'Content-Type: application/json' \\",
+                f"    -d {shlex.quote(body)} \\",
+                "    -w '\\nHTTP %{http_code}\\n'",
+                'rm -f "$H"',
+            ],
+        ),
     ]
     return lines
 
@@ -512,7 +653,8 @@ def render(c: ReviewComment) -> str:
     old = c.dev_outputs
     if not old and preview is not None:
         old = old_outputs_of(preview)
-    head = f" at `{c.head_sha[:12]}`" if c.head_sha else ""
+    sha = shaped(c.head_sha, "head_sha")
+    head = f" at `{sha[:12]}`" if sha else ""
     lines = [
         MARKER,
         f"## Review stack `{c.stack}`{head}",
@@ -527,29 +669,31 @@ def render(c: ReviewComment) -> str:
     lines.append("")
     lines += diff_section(preview, c.base_stack)
     lines.append("")
-    limit = c.spend_limit_usd
+    limit = number(c.spend_limit_usd)
     if limit is None:
-        limit = c.review_outputs.get("monthly_budget_usd")
+        limit = number(c.review_outputs.get("monthly_budget_usd"))
     facts = [
         f"`{c.stack}` runs this PR's code in its own Modal environment, scaled to zero, with its"
         " own proxy token and API keys (nothing shared with dev)."
     ]
-    if isinstance(limit, int | float) and not isinstance(limit, bool):
+    if limit is not None:
         facts.append(
             f"Spend limit **{money(limit)}/month** (Modal's budget for the environment: its work"
             " stops when usage reaches it)."
         )
-    if c.sweep_days:
+    days = number(c.sweep_days)
+    if days and days > 0:
         facts.append(
             f"Closing or merging this PR destroys it; so does the nightly sweep once it has not"
-            f" been deployed for {c.sweep_days} days."
+            f" been deployed for {days:g} days."
         )
     else:
         facts.append("Closing or merging this PR destroys it.")
     lines.append(" ".join(facts))
     for note in c.notes:
-        lines += ["", f"_{note}_"]
-    footer = [x for x in (c.engine_note, f"updated {c.updated_at}" if c.updated_at else "") if x]
+        lines += ["", f"_{text(note)}_"]
+    updated = shaped(c.updated_at, "updated_at")
+    footer = [x for x in (c.engine_note, f"updated {updated}" if updated else "") if x]
     if footer:
         lines += ["", f"<sub>{' · '.join(footer)}</sub>"]
     return "\n".join(lines) + "\n"
@@ -637,7 +781,7 @@ def from_files(
         reader=OutputReader(
             kind=kind, stack=stack, state=str(meta.get("state") or ""), python=reader_python
         ),
-        base_stack=str(meta.get("base_stack") or base_stack),
+        base_stack=shaped(meta.get("base_stack"), "name") or base_stack,
         head_sha=str(meta.get("head_sha") or head_sha or ""),
         engine_note=engine_note,
         key_name=str(meta.get("key_name") or "gateway"),
