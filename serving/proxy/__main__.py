@@ -30,6 +30,16 @@ from serving.proxy.workers import run_workers, worker_config
 __all__ = ["build_parser", "http_protocol", "main", "server_limits"]
 
 
+def _key_limit(text: str) -> tuple[str, int]:
+    """``NAME=N`` of ``--key-max-in-flight``."""
+    name, sep, value = text.partition("=")
+    if not (sep and name and value.strip().isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not NAME=N (a key name of SERVING_API_KEYS, then its limit), e.g. ci=16"
+        )
+    return name, int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = ProxyConfig(upstream="")
     p = argparse.ArgumentParser(
@@ -42,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
                    help="engine requests in progress before answering 429 (streams count "
                    "until they end)")  # fmt: skip
+    p.add_argument("--key-max-in-flight", action="append", default=[], metavar="NAME=N",
+                   type=_key_limit,
+                   help="a key's own limit on its requests in flight (429 key_at_limit above), "
+                   "NAME as in SERVING_API_KEYS; repeat for more keys; keys not named share "
+                   "--max-in-flight fairly")  # fmt: skip
+    p.add_argument("--fair-wait-s", type=float, default=d.fair_wait_s,
+                   help="when every slot is taken, a request of a key below its fair share "
+                   "(--max-in-flight / keys active) waits this long at most for a slot (429 "
+                   "after; 0: at once)")  # fmt: skip
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help="largest request body accepted (413 above)")  # fmt: skip
     p.add_argument("--keepalive-s", type=float, default=d.keepalive_s,
@@ -111,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             body_timeout_s=args.body_timeout_s,
             max_head_bytes=args.max_head_bytes,
             head_timeout_s=args.head_timeout_s,
+            fair_wait_s=args.fair_wait_s,
+            key_max_in_flight=dict(args.key_max_in_flight),
         )
         if args.workers < 1:
             raise ValueError(f"--workers {args.workers} is invalid: it must be at least 1")
@@ -126,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("serving.proxy").warning(
         json.dumps({"event": "proxy_starting", "port": args.port, "upstream": args.upstream,
                     "key_names": keys.names, "max_in_flight": config.max_in_flight,
+                    "key_max_in_flight": dict(config.key_max_in_flight),
                     "workers": args.workers})
     )  # fmt: skip
     if args.workers > 1:

@@ -8,8 +8,10 @@ Request path, in order (each step answers without touching the engine when it sa
 3. readiness (503 + Retry-After);
 4. body: size (413), the buffer budget charged as the bytes arrive, the key's share of it
    and the whole of it (503), and the JSON object check (400; a GET route takes no body);
-5. the in-flight cap (429 + Retry-After), taken only once the body is in, so a slow body
-   never holds a slot;
+5. the in-flight cap, shared fairly between keys (serving/proxy/admission.py: a key below
+   its fair share waits briefly for a slot, one at or above it gets 429 + Retry-After; a key
+   may have a limit of its own), taken only once the body is in, so a slow body never holds
+   a slot;
 6. send over the pooled client; the answer is relayed by ``relay.Relay`` (streams piece by
    piece with keep-alive comments, other bodies read whole).
 
@@ -36,11 +38,12 @@ import mmap
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str  # quoted, escaped, ASCII
 from typing import Any, Protocol
 
+from serving.proxy.admission import ADMITTED, KEY_LIMIT, QUEUED, Admission
 from serving.proxy.exchange import Exchange, Route
 from serving.proxy.keys import KeyRing, parse_bearer
 from serving.proxy.logs import BatchingStreamHandler
@@ -55,10 +58,13 @@ from serving.proxy.upstream import (
 
 
 class SharedCount(Protocol):
-    """The in-flight count all ``--workers`` share (workers.SharedInFlight)."""
+    """The admission counts all ``--workers`` share (workers.SharedInFlight): the cells of
+    ``admission.Admission`` in shared memory and their lock."""
 
-    def take(self) -> bool: ...
-    def give_back(self) -> None: ...
+    @property
+    def cells(self) -> Any: ...
+    @property
+    def lock(self) -> Any: ...
 
 
 class WorkerShare(Protocol):
@@ -169,6 +175,12 @@ class ProxyConfig:
     connect_retries: int = 3
     retry_after_busy_s: int = 1
     retry_after_not_ready_s: int = 5
+    # Fair share of max_in_flight between keys (serving/proxy/admission.py): a request of a
+    # key below its share waits this long at most for a slot when the pool is full (429 after).
+    fair_wait_s: float = 5.0
+    # A key's own limit on its requests in flight (key name -> N <= max_in_flight); keys not
+    # named may use the whole pool. From the spec's proxy.key_max_in_flight.
+    key_max_in_flight: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         rules = [
@@ -191,11 +203,18 @@ class ProxyConfig:
             ("max_head_bytes", self.max_head_bytes >= 1024, "at least 1024"),
             ("head_timeout_s", self.head_timeout_s > 0, "> 0"),
             ("connect_retries", self.connect_retries >= 0, ">= 0"),
+            ("fair_wait_s", self.fair_wait_s >= 0, ">= 0 (0: a full pool answers 429 at once)"),
         ]
         for name, ok, rule in rules:
             if not ok:
                 raise ValueError(
                     f"proxy setting {name}={getattr(self, name)!r} is invalid: it must be {rule}"
+                )
+        for key, limit in self.key_max_in_flight.items():
+            if not (isinstance(limit, int) and 1 <= limit <= self.max_in_flight):
+                raise ValueError(
+                    f"proxy setting key_max_in_flight[{key!r}]={limit!r} is invalid: it must "
+                    f"be at least 1 and not above max_in_flight ({self.max_in_flight})"
                 )
 
 
@@ -459,6 +478,36 @@ def check_body(body: bytes | memoryview) -> tuple[str | None, bool, bool]:
     return None, stream, isinstance(options, dict) and options.get("include_usage") is True
 
 
+# A worker polls this often for a slot freed by another worker while requests wait here.
+WAIT_POLL_S = 0.01
+
+
+class _Waiter:
+    """A request waiting for an in-flight slot (``ProxyApp._queue``)."""
+
+    __slots__ = ("ex", "key", "seq", "then", "timer", "writer")
+
+    def __init__(
+        self,
+        ex: Exchange,
+        key: int,
+        writer: ClientWriter,
+        then: Callable[[bool], None],
+        seq: int,
+    ) -> None:
+        self.ex = ex
+        self.key = key  # its index in the admission
+        self.writer = writer
+        self.then = then
+        self.seq = seq
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def _settle(future: asyncio.Future[bool], admitted: bool) -> None:
+    if not future.done():
+        future.set_result(admitted)
+
+
 class ProxyApp:
     """The ASGI application. One instance per process; state is the counters and the pool.
 
@@ -471,7 +520,25 @@ class ProxyApp:
     ) -> None:
         self.config = config
         self.share = share
-        self._shared_in_flight = share.in_flight if share is not None else None
+        unknown = sorted(set(config.key_max_in_flight) - set(keys.names))
+        if unknown:
+            raise ValueError(
+                f"proxy setting key_max_in_flight names key {unknown[0]!r}, which "
+                f"SERVING_API_KEYS lacks (its keys: {', '.join(keys.names)}); name a key of "
+                "SERVING_API_KEYS or remove that entry"
+            )
+        # Slots in flight per key, shared fairly (with --workers: in shared memory).
+        shared = share.in_flight if share is not None else None
+        self.admission = Admission(
+            config.max_in_flight, keys.names, dict(config.key_max_in_flight),
+            shared.cells if shared is not None else None,
+            shared.lock if shared is not None else None,
+        )  # fmt: skip
+        self._key_index = self.admission.index
+        # Requests of this process waiting for a slot, oldest first (see ``_queue``).
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._waiter_seq = itertools.count()
+        self._wait_poll: asyncio.TimerHandle | None = None
         # The access line's last field, and the readiness events': which worker (none with
         # one process).
         self._log_tail = f',"worker":{share.index}' if share is not None else ""
@@ -522,6 +589,9 @@ class ProxyApp:
             self._poller = None
         for task in list(self._tasks):
             task.cancel()
+        if self._wait_poll is not None:
+            self._wait_poll.cancel()
+            self._wait_poll = None
         self.client.close()
         if self.share is not None:
             self.share.stop()
@@ -647,15 +717,36 @@ class ProxyApp:
     ) -> None:
         """``serve_now``/``serve_head``: the steps once the whole body is here."""
         try:
-            if self._body_fits(req, ex, content_length, body := req.take_body()) and self._admit(
-                req, ex
-            ):
-                self._send(req, ex, body, forward)
-                return
+            if self._body_fits(req, ex, content_length, body := req.take_body()):
+                admitted = self._admit(req, ex)
+                if admitted:
+                    self._send(req, ex, body, forward)
+                    return
+                if admitted is None:  # waits for a slot: sent, or answered 429, later
+                    self._queue(req, ex, functools.partial(self._granted, req, ex, body, forward))
+                    return
         except Exception as exc:
             self._bug(req, ex, exc)
             return
         self._end(ex)
+
+    def _granted(
+        self,
+        req: Any,
+        ex: Exchange,
+        body: bytes | memoryview,
+        forward: list[tuple[bytes, bytes]],
+        admitted: bool,
+    ) -> None:
+        """A request that waited for a slot: it has one (send it), or it was answered 429 or
+        its client left (end it)."""
+        if not admitted:
+            self._end(ex)
+            return
+        try:
+            self._send(req, ex, body, forward)
+        except Exception as exc:
+            self._bug(req, ex, exc)
 
     def serve_head(self, req: Any) -> bool:
         """A request from the proxy's own server whose body is still arriving: the checks
@@ -751,11 +842,19 @@ class ProxyApp:
         writer: ClientWriter = own if own is not None else _AsgiWriter(send, receive)
         done = ex.done = self._loop().create_future()
         try:
+            admitted: bool | None = False
+            body: bytes | memoryview | None = None
             if (
                 self._front(writer, ex, auth, auth_count)
                 and (body := await self._read_body(receive, writer, ex, content_length)) is not None
-                and self._admit(writer, ex)
             ):
+                admitted = self._admit(writer, ex)
+                if admitted is None:  # waits for a slot (a client that leaves meanwhile is
+                    # seen once the request is sent: the wait is at most fair_wait_s)
+                    granted: asyncio.Future[bool] = self._loop().create_future()
+                    self._queue(writer, ex, functools.partial(_settle, granted))
+                    admitted = await granted
+            if admitted and body is not None:
                 if not self._send_now(writer, ex, body, forward):
                     await self._send_connecting(writer, ex, body, forward)
             else:
@@ -837,8 +936,11 @@ class ProxyApp:
         ex.duration = time.perf_counter() - ex.t0
         if ex.admitted:
             self.metrics.in_flight -= 1
-            if self._shared_in_flight is not None:
-                self._shared_in_flight.give_back()
+            self.admission.give_back(self._key_index[ex.key])
+            if self._waiters:  # the freed slot goes to a request waiting here, if it may
+                self._loop().call_soon(self._serve_waiters)
+        elif ex.waiter is not None:  # ended while waiting (the ASGI coroutine cancelled)
+            self._unqueue(ex.waiter)
         if ex.body_held:
             self.key_held[ex.key] -= ex.body_held
             ex.body_held = 0
@@ -881,6 +983,7 @@ class ProxyApp:
         elif self._authenticate(writer, ex, auth, auth_count):
             if route.kind == _METRICS:
                 share = self.share
+                self.metrics.waiting = self.admission.waiting
                 self.answer(
                     writer, ex, 200,
                     self.metrics.render() if share is None else share.render(self.metrics),
@@ -1038,21 +1141,136 @@ class ProxyApp:
         self.answer_error(writer, ex, 400, problem, "invalid_request_error", "invalid_json")
         return False
 
-    def _admit(self, writer: ClientWriter, ex: Exchange) -> bool:
-        """The in-flight cap (429); the body was read first, so a slow body holds only its
-        share of the buffer budget (and at most body_timeout_s), never a slot."""
-        metrics = self.metrics
-        shared = self._shared_in_flight  # --workers: one count for all workers
-        if metrics.in_flight >= self.config.max_in_flight or not (shared is None or shared.take()):
-            self.answer_error(
-                writer, ex, 429, f"proxy at capacity ({self.config.max_in_flight} requests "
-                "in flight); retry after the Retry-After delay", "rate_limit_error",
-                "proxy_at_capacity", self._busy_headers,
-            )  # fmt: skip
-            return False
-        metrics.in_flight += 1
-        ex.admitted = True
-        return True
+    def _admit(self, writer: ClientWriter, ex: Exchange) -> bool | None:
+        """The in-flight cap, shared fairly between keys (serving/proxy/admission.py); the
+        body was read first, so a slow body holds only its share of the buffer budget (and at
+        most body_timeout_s), never a slot. True: admitted; False: answered 429; None: the
+        pool is full and the key is below its fair share, it waits (``_queue`` next)."""
+        i = self._key_index[ex.key]
+        decided = self.admission.take(i)
+        if decided == ADMITTED:
+            self.metrics.in_flight += 1
+            ex.admitted = True
+            return True
+        if decided == QUEUED:
+            return None
+        self._refuse(writer, ex, i, decided)
+        return False
+
+    def _refuse(self, writer: ClientWriter, ex: Exchange, i: int, decided: int) -> None:
+        """429 naming the key (never its value), what it holds and what to do."""
+        admission = self.admission
+        name = ex.key
+        if decided == KEY_LIMIT:
+            message = (
+                f"key '{name}' is at its own limit of {admission.limits[i]} requests in flight "
+                "(proxy.key_max_in_flight); retry after the Retry-After delay, or raise that "
+                "key's limit"
+            )
+            code = "key_at_limit"
+        else:
+            message = (
+                f"proxy at capacity ({admission.pool} requests in flight at most): key "
+                f"'{name}' holds {admission.held(i)}, at or above its fair share of "
+                f"{admission.share(i)} while other requests want a slot (slots that come "
+                "free go to keys below their share first); retry after the Retry-After delay"
+            )
+            code = "proxy_at_capacity"
+        self.answer_error(writer, ex, 429, message, "rate_limit_error", code, self._busy_headers)
+
+    # -- waiting for a slot ----------------------------------------------------------------
+    # A request of a key below its fair share, when the pool is full, waits here up to
+    # fair_wait_s. Slots come free when a request of this process ends (``_end`` serves the
+    # waiters at once) or of another worker (a poll every WAIT_POLL_S while any waits here).
+
+    def _queue(self, writer: ClientWriter, ex: Exchange, then: Callable[[bool], None]) -> None:
+        """Wait for a slot (``admission.take`` said QUEUED): ``then(True)`` once it has one
+        (``ex.admitted``), ``then(False)`` when it was answered 429 after fair_wait_s or its
+        client left."""
+        loop = self._loop()
+        waiter = _Waiter(ex, self._key_index[ex.key], writer, then, next(self._waiter_seq))
+        waiter.timer = loop.call_later(self.config.fair_wait_s, self._wait_timed_out, waiter)
+        ex.waiter = waiter
+        self._waiters.append(waiter)
+        if writer.on_disconnect is None and not writer.disconnected:
+            writer.on_disconnect = functools.partial(self._left_waiting, waiter)
+        if self._wait_poll is None:
+            self._wait_poll = loop.call_later(WAIT_POLL_S, self._poll_waiters)
+
+    def _unqueue(self, waiter: _Waiter) -> None:
+        """``waiter`` stops waiting (no slot): its count in the admission goes."""
+        waiter.ex.waiter = None
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+        writer = waiter.writer
+        if writer.on_disconnect is not None and not writer.disconnected:
+            writer.on_disconnect = None
+        self.admission.leave(waiter.key)
+        if self._waiters:  # one leaving may let another take a free slot
+            self._loop().call_soon(self._serve_waiters)
+
+    def _left_waiting(self, waiter: _Waiter) -> None:
+        if waiter.ex.waiter is waiter:
+            waiter.ex.client_gone = True
+            self._unqueue(waiter)
+            waiter.then(False)
+
+    def _wait_timed_out(self, waiter: _Waiter) -> None:
+        ex = waiter.ex
+        if ex.waiter is not waiter:
+            return
+        waiter.timer = None
+        self._unqueue(waiter)
+        admission = self.admission
+        i = waiter.key
+        self.answer_error(
+            waiter.writer, ex, 429,
+            f"proxy at capacity ({admission.pool} requests in flight at most): no slot came "
+            f"free within {self.config.fair_wait_s:g} s for key '{ex.key}' (it holds "
+            f"{admission.held(i)}, its fair share is {admission.share(i)}); retry after the "
+            "Retry-After delay", "rate_limit_error", "proxy_at_capacity", self._busy_headers,
+        )  # fmt: skip
+        waiter.then(False)
+
+    def _poll_waiters(self) -> None:
+        self._wait_poll = None
+        self._serve_waiters()
+        if self._waiters:
+            self._wait_poll = self._loop().call_later(WAIT_POLL_S, self._poll_waiters)
+
+    def _serve_waiters(self) -> None:
+        """Give free slots to the requests waiting here: the key holding least first, then
+        the oldest."""
+        waiters = self._waiters
+        if not waiters:
+            return
+        admission = self.admission
+        order = sorted(waiters, key=lambda w: (admission.held(w.key), w.seq))
+        for waiter in order:
+            if admission.total >= admission.pool:
+                return
+            ex = waiter.ex
+            if ex.waiter is not waiter:
+                continue
+            decided = admission.retry(waiter.key)
+            if decided == QUEUED:
+                continue
+            ex.waiter = None  # no longer counted as waiting (retry took it off)
+            if waiter.timer is not None:
+                waiter.timer.cancel()
+            waiters.remove(waiter)
+            writer = waiter.writer
+            if not writer.disconnected:
+                writer.on_disconnect = None
+            if decided == ADMITTED:
+                self.metrics.in_flight += 1
+                ex.admitted = True
+                waiter.then(True)
+            else:
+                self._refuse(writer, ex, waiter.key, decided)
+                waiter.then(False)
 
     @staticmethod
     def _engine_headers(

@@ -53,6 +53,7 @@ class Exchange:
         "t0",
         "ttft",
         "usage_seen",
+        "waiter",
         "wants_usage",
     )
 
@@ -83,6 +84,7 @@ class Exchange:
         self.body_held = 0  # of which request-body bytes (also counted in the key's share)
         self.share_full = False  # refused because its key's share of the budget was full
         self.admitted = False  # counted in metrics.in_flight
+        self.waiter: Any = None  # app._Waiter while it waits for an in-flight slot
         self.ended = False  # ProxyApp._end ran: slot and budget given back, accounted
         self.duration = 0.0  # seconds from the first byte handled to the end
         # Set by the ASGI path (a coroutine waits for it); ``_end`` completes it.

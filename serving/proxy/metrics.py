@@ -80,6 +80,9 @@ class Metrics:
         self.ttft = Histogram(LATENCY_BUCKETS)
         self.overhead = Histogram(OVERHEAD_BUCKETS)
         self.in_flight = 0
+        # Requests waiting for an in-flight slot (fair share between keys): read from the
+        # admission counts when /metrics is rendered, not kept here or in ``state``.
+        self.waiting = 0
         self.engine_ready = False
         self.connect_retries = 0
         self.health_failures = 0
@@ -133,6 +136,10 @@ class Metrics:
             "# HELP proxy_in_flight Engine requests in progress (streams count until they end).",
             "# TYPE proxy_in_flight gauge",
             f"proxy_in_flight {self.in_flight}",
+            "# HELP proxy_waiting Requests waiting for an in-flight slot: keys below their fair "
+            "share while the pool is full.",
+            "# TYPE proxy_waiting gauge",
+            f"proxy_waiting {self.waiting}",
             "# HELP proxy_engine_ready 1 when the proxy sends requests to the engine (see /ready).",
             "# TYPE proxy_engine_ready gauge",
             f"proxy_engine_ready {int(self.engine_ready)}",

@@ -11,10 +11,11 @@ request waited 30-50 ms; N processes take the burst in parallel (docs/proxy.md, 
   that accepted it).
 - **Workers**: each runs the same server as one process does (serving/proxy/runner.py): its
   own event loop, engine connection pool, /health poller and request-id prefix.
-- **One in-flight limit**: ``SharedInFlight``, a counter in shared memory under a lock;
-  admission takes a slot (429 when all ``--max-in-flight`` are taken, whichever worker
-  holds them) and ``ProxyApp._end`` gives it back. The one cost per request N = 1 does not
-  pay: an uncontended lock (a ``sem_trywait``) twice.
+- **One in-flight limit**: ``SharedInFlight``, the admission counts (total, per key, waiting;
+  serving/proxy/admission.py) in shared memory under a lock; admission takes a slot
+  (fairly between keys, whichever worker holds the slots) and ``ProxyApp._end`` gives it
+  back. The one cost per request N = 1 does not pay: an uncontended lock (a
+  ``sem_trywait``) twice.
 - **One /metrics**: each worker writes its metrics' state (JSON) to its own file in a private
   directory every ``PUBLISH_S`` (only when it changed) and when its engine readiness
   changes; the worker that answers /metrics sums its live state and the others' files
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serving.proxy.admission import cells_needed
 from serving.proxy.app import ProxyApp, ProxyConfig
 from serving.proxy.httpserver import bind
 from serving.proxy.keys import ENV_VAR, KeyRing
@@ -58,40 +60,28 @@ from serving.proxy.runner import run_own_server, run_uvicorn, tune_gc
 event_log = logging.getLogger("serving.proxy")
 
 PUBLISH_S = 0.5  # a worker's metrics reach the others' /metrics at most this late
-LOCK_TIMEOUT_S = 1.0  # the in-flight lock is held for ~a microsecond; longer: a worker died in it
 STOP_GRACE_S = 40.0  # after SIGTERM: the workers' 30 s drain, then SIGKILL for what is left
 
 
 class SharedInFlight:
-    """The in-flight count of all workers, in shared memory, under a lock (``--workers``)."""
+    """The in-flight counts of all workers, per key (admission.Admission's cells), in shared
+    memory, under one lock (``--workers``): every worker admits against the same slots,
+    per-key counts and waiting requests."""
 
-    def __init__(self, cell: Any, lock: Any, limit: int) -> None:
-        self._cell = cell  # a multiprocessing RawValue("q")
-        self._lock = lock  # a multiprocessing Lock
+    def __init__(self, cells: Any, lock: Any, limit: int) -> None:
+        self.cells = cells  # a multiprocessing RawArray("q", admission.cells_needed(keys))
+        self.lock = lock  # a multiprocessing Lock
         self.limit = limit
-
-    def take(self) -> bool:
-        """A slot, if one is free (False: all ``limit`` are taken)."""
-        lock = self._lock
-        if not lock.acquire(True, LOCK_TIMEOUT_S):
-            return False  # a worker died holding it: the main process is stopping them all
-        cell = self._cell
-        if cell.value >= self.limit:
-            lock.release()
-            return False
-        cell.value += 1
-        lock.release()
-        return True
-
-    def give_back(self) -> None:
-        lock = self._lock
-        if lock.acquire(True, LOCK_TIMEOUT_S):
-            self._cell.value -= 1
-            lock.release()
 
     @property
     def value(self) -> int:
-        return int(self._cell.value)
+        """Requests in flight, all workers and keys together (read without the lock)."""
+        return int(self.cells[0])
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot, all workers together (read without the lock)."""
+        return int(self.cells[1])
 
 
 class WorkerShare:
@@ -158,6 +148,7 @@ class WorkerShare:
                 complete = False  # not published yet (starting)
         total = Metrics.merged(states)
         total.in_flight = self.in_flight.value
+        total.waiting = self.in_flight.waiting
         total.engine_ready = total.engine_ready and complete
         return total.render()
 
@@ -281,7 +272,10 @@ def run_workers(
     boards = boards_parent()
     sweep_stale_boards(boards)
     board = tempfile.mkdtemp(prefix=f"{BOARD_PREFIX}{os.getpid()}-", dir=boards)
-    in_flight = SharedInFlight(ctx.RawValue("q", 0), ctx.Lock(), config.max_in_flight)
+    keys = KeyRing.from_json(os.environ.get(ENV_VAR))  # checked by the caller (__main__)
+    in_flight = SharedInFlight(
+        ctx.RawArray("q", cells_needed(len(keys.names))), ctx.Lock(), config.max_in_flight
+    )
     procs: list[Any] = []
     state = {"stopping": False, "deadline": float("inf")}
 
