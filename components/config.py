@@ -743,6 +743,13 @@ def parse_stack_config(
 
     app_file = r.string("appFile") or DEFAULT_APP_FILE
     key_names = _string_list(r, "apiKeyNames", KEY_NAME, "key names", "[gateway, ci]")
+    for i, svc in enumerate(settings):  # a key's own in-flight limit names a key of the stack
+        for key in sorted(set(svc.spec.proxy.key_max_in_flight or {}) - set(key_names)):
+            raise ConfigError(
+                f"{ns}:services[{i}].proxy.key_max_in_flight names key {key!r}, which is not "
+                f"in {ns}:apiKeyNames {key_names!r}: name one of those keys, or remove the "
+                "entry. " + _fix_hint(ns, f"[{i}].proxy.key_max_in_flight")
+            )
     managed = _managed_mode(r, values, stack)
     return StackConfig(
         project=ns,

@@ -471,6 +471,8 @@ def proxy_command(
     ]  # fmt: skip
     if spec.proxy_workers > 1:
         cmd += ["--workers", str(spec.proxy_workers)]
+    for name, limit in sorted((spec.proxy.key_max_in_flight or {}).items()):
+        cmd += ["--key-max-in-flight", f"{name}={limit}"]  # a key's own in-flight limit
     return cmd
 
 

@@ -499,6 +499,27 @@ class ProxySettings(_Model):
     # None = 1 (`ServingSpec.proxy_workers` says why). Left out of to_json() when None, so
     # specs from before the field keep their digest.
     workers: Annotated[int, Field(ge=1, le=64)] | None = None
+    # An API key's own limit on its requests in flight (key name as in SERVING_API_KEYS ->
+    # N <= max_in_flight; `--key-max-in-flight NAME=N`); keys not named share max_in_flight
+    # fairly (docs/proxy.md, "Fair share between keys"). None: no key has one. Left out of
+    # to_json() when None, so specs from before the field keep their digest.
+    key_max_in_flight: dict[str, Annotated[int, Field(ge=1, le=1_000_000)]] | None = None
+
+    @model_validator(mode="after")
+    def _key_limits(self) -> ProxySettings:
+        for name, limit in (self.key_max_in_flight or {}).items():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+                raise ValueError(
+                    f"proxy.key_max_in_flight: {name!r} is not an API key name (1-64 letters, "
+                    "digits, '.', '_', '-')"
+                )
+            if limit > self.max_in_flight:
+                raise ValueError(
+                    f"proxy.key_max_in_flight.{name} ({limit}) is above proxy.max_in_flight "
+                    f"({self.max_in_flight}): a key cannot hold more than the whole pool; "
+                    "lower it or raise max_in_flight"
+                )
+        return self
 
 
 class ServingSpec(_Model):
@@ -1048,8 +1069,11 @@ class ServingSpec(_Model):
         if self.engine_version == ENGINE_VERSIONS[self.engine]:
             unset.add("engine_version")
         exclude: dict[str, Any] = dict.fromkeys(unset, True)
-        if self.proxy.workers is None:
-            exclude["proxy"] = {"workers": True}
+        proxy_unset = {
+            f for f in ("workers", "key_max_in_flight") if getattr(self.proxy, f) is None
+        }
+        if proxy_unset:
+            exclude["proxy"] = dict.fromkeys(proxy_unset, True)
         data = self.model_dump(mode="json", exclude=exclude)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
