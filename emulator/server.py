@@ -102,6 +102,7 @@ async def serve(options: Options) -> None:
                 temp_data = make_scratch_dir("modal-emulator-data-")
                 data_dir = temp_data
             data_dir.mkdir(parents=True, exist_ok=True)
+            data_dir.chmod(0o700)  # volumes of every environment: the emulator's alone
             runtime = Runtime(
                 state,
                 RuntimeOptions(
@@ -112,6 +113,12 @@ async def serve(options: Options) -> None:
                     stop_grace=options.stop_grace,
                     host=options.host,
                     namespaces=None if options.container_namespaces else False,
+                    hidden=tuple(
+                        options.state_path.with_name(options.state_path.name + suffix)
+                        for suffix in ("", "-wal", "-shm")
+                    )
+                    if options.state_path is not None
+                    else (),
                 ),
             )
             edge = Edge(runtime, data_dir, options.host, options.edge_limits)

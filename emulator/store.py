@@ -41,18 +41,56 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+
+#: Tables added by schema version 4 (also in SCHEMA). `service_users.secret_sha256`: token
+#: secrets are kept as digests only. `issued_tokens`: every token id ever issued to a service
+#: user, never deleted, so that a deleted user's (or a rotation's retired) token is refused
+#: as such, in every auth mode, and never mistaken for the workspace's own.
+_SERVICE_USERS = """CREATE TABLE IF NOT EXISTS service_users (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    token_id TEXT NOT NULL UNIQUE,
+    secret_sha256 TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL DEFAULT 0,
+    scoped INTEGER NOT NULL DEFAULT 1
+);"""
+_SERVICE_USER_ROLES = """CREATE TABLE IF NOT EXISTS service_user_roles (
+    service_user_id TEXT NOT NULL,
+    env_id TEXT NOT NULL,
+    role TEXT NOT NULL,
+    PRIMARY KEY (service_user_id, env_id)
+);"""
+_ISSUED_TOKENS = """CREATE TABLE IF NOT EXISTS issued_tokens (
+    token_id TEXT PRIMARY KEY,
+    service_user_name TEXT NOT NULL,
+    issued_at REAL NOT NULL,
+    retired_at REAL
+);"""
+
 
 #: In-place upgrades of an older state file: the statements that take schema version N to
 #: N + 1, run in one transaction after the file passed every check of its own version. Each
 #: step may only add columns (`ALTER TABLE t ADD COLUMN c ...`, appended last, as SCHEMA lists
-#: them): the structure check expects SCHEMA's columns without the ones added after N.
+#: them) or whole tables (`CREATE TABLE IF NOT EXISTS t ...`, as SCHEMA has it): the structure
+#: check expects SCHEMA without the columns and tables added after N.
 UPGRADES: dict[int, tuple[str, ...]] = {
     # 2 -> 3: App tags (AppSetTags/AppGetTags, AppCreate/AppPublish `tags`) and the tag set
     # each version was published with. Apps and versions recorded before had none.
     2: (
         "ALTER TABLE apps ADD COLUMN tags TEXT NOT NULL DEFAULT '{}'",
         "ALTER TABLE app_versions ADD COLUMN tags TEXT NOT NULL DEFAULT '{}'",
+    ),
+    # 3 -> 4 (issue 32): service users, their roles and every token ever issued survive a
+    # restart (before, they lived in memory and a restarted emulator in any-token mode took a
+    # service user's token for the Owner's); who created or last deployed each app (its
+    # containers act as that identity).
+    3: (
+        "ALTER TABLE apps ADD COLUMN created_by TEXT NOT NULL DEFAULT ''",
+        _SERVICE_USERS,
+        _SERVICE_USER_ROLES,
+        _ISSUED_TOKENS,
     ),
 }
 
@@ -109,7 +147,8 @@ CREATE TABLE IF NOT EXISTS apps (
     stopped_at REAL,
     version INTEGER NOT NULL DEFAULT 0,
     last_heartbeat REAL,
-    tags TEXT NOT NULL DEFAULT '{}'
+    tags TEXT NOT NULL DEFAULT '{}',
+    created_by TEXT NOT NULL DEFAULT ''
 );
 CREATE UNIQUE INDEX IF NOT EXISTS apps_deployed_name ON apps (env_id, deployed_name);
 CREATE TABLE IF NOT EXISTS app_versions (
@@ -182,6 +221,7 @@ CREATE TABLE IF NOT EXISTS web_urls (
     function_id TEXT NOT NULL
 );
 """
+SCHEMA += "\n".join((_SERVICE_USERS, _SERVICE_USER_ROLES, _ISSUED_TOKENS)) + "\n"
 
 #: Tables in dependency-free order, for reset and dump.
 TABLES = (
@@ -200,12 +240,16 @@ TABLES = (
     "files",
     "blobs",
     "web_urls",
+    "service_users",
+    "service_user_roles",
+    "issued_tokens",
 )
 
 #: Columns never shown by `dump()`: secret values, token secrets, file and blob bytes.
 _HIDDEN_COLUMNS = {
     "secrets": {"data"},
     "proxy_tokens": {"secret_sha256"},
+    "service_users": {"secret_sha256"},
     "function_definitions": {"data", "handle"},
     "files": {"data"},
     "blobs": {"data"},
@@ -248,6 +292,17 @@ def _expected_objects() -> set[tuple[str, str]]:
 Structure = dict[str, tuple[tuple[Any, ...], ...]]
 
 _ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)", re.IGNORECASE)
+_ADD_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)", re.IGNORECASE)
+
+
+def _tables_added_after(version: int) -> set[str]:
+    """Tables that UPGRADES creates after schema `version` (a file of that version lacks them)."""
+    return {
+        match.group(1)
+        for step in range(version, SCHEMA_VERSION)
+        for statement in UPGRADES.get(step, ())
+        if (match := _ADD_TABLE.match(statement)) is not None
+    }
 
 
 def _structure(db: sqlite3.Connection) -> Structure:
@@ -280,6 +335,8 @@ def _expected_structure(version: int) -> Structure:
         expected = _structure(db)
     finally:
         db.close()
+    for table in _tables_added_after(version):
+        expected.pop(f"table {table}", None)
     for step in range(version, SCHEMA_VERSION):
         for statement in UPGRADES.get(step, ()):
             match = _ADD_COLUMN.search(statement)
@@ -393,7 +450,16 @@ class Store:
         # The lock is taken on the state file itself (created empty if missing): flock locks
         # the inode, so every name of the file (symlink, hard link) contends for one lock.
         try:
-            handle = open(path, "ab")  # noqa: SIM115 (held open for the store's lifetime)
+            # 0600 (issue 32 item 6): it holds secret values. SQLite creates its -wal/-shm
+            # files with the database file's mode (os_unix.c, findCreateFileMode), so they
+            # follow; a file made before with a wider mode is narrowed here.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            os.fchmod(fd, 0o600)
+            handle = os.fdopen(fd, "ab")
+            for suffix in ("-wal", "-shm"):
+                side = path.with_name(path.name + suffix)
+                if side.exists():
+                    side.chmod(0o600)
         except OSError as exc:
             raise StoreError(
                 f"State file {path} cannot be opened ({exc.strerror}). Pass another --state "
@@ -437,7 +503,10 @@ class Store:
                 "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
             )
         }
-        missing = sorted(f"{kind} {name}" for kind, name in _expected_objects() - present)
+        added_later = {("table", name) for name in _tables_added_after(version)}
+        missing = sorted(
+            f"{kind} {name}" for kind, name in _expected_objects() - present - added_later
+        )
         if missing:
             raise StateDamaged(
                 f"State file {self.path} is damaged: {', '.join(missing)} missing (an emptied "

@@ -40,7 +40,9 @@ def AppCreate(ctx: Context, req: api_pb2.AppCreateRequest) -> api_pb2.AppCreateR
         if req.app_state != api_pb2.APP_STATE_UNSPECIFIED
         else "ephemeral"
     )
-    app = ctx.state.apps.create(req.environment_name, req.description, state, dict(req.tags))
+    app = ctx.state.apps.create(
+        req.environment_name, req.description, state, dict(req.tags), created_by=ctx.identity_id
+    )
     return api_pb2.AppCreateResponse(
         app_id=app.id,
         app_page_url=_page_url(ctx, app),
@@ -75,6 +77,7 @@ def AppGetOrCreate(
         create_if_missing("AppGetOrCreate", req.object_creation_type),
         ctx.client_version,
         ctx.config.workspace,
+        created_by=ctx.identity_id,
     )
     return api_pb2.AppGetOrCreateResponse(
         app_id=app.id,
@@ -174,8 +177,11 @@ def AppPublish(ctx: Context, req: api_pb2.AppPublishRequest) -> api_pb2.AppPubli
         # A no-op redeploy: no new version, containers kept, and deployed_at == 0 (the
         # client's "Deployment skipped: no changes detected"); its tags still apply.
         app = ctx.state.apps.publish_skipped(req.app_id, publish)
+        ctx.state.apps.set_created_by(req.app_id, ctx.identity_id)
         return api_pb2.AppPublishResponse(url=_deployed_url(ctx, app), deployed_at=0.0)
     app, _version = ctx.state.apps.publish(req.app_id, publish)
+    # Its containers act as whoever deployed it last (emulator/handlers/base.py `_container`).
+    ctx.state.apps.set_created_by(req.app_id, ctx.identity_id)
     url = _deployed_url(ctx, app) if app.deployed else _page_url(ctx, app)
     if ctx.runtime is not None:
         ctx.runtime.deployments_changed()  # the new version's containers start (rolling)

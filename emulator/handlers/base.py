@@ -15,6 +15,7 @@ retries INTERNAL silently, so the log is the only trace of a handler bug).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import inspect
 import logging
@@ -24,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from google.protobuf.message import DecodeError
 from grpclib import GRPCError, Status
@@ -79,10 +80,24 @@ class Context:
     metadata: dict[str, str]
     runtime: Any = None  # emulator.runtime.Runtime when containers run, else None
     task_id: str = ""  # set when the call comes from a container (its own unix socket)
+    #: Who calls: None for the workspace Owner, else a service user or a container's identity
+    #: (emulator/models/service_users.py `ServiceUser`), checked by emulator/models/rbac.py.
+    identity: Any = None
 
     @property
     def client_version(self) -> str:
         return self.metadata.get("x-modal-client-version", "")
+
+    @property
+    def identity_id(self) -> str:
+        """ "" for the Owner, else the id `App.created_by` records."""
+        return str(self.identity.identity_id) if self.identity is not None else ""
+
+    def may_read(self, env_id: str) -> bool:
+        """Whether the caller may see what lives in the environment (logs, lists)."""
+        if self.identity is None:
+            return True
+        return self.state.service_users.role_in(self.identity, env_id) in rbac.READ_ROLES
 
 
 class RpcCounter:
@@ -133,43 +148,89 @@ class ServicerBase(ModalClientBase):
         self.task_id = task_id  # a container's own socket: no token, calls come from it
 
     def _authenticate(self, method: str, metadata: dict[str, str]) -> Any:
-        """None for the workspace token, the workspace Owner (or a container's own calls), or
-        the service user whose token was sent (each call is checked against its roles:
-        emulator/models/rbac.py). A container may send a service user's token too
-        (`Client.from_credentials`). A service user's token id with a wrong secret, or
-        expired, is UNAUTHENTICATED, also where the emulator accepts any token: it is never
-        taken for the workspace's own."""
+        """Who is calling: None for the workspace Owner (the emulator's own token, or any
+        token in any-token mode that no service user was ever issued), else the identity every
+        call is checked against (emulator/models/rbac.py): the service user whose token was
+        sent, or, on a container's own socket, the container (`_container`).
+
+        A token id this emulator issued to a service user is that service user's or nobody's,
+        in every auth mode (issue 32 item 3): a wrong secret, an expired token, a deleted
+        (retired) user's token, or one minted here that the state no longer holds (a reset) is
+        UNAUTHENTICATED, never taken for the Owner."""
+        if self.task_id:
+            return self._container(method)
         cfg = self.config
+        users = self.state.service_users
         token_id = metadata.get("x-modal-token-id", "")
         token_secret = metadata.get("x-modal-token-secret", "")
-        if token_id.startswith("ak-") and token_id != cfg.token_id:
-            service_user = self.state.service_users.authenticate(token_id, token_secret)
+        if token_id and token_id != cfg.token_id:
+            service_user = users.authenticate(token_id, token_secret)
             if service_user is not None:
                 return service_user
-            holder = self.state.service_users.holds_token(token_id)
+            holder = users.holds_token(token_id)
             if holder is not None:
-                log.warning("%s: rejected service user %s's token", method, holder.name)
-                raise GRPCError(
-                    Status.UNAUTHENTICATED,
+                self._refuse(
+                    method,
                     f"The token of service user {holder.name!r} (token id {token_id!r}) is "
                     "expired or was sent with a wrong secret. Use the secret shown when it "
                     "was created, or create a new service user.",
                 )
-        if cfg.token_id is None or cfg.token_secret is None or self.task_id:
-            return None
+            retired = users.retired(token_id)
+            if retired is not None:
+                self._refuse(
+                    method,
+                    f"Token id {token_id!r} belonged to service user {retired!r}, which was "
+                    "deleted (a rotation deletes the previous service user): it is retired. "
+                    "Use the current service user's token.",
+                )
+            if users.minted_here(token_id):
+                self._refuse(
+                    method,
+                    f"Token id {token_id!r} was issued by this emulator to a service user it "
+                    "no longer knows (its state was reset). Create the service user again "
+                    "and use its new token.",
+                )
+        if cfg.token_id is None or cfg.token_secret is None:
+            return None  # any-token mode: the workspace's own token
         ok = hmac.compare_digest(token_id.encode(), cfg.token_id.encode()) and hmac.compare_digest(
             token_secret.encode(), cfg.token_secret.encode()
         )
         if not ok:
             shown = token_id or "(none)"
-            log.warning("%s: rejected credentials (token id %s)", method, shown)
-            raise GRPCError(
-                Status.UNAUTHENTICATED,
+            self._refuse(
+                method,
                 f"Invalid or missing token: token id {shown!r} with its secret is not accepted "
                 "by this emulator. Use the --token-id/--token-secret it was started with "
                 "(MODAL_TOKEN_ID / MODAL_TOKEN_SECRET).",
             )
         return None
+
+    @staticmethod
+    def _refuse(method: str, message: str) -> NoReturn:
+        log.warning("%s: UNAUTHENTICATED: %s", method, message)
+        raise GRPCError(Status.UNAUTHENTICATED, message)
+
+    def _container(self, method: str) -> Any:
+        """The identity of the container whose socket this is (issue 32 item 2): the role of
+        whoever created or last deployed its app, in the app's environment only, never the
+        Owner. On Modal a container's client authenticates with credentials of its own task
+        (modal 1.6.4 `_Client.from_env`: inside a container, `MODAL_TASK_ID` and no token;
+        `_container_entrypoint` never receives the deployer's token), so it cannot act as
+        the deploying user beyond what its task is given."""
+        container = self.runtime.container(self.task_id) if self.runtime is not None else None
+        app = None
+        if container is not None:
+            with contextlib.suppress(EmulatorError):
+                app = self.state.apps.get(container.app_id)
+        if container is None or app is None:
+            self._refuse(
+                method,
+                f"Container {self.task_id} is not running (or its app is gone): its calls are "
+                "no longer accepted.",
+            )
+        return self.state.service_users.container_identity(
+            self.task_id, app.name or app.description or app.id, app.env_id, app.created_by
+        )
 
     async def _dispatch(self, method: str, stream: Stream[Any, Any]) -> None:
         # Calls a running container makes (its input long polls, heartbeats, the app's own
@@ -201,6 +262,7 @@ class ServicerBase(ModalClientBase):
             metadata=metadata,
             runtime=self.runtime,
             task_id=self.task_id,
+            identity=service_user,
         )
         started = time.perf_counter()
         try:
@@ -210,7 +272,13 @@ class ServicerBase(ModalClientBase):
             else:
                 key = metadata.get("x-idempotency-key", "")
                 if key:
-                    result = await IDEMPOTENCY.run(method, key, lambda: _call(fn, ctx, request))
+                    # Keyed by caller too (issue 32 item 5): a key is the client's own
+                    # (modal/_utils/grpc_utils.py makes one per call), never a way to replay
+                    # another identity's answer.
+                    caller = service_user.id if service_user is not None else "owner"
+                    result = await IDEMPOTENCY.run(
+                        f"{caller}/{method}", key, lambda: _call(fn, ctx, request)
+                    )
                 else:
                     result = await _call(fn, ctx, request)
                 await _inject_fault(method, "after")  # applied, then the answer is lost

@@ -26,7 +26,7 @@ from typing import Any
 from google.protobuf.empty_pb2 import Empty
 from modal_proto import api_pb2
 
-from emulator.errors import FailedPrecondition, InvalidArgument, NotFound
+from emulator.errors import EmulatorError, FailedPrecondition, InvalidArgument, NotFound
 from emulator.handlers.base import Context, rpc
 
 #: How long FunctionGetInputs holds a container's poll when no input waits.
@@ -401,10 +401,11 @@ async def AppGetLogs(
     logs = ctx.runtime.logs
     after = _entry(req.last_entry_id)
     deadline = time.monotonic() + min(max(req.timeout, 0.0), MAX_OUTPUT_WAIT)
+    function_id = _function_of_scope(ctx, req)
     while True:
         entries = [
             e
-            for e in logs.since(after, req.app_id, req.function_id, req.task_id)
+            for e in _visible(ctx, logs.since(after, req.app_id, function_id, req.task_id))
             if not req.file_descriptor or e.fd == req.file_descriptor
         ]
         if entries:
@@ -440,11 +441,52 @@ def _in_range(ts: float, since: Any, until: Any) -> bool:
     return lo <= ts < hi
 
 
+def _function_of_scope(ctx: Context, req: Any) -> str:
+    """The function whose logs the request asks for: its `function_id`, or the function of
+    its `function_call_id` (logs carry no input ids here, so a call's scope is its function's
+    containers, never wider). Before, a request with only a `function_call_id` was not
+    filtered at all and returned every environment's lines (issue 32 item 4)."""
+    call_id = str(getattr(req, "function_call_id", "") or "")
+    if not call_id:
+        return str(req.function_id)
+    call = ctx.runtime.calls.get(call_id) if ctx.runtime is not None else None
+    if call is None:
+        raise NotFound(
+            f"Function call {call_id!r} not found (finished calls are kept only while their "
+            "results are; ask by app_id or function_id instead)."
+        )
+    if req.function_id and req.function_id != call.function_id:
+        raise InvalidArgument(
+            f"function_call_id {call_id!r} is a call of function {call.function_id}, not of "
+            f"function_id {req.function_id!r}; send one of them."
+        )
+    return str(call.function_id)
+
+
+def _visible(ctx: Context, entries: list[Any]) -> list[Any]:
+    """Only the lines of apps in environments where the caller may read (the Owner: all)."""
+    if ctx.identity is None:
+        return entries
+    readable: dict[str, bool] = {}
+    kept = []
+    for e in entries:
+        if e.app_id not in readable:
+            try:
+                readable[e.app_id] = ctx.may_read(ctx.state.apps.get(e.app_id).env_id)
+            except EmulatorError:  # the app is gone: its lines are nobody's to read now
+                readable[e.app_id] = False
+        if readable[e.app_id]:
+            kept.append(e)
+    return kept
+
+
 def _matching(ctx: Context, req: Any) -> list[Any]:
     if ctx.runtime is None:
         return []
     ctx.state.apps.get(req.app_id)
-    entries = ctx.runtime.logs.since(0, req.app_id, req.function_id, req.task_id)
+    entries = _visible(
+        ctx, ctx.runtime.logs.since(0, req.app_id, _function_of_scope(ctx, req), req.task_id)
+    )
     return [
         e
         for e in entries

@@ -34,7 +34,7 @@ class State:
         self.volumes = Volumes(store, self.environments)
         self.tokens = ProxyTokens(store, self.environments)
         self.dicts = Dicts(store, self.environments)  # in memory (emulator/models/dicts.py)
-        self.service_users = ServiceUsers(self.environments)  # in memory, like dicts
+        self.service_users = ServiceUsers(store, self.environments)
         self.apps = Apps(store, self.environments, heartbeat_timeout)
         self.images = Images(store)
         self.blobs = Blobs(store)

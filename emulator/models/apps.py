@@ -106,6 +106,9 @@ class App:
     deployed_at: float | None
     stopped_at: float | None
     version: int
+    #: Who created or last deployed it: "" for the workspace Owner, else a service user's id.
+    #: Its containers act as that identity (emulator/handlers/base.py, issue 32 item 2).
+    created_by: str = ""
 
     @property
     def deployed(self) -> bool:
@@ -223,7 +226,13 @@ class Apps:
             deployed_at=row["deployed_at"],
             stopped_at=row["stopped_at"],
             version=row["version"],
+            created_by=row["created_by"],
         )
+
+    def set_created_by(self, app_id: str, identity_id: str) -> None:
+        """Record who created or last deployed the app (see `App.created_by`)."""
+        with self.store.tx() as db:
+            db.execute("UPDATE apps SET created_by = ? WHERE id = ?", (identity_id, app_id))
 
     def _row(self, db: sqlite3.Connection, app_id: str) -> sqlite3.Row:
         check_id("app", app_id)
@@ -238,6 +247,7 @@ class Apps:
         description: str,
         state: str,
         tags: dict[str, str] | None = None,
+        created_by: str = "",
     ) -> App:
         if state not in STATES:
             raise InvalidArgument(f"AppCreate: unsupported app state {state!r}.")
@@ -248,8 +258,8 @@ class Apps:
             now = self.store.now()
             db.execute(
                 "INSERT INTO apps (id, env_id, description, state, created_at, last_heartbeat,"
-                " tags) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (app_id, env.id, description[:500], state, now, now, _tags_json(tags)),
+                " tags, created_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (app_id, env.id, description[:500], state, now, now, _tags_json(tags), created_by),
             )
             return self._load(db, self._row(db, app_id))
 
@@ -284,6 +294,7 @@ class Apps:
         create_if_missing: bool,
         client_version: str = "",
         deployed_by: str = "",
+        created_by: str = "",
     ) -> App:
         if not create_if_missing and looks_like_id("app", name):
             return self.get(name)  # an app id instead of a name
@@ -293,7 +304,7 @@ class Apps:
             return app
         if not create_if_missing:
             raise NotFound(f"App {name!r} not found in environment {env.name!r}.")
-        created = self.create(env.name, name, "initializing")
+        created = self.create(env.name, name, "initializing", created_by=created_by)
         app, _version = self.publish(
             created.id,
             PublishRequest(

@@ -88,6 +88,9 @@ class Rule:
     answer: Callable[[Any, ServiceUser, Any], Any] | None = None
     stricter: bool = False  # a stricter reading where Modal's documentation is silent
     source: str = ""
+    #: The objects the request attaches by id, (kind, id) each: each is checked where it
+    #: lives (`_check_references`).
+    refs: Callable[[Any], list[tuple[str, str]]] | None = None
 
 
 _RBAC = "modal.com/docs/guide/rbac"
@@ -116,6 +119,20 @@ def _filter_environment_list(state: Any, su: ServiceUser, answer: Any) -> Any:
             item.effective_role = roles[role]
             kept.append(item)
     return api_pb2.EnvironmentListResponse(items=kept)
+
+
+def _function_refs(request: Any) -> list[tuple[str, str]]:
+    """The Secrets and Volumes a FunctionCreate attaches by id: `Function.secret_ids`,
+    `volume_mounts[].volume_id` and cloud bucket mounts' `credentials_secret_id` (modal 1.6.4
+    `_functions.py` fills them from `secrets=` and `volumes=`; `FunctionData` has none of
+    these fields in the pinned modal_proto)."""
+    fn = request.function
+    refs = [(SECRET, sid) for sid in fn.secret_ids]
+    refs += [(VOLUME, vm.volume_id) for vm in fn.volume_mounts if vm.volume_id]
+    refs += [
+        (SECRET, m.credentials_secret_id) for m in fn.cloud_bucket_mounts if m.credentials_secret_id
+    ]
+    return list(dict.fromkeys(refs))
 
 
 def _rules() -> dict[str, Rule]:
@@ -220,7 +237,9 @@ def _rules() -> dict[str, Rule]:
             read, app, ENV_NAME, first=True, creating=write, source=f"{_VIEWER}; {_CONTRIB}"
         ),
         "FunctionPrecreate": on(write, app, source=_CONTRIB),
-        "FunctionCreate": on(write, app, source=_CONTRIB),
+        "FunctionCreate": on(
+            write, app, refs=_function_refs, source=f"{_CONTRIB}; attached objects: their env"
+        ),
         "ClassCreate": on(write, app, source=_CONTRIB),
         "FunctionGet": on(read, ENV_NAME, source=f"{_VIEWER} (function configuration)"),
         "ClassGet": on(read, ENV_NAME, source=f"{_VIEWER} (function configuration)"),
@@ -367,7 +386,7 @@ def authorize(state: Any, runtime: Any, su: ServiceUser, method: str, request: A
     """PermissionDenied unless the service user may call `method` with `request`; else the
     RPC's rule (its `answer` filter applies to the handler's answer)."""
     rule = RULES.get(method)
-    who = f"Service user {su.name!r}"
+    who = su.label
     if rule is None:
         raise PermissionDenied(
             f"{who} may not call {method}: the emulator's role table (emulator/models/rbac.py)"
@@ -385,6 +404,13 @@ def authorize(state: Any, runtime: Any, su: ServiceUser, method: str, request: A
         need = rule.fallback
     if need is Need.ANYONE:
         return rule
+    if need is Need.OWNER and su.container_task:
+        raise PermissionDenied(
+            f"{who} may not call {method}: it needs {need.value}, and a container acts with"
+            " the role of the identity that deployed its app, in the app's environment only,"
+            " never as the workspace Owner (issue 32). Run workspace management from outside"
+            " a container, with an Owner's or Manager's token."
+        )
     if need is Need.OWNER:
         raise PermissionDenied(
             f"{who} may not call {method}: it needs {need.value} (workspace management,"
@@ -392,6 +418,9 @@ def authorize(state: Any, runtime: Any, su: ServiceUser, method: str, request: A
             " at most a workspace Member's permissions (modal.com/docs/guide/service-users)."
             " Use an Owner's or Manager's token (the emulator's --token-id)."
         )
+    if need is Need.CONTAINER and su.container_task:
+        _check_own_task(su, method, request)
+        return rule
     if need is Need.CONTAINER:
         raise PermissionDenied(
             f"{who} may not call {method}: only a container of a running app makes this call,"
@@ -429,7 +458,51 @@ def authorize(state: Any, runtime: Any, su: ServiceUser, method: str, request: A
             f"{'' if writes else ' (contributor to also deploy or change things there)'},"
             " run by a workspace Owner or Manager."
         )
+    if rule.refs is not None:
+        _check_references(state, runtime, su, method, rule.refs(request))
     return rule
+
+
+def _check_own_task(su: ServiceUser, method: str, request: Any) -> None:
+    """A container's lifecycle calls name its own task, if they name one."""
+    task = str(getattr(request, "task_id", "") or "")
+    if task and task != su.container_task:
+        raise PermissionDenied(
+            f"{su.label} may not call {method} for container {task}: a container makes its"
+            " lifecycle calls for itself only."
+        )
+
+
+def _check_references(
+    state: Any, runtime: Any, su: ServiceUser, method: str, refs: list[tuple[str, str]]
+) -> None:
+    """Every object a function attaches by id must be one the caller may use where it lives
+    (issue 32 item 1). Modal scopes Secrets, Volumes and Dicts to an environment
+    (modal.com/docs/guide/environments: "Each Environment has its own set of Secrets", and
+    lookups from an App default to its own environment) and lets a lookup name another
+    environment (modal 1.6.4 `Secret.from_name(..., environment_name=...)`), which a service
+    user can do only where it holds a role (`SecretGetOrCreate` and `VolumeGetOrCreate` are
+    checked in the environment they name). An id sent without that lookup gets the same
+    check here: the caller needs contributor in the object's environment (stricter than the
+    viewer a lookup needs: attaching a Secret hands its values to code the caller wrote)."""
+    for kind, object_id in refs:
+        env_id = _env_of_object(state, runtime, kind, object_id)
+        if env_id is None:
+            raise NotFound(
+                f"{method}: the {kind} {object_id} the function attaches does not exist;"
+                " look it up by name (e.g. modal.Secret.from_name) before deploying."
+            )
+        role = state.service_users.role_in(su, env_id)
+        if role in WRITE_ROLES:
+            continue
+        label = _env_label(state, env_id)
+        raise PermissionDenied(
+            f"{su.label} may not attach {kind} {object_id} of environment {label} in {method}:"
+            f" its role there is {role or 'none'}, and using another environment's {kind}"
+            f" needs contributor there. Use a {kind} of the app's own environment, or have a"
+            f" workspace Owner or Manager grant it with"
+            f" `{GRANT.format(name=su.name, env=_grant_env(label), role='contributor')}`."
+        )
 
 
 def _roles_text(state: Any, su: ServiceUser) -> str:

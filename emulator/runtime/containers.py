@@ -72,6 +72,9 @@ class LaunchSpec:
     #: Its own mount and pid namespaces and root (see `command`); without them (no root or
     #: no `unshare`) it is a plain process on the machine's filesystem.
     mountns: bool = False
+    #: The emulator's own files, covered in the container's root (see `command`): its state
+    #: file, its data directory (every environment's volumes), the other containers' sockets.
+    hidden: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -180,6 +183,18 @@ def command(spec: LaunchSpec, host_root: Path = Path("/")) -> tuple[list[str], P
             steps.append(f"mkdir {at(name)} && {mount} --rbind {q(str(name))} {at(name)}")
         elif top.is_file():
             steps.append(f": > {at(name)} && {mount} --bind {q(str(name))} {at(name)}")
+    # The emulator's own files are covered (issue 32 item 6): a container runs as root here,
+    # and through the bind of `/` it could read the state file (secret values), every
+    # environment's volumes and the other containers' sockets (each one is that container's
+    # identity). A directory gets an empty tmpfs, a file /dev/null. Mount sources below are
+    # host paths, read outside the new root, so the container's own volumes still bind.
+    hidden = [p.absolute() for p in spec.hidden]
+    for path in hidden:
+        cover = at(PurePosixPath(str(path)))
+        if path.is_dir():
+            steps.append(f"{mount} -t tmpfs -o mode=0700,size=64k emulator-hidden {cover}")
+        elif path.exists():
+            steps.append(f"{mount} --bind /dev/null {cover}")
     # /root is an overlay: the app's files on top of the machine's own /root (which may hold
     # the interpreter, e.g. pyenv), writes going to a per-container layer (ephemeral, like a
     # Modal container's filesystem). The machine's /root is never written.
@@ -218,8 +233,9 @@ def command(spec: LaunchSpec, host_root: Path = Path("/")) -> tuple[list[str], P
     # The container's own files (its unix socket above all: a socket is not reachable
     # through an overlay's lower layer) must stay the real ones under any overlay.
     workdir = PurePosixPath(str(spec.workdir))
-    if any(o == workdir or o in workdir.parents for o in overlaid):
-        steps.append(f"{mount} --bind {q(str(workdir))} {at(workdir)}")
+    covered = overlaid | {PurePosixPath(str(p)) for p in hidden}
+    if any(o == workdir or o in workdir.parents for o in covered):
+        steps.append(f"mkdir -p {at(workdir)} && {mount} --bind {q(str(workdir))} {at(workdir)}")
     steps.append("set +e")
     # pid 1: start the entrypoint in the new root, forward SIGTERM/SIGINT to it, exit with
     # its status (when pid 1 exits, the kernel kills the rest of the pid namespace).

@@ -40,8 +40,11 @@ answered from `Content-Length` before a byte of it is read) that may keep the ed
 for its bytes 60 s in all (408; time the edge itself holds reading back, during a cold start
 or while a container takes the body slowly, does not count), idle keep-alive connections
 closed after 75 s, at most 16 requests read ahead of the one being answered, and at most 1024
-client connections open at once on all the edge's ports (more are closed as they are
-accepted). Malformed framing (a bad or duplicate
+client connections open at once on all the edge's ports. At that cap a new connection takes the
+place of the oldest one that has not shown valid credentials yet (issue 32 item 14: 1,024
+half-sent heads without credentials used to lock every authenticated client out until they
+timed out), else of the longest-idle keep-alive connection, else it is closed as it is
+accepted (see `Edge.make_room`). Malformed framing (a bad or duplicate
 `Content-Length`, `Content-Length` with `Transfer-Encoding`, bad chunk sizes, NUL or bare
 CR/LF in a header) is 400; a transfer coding other than chunked, and CONNECT, are 501 (RFC
 9112 6.1). Every such answer closes the connection, FIN first, then reads and drops what the
@@ -323,23 +326,30 @@ class _ClientConnection(asyncio.Protocol):
         self._headers: list[tuple[str, str]] = []
         self._parsed_head = 0
         self._bad_coding = ""
+        #: A request on it passed the endpoint's proxy auth (or the endpoint needs none): at
+        #: the connection cap it is closed only after every connection that has not (and
+        #: only when idle). Until then it is in `Edge.unproven`, oldest first.
+        self.proven = False
+        self.opened_at: float | None = None
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         edge = self.edge
-        if len(edge.connections) >= self.limits.max_connections:
+        if len(edge.connections) >= self.limits.max_connections and not edge.make_room(self.url):
             self.lost = True
             edge.lines.warn(
                 "connections",
-                "edge: %d client connections are open (the cap): a new one on %s was closed",
+                "edge: %d client connections are open (the cap), each serving a request or "
+                "holding one read ahead: a new one on %s was closed",
                 len(edge.connections),
                 self.url,
             )
             transport.abort()  # type: ignore[attr-defined]
             return
         edge.connections.add(self)
-        self.head_t0 = self.loop.time()
+        edge.unproven[self] = None
+        self.head_t0 = self.opened_at = self.loop.time()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -351,6 +361,7 @@ class _ClientConnection(asyncio.Protocol):
         self.lost = True
         self.closing = True
         self.edge.connections.discard(self)
+        self.edge.unproven.pop(self, None)
         for req in (self.active, self.parsing, *[q for q in self.queue if isinstance(q, _Request)]):
             if req is not None:
                 req.wake()
@@ -651,6 +662,18 @@ class _ClientConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def prove(self) -> None:
+        """A request on this connection passed the endpoint's proxy auth."""
+        if not self.proven:
+            self.proven = True
+            self.edge.unproven.pop(self, None)
+
+    @property
+    def idle(self) -> bool:
+        """No request is being answered or waits to be (what is in the parser, a partial
+        head, may be dropped: the client has had no answer to it)."""
+        return self.active is None and not self.queue and not self.upgraded and not self.lost
+
     def _pause_reading(self) -> None:
         if not self.reading_paused and self.transport is not None and not self.lost:
             self.reading_paused = True
@@ -830,6 +853,8 @@ class Edge:
         self._results: dict[str, _Pending] = {}
         self._bg: set[asyncio.Task[Any]] = set()
         self.connections: set[_ClientConnection] = set()
+        #: Open connections that have not shown valid credentials yet, oldest first.
+        self.unproven: dict[_ClientConnection, None] = {}
         self.lines = _LogLines()
         self._sweeper: asyncio.TimerHandle | None = None
         if self._table_path.exists():
@@ -850,6 +875,57 @@ class Edge:
             conn.sweep(now)
         interval = min(1.0, self.limits.head_timeout_s / 2)
         self._sweeper = asyncio.get_running_loop().call_later(interval, self._sweep)
+
+    def make_room(self, url: str) -> bool:
+        """At the connection cap, close one connection for a new one on `url`: the oldest
+        that has not shown valid credentials and is not being answered (a client sending half
+        a head, or nothing, or one refused 401); else the longest-idle keep-alive connection
+        between two requests. False: every connection is serving a request (the new one is
+        refused, as before).
+
+        Why: the cap bounds open files (issue 22 item 5), but when it was first come, first
+        served, connections without credentials could hold all of it (issue 32 item 14: 1,024
+        half-sent heads, and every authenticated request got a reset until they timed out
+        10 s later). nginx makes room the same way when it runs out of `worker_connections`:
+        `ngx_drain_connections()` (src/core/ngx_connection.c) closes the oldest "reusable"
+        connections, those idle in keep-alive or waiting for a request's first bytes, and
+        logs "worker_connections are not enough, reusing connections". Preferring connections
+        without credentials over idle authenticated ones, rather than nginx's one queue, is our
+        own choice (Modal does not document what its edge does at its limits). A client whose
+        keep-alive connection is closed while idle opens a new one (RFC 9112 9.3.1)."""
+        victim: _ClientConnection | None = None
+        for conn in self.unproven:  # oldest first
+            if conn.idle:
+                victim = conn
+                why = "that had not sent a request head with valid credentials"
+                break
+        if victim is None:
+            idle = [c for c in self.connections if c.idle and c.idle_since is not None]
+            if idle:
+                victim = min(idle, key=lambda c: c.idle_since or 0.0)
+                why = "idle in keep-alive"
+        if victim is None:
+            return False
+        age = self.loop_time() - (victim.opened_at or 0.0)
+        self.lines.warn(
+            "connections-evicted",
+            "edge: %d client connections are open (the cap): closed the oldest %s (open %.1f s)"
+            " for a new one on %s",
+            len(self.connections),
+            why,
+            age,
+            url,
+        )
+        victim.lost = True
+        victim.closing = True
+        self.connections.discard(victim)
+        self.unproven.pop(victim, None)
+        victim.abort()
+        return True
+
+    @staticmethod
+    def loop_time() -> float:
+        return asyncio.get_running_loop().time()
 
     def url_for(self, pattern_url: str) -> str:
         """The edge URL for an endpoint (its Modal-pattern URL names it); binds its port."""
@@ -1008,6 +1084,7 @@ class Edge:
                 keep = self._answer(conn, req, 401, why)
                 await conn.drain()
                 return keep
+        conn.prove()  # valid credentials (or none needed): kept over those without at the cap
         split = urllib.parse.urlsplit(target)
         query = urllib.parse.parse_qs(split.query)
         if RESULT_PARAM in query:

@@ -72,6 +72,9 @@ class RuntimeOptions:
     namespaces: bool | None = None
     stop_grace: float = 10.0
     host: str = "127.0.0.1"
+    #: The emulator's own files a container must not see (the state file and its -wal/-shm);
+    #: the data dir and the containers' socket dir are added by the runtime.
+    hidden: tuple[Path, ...] = ()
 
 
 def function_of(definition: Definition) -> api_pb2.Function:
@@ -741,6 +744,7 @@ class Runtime:
                 volumes=volumes,
                 netns=self.use_netns,
                 mountns=self.use_mountns,
+                hidden=[*self.options.hidden, self.options.data_dir, self._sock_dir],
                 python=self.options.python,
                 args_bytes=self._container_args(pool, c.task_id).SerializeToString(),
             )
@@ -1001,6 +1005,8 @@ class Runtime:
                 "exit_code": c.exit_code,
                 "failure": c.failure,
                 "netns": c.netns,
+                "mountns": c.mountns,
+                "workdir": str(self._sock_dir / c.task_id),
             }
             for c in self.tasks.values()
         ]

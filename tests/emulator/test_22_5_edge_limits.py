@@ -20,8 +20,14 @@ from pathlib import Path
 import pytest
 
 from tests.emulator.helpers import modal_cli
-from tests.emulator.runtime_support import deploy_server, runtime_emulator, wait_for
+from tests.emulator.runtime_support import (
+    deploy_server,
+    proxy_token,
+    runtime_emulator,
+    wait_for,
+)
 from tests.harness.emulator import EmulatorProcess
+from tests.harness.fixtures import modal_env_for
 
 CAP = 24
 HEAD_TIMEOUT_S = 1.0
@@ -229,3 +235,81 @@ def test_22_5_keep_alive_and_pipelining_still_work(edge: tuple[EmulatorProcess, 
     answer = _exchange(port, two)
     assert answer.count(b"HTTP/1.1 200") == 2, answer
     assert answer.endswith(b"hello")
+
+
+# ---- issue 32 item 14: connections without credentials cannot hold the edge's capacity ----
+# Before: `--edge-max-connections` counted every open connection alike, so 1,024 connections
+# that sent half a request head (no credentials) made the edge close every new connection as
+# it was accepted: each authenticated request got a reset until the heads timed out.
+
+
+@pytest.fixture(scope="module")
+def authed(edge: tuple[EmulatorProcess, int]) -> tuple[int, bytes]:
+    """A second deployed server that requires proxy auth (on the same edge, so under the same
+    connection cap): its port, and a complete request head with valid Modal-Key/Secret."""
+    emu, _ = edge
+    with pytest.MonkeyPatch.context() as mp:
+        modal_env_for(emu, mp)
+        url, _ = deploy_server(emu, app="rt-authed", min="1")
+        token = proxy_token()
+    port = int(url.rsplit(":", 1)[1])
+    head = (
+        f"GET / HTTP/1.1\r\nHost: x\r\nModal-Key: {token[0]}\r\nModal-Secret: {token[1]}\r\n"
+    ).encode()
+    wait_for(
+        lambda: _get_status(port, head + b"Connection: close\r\n\r\n") == 200, 60,
+        what="the authenticated server answering",
+    )  # fmt: skip
+    return port, head
+
+
+def _get_status(port: int, request: bytes) -> int:
+    answer = _exchange(port, request)
+    return _status(answer) if answer else 0
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One response with a Content-Length body, on a connection that stays open."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        piece = sock.recv(65536)
+        assert piece, f"the edge closed the connection: {data!r}"
+        data += piece
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )  # fmt: skip
+    while len(body) < length:
+        piece = sock.recv(65536)
+        assert piece, f"the edge closed the connection mid-body: {head + body!r}"
+        body += piece
+    return head + b"\r\n\r\n" + body
+
+
+def test_32_14_half_heads_without_credentials_cannot_lock_out_authenticated_clients(
+    authed: tuple[int, bytes],
+) -> None:
+    port, head = authed
+    # An authenticated client already connected (keep-alive, one request answered).
+    kept = _connect(port)
+    kept.sendall(head + b"\r\n")
+    assert _status(_read_response(kept)) == 200
+    # Connections with half a request head and no credentials fill the whole cap...
+    flood = [_connect(port) for _ in range(CAP)]
+    try:
+        for sock in flood:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        # ...yet a new authenticated request, sent at once (well within the head timeout
+        # that would close those), is answered: the oldest of them made room for it.
+        answer = _exchange(port, head + b"Connection: close\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300] or "no answer (closed/reset)"
+        # The connection that had shown valid credentials was not the one closed.
+        kept.sendall(head + b"\r\n")
+        assert _status(_read_response(kept)) == 200
+        closed = [s for s in flood if _closed(s)]
+        assert closed, "no half-head connection was closed to make room"
+    finally:
+        kept.close()
+        for sock in flood:
+            sock.close()

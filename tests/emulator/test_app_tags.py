@@ -225,6 +225,9 @@ def test_a_schema_2_state_file_is_upgraded_in_place(
         _deploy(1, tag="old")
         emu.stop()
         with sqlite3.connect(state) as db:  # what an emulator of schema 2 left behind
+            db.execute("ALTER TABLE apps DROP COLUMN created_by")  # schema 4's additions
+            for table in ("service_users", "service_user_roles", "issued_tokens"):
+                db.execute(f"DROP TABLE {table}")
             db.execute("ALTER TABLE apps DROP COLUMN tags")
             db.execute("ALTER TABLE app_versions DROP COLUMN tags")
             db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
@@ -237,14 +240,20 @@ def test_a_schema_2_state_file_is_upgraded_in_place(
         assert [h.tag for h in _history(app.app_id or "").app_deployment_histories] == ["old"]
         app.set_tags({"after": "upgrade"})
         assert app.get_tags() == {"after": "upgrade"}
+        ws = modal.Workspace.from_context()  # schema 4's tables were added by the upgrade
+        ws.service_users.create("after-upgrade", expires_in=None)
+        emu.restart()
+        modal_env_for(emu, monkeypatch)
+        names = [su.name for su in modal.Workspace.from_context().service_users.list()]
+        assert names == ["after-upgrade"]
         emu.stop()
     with sqlite3.connect(state) as db:
         (version,) = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     db.close()
-    assert version == str(SCHEMA_VERSION) == "3"
+    assert version == str(SCHEMA_VERSION) == "4"
 
 
-@pytest.mark.parametrize("version", ["1", "4"])
+@pytest.mark.parametrize("version", ["1", "5"])
 def test_a_state_file_of_a_version_without_an_upgrade_is_refused_untouched(
     tmp_path: Path, version: str
 ) -> None:

@@ -77,6 +77,11 @@ def test_state_survives_kill_9_and_restart(tmp_path: Path, monkeypatch: pytest.M
         modal_cli(emu, "deploy", SERVER_APP)  # images, mounts, files, functions, versions
         raw_rpc("ClassCreate", api_pb2.ClassCreateRequest(app_id=app_id or ""))
         raw_rpc("BlobCreate", api_pb2.BlobCreateRequest(content_length=3))
+        ws = modal.Workspace.from_context()  # service users, their roles, a retired token
+        ws.service_users.create("watcher", expires_in=None)
+        ws.service_users.set_role("watcher", "prod", role="viewer")
+        ws.service_users.create("rotated", expires_in=None)
+        ws.service_users.delete("rotated")
         before = emu.state()
         pid = emu.pid
 
