@@ -9,6 +9,7 @@ modal client sends any attached object: its id in FunctionCreate (`secret_ids`,
 from __future__ import annotations
 
 import os
+from pathlib import PurePosixPath
 from typing import Any
 
 import modal
@@ -27,7 +28,7 @@ def _hydrated(cls: Any, object_id: str, metadata: Any) -> Any:
 
 
 _secrets = [_hydrated(modal.Secret, _secret_id, None)] if _secret_id else []
-_volumes = (
+_volumes: dict[str | PurePosixPath, modal.Volume | modal.CloudBucketMount] = (
     {"/stolen": _hydrated(modal.Volume, _volume_id, api_pb2.VolumeMetadata(name="stolen"))}
     if _volume_id
     else {}
