@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -638,6 +639,68 @@ def _probed(fn: Callable[[Any], Awaitable[T]], sent: list[bool]) -> Callable[[An
         return await fn(client)
 
     return go
+
+
+# ---- ownership marks (issue 32 item 10: a create whose answer was lost) ---------------------
+
+#: `<stack digest>_<resource digest>`: 12 hex each (see `owner_mark`).
+OWNER_RE = re.compile(r"^[0-9a-f]{12}_[0-9a-f]{12}$")
+#: A Secret's env-dict key naming its owner (`MODAL_LLM_OWNER_<owner>`): Modal returns a
+#: secret's key names (`SecretGetInfo` / `SecretList` metadata.keys, modal 1.6.4
+#: `_Secret._hydrate_metadata`), never its values, so the mark is in the key's name.
+OWNER_KEY_PREFIX = "MODAL_LLM_OWNER_"
+
+
+def owner_mark(type_token: str, resource_name: str) -> str:
+    """The mark of one resource of this stack: sha256 of `<project>/<stack>` (12 hex), `_`,
+    sha256 of `<project>/<stack>/<type token>/<resource name>` (12 hex). Not a secret: it only
+    tells this stack's objects from a stranger's. Computed in the program (the provider never
+    learns the stack or URN: the SDK's Create carries only the inputs)."""
+    import pulumi
+
+    project, stack = pulumi.get_project(), pulumi.get_stack()
+    return (
+        sha256_hex(f"{project}/{stack}")[:12]
+        + "_"
+        + sha256_hex(f"{project}/{stack}/{type_token}/{resource_name}")[:12]
+    )
+
+
+def owner_of(props: Mapping[str, Any]) -> str:
+    """The `owner` input when it is a mark ("" when absent: nothing is adopted as our own)."""
+    value = props.get("owner")
+    return value if isinstance(value, str) and OWNER_RE.match(value) else ""
+
+
+def stack_of(owner: str) -> str:
+    """The stack part of a mark."""
+    return owner.split("_", 1)[0] if owner else ""
+
+
+def owner_key(owner: str) -> str:
+    return OWNER_KEY_PREFIX + owner
+
+
+def owners_in(keys: Iterable[str]) -> list[str]:
+    """The marks named by a secret's key names."""
+    out = []
+    for key in keys:
+        if key.startswith(OWNER_KEY_PREFIX) and OWNER_RE.match(key[len(OWNER_KEY_PREFIX) :]):
+            out.append(key[len(OWNER_KEY_PREFIX) :])
+    return out
+
+
+def check_owner(props: Mapping[str, Any]) -> list[CheckFailure]:
+    value = props.get("owner")
+    if value is None or is_unknown(value) or owner_of(props):
+        return []
+    return [
+        CheckFailure(
+            "owner",
+            f"owner {value!r} is not a mark made by owner_mark() (12 hex, '_', 12 hex): leave"
+            " it to the resource class",
+        )
+    ]
 
 
 def environment_name(props: Mapping[str, Any], key: str = "environment") -> str:

@@ -732,3 +732,148 @@ async def environment_role_set(client: Any, service_user: str, environment: str,
             role_str=role,
         )
     )
+
+
+# ---- pending creates (issue 32 item 10: a create whose answer was lost) ---------------------
+#
+# Volumes, environments, proxy-auth tokens and service users carry no tag or label Modal would
+# return (modal_proto 1.6.4: VolumeGetOrCreateRequest, EnvironmentCreateRequest,
+# WebhookTokenCreateRequest, ServiceUserCreateRequest have no such field; a Secret's env dict
+# does, see `_base.OWNER_KEY_PREFIX`). So before such a create is sent, a *pending record* is
+# written: a Secret `modal-llm-pending-<owner>` whose key NAMES (all Modal returns of a secret:
+# `SecretGetInfo` metadata.keys) say which resource (the owner key), what object (kind and
+# hex of its name) and since when (epoch seconds). Once the create answered, the record is
+# deleted. If the answer was lost (engine, emulator or network killed), the next create of
+# the same resource finds the record: an object of that name created at or after the record
+# (created_at, minus PENDING_CLOCK_MARGIN_S for clock skew) is the one it made, and is taken
+# as its own; anything else of that name is a stranger's and refused.
+
+PENDING_PREFIX = "modal-llm-pending-"
+PENDING_SINCE = "MODAL_LLM_PENDING_SINCE_"
+PENDING_OBJECT = "MODAL_LLM_PENDING_OBJ_"
+#: Modal's clock against ours: an object created this much before the record still counts.
+PENDING_CLOCK_MARGIN_S = 60.0
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A pending record: `owner` was about to create `kind` `name` at `since`."""
+
+    owner: str
+    kind: str
+    name: str
+    since: float
+    secret_id: str
+
+
+def pending_secret_name(owner: str) -> str:
+    return PENDING_PREFIX + owner.replace("_", "-")
+
+
+def _pending_keys(owner: str, kind: str, name: str, since: float) -> dict[str, str]:
+    from ._base import owner_key
+
+    return {
+        owner_key(owner): "1",
+        f"{PENDING_SINCE}{int(since)}": "1",
+        f"{PENDING_OBJECT}{kind}_{name.encode().hex()}": "1",
+    }
+
+
+def parse_pending(owner: str, secret_id: str, keys: list[str]) -> Pending | None:
+    """The record a pending secret's key names hold (None: not one)."""
+    since = next((k[len(PENDING_SINCE) :] for k in keys if k.startswith(PENDING_SINCE)), "")
+    obj = next((k[len(PENDING_OBJECT) :] for k in keys if k.startswith(PENDING_OBJECT)), "")
+    if not since.isdigit() or "_" not in obj:
+        return None
+    kind, hexname = obj.split("_", 1)
+    try:
+        name = bytes.fromhex(hexname).decode()
+    except ValueError:
+        return None
+    return Pending(owner, kind, name, float(since), secret_id)
+
+
+async def pending_begin(client: Any, owner: str, environment: str, kind: str, name: str) -> None:
+    """Record that `owner` is about to create `kind` `name`: the pending secret is written
+    whole (`CREATE_OVERWRITE_IF_EXISTS`, what modal 1.6.4 `_Secret._create_deployed(...,
+    overwrite=True)` sends for `modal secret create --force`), so a repeat is harmless."""
+    import time
+
+    from modal_proto import api_pb2
+
+    await client._stub.SecretGetOrCreate(
+        api_pb2.SecretGetOrCreateRequest(
+            deployment_name=pending_secret_name(owner),
+            environment_name=environment,
+            object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_OVERWRITE_IF_EXISTS,
+            env_dict=_pending_keys(owner, kind, name, time.time()),
+        )
+    )
+
+
+async def pending_get(client: Any, owner: str, environment: str) -> Pending | None:
+    """The pending record of `owner` in `environment`, or None (also: no such environment)."""
+    from modal import exception as mexc
+
+    try:
+        secret_id = await secret_lookup(client, pending_secret_name(owner), environment)
+    except mexc.NotFoundError:
+        return None
+    if secret_id is None:
+        return None
+    md = await secret_info(client, secret_id)
+    if md is None:
+        return None
+    return parse_pending(owner, secret_id, list(md.keys))
+
+
+async def pending_end(client: Any, owner: str, environment: str) -> None:
+    """Drop `owner`'s pending record (gone already, or no such environment: fine)."""
+    from modal import exception as mexc
+
+    try:
+        secret_id = await secret_lookup(client, pending_secret_name(owner), environment)
+    except mexc.NotFoundError:
+        return
+    if secret_id is not None:
+        await secret_delete(client, secret_id)
+
+
+def pending_claims(pending: Pending | None, kind: str, name: str, created_at: float) -> bool:
+    """The record says this object (created at `created_at`) is the one its create made."""
+    return (
+        pending is not None
+        and pending.kind == kind
+        and pending.name == name
+        and created_at >= pending.since - PENDING_CLOCK_MARGIN_S
+    )
+
+
+async def stack_leftovers(
+    client: Any, environment: str, stack: str
+) -> tuple[list[tuple[str, str]], list[Pending]]:
+    """What this stack left in an environment that no state records: ([(secret name, id)]
+    of every secret marked by this stack: lost creates and pending records), [the pending
+    records among them]."""
+    from modal_proto import api_pb2
+
+    from ._base import owners_in, stack_of
+
+    resp = await client._stub.SecretList(api_pb2.SecretListRequest(environment_name=environment))
+    secrets: list[tuple[str, str]] = []
+    pendings: list[Pending] = []
+    for item in resp.items:
+        keys = list(item.metadata.keys)
+        if not keys:  # a server that lists without metadata: ask for it
+            md = await secret_info(client, item.secret_id)
+            keys = list(md.keys) if md is not None else []
+        mine = [o for o in owners_in(keys) if stack_of(o) == stack]
+        if not mine:
+            continue
+        secrets.append((item.label, item.secret_id))
+        if item.label == pending_secret_name(mine[0]):
+            record = parse_pending(mine[0], item.secret_id, keys)
+            if record is not None:
+                pendings.append(record)
+    return secrets, pendings

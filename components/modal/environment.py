@@ -18,6 +18,17 @@
 - Delete refuses while apps are deployed in the environment, or while secrets or volumes
   remain in it (Modal deletes everything scoped to an environment with it, so a retained
   cache volume would die with it), naming them, unless `force_delete=True`.
+- A create whose answer was lost (issue 32 item 10) is taken as this resource's own by the
+  next create: an environment has no tag (modal_proto 1.6.4 `EnvironmentCreateRequest`:
+  name, is_managed, settings, type, default member role), so a *pending record* (a secret
+  named after the `owner` mark, in the workspace's default environment; `_rpc.pending_begin`)
+  is written before `EnvironmentCreate` and dropped once it answered. An environment of that
+  name created at or after this resource's record (`EnvironmentListItem.created_at`) is the
+  one it made; any other is a stranger's and refused as before.
+- Delete also removes what this stack made in the environment that no state records (the
+  lost creates: secrets carrying a `MODAL_LLM_OWNER_<stack>_...` key, pending records, and the
+  volumes those records name) before it looks for what remains, so `pulumi destroy` is not
+  stuck on an object whose create answer was lost. Anything else still refuses.
 - Read (refresh by `en-...` id) looks the id up in `EnvironmentList`: missing → gone;
   a suffix changed behind Pulumi's back shows as drift.
 """
@@ -44,8 +55,12 @@ from ._base import (
     ModalProvider,
     ModalProviderError,
     check_environment,
+    check_owner,
     flag_view,
     is_unknown,
+    owner_mark,
+    owner_of,
+    stack_of,
 )
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:Environment"  # noqa: S105 (a Pulumi type token)
@@ -97,6 +112,7 @@ class EnvironmentProvider(ModalProvider):
             v = news.get(flag)
             if v is not None and not is_unknown(v) and not isinstance(v, bool):
                 failures.append(CheckFailure(flag, f"{flag} must be true or false"))
+        failures += check_owner(news)
         news = dict(news)
         for flag in ("adopt", "force_delete"):
             if not is_unknown(news.get(flag)):
@@ -116,6 +132,7 @@ class EnvironmentProvider(ModalProvider):
             "force_delete": bool(props.get("force_delete") or False),
             "environment_id": item.environment_id,
             "adopted": adopted,
+            "owner": owner_of(props) or None,
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -124,17 +141,32 @@ class EnvironmentProvider(ModalProvider):
         name = str(props["name"])
         adopt = bool(props.get("adopt") or False)
         suffix = props.get("web_suffix")
+        owner = owner_of(props)
         memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
 
         async def go(client: Any) -> tuple[Any, bool]:
-            existing = await _rpc.environment_find(client, "name", name) if adopt else None
-            adopted = existing is not None
-            if not adopted:
-                await _rpc.create_once(
-                    memo,
-                    lambda: _rpc.environment_create(client, name, memo["key"]),
-                    lambda: _rpc.environment_find(client, "name", name),
-                )
+            looked = adopt or (owner and "pending" not in memo)
+            existing = await _rpc.environment_find(client, "name", name) if looked else None
+            ours = False
+            if owner and existing is not None and "pending" not in memo:
+                pending = await _rpc.pending_get(client, owner, PENDING_ENV)
+                created = float(existing.created_at)
+                ours = _rpc.pending_claims(pending, PENDING_KIND, name, created)
+            adopted = existing is not None and adopt and not ours
+            if not (adopted or ours):
+                if owner and existing is None and "pending" not in memo:
+                    await _rpc.pending_begin(client, owner, PENDING_ENV, PENDING_KIND, name)
+                    memo["pending"] = True
+                try:
+                    await _rpc.create_once(
+                        memo,
+                        lambda: _rpc.environment_create(client, name, memo["key"]),
+                        lambda: _rpc.environment_find(client, "name", name),
+                    )
+                except mexc.AlreadyExistsError:  # a stranger's: our record names nothing
+                    if owner:
+                        await _rpc.pending_end(client, owner, PENDING_ENV)
+                    raise
             if suffix is not None:
                 try:
                     await _rpc.environment_set_suffix(client, name, str(suffix))
@@ -148,6 +180,8 @@ class EnvironmentProvider(ModalProvider):
             item = await _rpc.environment_find(client, "name", name)
             if item is None:
                 raise mexc.NotFoundError(f"environment {name!r} vanished right after creation")
+            if owner:
+                await _rpc.pending_end(client, owner, PENDING_ENV)
             return item, adopted
 
         item, adopted = self.run(
@@ -156,7 +190,8 @@ class EnvironmentProvider(ModalProvider):
             go,
             hints={
                 mexc.AlreadyExistsError: (
-                    "An environment with this name (or this web suffix) already exists: set"
+                    "An environment with this name (or this web suffix) already exists and it"
+                    " is not this resource's (no pending create of this resource names it): set"
                     " adopt=True to manage the existing environment (stack config"
                     " `modal-llm:adoptEnvironment: true`; destroy then leaves it in place), or"
                     " pick another name/suffix."
@@ -218,6 +253,8 @@ class EnvironmentProvider(ModalProvider):
         }
         if props.get("web_suffix") is not None:
             inputs["web_suffix"] = item.webhook_suffix
+        if owner_of(props):
+            inputs["owner"] = owner_of(props)
         return ReadResult(id_, outs, inputs)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
@@ -227,11 +264,14 @@ class EnvironmentProvider(ModalProvider):
         force = bool(props.get("force_delete") or False)
         if props.get("adopted"):
             return  # released, not deleted: Pulumi adopted it, it did not create it
+        stack = stack_of(owner_of(props))
 
         async def go(client: Any) -> dict[str, list[str]]:
             item = await _rpc.environment_find(client, "environment_id", id_)
             if item is None:
                 return {}
+            if stack:
+                await _remove_lost_creates(client, item.name, stack)
             if not force:
                 remaining = {
                     "apps deployed": await _rpc.deployed_apps(client, item.name),
@@ -261,6 +301,32 @@ class EnvironmentProvider(ModalProvider):
             )
 
 
+#: Where an environment's pending record lives ("": the workspace's default environment; the
+#: environment itself does not exist yet) and what it names.
+PENDING_ENV = ""
+PENDING_KIND = "environment"
+
+
+async def _remove_lost_creates(client: Any, environment: str, stack: str) -> None:
+    """Delete what this stack made in `environment` that no state records: the volumes its
+    pending records name (made at or after the record), then every secret carrying this
+    stack's mark (lost Secret creates and the pending records themselves)."""
+    from .volume import PENDING_KIND as VOLUME
+
+    secrets, pendings = await _rpc.stack_leftovers(client, environment, stack)
+    for record in pendings:
+        if record.kind != VOLUME:
+            continue
+        volume_id = await _rpc.volume_lookup(client, record.name, environment)
+        resp = await _rpc.volume_get(client, volume_id) if volume_id else None
+        if resp is not None and _rpc.pending_claims(
+            record, VOLUME, record.name, float(resp.metadata.creation_info.created_at)
+        ):
+            await _rpc.volume_delete(client, str(volume_id))
+    for _name, secret_id in secrets:
+        await _rpc.secret_delete(client, secret_id)
+
+
 class Environment(pulumi.dynamic.Resource, module="modal", name="Environment"):
     """A Modal environment. Outputs: `environment_id`, `web_suffix` (live), `adopted`."""
 
@@ -270,6 +336,7 @@ class Environment(pulumi.dynamic.Resource, module="modal", name="Environment"):
     force_delete: pulumi.Output[bool]
     environment_id: pulumi.Output[str]
     adopted: pulumi.Output[bool]
+    owner: pulumi.Output[str]
 
     def __init__(
         self, resource_name: str, args: EnvironmentArgs, opts: pulumi.ResourceOptions | None = None
@@ -281,6 +348,7 @@ class Environment(pulumi.dynamic.Resource, module="modal", name="Environment"):
             "force_delete": args.force_delete,
             "environment_id": None,
             "adopted": None,
+            "owner": owner_mark(TYPE_TOKEN, resource_name),
         }
         super().__init__(EnvironmentProvider(), resource_name, props, opts)
 

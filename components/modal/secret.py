@@ -10,6 +10,14 @@
   create that was sent before is the secret that create made. An existing secret of that
   name is refused unless `adopt=True`: then it is claimed (its values are set to the
   declared ones, by id), `adopted` is recorded, and destroy leaves it in place.
+- Ownership mark (issue 32 item 10): the secret this resource creates also holds the key
+  `MODAL_LLM_OWNER_<owner>` (value "1"; `owner` is the mark the program computes from the
+  stack and the resource name, `_base.owner_mark`). Modal returns a secret's key names
+  (`SecretGetInfo` metadata.keys), so a create that finds the name taken looks: carrying this
+  resource's mark, it is the secret an earlier create made whose answer was lost (engine,
+  emulator or network killed): taken as this resource's own (same id, values set to the
+  declared ones, deleted on destroy). Without the mark it is a stranger's: refused as before.
+  The mark key is never in `key_names`, the digest or a diff.
 - Changing values updates in place, by id: `SecretUpdate(secret_id, updates)` sets every new
   value and unsets (an `Update` without `value`) every live key not declared, so the result
   holds exactly the new keys and keeps the id. A secret deleted outside Pulumi fails the
@@ -43,16 +51,22 @@ from pulumi.dynamic import (
 from . import _rpc
 from ._base import (
     ADOPT_HOWTO,
+    OWNER_KEY_PREFIX,
     DiffSpec,
     ModalProvider,
     canonical_json,
     check_environment,
     check_flag,
     check_name,
+    check_owner,
     environment_name,
     flag_view,
     is_unknown,
     normalize_flag,
+    owner_key,
+    owner_mark,
+    owner_of,
+    owners_in,
     plain,
     secret_output,
     sha256_hex,
@@ -87,6 +101,17 @@ class SecretArgs:
     adopt: pulumi.Input[bool] = False
 
 
+def _with_mark(values: Mapping[str, str], owner: str) -> dict[str, str]:
+    """What Modal holds: the declared values plus this resource's mark key (if it has one)."""
+    return {**values, owner_key(owner): "1"} if owner else dict(values)
+
+
+def _declared_keys(keys: list[str]) -> list[str]:
+    """Live key names without ownership marks."""
+    marks = {OWNER_KEY_PREFIX + o for o in owners_in(keys)}
+    return sorted(k for k in keys if k not in marks)
+
+
 class SecretProvider(ModalProvider):
     kind = "Secret"
     type_token = TYPE_TOKEN
@@ -115,7 +140,7 @@ class SecretProvider(ModalProvider):
                         )
                     elif not is_unknown(v) and not isinstance(v, str):
                         failures.append(CheckFailure("values", f"value of {k!r} must be a string"))
-        failures += check_flag(news, "adopt")
+        failures += check_flag(news, "adopt") + check_owner(news)
         return CheckResult(normalize_flag(news, "adopt"), failures)
 
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
@@ -147,6 +172,7 @@ class SecretProvider(ModalProvider):
             "values_digest": digest,
             "values_salt": secret_output(salt),
             "adopted": adopted,
+            "owner": owner_of(props) or None,
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -156,19 +182,33 @@ class SecretProvider(ModalProvider):
         name = str(props["name"])
         env = environment_name(props)
         adopt = bool(props.get("adopt") or False)
+        owner = owner_of(props)
+        marked = _with_mark(values, owner)
         memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
 
         async def go(client: Any) -> tuple[str, bool]:
             if adopt:
                 existing = await _rpc.secret_lookup(client, name, env)
                 if existing is not None:  # claim it: exactly the declared values, by id
+                    if owner and await self._ours(client, existing, owner):
+                        await _rpc.secret_set_values(client, existing, marked)
+                        return existing, False  # our own lost create: deleted on destroy
                     await _rpc.secret_set_values(client, existing, values)
                     return existing, True
-            secret_id = await _rpc.create_once(
-                memo,
-                lambda: _rpc.secret_create(client, name, env, values, memo["key"]),
-                lambda: _rpc.secret_lookup(client, name, env),
-            )
+            try:
+                secret_id = await _rpc.create_once(
+                    memo,
+                    lambda: _rpc.secret_create(client, name, env, marked, memo["key"]),
+                    lambda: _rpc.secret_lookup(client, name, env),
+                )
+            except mexc.AlreadyExistsError:
+                # An earlier create of THIS resource whose answer was lost (its mark says so)
+                # is taken as our own; a stranger's secret is refused (the hint below).
+                existing = await _rpc.secret_lookup(client, name, env) if owner else None
+                if existing is None or not await self._ours(client, existing, owner):
+                    raise
+                await _rpc.secret_set_values(client, existing, marked)
+                return existing, False
             return secret_id, False
 
         secret_id, adopted = self.run(
@@ -178,9 +218,12 @@ class SecretProvider(ModalProvider):
             secrets=values.values(),
             hints={
                 mexc.AlreadyExistsError: (
-                    "A secret with this name already exists there and Pulumi does not manage it:"
+                    "A secret with this name already exists there and it is not this"
+                    f" resource's (it carries no `{OWNER_KEY_PREFIX}<owner>` key of this stack):"
                     f" {ADOPT_HOWTO} (its values are then set to the declared ones), delete it"
-                    " (`modal secret delete`), or choose another name."
+                    f" (`modal secret delete {name}"
+                    + (f" -e {env}`)" if env else "`)")
+                    + ", or choose another name."
                 )
             },
             idempotent=False,
@@ -201,9 +244,12 @@ class SecretProvider(ModalProvider):
         salt = str(plain(olds.get("values_salt")) or "") or new_salt()
         rewrite = values_digest(values, salt) != olds.get("values_digest")  # not just `adopt`
 
+        owner = owner_of(news) if not olds.get("adopted") else ""
+        marked = _with_mark(values, owner)
+
         async def go(client: Any) -> None:
             if rewrite:
-                await _rpc.secret_set_values(client, id_, values)
+                await _rpc.secret_set_values(client, id_, marked)
 
         self.run(
             "update values of",
@@ -231,7 +277,7 @@ class SecretProvider(ModalProvider):
         md = self.run("read", f"{id_} ({self._target(props)})", go, secrets=declared.values())
         if md is None:
             return ReadResult("", {})
-        live_keys = sorted(md.keys)
+        live_keys = _declared_keys(list(md.keys))
         env = props.get("environment")
         if env is None or (env and md.environment_name and env != md.environment_name):
             env = md.environment_name
@@ -241,15 +287,24 @@ class SecretProvider(ModalProvider):
             "environment": env,
             "values": declared,
             "adopt": bool(props.get("adopt") or False),
+            "owner": props.get("owner"),
         }
         salt = str(plain(props.get("values_salt")) or "") or new_salt()
         digest = values_digest(declared, salt) if live_keys == sorted(declared) else STALE_DIGEST
         adopted = bool(props.get("adopted") or False)
         outs = self._outputs(live, id_, live_keys, digest, salt, adopted)
         inputs: dict[str, Any] = {"name": name, "environment": env, "adopt": live["adopt"]}
+        if owner_of(props):
+            inputs["owner"] = owner_of(props)
         if props.get("values") is not None:
             inputs["values"] = secret_output(declared)
         return ReadResult(id_, outs, inputs)
+
+    @staticmethod
+    async def _ours(client: Any, secret_id: str, owner: str) -> bool:
+        """The secret carries this resource's mark key."""
+        md = await _rpc.secret_info(client, secret_id)
+        return md is not None and owner_key(owner) in list(md.keys)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         if props.get("adopted"):
@@ -273,6 +328,7 @@ class Secret(pulumi.dynamic.Resource, module="modal", name="Secret"):
     values_salt: pulumi.Output[str]
     adopt: pulumi.Output[bool]
     adopted: pulumi.Output[bool]
+    owner: pulumi.Output[str]
 
     def __init__(
         self,
@@ -290,6 +346,7 @@ class Secret(pulumi.dynamic.Resource, module="modal", name="Secret"):
             "values_digest": None,
             "values_salt": None,
             "adopted": None,
+            "owner": owner_mark(TYPE_TOKEN, resource_name),
         }
         opts = pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(additional_secret_outputs=["values", "values_salt"])

@@ -9,6 +9,16 @@
   attempts (see `_rpc`); "already exists" answered to a retry of a create that was sent is
   the volume it made. An existing volume of that name is refused unless `adopt=True`: then
   it is claimed with its data (`adopted` recorded) and destroy leaves it in place.
+- A create whose answer was lost (issue 32 item 10: engine, emulator or network killed after
+  Modal made the volume) is taken as this resource's own by the next create: a volume carries
+  no tag or label (modal_proto 1.6.4 `VolumeGetOrCreateRequest`: name, environment, creation
+  type, app id, version, create options; no file API in the emulator for a marker file), so
+  before the create a *pending record* is written (`_rpc.pending_begin`: a secret named after
+  the resource's `owner` mark, in the volume's environment) and dropped once the create
+  answered. A volume of that name created at or after a pending record of THIS resource that
+  names it is the one that create made (same id, deleted on destroy); any other is a
+  stranger's and refused as before. An environment's delete removes the volumes its stack's
+  pending records name (see Environment).
 - Read (refresh by `vo-...` id): a deleted volume reads as gone; a rename behind Pulumi's
   back shows up as a changed `name` (the next `up` renames it back). Modal's volume metadata
   carries no environment, so read looks the live name up in the declared environment. When
@@ -37,9 +47,12 @@ from ._base import (
     check_environment,
     check_flag,
     check_name,
+    check_owner,
     environment_name,
     flag_view,
     normalize_flag,
+    owner_mark,
+    owner_of,
 )
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:Volume"  # noqa: S105 (a Pulumi type token)
@@ -66,7 +79,7 @@ class VolumeProvider(ModalProvider):
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_name(news, "name", "Volume") + check_environment(news)
-        failures += check_flag(news, "adopt")
+        failures += check_flag(news, "adopt") + check_owner(news)
         return CheckResult(normalize_flag(news, "adopt"), failures)
 
     @staticmethod
@@ -87,6 +100,7 @@ class VolumeProvider(ModalProvider):
             "adopt": bool(props.get("adopt") or False),
             "volume_id": volume_id,
             "adopted": adopted,
+            "owner": owner_of(props) or None,
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -94,18 +108,36 @@ class VolumeProvider(ModalProvider):
 
         name, env = str(props["name"]), environment_name(props)
         adopt = bool(props.get("adopt") or False)
+        owner = owner_of(props)
         memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
 
         async def go(client: Any) -> tuple[str, bool]:
+            if owner and "pending" not in memo:
+                existing = await _rpc.volume_lookup(client, name, env)
+                if existing is not None and await _claimed(client, owner, env, name, existing):
+                    await _rpc.pending_end(client, owner, env)
+                    return existing, False  # our own lost create: deleted on destroy
+                if existing is None:
+                    await _rpc.pending_begin(client, owner, env, PENDING_KIND, name)
+                    memo["pending"] = True
             if adopt:
                 existing = await _rpc.volume_lookup(client, name, env)
                 if existing is not None:
+                    if owner:
+                        await _rpc.pending_end(client, owner, env)
                     return existing, True  # claimed with its data
-            volume_id = await _rpc.create_once(
-                memo,
-                lambda: _rpc.volume_create(client, name, env, memo["key"]),
-                lambda: _rpc.volume_lookup(client, name, env),
-            )
+            try:
+                volume_id = await _rpc.create_once(
+                    memo,
+                    lambda: _rpc.volume_create(client, name, env, memo["key"]),
+                    lambda: _rpc.volume_lookup(client, name, env),
+                )
+            except mexc.AlreadyExistsError:  # a stranger's, made since we looked: no record
+                if owner:
+                    await _rpc.pending_end(client, owner, env)
+                raise
+            if owner:
+                await _rpc.pending_end(client, owner, env)
             return volume_id, False
 
         volume_id, adopted = self.run(
@@ -114,7 +146,9 @@ class VolumeProvider(ModalProvider):
             go,
             hints={
                 mexc.AlreadyExistsError: (
-                    "A volume with this name already exists there: take it over with its data"
+                    "A volume with this name already exists there and it is not this"
+                    " resource's (no pending create of this resource names it): take it over"
+                    " with its data"
                     f" ({ADOPT_HOWTO}; the serving stack: `adopt: true` on the service), delete"
                     " it (`modal volume delete`), or choose another name."
                 )
@@ -173,16 +207,38 @@ class VolumeProvider(ModalProvider):
         adopted = bool(props.get("adopted") or False)
         outs = self._outputs(props, id_, adopted, name, environment)
         inputs = {"name": name, "environment": environment, "adopt": outs["adopt"]}
+        if owner_of(props):
+            inputs["owner"] = owner_of(props)
         return ReadResult(id_, outs, inputs)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         if props.get("adopted"):
             return  # released, not deleted: it existed before Pulumi adopted it
 
+        owner = owner_of(props)
+        env = environment_name(props)
+
         async def go(client: Any) -> None:
-            await _rpc.volume_delete(client, id_)
+            await _rpc.volume_delete(client, id_)  # already gone: deleting is done
+            if owner:  # a record an interrupted create left (gone env: nothing to drop)
+                await _rpc.pending_end(client, owner, env)
 
         self.run("delete", f"{id_} ({self._target(props)})", go)
+
+
+#: The pending record's name for a volume (`_rpc.pending_begin`).
+PENDING_KIND = "volume"
+
+
+async def _claimed(client: Any, owner: str, env: str, name: str, volume_id: str) -> bool:
+    """A pending record of this resource names this volume, made at or after the record
+    (`VolumeGetById` metadata.creation_info.created_at)."""
+    resp = await _rpc.volume_get(client, volume_id)
+    if resp is None:
+        return False
+    pending = await _rpc.pending_get(client, owner, env)
+    created = float(resp.metadata.creation_info.created_at)
+    return _rpc.pending_claims(pending, PENDING_KIND, name, created)
 
 
 class Volume(pulumi.dynamic.Resource, module="modal", name="Volume"):
@@ -193,6 +249,7 @@ class Volume(pulumi.dynamic.Resource, module="modal", name="Volume"):
     adopt: pulumi.Output[bool]
     volume_id: pulumi.Output[str]
     adopted: pulumi.Output[bool]
+    owner: pulumi.Output[str]
 
     def __init__(
         self, resource_name: str, args: VolumeArgs, opts: pulumi.ResourceOptions | None = None
@@ -203,6 +260,7 @@ class Volume(pulumi.dynamic.Resource, module="modal", name="Volume"):
             "adopt": args.adopt,
             "volume_id": None,
             "adopted": None,
+            "owner": owner_mark(TYPE_TOKEN, resource_name),
         }
         super().__init__(VolumeProvider(), resource_name, props, opts)
 
