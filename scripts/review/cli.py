@@ -25,6 +25,7 @@ from .deploy import (
     cmd_comment,
     cmd_config,
     cmd_costs,
+    cmd_dev_export,
     cmd_handoff,
     cmd_plan,
     cmd_up,
@@ -121,6 +122,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.add_argument(
             "--open-key-env", help="up/destroy: the hand-over is sealed with this variable's value"
         )
+        p.add_argument(
+            "--state-key-env",
+            help=(
+                "access-up/handoff: derive review stack pr-N's own state passphrase from this"
+                " variable's value (the root key REVIEW_STATE_KEY) into the hand-over"
+            ),
+        )
 
     def fork_guard(p: argparse.ArgumentParser) -> None:
         p.add_argument("--head-repo", required=True, help="OWNER/REPO the PR's branch lives in")
@@ -143,6 +151,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = sub.add_parser("plan", help="preview the PR's code against the base stack; costs")
     common(p, pr=True)
     p.add_argument("--base-state", type=Path, help="stand-in: the base stack's state file")
+    p.add_argument(
+        "--base-copy",
+        type=Path,
+        help="preview against this copy of the base stack (dev-export), with none of its secrets",
+    )
+
+    p = sub.add_parser(
+        "dev-export",
+        help="base-branch step: a copy of the base stack's state with every secret replaced",
+    )
+    common(p, pr=False)
+    p.add_argument("--base-state", type=Path, help="stand-in: the base stack's state file")
+    p.add_argument("--out", type=Path, required=True, help="the copy (for plan --base-copy)")
 
     p = sub.add_parser("comment", help="render the PR comment from the files of plan and up")
     common(p, pr=True)
@@ -193,6 +214,7 @@ COMMANDS = {
     "access-up": cmd_access_up,
     "handoff": cmd_handoff,
     "plan": cmd_plan,
+    "dev-export": cmd_dev_export,
     "destroy": cmd_destroy,
     "access-destroy": cmd_access_destroy,
     "sweep": cmd_sweep,

@@ -1,4 +1,4 @@
-"""The subcommands that build: up, access-up, handoff, plan, config, costs, comment.
+"""The subcommands that build: up, access-up, handoff, plan, dev-export, config, costs, comment.
 
 `up` deploys review stack pr-N (in the access flow as `pr-N-deploy`, after `access-up` or with
 a `--handoff`); `plan` writes what the PR comment compares; `comment` renders it with
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,15 @@ from .common import (
 )
 from .config import read_stack_file, review_config, write_access_stack_file, write_review_stack_file
 from .costs import stack_costs
+from .devcopy import cmd_dev_export, preview_against_copy
 from .engine import Engine
-from .handoff import Handoff, handoff_from_credentials, read_handoff, write_handoff
+from .handoff import (
+    Handoff,
+    derive_passphrase,
+    handoff_from_credentials,
+    read_handoff,
+    write_handoff,
+)
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -68,6 +76,22 @@ def use_access_flow(args: argparse.Namespace, engine: Engine) -> bool:
     return present
 
 
+def stack_passphrase(args: argparse.Namespace) -> str:
+    """pr-N's own state passphrase when `--state-key-env VAR` names the root key (the admin
+    step in CI: REVIEW_STATE_KEY), else "" (the caller's PULUMI_CONFIG_PASSPHRASE is used)."""
+    var = getattr(args, "state_key_env", None)
+    if not var:
+        return ""
+    root = os.environ.get(var, "")
+    if not root:
+        raise ReviewError(
+            f"--state-key-env {var}: the variable is not set, so pr-{args.pr}'s passphrase"
+            " cannot be derived; set it to the review stacks' root key (REVIEW_STATE_KEY of"
+            " the review-admin environment)"
+        )
+    return derive_passphrase(root, args.pr)
+
+
 def access_up(args: argparse.Namespace, engine: Engine) -> Handoff:
     """The admin step: access stack pr-N (environment, budget, gateway proxy token, identity
     pr-N-deploy) with the caller's token (an Owner's or Manager's), and its hand-over."""
@@ -78,17 +102,28 @@ def access_up(args: argparse.Namespace, engine: Engine) -> Handoff:
         f"{ACCESS_DIR}/{path.name}: environment {stack}, spend limit ${args.budget_usd:g}/month,"
         f" identity {deploy_identity(args.pr)} (contributor in {stack} only)"
     )
+    passphrase = stack_passphrase(args)  # before anything runs: a missing key changes nothing
     engine.deploy(stack, access=True)
     credentials = engine.outputs(stack, access=True, reveal=True).get("credentials")
-    return handoff_from_credentials(credentials, args.pr)
+    return handoff_from_credentials(credentials, args.pr, passphrase)
 
 
 def existing_handoff(args: argparse.Namespace, engine: Engine) -> Handoff | None:
     stack = stack_name(args.pr)
+    passphrase = stack_passphrase(args)
     if not engine.exists(stack, access=True):
         return None
     credentials = engine.outputs(stack, access=True, reveal=True).get("credentials")
-    return handoff_from_credentials(credentials, args.pr)
+    return handoff_from_credentials(credentials, args.pr, passphrase)
+
+
+def deployer_of(engine: Engine, handoff: Handoff | None) -> Engine:
+    """The engine review stack pr-N runs with: the hand-over's deploy token and, when it
+    carries one, pr-N's own passphrase (never the caller's)."""
+    if handoff is None:
+        return engine
+    deployer = engine.with_token(handoff.deploy_pair)
+    return deployer.with_passphrase(handoff.passphrase) if handoff.passphrase else deployer
 
 
 def cmd_access_up(args: argparse.Namespace, engine: Engine) -> int:
@@ -122,7 +157,7 @@ def cmd_up(args: argparse.Namespace, engine: Engine) -> int:
         handoff = access_up(args, engine)  # this process holds an Owner's/Manager's token
     if handoff is not None and handoff.environment != stack:
         raise ReviewError(f"the hand-over is for {handoff.environment}, not {stack}")
-    deployer = engine.with_token(handoff.deploy_pair) if handoff is not None else engine
+    deployer = deployer_of(engine, handoff)
     deployer.select_or_create(stack)
     path, dropped = write_review_stack_file(
         engine.project,
@@ -185,11 +220,17 @@ def _first_key_name(project: Path, base_stack: str) -> str:
 
 
 def cmd_plan(args: argparse.Namespace, engine: Engine) -> int:
+    """The PR's code previewed against the base stack: with `--base-copy` (CI), against the
+    copy `dev-export` wrote, in a private backend, with no passphrase of the base stack."""
     out: Path = args.out_dir or Path(".")
     base = args.base_stack
-    doc, rc = engine.preview_json(base, args.base_state)
+    if args.base_copy:
+        doc, rc, dev_outputs = preview_against_copy(engine, base, args.base_copy)
+    else:
+        doc, rc = engine.preview_json(base, args.base_state)
+        dev_outputs = engine.outputs(base, args.base_state)
     _write_json(out / FILES["preview"], doc)
-    _write_json(out / FILES["dev_outputs"], engine.outputs(base, args.base_state))
+    _write_json(out / FILES["dev_outputs"], dev_outputs)
     _write_json(out / FILES["costs"], stack_costs(engine.project, base, engine.server_url or None))
     print(
         f"plan of PR #{args.pr} against {base}: {out / FILES['preview']}"
@@ -239,3 +280,19 @@ def cmd_comment(args: argparse.Namespace, engine: Engine | None) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+__all__ = [
+    "access_up",
+    "cmd_access_up",
+    "cmd_comment",
+    "cmd_config",
+    "cmd_costs",
+    "cmd_dev_export",
+    "cmd_handoff",
+    "cmd_plan",
+    "cmd_up",
+    "deployer_of",
+    "existing_handoff",
+    "stack_passphrase",
+]

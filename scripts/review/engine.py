@@ -51,10 +51,13 @@ class Engine:
     """The Pulumi CLI or the stand-in, run in `project` (the checkout whose code deploys), on
     the service project or (`access=True`) on the access project `project/access`.
 
-    `token`: the Modal token its commands run with (None: the caller's). The access project
-    runs with REVIEW_ACCESS_BACKEND_URL / REVIEW_ACCESS_PASSPHRASE when set, so the access
-    stacks (which hold every review environment's deploy token) can live in a backend the
-    deploy jobs cannot read."""
+    `token`: the Modal token its commands run with (None: the caller's). `passphrase`: review
+    stack pr-N's own state passphrase (from its hand-over; "" : the caller's environment's):
+    it replaces PULUMI_CONFIG_PASSPHRASE / OFFLINE_STACK_PASSPHRASE of the service project's
+    commands, and a stack created with it uses the passphrase secrets provider. The access
+    project runs with REVIEW_ACCESS_BACKEND_URL / REVIEW_ACCESS_PASSPHRASE when set, so the
+    access stacks (which hold every review environment's deploy token) can live in a backend
+    the deploy jobs cannot read."""
 
     kind: str  # "cli" | "standin"
     project: Path
@@ -62,9 +65,18 @@ class Engine:
     server_url: str = ""
     python: str = sys.executable
     token: tuple[str, str] | None = None
+    passphrase: str = ""
+    #: A backend of its own (`file://DIR`: the plan's private copy of dev), else the caller's.
+    backend_url: str = ""
+
+    def __repr__(self) -> str:  # the token and the passphrase are never printed
+        return f"Engine(kind={self.kind!r}, project={str(self.project)!r})"
 
     def with_token(self, token: tuple[str, str]) -> Engine:
         return replace(self, token=token)
+
+    def with_passphrase(self, passphrase: str) -> Engine:
+        return replace(self, passphrase=passphrase)
 
     # ---- plumbing
     def env(self, *, access: bool = False) -> dict[str, str]:
@@ -74,6 +86,13 @@ class Engine:
         env["PULUMI_SKIP_UPDATE_CHECK"] = "true"
         if self.token is not None:
             env["MODAL_TOKEN_ID"], env["MODAL_TOKEN_SECRET"] = self.token
+        if self.backend_url and not access:
+            env["PULUMI_BACKEND_URL"] = self.backend_url
+            env.pop("PULUMI_ACCESS_TOKEN", None)  # a file:// backend needs no login
+        if self.passphrase and not access:
+            # The stand-in reads OFFLINE_STACK_PASSPHRASE first (pulumi_standin/statefile.py):
+            # both name this stack's own passphrase, whatever the caller's environment held.
+            env["PULUMI_CONFIG_PASSPHRASE"] = env["OFFLINE_STACK_PASSPHRASE"] = self.passphrase
         if access:
             if env.get("REVIEW_ACCESS_BACKEND_URL"):
                 env["PULUMI_BACKEND_URL"] = env["REVIEW_ACCESS_BACKEND_URL"]
@@ -154,10 +173,48 @@ class Engine:
     # ---- commands
     def select_or_create(self, stack: str, *, access: bool = False) -> None:
         if self.kind == "cli":
+            # With its own passphrase, a new stack gets the passphrase secrets provider (the
+            # default of a Pulumi Cloud backend is the service's key, which every holder of the
+            # shared PULUMI_ACCESS_TOKEN could use); `stack select --create --secrets-provider`
+            # (pulumi/pulumi pkg/cmd/pulumi/stack/stack_select.go).
+            extra = ["--secrets-provider", "passphrase"] if self.passphrase and not access else []
             self.checked(
-                self.cli("stack", "select", "--create", stack, access=access),
+                self.cli("stack", "select", "--create", stack, *extra, access=access),
                 f"pulumi stack select --create {stack}",
                 access=access,
+            )
+            if extra:
+                self.verify_state(stack)
+
+    def verify_state(self, stack: str) -> None:
+        """Refuse a state whose dynamic providers are not encrypted secrets (CLI only).
+
+        The engine runs the provider pickled in a resource's state (`__provider`) for its
+        Delete and Read (pulumi/dynamic/__main__.py: `get_provider(props)`), and our providers
+        always pickle as secrets (`serialize_as_secret_always`). The review stacks' backend
+        credential is shared, so another PR's code could write this stack's state: a secret
+        it writes must open with THIS stack's passphrase (AES-256-GCM, authenticated:
+        sdk/go/common/resource/config/crypt.go), but a plain `__provider` would run as is.
+        So every `__provider` must be a secret, else nothing runs on that state."""
+        if self.kind != "cli":
+            return
+        text = self.checked(
+            self.cli("stack", "export", "--stack", stack),
+            f"pulumi stack export --stack {stack}",
+            capture=True,
+        )
+        try:
+            doc = json.loads(text or "{}")
+        except ValueError:
+            raise ReviewError(f"pulumi stack export --stack {stack} printed no JSON") from None
+        plain = plain_providers(doc)
+        if plain:
+            raise ReviewError(
+                f"the state of {stack} holds {len(plain)} dynamic provider(s) that are not"
+                f" encrypted secrets ({', '.join(plain[:3])}): it was not written by {stack}'s"
+                " own deploys (its passphrase encrypts every provider). Nothing was run on it;"
+                f" inspect it (`pulumi stack export --stack {stack}`) and, if it is not yours,"
+                f" `pulumi stack rm --force {stack}` and deploy again"
             )
 
     def deploy(
@@ -242,6 +299,8 @@ class Engine:
                 self.meta(stack).unlink(missing_ok=True)
             return False
         if self.kind == "cli":
+            if self.passphrase and not access:
+                self.verify_state(stack)  # destroy runs the state's pickled providers
             self.checked(
                 self.cli("destroy", "--yes", "--stack", stack, access=access),
                 f"pulumi destroy --stack {stack}",
@@ -298,6 +357,35 @@ class Engine:
                 when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
             found.append(StackInfo(name=stack, pr=int(m["pr"]), last_update=when))
         return sorted(found, key=lambda s: s.pr)
+
+
+#: pulumi/pulumi sdk/go/common/resource/sig (`Secret`): the key and value that mark a secret
+#: object in a serialized state (`{"4dabf18193072939515e22adb298388d": "1b47...", "ciphertext":
+#: ...}` when encrypted, `"plaintext": ...` in `stack export --show-secrets`).
+SIG_KEY = "4dabf18193072939515e22adb298388d"
+SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+
+
+def _is_encrypted_secret(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and value.get(SIG_KEY) == SECRET_SIG
+        and isinstance(value.get("ciphertext"), str)
+    )
+
+
+def plain_providers(export: Mapping[str, Any]) -> list[str]:
+    """URNs of resources in a `pulumi stack export` document whose `__provider` (inputs or
+    outputs) is not an encrypted secret."""
+    found = []
+    deployment = export.get("deployment") or {}
+    for res in deployment.get("resources") or []:
+        for part in ("inputs", "outputs"):
+            props = res.get(part) or {}
+            if "__provider" in props and not _is_encrypted_secret(props["__provider"]):
+                found.append(str(res.get("urn") or "?"))
+                break
+    return found
 
 
 def standin_outputs(

@@ -1,12 +1,15 @@
 """The hand-over of review stack pr-N's deploy identity from the access step to the deploy.
 
-`Handoff` holds the `pr-N-deploy` token and the gateway's proxy token (its repr hides both);
-`write_handoff` writes it mode 0600, optionally sealed with openssl (`OPENSSL_ENC`, for a CI
-artifact), and `read_handoff` reads or opens it.
+`Handoff` holds the `pr-N-deploy` token, the gateway's proxy token and, in CI, review stack
+pr-N's own state passphrase (its repr hides all three); `derive_passphrase` is how the admin
+step makes that passphrase, `write_handoff` writes the hand-over mode 0600, optionally sealed
+with openssl (`OPENSSL_ENC`), and `read_handoff` reads or opens it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -21,16 +24,35 @@ from .common import ReviewError, deploy_identity, stack_name
 #: same arguments plus -d (.github/workflows/review.yml).
 OPENSSL_ENC = ["enc", "-aes-256-cbc", "-pbkdf2", "-iter", "200000", "-salt"]
 _TOKEN = re.compile(r"^(?P<id>[a-z]{2}-[^:\s]+):(?P<secret>[a-z]{2}-\S+)$")
+_PASSPHRASE = re.compile(r"^[0-9a-f]{64}$")
+#: What the per-PR passphrase is derived from, besides the root key: a fixed label and the stack.
+PASSPHRASE_LABEL = "modal-llm-review-stack/"
+
+
+def derive_passphrase(root_key: str, pr: int) -> str:
+    """Review stack pr-N's own state passphrase: HMAC-SHA256(root_key, label + "pr-N"), hex.
+
+    The admin step (base-branch code, the only holder of the root key REVIEW_STATE_KEY)
+    derives it and hands it to pr-N's deploy and teardown only, so the PR's code gets its own
+    passphrase and no other PR's; without the root key one PR's passphrase says nothing of
+    another's (HMAC is a PRF). It encrypts the stack's secrets in its state (the CLI's
+    passphrase secrets manager; docs/review-stacks.md, Isolation)."""
+    if not root_key:
+        raise ReviewError("no root key to derive a review stack's passphrase from")
+    msg = f"{PASSPHRASE_LABEL}{stack_name(pr)}".encode()
+    return hmac.new(root_key.encode(), msg, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
 class Handoff:
     """What the access stack gives review stack pr-N: the `pr-N-deploy` token (contributor in
-    pr-N only) and the gateway's proxy token. Never printed (repr hides them)."""
+    pr-N only), the gateway's proxy token and (when the admin step derives one) pr-N's own
+    state passphrase. Never printed (repr hides them)."""
 
     environment: str
     deploy_token: str  # "ak-...:as-..."
     proxy_token: str  # "wk-...:ws-..."
+    passphrase: str = ""  # derive_passphrase(REVIEW_STATE_KEY, N); "" when none was derived
 
     def __repr__(self) -> str:
         return f"Handoff(environment={self.environment!r}, <tokens hidden>)"
@@ -41,19 +63,25 @@ class Handoff:
         return token_id, secret
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "environment": self.environment,
-                "deploy_token": self.deploy_token,
-                "proxy_token": self.proxy_token,
-            }
-        )
+        doc = {
+            "environment": self.environment,
+            "deploy_token": self.deploy_token,
+            "proxy_token": self.proxy_token,
+        }
+        if self.passphrase:
+            doc["passphrase"] = self.passphrase
+        return json.dumps(doc)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Handoff:
         try:
             doc = json.loads(text)
-            found = cls(str(doc["environment"]), str(doc["deploy_token"]), str(doc["proxy_token"]))
+            found = cls(
+                str(doc["environment"]),
+                str(doc["deploy_token"]),
+                str(doc["proxy_token"]),
+                str(doc.get("passphrase") or ""),
+            )
         except (ValueError, KeyError, TypeError):
             raise ReviewError(f"{where}: not a hand-over file of scripts/review_stack.py") from None
         for what, value, prefixes in (
@@ -65,15 +93,22 @@ class Handoff:
                 m["id"].startswith(prefixes[0]) and m["secret"].startswith(prefixes[1])
             ):
                 raise ReviewError(f"{where}: {what} is not '{prefixes[0]}...:{prefixes[1]}...'")
+        if found.passphrase and not _PASSPHRASE.match(found.passphrase):
+            raise ReviewError(f"{where}: passphrase is not a derived one (64 hex digits)")
         return found
 
 
-def handoff_from_credentials(credentials: Any, pr: int) -> Handoff:
-    """The access stack's `credentials` output -> pr-N's hand-over."""
+def handoff_from_credentials(credentials: Any, pr: int, passphrase: str = "") -> Handoff:
+    """The access stack's `credentials` output (and pr-N's derived passphrase) -> its hand-over."""
     stack = stack_name(pr)
     try:
         env = credentials[stack]
-        return Handoff(stack, str(env["identities"][deploy_identity(pr)]), str(env["proxy_token"]))
+        return Handoff(
+            stack,
+            str(env["identities"][deploy_identity(pr)]),
+            str(env["proxy_token"]),
+            passphrase,
+        )
     except (KeyError, TypeError):
         raise ReviewError(
             f"the access stack {stack} has no credentials for {deploy_identity(pr)} in {stack}"

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from .common import ACCESS_DIR, ReviewError, iso, now_utc, parse_time, stack_name
 from .config import write_access_stack_file, write_review_stack_file
-from .deploy import existing_handoff
+from .deploy import deployer_of, existing_handoff
 from .engine import Engine, StackInfo
 from .handoff import read_handoff
 
@@ -61,11 +61,11 @@ def cmd_destroy(args: argparse.Namespace, engine: Engine) -> int:
     stack = stack_name(args.pr)
     if args.handoff:
         given = read_handoff(args.handoff, args.open_key_env)
-        existed = _destroy_service(args, engine.with_token(given.deploy_pair), managed=True)
+        existed = _destroy_service(args, deployer_of(engine, given), managed=True)
         print(f"review stack {stack}: " + ("destroyed" if existed else "none, nothing to destroy"))
         return 0
     handoff = existing_handoff(args, engine) if args.flow != "default" else None
-    service = engine.with_token(handoff.deploy_pair) if handoff is not None else engine
+    service = deployer_of(engine, handoff)
     existed = _destroy_service(args, service, managed=handoff is not None)
     print(f"review stack {stack}: " + ("destroyed" if existed else "none, nothing to destroy"))
     if handoff is not None:

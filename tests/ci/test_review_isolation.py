@@ -1,0 +1,169 @@
+"""Issue 32 item 8: each review stack's state and secrets are its PR's alone.
+
+- Each PR's passphrase is derived by the admin step, HMAC-SHA256(REVIEW_STATE_KEY, pr-N), and
+  reaches the deploy only in pr-N's hand-over: the state of one PR, encrypted by the stand-in
+  (pulumi_standin/statefile.py: PBKDF2 + encrypt-then-MAC, as the CLI's passphrase secrets
+  manager is AES-256-GCM), does not open with another PR's passphrase.
+- `up --handoff` runs the engine under the hand-over's passphrase, never the one in its own
+  environment (a real child process records what it was given).
+- `handoff --state-key-env` (the admin step) puts the derived passphrase in the hand-over.
+- `dev-export` (base-branch code, dev's passphrase) writes a copy of dev's state with every
+  secret replaced, which `plan` (the PR's code, no passphrase of dev) previews against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from review import deploy  # noqa: E402
+from review.cli import parse_args  # noqa: E402
+from review.engine import Engine  # noqa: E402
+from review.handoff import Handoff, derive_passphrase, read_handoff, write_handoff  # noqa: E402
+
+from pulumi_standin.engine import ResourceState  # noqa: E402
+from pulumi_standin.statefile import StandinError, StateFile  # noqa: E402
+from pulumi_standin.values import Secret, iter_secret_strings  # noqa: E402
+
+ROOT_KEY = "review-state-root-key-for-this-test"
+SHARED = "the-old-shared-review-passphrase"
+DEV_PASSPHRASE = "dev-passphrase-of-this-test"
+DEV_SECRET = "sk-dev-live-api-key-7f3a"
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _save(path: Path, stack: str, outputs: dict[str, Any], states: list[ResourceState]) -> None:
+    class _Engine:  # what StateFile.save reads of the stand-in's engine
+        def __init__(self) -> None:
+            self.states = {s.name: s for s in states}
+            self.pending_deletes: list[ResourceState] = []
+
+    state = StateFile(path, stack)
+    state.outputs = outputs
+    state.save(_Engine())  # type: ignore[arg-type]
+
+
+def test_a_prs_state_does_not_open_with_another_prs_passphrase(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p7, p8 = derive_passphrase(ROOT_KEY, 7), derive_passphrase(ROOT_KEY, 8)
+    assert p7 != p8 and p7 == derive_passphrase(ROOT_KEY, 7)
+    assert p7 != derive_passphrase("another-root-key", 7)
+    assert ROOT_KEY not in p7 and len(p7) == 64
+    path = tmp_path / "pr-7.json"
+    monkeypatch.setenv("OFFLINE_STACK_PASSPHRASE", p7)
+    _save(path, "pr-7", {"proxy_token_secret": Secret("ws-pr7-secret")}, [])
+    assert "ws-pr7-secret" not in path.read_text()
+    monkeypatch.setenv("OFFLINE_STACK_PASSPHRASE", p8)
+    with pytest.raises(StandinError, match="cannot decrypt"):
+        StateFile.load(path, "pr-7")
+    monkeypatch.setenv("OFFLINE_STACK_PASSPHRASE", p7)
+    assert StateFile.load(path, "pr-7").outputs["proxy_token_secret"].value == "ws-pr7-secret"
+
+
+RECORDER = r"""#!{python}
+import hashlib, json, os, sys
+with open(os.environ["RECORD"], "a") as fh:
+    env = {{k: hashlib.sha256(v.encode()).hexdigest() for k, v in os.environ.items()}}
+    fh.write(json.dumps({{"argv": sys.argv[1:], "env": env}}) + "\n")
+"""
+
+
+def test_up_with_a_handoff_runs_under_the_prs_own_passphrase(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deploy job's own environment may hold a passphrase (the old shared one): the
+    engine must not get it, only pr-7's from the hand-over."""
+    recorder = tmp_path / "python"
+    recorder.write_text(RECORDER.format(python=sys.executable))
+    recorder.chmod(0o755)
+    monkeypatch.setenv("RECORD", str(tmp_path / "record.jsonl"))
+    monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", SHARED)
+    monkeypatch.setenv("OFFLINE_STACK_PASSPHRASE", SHARED)
+    p7 = derive_passphrase(ROOT_KEY, 7)
+    handoff = tmp_path / "handoff.json"
+    write_handoff(handoff, Handoff("pr-7", "ak-d7:as-d7secret", "wk-p7:ws-p7secret", p7), None)
+    assert read_handoff(handoff).passphrase == p7 and p7 not in repr(read_handoff(handoff))
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("Pulumi.yaml", "Pulumi.dev.yaml"):
+        (checkout / name).write_text((ROOT / name).read_text())
+    args = parse_args(["up", "--pr", "7", "--head-repo", "a/b", "--base-repo", "a/b",
+                       "--handoff", str(handoff), "--engine", "standin",
+                       "--project", str(checkout), "--out-dir", str(tmp_path / "out")])  # fmt: skip
+    engine = Engine(kind="standin", project=checkout, state_dir=tmp_path / "state",
+                    python=str(recorder))  # fmt: skip
+    assert deploy.cmd_up(args, engine) == 0
+    runs = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
+    assert runs and runs[0]["argv"][:3] == ["-m", "pulumi_standin", "up"]
+    for run in runs:
+        given = {run["env"].get("PULUMI_CONFIG_PASSPHRASE"), run["env"].get("OFFLINE_STACK_PASSPHRASE")}
+        assert _sha(SHARED) not in given, "the engine got the shared passphrase"
+        assert _sha(p7) in given, "the engine did not get pr-7's passphrase"
+
+
+def test_the_admin_step_puts_the_derived_passphrase_in_the_handoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    credentials = {
+        "pr-7": {"identities": {"pr-7-deploy": "ak-d7:as-d7secret"}, "proxy_token": "wk-p:ws-q"}
+    }
+    monkeypatch.setattr(Engine, "exists", lambda self, stack, access=False: True)
+    monkeypatch.setattr(Engine, "outputs", lambda self, *a, **k: {"credentials": credentials})
+    monkeypatch.setenv("REVIEW_STATE_KEY", ROOT_KEY)
+    path = tmp_path / "h.json"
+    args = parse_args(["handoff", "--pr", "7", "--handoff", str(path), "--state-key-env",
+                       "REVIEW_STATE_KEY", "--engine", "standin"])  # fmt: skip
+    engine = Engine(kind="standin", project=ROOT, state_dir=tmp_path)
+    assert deploy.cmd_handoff(args, engine) == 0
+    assert read_handoff(path).passphrase == derive_passphrase(ROOT_KEY, 7)
+    assert path.stat().st_mode & 0o077 == 0
+    monkeypatch.delenv("REVIEW_STATE_KEY")
+    with pytest.raises(Exception, match="REVIEW_STATE_KEY"):
+        deploy.cmd_handoff(args, engine)
+
+
+def test_dev_export_leaves_no_secret_of_dev_in_the_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy the PR's code previews against: dev's resources and outputs, every secret
+    replaced, under a passphrase that protects nothing (so the plan job needs none of dev's)."""
+    monkeypatch.setenv("OFFLINE_STACK_PASSPHRASE", DEV_PASSPHRASE)
+    dev = tmp_path / "dev.json"
+    key = ResourceState(
+        name="tiny-key-gateway",
+        provider="",
+        id="key-1",
+        inputs={"__provider": Secret("pickled"), "name": "gateway"},
+        outputs={"plaintext": Secret(DEV_SECRET), "digest": "sha256:ab"},
+        secret_outputs=("plaintext",),
+        type="llm:ApiKey",
+    )
+    _save(dev, "dev", {"api_keys": Secret({"gateway": DEV_SECRET}), "environment": "dev"}, [key])
+    copy = tmp_path / "copy" / "dev.json"
+    args = argparse.Namespace(base_stack="dev", base_state=dev, out=copy)
+    assert deploy.cmd_dev_export(args, Engine(kind="standin", project=ROOT, state_dir=tmp_path)) == 0
+    monkeypatch.delenv("OFFLINE_STACK_PASSPHRASE")
+    text = copy.read_text()
+    assert DEV_SECRET not in text
+    doc = json.loads(text)
+    passphrase = doc["passphrase"]
+    assert passphrase != DEV_PASSPHRASE
+    monkeypatch.setenv("OFFLINE_STACK_PASSPHRASE", passphrase)
+    loaded = StateFile.load(copy.with_name(doc["state"]), "dev")
+    assert loaded.outputs["environment"] == "dev"
+    assert DEV_SECRET not in json.dumps(list(iter_secret_strings(loaded.outputs)))
+    monkeypatch.setenv("OFFLINE_STACK_PASSPHRASE", DEV_PASSPHRASE)
+    with pytest.raises(StandinError):  # nothing in it opens with dev's passphrase either
+        StateFile.load(copy.with_name(doc["state"]), "dev")
