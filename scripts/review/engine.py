@@ -363,7 +363,7 @@ class Engine:
 #: object in a serialized state (`{"4dabf18193072939515e22adb298388d": "1b47...", "ciphertext":
 #: ...}` when encrypted, `"plaintext": ...` in `stack export --show-secrets`).
 SIG_KEY = "4dabf18193072939515e22adb298388d"
-SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"  # noqa: S105 (a marker, not a secret)
 
 
 def _is_encrypted_secret(value: Any) -> bool:

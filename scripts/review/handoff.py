@@ -26,7 +26,7 @@ OPENSSL_ENC = ["enc", "-aes-256-cbc", "-pbkdf2", "-iter", "200000", "-salt"]
 _TOKEN = re.compile(r"^(?P<id>[a-z]{2}-[^:\s]+):(?P<secret>[a-z]{2}-\S+)$")
 _PASSPHRASE = re.compile(r"^[0-9a-f]{64}$")
 #: What the per-PR passphrase is derived from, besides the root key: a fixed label and the stack.
-PASSPHRASE_LABEL = "modal-llm-review-stack/"
+PASSPHRASE_LABEL = "modal-llm-review-stack/"  # noqa: S105 (a label, not a secret)
 
 
 def derive_passphrase(root_key: str, pr: int) -> str:

@@ -108,7 +108,8 @@ def test_up_with_a_handoff_runs_under_the_prs_own_passphrase(
     runs = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
     assert runs and runs[0]["argv"][:3] == ["-m", "pulumi_standin", "up"]
     for run in runs:
-        given = {run["env"].get("PULUMI_CONFIG_PASSPHRASE"), run["env"].get("OFFLINE_STACK_PASSPHRASE")}
+        env = run["env"]
+        given = {env.get("PULUMI_CONFIG_PASSPHRASE"), env.get("OFFLINE_STACK_PASSPHRASE")}
         assert _sha(SHARED) not in given, "the engine got the shared passphrase"
         assert _sha(p7) in given, "the engine did not get pr-7's passphrase"
 
@@ -153,7 +154,8 @@ def test_dev_export_leaves_no_secret_of_dev_in_the_copy(
     _save(dev, "dev", {"api_keys": Secret({"gateway": DEV_SECRET}), "environment": "dev"}, [key])
     copy = tmp_path / "copy" / "dev.json"
     args = argparse.Namespace(base_stack="dev", base_state=dev, out=copy)
-    assert deploy.cmd_dev_export(args, Engine(kind="standin", project=ROOT, state_dir=tmp_path)) == 0
+    engine = Engine(kind="standin", project=ROOT, state_dir=tmp_path)
+    assert deploy.cmd_dev_export(args, engine) == 0
     monkeypatch.delenv("OFFLINE_STACK_PASSPHRASE")
     text = copy.read_text()
     assert DEV_SECRET not in text
