@@ -157,12 +157,12 @@ class ServicerBase(ModalClientBase):
         in every auth mode (issue 32 item 3): a wrong secret, an expired token, a deleted
         (retired) user's token, or one minted here that the state no longer holds (a reset) is
         UNAUTHENTICATED, never taken for the Owner."""
-        if self.task_id:
-            return self._container(method)
         cfg = self.config
         users = self.state.service_users
         token_id = metadata.get("x-modal-token-id", "")
         token_secret = metadata.get("x-modal-token-secret", "")
+        if self.task_id and not token_id:
+            return self._container(method)  # a container's own client sends no token
         if token_id and token_id != cfg.token_id:
             service_user = users.authenticate(token_id, token_secret)
             if service_user is not None:
@@ -190,6 +190,10 @@ class ServicerBase(ModalClientBase):
                     "no longer knows (its state was reset). Create the service user again "
                     "and use its new token.",
                 )
+        if self.task_id and token_id != cfg.token_id:
+            # Code in a container sent a token that is neither a service user's nor the
+            # workspace's own: it acts as the container, never promoted (any-token mode too).
+            return self._container(method)
         if cfg.token_id is None or cfg.token_secret is None:
             return None  # any-token mode: the workspace's own token
         ok = hmac.compare_digest(token_id.encode(), cfg.token_id.encode()) and hmac.compare_digest(
