@@ -786,7 +786,7 @@ def parse_pending(owner: str, secret_id: str, keys: list[str]) -> Pending | None
     obj = next((k[len(PENDING_OBJECT) :] for k in keys if k.startswith(PENDING_OBJECT)), "")
     if not since.isdigit() or "_" not in obj:
         return None
-    kind, hexname = obj.split("_", 1)
+    kind, hexname = obj.rsplit("_", 1)  # the name is hex: the last "_" ends the kind
     try:
         name = bytes.fromhex(hexname).decode()
     except ValueError:
@@ -840,13 +840,21 @@ async def pending_end(client: Any, owner: str, environment: str) -> None:
         await secret_delete(client, secret_id)
 
 
-def pending_claims(pending: Pending | None, kind: str, name: str, created_at: float) -> bool:
-    """The record says this object (created at `created_at`) is the one its create made."""
+def pending_claims(
+    pending: Pending | None,
+    kind: str,
+    name: str,
+    created_at: float,
+    margin: float = PENDING_CLOCK_MARGIN_S,
+) -> bool:
+    """The record says this object (created at `created_at`) is the one its create made.
+    `margin`: how far Modal's clock may lag ours (0 where a wrong claim deletes a live
+    credential: ProxyAuthToken)."""
     return (
         pending is not None
         and pending.kind == kind
         and pending.name == name
-        and created_at >= pending.since - PENDING_CLOCK_MARGIN_S
+        and created_at >= pending.since - margin
     )
 
 

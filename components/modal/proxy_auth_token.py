@@ -15,6 +15,14 @@
   the one it returns are deleted (the token list is taken before the first attempt), so no
   orphaned credential is left behind. There is no `adopt`: Modal never returns a token's
   secret after its creation, so an existing token could not be used by a gateway.
+- A create whose answer was lost in a run that then died (issue 32 item 10) left a token whose
+  secret no one holds. A token has no tag (modal_proto 1.6.4 `WebhookTokenCreateRequest`:
+  name, scoped) and names are not unique, so a *pending record* (a secret named after the
+  `owner` mark in the workspace's default environment, `_rpc.pending_begin`) is written
+  before `WebhookTokenCreate` and dropped once the create finished. The next create of this
+  resource deletes every token of the recorded name created at or after the record (no clock
+  margin: a live token of a rotation must never match), then mints its own (a new id: the
+  lost one's secret cannot be recovered).
 - Read (refresh/import by `wk-...`): missing (or deleted while being read) → gone; the
   allowlist is read whole from Modal (`WebhookTokenEnvironmentList(token_id)` → environment
   ids → names via `EnvironmentList`; where the server does not implement that RPC, every
@@ -43,7 +51,10 @@ from . import _rpc
 from ._base import (
     DiffSpec,
     ModalProvider,
+    check_owner,
     is_unknown,
+    owner_mark,
+    owner_of,
     plain,
     secret_output,
     text_view,
@@ -100,7 +111,7 @@ class ProxyAuthTokenProvider(ModalProvider):
             news["rotation"] = ""
         if news.get("environments") is None:
             news["environments"] = []
-        return CheckResult(news, failures)
+        return CheckResult(news, failures + check_owner(news))
 
     @staticmethod
     def _outputs(
@@ -112,6 +123,7 @@ class ProxyAuthTokenProvider(ModalProvider):
             "rotation": props.get("rotation") or "",
             "token_id": token_id,
             "allowed_environments": envs,
+            "owner": owner_of(props) or None,
         }
         if token_secret:
             outs["token_secret"] = secret_output(token_secret)
@@ -132,8 +144,13 @@ class ProxyAuthTokenProvider(ModalProvider):
         envs = _envs(props)
         created: dict[str, str] = {}
         memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
+        owner = owner_of(props)
 
         async def go(client: Any) -> tuple[str, str]:
+            if owner and "swept" not in memo:
+                await _sweep_lost(client, owner)
+                await _rpc.pending_begin(client, owner, PENDING_ENV, PENDING_KIND, name)
+                memo["swept"] = True
             if "before" not in memo:  # tokens of this name that are not this create's
                 memo["before"] = {t.token_id for t in await _rpc.token_list(client)}
             if "token_id" not in created:
@@ -157,6 +174,8 @@ class ProxyAuthTokenProvider(ModalProvider):
                         and token.token_id != created["token_id"]
                     ):
                         await _rpc.token_delete(client, token.token_id)
+            if owner:
+                await _rpc.pending_end(client, owner, PENDING_ENV)
             return created["token_id"], created["token_secret"]
 
         token_id, token_secret = self.run(
@@ -226,10 +245,34 @@ class ProxyAuthTokenProvider(ModalProvider):
         return ReadResult(id_, outs, dict(live))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
+        owner = owner_of(props)
+
         async def go(client: Any) -> None:
-            await _rpc.token_delete(client, id_)
+            await _rpc.token_delete(client, id_)  # already gone: done
+            if owner:  # and what an interrupted create of this resource left
+                await _sweep_lost(client, owner)
+                await _rpc.pending_end(client, owner, PENDING_ENV)
 
         self.run("delete", f"{id_} ('{props.get('name')}')", go)
+
+
+#: Where a token's pending record lives (tokens are workspace-level: the default
+#: environment) and what it names.
+PENDING_ENV = ""
+PENDING_KIND = "token"
+
+
+async def _sweep_lost(client: Any, owner: str) -> None:
+    """Delete the tokens an interrupted create of this resource made: named as its pending
+    record says, created at or after it (`WebhookToken.created_at`)."""
+    pending = await _rpc.pending_get(client, owner, PENDING_ENV)
+    if pending is None:
+        return
+    for token in await _rpc.token_list(client):
+        if _rpc.pending_claims(
+            pending, PENDING_KIND, str(token.name), float(token.created_at), margin=0.0
+        ):
+            await _rpc.token_delete(client, token.token_id)
 
 
 class ProxyAuthToken(pulumi.dynamic.Resource, module="modal", name="ProxyAuthToken"):
@@ -241,6 +284,7 @@ class ProxyAuthToken(pulumi.dynamic.Resource, module="modal", name="ProxyAuthTok
     token_id: pulumi.Output[str]
     token_secret: pulumi.Output[str]
     allowed_environments: pulumi.Output[list[str]]
+    owner: pulumi.Output[str]
 
     def __init__(
         self,
@@ -255,6 +299,7 @@ class ProxyAuthToken(pulumi.dynamic.Resource, module="modal", name="ProxyAuthTok
             "token_id": None,
             "token_secret": None,
             "allowed_environments": None,
+            "owner": owner_mark(TYPE_TOKEN, resource_name),
         }
         opts = pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(additional_secret_outputs=["token_secret"])

@@ -31,7 +31,14 @@ you are required to have Manager permissions in the Workspace").
 - Create is sent once per attempt under one idempotency key (`_rpc.idempotency_key`); if a
   server that did not replay the key answers "already exists" to a retry, the service user that
   an earlier attempt of this create made (created after it started) is deleted and made again,
-  since its token secret was lost with that answer. There is no `adopt`: Modal never shows a
+  since its token secret was lost with that answer. A create whose answer was lost in a run
+  that then died (issue 32 item 10) is found by the next one: a service user has no tag
+  (modal_proto 1.6.4 `ServiceUserCreateRequest`: name, scoped, expires_in_seconds), so a
+  *pending record* (a secret named after the `owner` mark in the workspace's default
+  environment, `_rpc.pending_begin`) is written before `ServiceUserCreate` and dropped once it
+  answered; a service user of that name created at or after this resource's record is the one
+  it made: deleted and made again (its token secret was lost with the answer; a new id). Any
+  other of that name is a stranger's and refused as before. There is no `adopt`: Modal never shows a
   token secret again, so an existing service user could not be handed to anyone.
 """
 
@@ -53,7 +60,16 @@ from pulumi.dynamic import (
 )
 
 from . import _rpc
-from ._base import DiffSpec, ModalProvider, is_unknown, plain, secret_output
+from ._base import (
+    DiffSpec,
+    ModalProvider,
+    check_owner,
+    is_unknown,
+    owner_mark,
+    owner_of,
+    plain,
+    secret_output,
+)
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ServiceUser"  # noqa: S105 (a Pulumi type token)
 
@@ -136,6 +152,7 @@ class ServiceUserProvider(ModalProvider):
             news["rotation"] = ""
         if isinstance(days, float) and days == int(days):
             news["expires_in_days"] = int(days)
+        failures += check_owner(news)
         return CheckResult(news, failures)
 
     # ---- diff: from the state only (refresh keeps last_used_at current) ---------------------
@@ -205,6 +222,7 @@ class ServiceUserProvider(ModalProvider):
             "previous_service_user_id": (
                 str(previous.service_user_id) if previous is not None else ""
             ),
+            "owner": owner_of(props) or None,
         }
         if token_secret:
             outs["token_secret"] = secret_output(token_secret)
@@ -229,10 +247,26 @@ class ServiceUserProvider(ModalProvider):
 
     # ---- create --------------------------------------------------------------------------
     @staticmethod
-    async def _mint(client: Any, name: str, expires_s: int, memo: dict[str, Any]) -> Any:
-        """Create `name` under memo's key; resolves what an earlier attempt may have made."""
+    async def _mint(
+        client: Any, name: str, expires_s: int, memo: dict[str, Any], owner: str = ""
+    ) -> Any:
+        """Create `name` under memo's key; resolves what an earlier attempt may have made,
+        and (with `owner`) what an earlier run of this resource made and never heard of."""
         from modal import exception as mexc
 
+        if owner and "swept" not in memo:
+            memo["swept"] = True
+            live = await _rpc.service_user_info(client, name)
+            if live is not None:
+                pending = await _rpc.pending_get(client, owner, PENDING_ENV)
+                if _rpc.pending_claims(pending, PENDING_KIND, name, float(live.created_at)):
+                    # This resource's own create whose answer (the only copy of its token
+                    # secret) was lost: of no use to anyone; made again below.
+                    await _rpc.service_user_delete(client, name)
+                    live = None
+            if live is None:
+                await _rpc.pending_begin(client, owner, PENDING_ENV, PENDING_KIND, name)
+                memo["pending"] = True
         sent_before = bool(memo.get("sent"))
         memo["sent"] = True
         try:
@@ -242,6 +276,8 @@ class ServiceUserProvider(ModalProvider):
         except mexc.AlreadyExistsError:
             found = await _rpc.service_user_info(client, name) if sent_before else None
             if found is None or float(found.created_at) < memo["started"] - CLOCK_SLACK_S:
+                if memo.get("pending"):  # a stranger's: our record names nothing
+                    await _rpc.pending_end(client, owner, PENDING_ENV)
                 raise  # it was there before this create: genuinely taken
             # An earlier attempt of this create made it and its answer (the only copy of the
             # token secret) was lost: delete it and make it again under a fresh key.
@@ -253,15 +289,18 @@ class ServiceUserProvider(ModalProvider):
         info = await _rpc.service_user_info(client, name)
         if info is None:
             raise mexc.NotFoundError(f"service user {name!r} vanished right after its creation")
+        if memo.get("pending"):
+            await _rpc.pending_end(client, owner, PENDING_ENV)
         return info
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         name = str(props["name"])
         days = _expires(props)
         memo: dict[str, Any] = {"key": _rpc.idempotency_key(), "started": time.time()}
+        owner = owner_of(props)
 
         async def go(client: Any) -> Any:
-            return await self._mint(client, name, (days or 0) * 86400, memo)
+            return await self._mint(client, name, (days or 0) * 86400, memo, owner)
 
         info = self.run(
             "create",
@@ -341,7 +380,7 @@ class ServiceUserProvider(ModalProvider):
                 await _rpc.service_user_delete(client, doomed)  # already gone: fine
             if not rotate:
                 return memo["live"], memo["keep"], old_secret, generation
-            new = await self._mint(client, new_name, (days or 0) * 86400, memo)
+            new = await self._mint(client, new_name, (days or 0) * 86400, memo, owner_of(news))
             return new, memo["keep"], memo["secret"], generation + 1
 
         hints = self._hints(new_name)
@@ -414,9 +453,13 @@ class ServiceUserProvider(ModalProvider):
         name = str(props.get("name") or id_)
         doomed = [n for n in (props.get("current_name") or name, props.get("previous_name")) if n]
 
+        owner = owner_of(props)
+
         async def go(client: Any) -> None:
             for n in doomed:
-                await _rpc.service_user_delete(client, str(n))
+                await _rpc.service_user_delete(client, str(n))  # already gone: done
+            if owner:  # a record an interrupted create or rotation left
+                await _rpc.pending_end(client, owner, PENDING_ENV)
 
         self.run(
             "delete",
@@ -425,6 +468,12 @@ class ServiceUserProvider(ModalProvider):
             secrets=[str(plain(props.get("token_secret")) or "")],
             hints=self._hints(name),
         )
+
+
+#: Where a service user's pending record lives (workspace-level objects: the default
+#: environment) and what it names.
+PENDING_ENV = ""
+PENDING_KIND = "service_user"
 
 
 class ServiceUser(pulumi.dynamic.Resource, module="modal", name="ServiceUser"):
@@ -446,6 +495,7 @@ class ServiceUser(pulumi.dynamic.Resource, module="modal", name="ServiceUser"):
     previous_name: pulumi.Output[str]
     previous_token_id: pulumi.Output[str]
     previous_service_user_id: pulumi.Output[str]
+    owner: pulumi.Output[str]
 
     def __init__(
         self,
@@ -473,6 +523,7 @@ class ServiceUser(pulumi.dynamic.Resource, module="modal", name="ServiceUser"):
                     "previous_service_user_id",
                 )
             ),
+            "owner": owner_mark(TYPE_TOKEN, resource_name),
         }
         opts = pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(additional_secret_outputs=["token_secret"])
