@@ -367,7 +367,7 @@ def warnings_of(preview: Mapping[str, Any]) -> list[str]:
             continue
         what = "replaced" if replacing else "deleted"
         why = (
-            f" (replace on: {', '.join(code(r) for r in view.replace_reasons)})"
+            f" (replace on: {', '.join(plain(r) for r in view.replace_reasons)})"
             if view.replace_reasons
             else ""
         )

@@ -236,9 +236,7 @@ def preview_against_copy(
         # A private backend and a throwaway passphrase: nothing of dev's is needed or reachable.
         backend = Path(tmp) / "backend"
         backend.mkdir()
-        private = replace(
-            engine, passphrase=secrets.token_hex(32), backend_url=f"file://{backend}"
-        )
+        private = replace(engine, passphrase=secrets.token_hex(32), backend_url=f"file://{backend}")
         with _stack_file_without_secrets(engine.project, stack) as secure:
             private.checked(
                 private.cli("stack", "init", stack, "--secrets-provider", "passphrase"),
