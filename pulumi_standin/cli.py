@@ -230,7 +230,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help=(
             "a secret config value for this run only, as `pulumi config set --secret` (never"
-            " saved, never printed), e.g. --secret hfToken=hf_..."
+            " saved, never printed), e.g. --secret hfToken=hf_... (it is on the command line,"
+            " which `ps` shows: prefer --secret-from-env)"
         ),
     )
     parser.add_argument(

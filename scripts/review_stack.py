@@ -6,6 +6,7 @@
     python scripts/review_stack.py destroy --pr N
     python scripts/review_stack.py sweep   --older-than-days N [--dry-run | --list-only]
     python scripts/review_stack.py access-up | handoff | access-destroy --pr N ...  # admin
+    python scripts/review_stack.py dev-export --out FILE   # base branch, dev's passphrase
     python scripts/review_stack.py list | config --pr N | costs
   common: [--engine auto|cli|standin] [--flow auto|access|default] [--project DIR]
           [--base-stack dev] [--out-dir DIR] [--budget-usd 20] [--handoff FILE]
@@ -29,6 +30,13 @@ Lifecycle, identities and knobs: docs/review-stacks.md. In short:
   writes the stack's NON-secret outputs to `--out-dir` (`review-outputs.json`, `review.json`).
   With `--handoff FILE` it deploys with that hand-over (CI's deploy job); without it in the
   access flow it runs `access-up` first itself (needs an Owner's or Manager's token).
+- Isolation (docs/review-stacks.md): `access-up`/`handoff --state-key-env REVIEW_STATE_KEY`
+  put review stack pr-N's own passphrase, HMAC(REVIEW_STATE_KEY, pr-N), in its hand-over;
+  `up`/`destroy --handoff` run the engine under it (the passphrase secrets provider), never
+  under the caller's, and refuse a state whose pickled providers are not encrypted secrets.
+  `dev-export` (base-branch code, dev's passphrase) writes a copy of dev's state with every
+  secret replaced; `plan --base-copy FILE` (the PR's code) previews against it in a private
+  backend, with no passphrase of dev.
 - `plan` writes what the comment compares, to `--out-dir`: `preview.json` (`pulumi preview
   --json --stack dev` of this checkout's code), `dev-outputs.json` (dev's outputs, secrets
   `[secret]`) and `costs.json` (this checkout's cost model on its `Pulumi.dev.yaml`: the new
