@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 from review import deploy  # noqa: E402
 from review.cli import parse_args  # noqa: E402
-from review.engine import Engine  # noqa: E402
+from review.devcopy import PLACEHOLDER, scrub_export  # noqa: E402
+from review.engine import SECRET_SIG, SIG_KEY, Engine, plain_providers  # noqa: E402
 from review.handoff import Handoff, derive_passphrase, read_handoff, write_handoff  # noqa: E402
 
 from pulumi_standin.engine import ResourceState  # noqa: E402
@@ -169,3 +170,35 @@ def test_dev_export_leaves_no_secret_of_dev_in_the_copy(
     monkeypatch.setenv("OFFLINE_STACK_PASSPHRASE", DEV_PASSPHRASE)
     with pytest.raises(StandinError):  # nothing in it opens with dev's passphrase either
         StateFile.load(copy.with_name(doc["state"]), "dev")
+
+
+def test_a_state_with_a_plain_pickled_provider_is_refused() -> None:
+    """Another PR's code can write this stack's state (the backend credential is shared) but
+    cannot encrypt for this stack's passphrase: a `__provider` that is not an encrypted secret
+    was not written by this stack's deploys, and `verify_state` refuses to run on it."""
+    secret = {SIG_KEY: SECRET_SIG, "ciphertext": "v1:abc:def"}
+    ok = {"urn": "urn:pulumi:pr-7::p::t::ok", "inputs": {"__provider": secret}, "outputs": {}}
+    planted = {"urn": "urn:pulumi:pr-7::p::t::x", "inputs": {"__provider": "gASV..."}}
+    shown = {"urn": "urn:pulumi:pr-7::p::t::y",
+             "outputs": {"__provider": {SIG_KEY: SECRET_SIG, "plaintext": '"gASV"'}}}  # fmt: skip
+    doc = {"deployment": {"resources": [ok, planted, shown]}}
+    assert plain_providers(doc) == [planted["urn"], shown["urn"]]
+    assert plain_providers({"deployment": {"resources": [ok]}}) == []
+
+
+def test_the_cli_copy_of_dev_holds_no_secret() -> None:
+    exported = {
+        "deployment": {
+            "secrets_providers": {"type": "passphrase", "state": {"salt": "v1:x"}},
+            "resources": [
+                {
+                    "inputs": {"key": {SIG_KEY: SECRET_SIG, "plaintext": json.dumps(DEV_SECRET)}},
+                    "outputs": {"n": [1, {SIG_KEY: SECRET_SIG, "ciphertext": "v1:a:b"}]},
+                }
+            ],
+        }
+    }
+    copy = scrub_export(exported)
+    assert DEV_SECRET not in json.dumps(copy) and "v1:a:b" not in json.dumps(copy)
+    res = copy["deployment"]["resources"][0]
+    assert res["inputs"]["key"] == {SIG_KEY: SECRET_SIG, "plaintext": json.dumps(PLACEHOLDER)}
