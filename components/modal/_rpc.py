@@ -757,26 +757,32 @@ PENDING_CLOCK_MARGIN_S = 60.0
 
 @dataclass(frozen=True)
 class Pending:
-    """A pending record: `owner` was about to create `kind` `name` at `since`."""
+    """A pending record: `owner` was about to create `kind` `name` at `since`; `notes`: the
+    record's other key names (what the create needs to know again, e.g. SpendAlert's budget
+    before it)."""
 
     owner: str
     kind: str
     name: str
     since: float
     secret_id: str
+    notes: tuple[str, ...] = ()
 
 
 def pending_secret_name(owner: str) -> str:
     return PENDING_PREFIX + owner.replace("_", "-")
 
 
-def _pending_keys(owner: str, kind: str, name: str, since: float) -> dict[str, str]:
+def _pending_keys(
+    owner: str, kind: str, name: str, since: float, notes: tuple[str, ...] = ()
+) -> dict[str, str]:
     from ._base import owner_key
 
     return {
         owner_key(owner): "1",
         f"{PENDING_SINCE}{int(since)}": "1",
         f"{PENDING_OBJECT}{kind}_{name.encode().hex()}": "1",
+        **dict.fromkeys(notes, "1"),
     }
 
 
@@ -791,10 +797,24 @@ def parse_pending(owner: str, secret_id: str, keys: list[str]) -> Pending | None
         name = bytes.fromhex(hexname).decode()
     except ValueError:
         return None
-    return Pending(owner, kind, name, float(since), secret_id)
+    from ._base import OWNER_KEY_PREFIX
+
+    notes = tuple(
+        sorted(
+            k for k in keys if not k.startswith((PENDING_SINCE, PENDING_OBJECT, OWNER_KEY_PREFIX))
+        )
+    )
+    return Pending(owner, kind, name, float(since), secret_id, notes)
 
 
-async def pending_begin(client: Any, owner: str, environment: str, kind: str, name: str) -> None:
+async def pending_begin(
+    client: Any,
+    owner: str,
+    environment: str,
+    kind: str,
+    name: str,
+    notes: tuple[str, ...] = (),
+) -> None:
     """Record that `owner` is about to create `kind` `name`: the pending secret is written
     whole (`CREATE_OVERWRITE_IF_EXISTS`, what modal 1.6.4 `_Secret._create_deployed(...,
     overwrite=True)` sends for `modal secret create --force`), so a repeat is harmless."""
@@ -807,7 +827,7 @@ async def pending_begin(client: Any, owner: str, environment: str, kind: str, na
             deployment_name=pending_secret_name(owner),
             environment_name=environment,
             object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_OVERWRITE_IF_EXISTS,
-            env_dict=_pending_keys(owner, kind, name, time.time()),
+            env_dict=_pending_keys(owner, kind, name, time.time(), notes),
         )
     )
 

@@ -17,6 +17,15 @@ once. So Diff depends on the inputs only, and an `up` with unchanged inputs chan
 whatever the usage or the webhook's state. State written by earlier versions (`webhook_url`,
 `thresholds_alerted`) is dropped by the next update and ignored until then.
 
+A create whose answer was lost (issue 32 item 10: the run died after Modal set the budget)
+would have the next create read back its own budget as "previous", and destroy would then
+leave it in place. So with an `owner` mark, create first writes a *pending record* in the
+environment (`_rpc.pending_begin`: a secret named after the mark, whose key names hold the
+budget found, `MODAL_LLM_PREVIOUS_USD_CENTS_<n>` or `..._NONE`) and drops it once the budget
+is set; the next create of this resource that finds the record takes the previous budget
+from it, not from Modal. Setting a budget is repeatable as is (one SpendAlert per
+environment), so nothing else needs telling apart.
+
 Id: the environment id (`en-...`); import with that id (the environment name is taken from
 Modal, so importing under the wrong environment name shows as a replace and fails). Read
 reports a cleared budget or a deleted environment as gone.
@@ -44,8 +53,11 @@ from ._base import (
     DiffSpec,
     ModalProvider,
     check_environment,
+    check_owner,
     environment_name,
     is_unknown,
+    owner_mark,
+    owner_of,
     plain_view,
 )
 from .app import AppArgs, AppProvider, app_props
@@ -143,7 +155,7 @@ class SpendAlertProvider(ModalProvider):
         news = dict(news)
         if news.get("thresholds") is None:
             news["thresholds"] = list(DEFAULT_THRESHOLDS)
-        return CheckResult(news, failures)
+        return CheckResult(news, failures + check_owner(news))
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:
@@ -160,18 +172,31 @@ class SpendAlertProvider(ModalProvider):
         `previous`, first record the budget the environment had (None = none)."""
         env = environment_name(props)
         budget = float(props["monthly_budget_usd"])
+        owner = owner_of(props) if previous is not None else ""
 
         async def go(client: Any) -> tuple[str, Any]:
             eid = env_id or await _rpc.environment_id(client, env)
             if previous is not None and not previous:
-                before = await _rpc.environment_get_budget(client, eid)
-                previous.append(
-                    float(before.cycle_budget_dollars)
-                    if before.HasField("cycle_budget_dollars")
-                    else None
-                )
+                record = await _rpc.pending_get(client, owner, env) if owner else None
+                if record is not None and record.kind == PENDING_KIND:
+                    # An earlier create of this resource set the budget and its answer was
+                    # lost: what was there before is what that create recorded.
+                    previous.append(_previous_from(record.notes))
+                else:
+                    before = await _rpc.environment_get_budget(client, eid)
+                    previous.append(
+                        float(before.cycle_budget_dollars)
+                        if before.HasField("cycle_budget_dollars")
+                        else None
+                    )
+                    if owner:
+                        note = (_previous_note(previous[0]),)
+                        await _rpc.pending_begin(client, owner, env, PENDING_KIND, env, note)
             await _rpc.environment_set_budget(client, eid, budget)
-            return eid, await _rpc.environment_get_budget(client, eid)
+            status = await _rpc.environment_get_budget(client, eid)
+            if owner:
+                await _rpc.pending_end(client, owner, env)
+            return eid, status
 
         return self.run(action, self._target(props), go)
 
@@ -181,6 +206,7 @@ class SpendAlertProvider(ModalProvider):
         usage = float(status.current_cycle_usage)
         thresholds = _thresholds(props)
         return {
+            "owner": owner_of(props) or None,
             "environment": props.get("environment"),
             "monthly_budget_usd": budget,
             "thresholds": thresholds,
@@ -246,11 +272,33 @@ class SpendAlertProvider(ModalProvider):
         else:
             action = "clear"
 
+        owner, env = owner_of(props), environment_name(props)
+
         async def go(client: Any) -> None:
             with contextlib.suppress(mexc.NotFoundError):  # env gone: its budget went with it
                 await _rpc.environment_set_budget(client, id_, restore)
+            if owner:  # a record an interrupted create left
+                await _rpc.pending_end(client, owner, env)
 
         self.run(action, f"{self._target(props)} ({id_})", go)
+
+
+#: What a SpendAlert's pending record names (the environment whose budget it sets).
+PENDING_KIND = "budget"
+PREVIOUS_NOTE = "MODAL_LLM_PREVIOUS_USD_CENTS_"
+
+
+def _previous_note(previous: float | None) -> str:
+    """The budget found before a create, as a key name (whole cents; NONE: no budget)."""
+    return PREVIOUS_NOTE + ("NONE" if previous is None else str(round(previous * 100)))
+
+
+def _previous_from(notes: tuple[str, ...]) -> float | None:
+    for note in notes:
+        if note.startswith(PREVIOUS_NOTE):
+            value = note[len(PREVIOUS_NOTE) :]
+            return int(value) / 100 if value.isdigit() else None
+    return None
 
 
 class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
@@ -265,6 +313,7 @@ class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
     limit_reached: pulumi.Output[bool]
     thresholds_crossed: pulumi.Output[list[float]]
     previous_budget_usd: pulumi.Output[float | None]
+    owner: pulumi.Output[str]
 
     def __init__(
         self, resource_name: str, args: SpendAlertArgs, opts: pulumi.ResourceOptions | None = None
@@ -279,6 +328,7 @@ class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
             "limit_reached": None,
             "thresholds_crossed": None,
             "previous_budget_usd": None,
+            "owner": owner_mark(TYPE_TOKEN, resource_name),
         }
         super().__init__(SpendAlertProvider(), resource_name, props, opts)
 
