@@ -84,6 +84,8 @@ class GateOutcome:
     stage: str
     reason: str
     seconds: float
+    #: Refused because a deadline ran out (not because of what the version answered).
+    timed_out: bool = False
 
 
 def smoke_request(task: str, model: str) -> tuple[str, bytes, str]:
@@ -180,13 +182,18 @@ class HealthGate:
         since: float,
         deadline_s: float,
         must_leave: tuple[float, float],
+        ready_s: float | None = None,
     ) -> GateOutcome:
         """Wait until `what` (e.g. "v7") serves: no live container enqueued within
         `must_leave` = [lo, hi) (Modal's clock) is left, no crash loop of containers that
-        started logging after `since`, `/ready` 200, the smoke request 200. Never raises."""
+        started logging after `since`, `/ready` 200, the smoke request 200. `ready_s` (the
+        service's start-up budget, `timeouts.startup_s`) bounds the wait for the first
+        `/ready` 200: a version not ready by then is refused at once, not at `deadline_s`
+        (start-up + request budget), which bounds the whole gate. Never raises."""
         start = time.monotonic()
+        ready_by = min(ready_s, deadline_s) if ready_s else deadline_s
         try:
-            return self._verify(what, since, deadline_s, must_leave, start)
+            return self._verify(what, since, deadline_s, must_leave, start, ready_by)
         except Exception as e:  # the gate failing is an outcome: the caller rolls back
             reason = f"the gate could not finish: {type(e).__name__}: {e}"
             return GateOutcome(
@@ -200,6 +207,7 @@ class HealthGate:
         deadline_s: float,
         must_leave: tuple[float, float],
         start: float,
+        ready_by: float,
     ) -> GateOutcome:
         if not self.target.url:
             return GateOutcome(
@@ -209,6 +217,7 @@ class HealthGate:
         next_progress = start + self.every
         next_crash_check = start
         stage, reason = "containers", "nothing answered yet"
+        was_ready = False  # /ready answered 200 once: the start-up is over
         # Containers live now that were enqueued before `since` are not this version's.
         earlier = {task for task, enqueued in self._containers() if enqueued and enqueued < since}
         while True:
@@ -235,10 +244,13 @@ class HealthGate:
                     f" {what}'s are not ready"
                 )
             else:
-                status, body = probe_ready(self.target, min(10.0, max(remaining, 0.5)))
+                # Not ready yet: a probe never runs past the start-up budget.
+                left = remaining if was_ready else min(remaining, ready_by - (now - start))
+                status, body = probe_ready(self.target, min(10.0, max(left, 0.5)))
                 if status != 200:
                     stage, reason = "ready", f"GET /ready {describe(status, body)}"
                 else:
+                    was_ready = True
                     status, body = probe_smoke(self.target, max(remaining, 5.0))
                     if status == 200:
                         return self._done(True, "passed", "", start)
@@ -246,17 +258,33 @@ class HealthGate:
                     stage = "smoke"
                     reason = f"the smoke request ({words}, POST {path}) {describe(status, body)}"
             now = time.monotonic()
+            if not was_ready and ready_by < deadline_s and now - start >= ready_by:
+                return self._done(
+                    False,
+                    stage,
+                    f"did not get ready within its start-up budget of {ready_by:g} s"
+                    f" (timeouts.startup_s): {reason}",
+                    start,
+                    timed_out=True,
+                )
             if now - start >= deadline_s:
                 return self._done(
-                    False, stage, f"did not serve within {deadline_s:g} s: {reason}", start
+                    False,
+                    stage,
+                    f"did not serve within {deadline_s:g} s: {reason}",
+                    start,
+                    timed_out=True,
                 )
             if now >= next_progress:
                 next_progress = now + self.every
-                self._report(what, stage, since, now - start, deadline_s)
+                self._report(what, stage, since, now - start, deadline_s if was_ready else ready_by)
             time.sleep(GATE_POLL_S)
 
-    def _done(self, ok: bool, stage: str, reason: str, start: float) -> GateOutcome:
-        return GateOutcome(ok, stage, redact(reason, self.secrets), time.monotonic() - start)
+    def _done(
+        self, ok: bool, stage: str, reason: str, start: float, *, timed_out: bool = False
+    ) -> GateOutcome:
+        seconds = time.monotonic() - start
+        return GateOutcome(ok, stage, redact(reason, self.secrets), seconds, timed_out)
 
     def _containers(self) -> list[tuple[str, float]]:
         app_id, env = self.app_id, self.environment

@@ -35,8 +35,10 @@ without the rollback having been tried (and said).
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -74,8 +76,51 @@ def rollback_command(name: str, env: str, version: int) -> str:
     return f"modal app rollback {name} v{version}" + (f" -e {env}" if env else "")
 
 
-#: The least time the re-check of a rolled-back version gets (bounded by customTimeouts).
-RECHECK_MIN_S = 30.0
+#: The rollback margin: how long a refused release may spend rolling back (AppRollback, the
+#: release records, and the re-check that the known-good version answers again) after the gate
+#: refused it. Fixed and printed (issue 32 item 13): a release that never gets ready is refused
+#: within its start-up budget (`timeouts.startup_s`) plus this margin (plus the publish
+#: itself); customTimeouts may only shorten it. A re-check that runs out of margin says so and
+#: records the version `unverified`, never `failed`.
+ROLLBACK_MARGIN_S = 60.0
+
+
+def startup_budget(props: Mapping[str, Any]) -> float:
+    """The service's start-up budget in seconds, `timeouts.startup_s` of the rendered spec
+    (0: the spec has none). Read from the JSON only: this package never imports serving/."""
+    try:
+        spec = json.loads(str(props.get("spec_json") or ""))
+        value = spec["timeouts"]["startup_s"]
+    except (ValueError, KeyError, TypeError):
+        return 0.0
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    return float(value) if ok else 0.0
+
+
+@dataclass
+class Timeline:
+    """Where a release's time went (monotonic seconds), for the progress lines and the error."""
+
+    started: float
+    published: float = 0.0
+    gate: float = 0.0
+    ready_s: float = 0.0
+    stage: str = ""
+    rollback: float = 0.0
+    margin: float = 0.0
+    rollback_what: str = ""
+
+    def line(self, ended: float) -> str:
+        """`Timeline: publish 1.2 s | waiting for ready 20.1 s (...) | refused | rollback ...`."""
+        parts = [f"publish {self.published:.1f} s"]
+        ready = f" (start-up budget {self.ready_s:g} s: timeouts.startup_s)" if self.ready_s else ""
+        parts.append(f"waiting for ready {self.gate:.1f} s{ready}")
+        parts.append(f"refused ({self.stage})" if self.stage else "passed")
+        if self.rollback_what:
+            parts.append(
+                f"{self.rollback_what} {self.rollback:.1f} s (rollback margin {self.margin:g} s)"
+            )
+        return f"Timeline: {' | '.join(parts)} | {ended - self.started:.1f} s in all."
 
 
 @dataclass(frozen=True)
@@ -219,14 +264,20 @@ class Release:
         # the rest for a rollback and its re-check, so the step ends within the limit.
         limit = _custom_timeout(props, action)
         self.gate_deadline = min(budget, limit / 2) if limit else budget
-        # The re-check of the rolled-back version waits for the failed version's containers to
-        # leave and the known-good one to answer: never less than RECHECK_MIN_S, however short
-        # the gate's own budget (a short gate budget says how long a NEW version may take).
-        recheck = max(budget, RECHECK_MIN_S)
-        self.recheck_deadline = min(recheck, limit / 2 - 5.0) if limit else recheck
-        self.recheck_deadline = max(self.recheck_deadline, 5.0)
+        # A version that never gets ready is refused once its start-up budget is spent (the
+        # budget above is start-up + request: it bounds a version that got ready).
+        startup = startup_budget(props)
+        self.ready_s = min(startup, self.gate_deadline) if startup else self.gate_deadline
+        # The rollback (AppRollback, records, re-check of the known-good version) gets the
+        # fixed margin, printed when the gate starts, whatever the gate's own budget.
+        margin = min(ROLLBACK_MARGIN_S, limit / 2 - 5.0) if limit else ROLLBACK_MARGIN_S
+        self.rollback_margin = max(margin, 5.0)
+        self.timeline = Timeline(
+            time.monotonic(), ready_s=self.ready_s, margin=self.rollback_margin
+        )
         #: Release records known in this transaction: read before publish, written since.
         self.records: dict[int, str] = {}
+        self._abort_started = time.monotonic()
 
     # ---- reading Modal ---------------------------------------------------------------------
     def _call(self, action: str, fn: Callable[[Any], Awaitable[T]], **kw: Any) -> T:
@@ -292,6 +343,7 @@ class Release:
             self.records.update(before.records())
         pre = before.version() if before else 0
         target = before.rollback_target() if before else 0
+        self.timeline.started = time.monotonic()
         try:
             result = self.host.deploy(
                 self.props, self.action, self.tag, before.tags if before else {}
@@ -311,6 +363,7 @@ class Release:
                 raise self._abort(
                     lost, before, pre, target, GateOutcome(False, "error", str(e), 0.0)
                 ) from None
+        self.timeline.published = time.monotonic() - self.timeline.started
         try:
             outcome = self._verify(published, before)
         except BaseException as e:  # an interrupt too: roll back, then stop
@@ -423,12 +476,26 @@ class Release:
         if not published.version:
             return GateOutcome(False, "error", "the published version could not be read", 0.0)
         gate = self._gate(published.app_id, published.web_url)
-        return gate.verify(
+        words = smoke_words(self.task)
+        self._say(
+            f"published v{published.version} in {self.timeline.published:.1f} s; health gate:"
+            f" GET /ready within {self.ready_s:g} s (start-up budget, timeouts.startup_s), then"
+            f" {words}, {self.gate_deadline:g} s in all; if refused, the rollback gets at most"
+            f" {self.rollback_margin:g} s (rollback margin)"
+        )
+        outcome = gate.verify(
             f"v{published.version}",
             since=published.deployed_at,
             deadline_s=self.gate_deadline,
             must_leave=(0.0, published.deployed_at),
+            ready_s=self.ready_s,
         )
+        self.timeline.gate = outcome.seconds
+        return outcome
+
+    def _say(self, line: str) -> None:
+        """A progress line of this release (shown live by the engine)."""
+        pulumi.log.info(f"App {self.label}: {line}")
 
     # ---- commit ----------------------------------------------------------------------------
     def _commit(
@@ -508,6 +575,12 @@ class Release:
         """Undo what the release made live; never raises. Returns the error to raise."""
         v = published.version
         what = f"v{v}" if v else "the new version"
+        self._abort_started = time.monotonic()
+        self.timeline.stage = outcome.stage
+        self._say(
+            f"{what} refused after {outcome.seconds:.1f} s ({outcome.stage}); undoing it within"
+            f" the rollback margin of {self.rollback_margin:g} s"
+        )
         try:
             gate = self._gate(published.app_id, published.web_url)
             tail = gate.log_tail(published.deployed_at) if published.deployed_at else []
@@ -526,20 +599,29 @@ class Release:
                 " as it is (now recorded as failed, so no rollback goes to it)."
             )
             todo = "Find out why it no longer serves (see the log below), then rerun `pulumi up`."
+            undo = "nothing to undo"
         elif not self.keep_on_failure or (before is not None and published.app_id != before.app_id):
             done = self._stop_new(published)
             todo = "Fix the release (see the log below), then rerun `pulumi up`."
+            undo = "stop of the new app"
         elif target and target != v:
             done = self._roll_back(published, target, gate)
             todo = (
                 "Fix the release (see the log below), then rerun `pulumi up` (Pulumi's state"
                 " keeps the inputs of the last release that passed)."
             )
+            undo = f"rollback to v{target}"
         else:
             done = self._stop_new(published, why=f"no earlier version passed its gate (v{pre})")
             todo = "Fix the release (see the log below), then rerun `pulumi up`."
+            undo = "stop of the new app"
+        ended = time.monotonic()
+        self.timeline.rollback = ended - self._abort_started
+        self.timeline.rollback_what = undo
+        timeline = self.timeline.line(ended)
+        self._say(timeline)
         logs = "\n".join(f"  | {line}" for line in tail) or "  (no log lines)"
-        message = f"{head}\n{done}\n{todo}\nThe container's last log lines:\n{logs}"
+        message = f"{head}\n{done}\n{timeline}\n{todo}\nThe container's last log lines:\n{logs}"
         return ModalProviderError(redact(message, self.host.secrets(self.props)))
 
     def _stop_new(self, published: Published, why: str = "") -> str:
@@ -590,19 +672,29 @@ class Release:
         self._write(app_id, records)  # a rollback may reset the app's tags: write them again
         if gate is None or not self.gate_on:
             return f"Rolled back to v{target} (last known good), live as v{live.version}."
+        # What is left of the rollback margin (the RPC and the records took some of it).
+        left = self.rollback_margin - (time.monotonic() - self._abort_started)
         check = gate.verify(
             f"v{live.version} (v{target} again)",
             since=live.deployed_at,
-            deadline_s=self.recheck_deadline,
+            deadline_s=max(left, 5.0),
             must_leave=(published.deployed_at or live.deployed_at, live.deployed_at),
         )
-        self._write(app_id, {live.version: PASSED if check.ok else FAILED})
+        record = PASSED if check.ok else (UNVERIFIED if check.timed_out else FAILED)
+        self._write(app_id, {live.version: record})
         words = smoke_words(self.task)
         if check.ok:
             return (
                 f"Rolled back to v{target} (last known good), live as v{live.version}, which"
                 f" answered {words} again ({check.seconds:.1f} s) once the failed version's"
                 " containers were gone."
+            )
+        if check.timed_out:
+            return (
+                f"Rolled back to v{target} (last known good), live as v{live.version}; it did"
+                f" not answer {words} within the rollback margin ({self.rollback_margin:g} s):"
+                f" {check.reason}. A cold start may take up to its start-up budget: check"
+                f" `modal app logs {self.name}{_env_flag(self.env)}` (recorded unverified)."
             )
         return (
             f"Rolled back to v{target} (last known good), live as v{live.version}, but it did"

@@ -35,10 +35,14 @@
   `app_id`; delete also stops the resource id when it differs, so destroy never leaves a
   deployed app (GPU spend) behind.
 - Delete stops the app (`AppStop`), unless it was adopted. Read (refresh) tells what is live,
-  from Modal: the app under the name (stopped, missing or no environment → gone), its live
-  version, the digests its deployment tag carries (a version rolled back or deployed by hand
-  shows as `live vN: ...` digests, so the next `up` redeploys the state's release) and the
-  release records.
+  from Modal: the app under the name, its live version, the digests its deployment tag
+  carries (a version rolled back or deployed by hand shows as `live vN: ...` digests, so the
+  next `up` redeploys the state's release) and the release records. An app stopped by hand or
+  not found stays the resource, with `version` 0, no URL and `live: none (...)` digests, so
+  the next Diff plans an update that deploys it again (issue 32 item 12); only a missing
+  environment makes it gone. The output `drift` says in words what differs ("live app
+  stopped by hand: ...", "live app rolled back by hand: ...", "live app deployed by hand:
+  ..."; "" when the live app runs the state's release), and the refresh warns with it.
 - Both digests are computed before the deploy, from the files that were shipped; what an App
   ships, and its digest, is `_source.py`'s.
 """
@@ -483,6 +487,8 @@ class AppProvider(ModalProvider):
             "gate_task": str(props.get("gate_task") or "chat"),
             "custom_timeouts": dict(props.get("custom_timeouts") or {}),
             **{k: result.get(k, default) for k, default in RELEASE_OUTPUTS.items()},
+            # What a refresh found live that is not the state's release ("" after a release).
+            "drift": str(result.get("drift") or ""),
         }
 
     def _complete_read_back(self, props: Mapping[str, Any], result: dict[str, Any]) -> None:
@@ -610,13 +616,21 @@ class AppProvider(ModalProvider):
 
         name, env = str(props.get("name") or ""), environment_name(props)
 
-        async def go(client: Any) -> tuple[Releases, str] | None:
+        recorded_id = _live_id(id_, props)
+
+        async def go(client: Any) -> tuple[Releases, str] | str | None:
             try:
                 app_id = await _rpc.app_by_name(client, name, env)
             except mexc.NotFoundError:  # e.g. the environment itself was deleted
                 return None
             if not app_id:
-                return None
+                # Nothing deployed under the name: stopped (Modal still knows the state's app
+                # and its history) or not found at all.
+                try:
+                    await _rpc.app_deployments(client, recorded_id)
+                except mexc.NotFoundError:
+                    return "missing"
+                return "stopped"
             rows = await _rpc.app_deployments(client, app_id)
             tags = await _rpc.app_tags(client, app_id)
             url = await _rpc.app_web_url(client, app_id, name, env)
@@ -625,8 +639,15 @@ class AppProvider(ModalProvider):
         found = self.run("read", f"{id_} ({self._target(props)})", go)
         if found is None:
             return ReadResult("", {})
-        releases, url = found
         outs: dict[str, Any] = {k: v for k, v in props.items() if k != "__provider"}
+        if isinstance(found, str):
+            # Still the resource (its name, environment and release are Pulumi's), with
+            # nothing live: outputs that say so, so the next Diff plans a redeploy (an update,
+            # which deploys under the name again) with the reason in `drift`.
+            outs.update(_gone_outputs(found, recorded_id, outs, name, env))
+            pulumi.log.warn(f"App {self._target(props)}: drift: {outs['drift']}")
+            return ReadResult(id_, outs)
+        releases, url = found
         outs.setdefault("extra_env", _extra_env(props))
         outs.setdefault("adopted", False)
         if "spec_digest" not in outs and isinstance(props.get("spec_json"), str):
@@ -747,13 +768,13 @@ def _live_outputs(
         "commit": (live.commit if live else "") or str(recorded.get("commit") or ""),
     }
     same = parsed is not None and spec.startswith(parsed[0]) and src.startswith(parsed[1])
+    out["drift"] = "" if same else drift_reason(releases, recorded)
     if not same:
         runs = f"deployment tag {tag}" if tag else "no deployment tag (deployed outside Pulumi)"
         out["spec_digest"] = f"live v{version}: " + (parsed[0] if parsed else runs)
         out["source_digest"] = f"live v{version}: " + (parsed[1] if parsed else runs)
         pulumi.log.warn(
-            f"App '{name}' in environment '{env or '<default>'}': live v{version} runs {runs},"
-            " not the release in Pulumi's state (rolled back or deployed by hand):"
+            f"App '{name}' in environment '{env or '<default>'}': drift: {out['drift']}:"
             " `pulumi up` deploys the state's release again (through the health gate)."
         )
     if not same or int(recorded.get("version") or 0) != version:
@@ -766,6 +787,63 @@ def _live_outputs(
         good = releases.known_good()
         out["rollback_command"] = rollback_command(name, env, good if good != version else 0)
     return out
+
+
+def drift_reason(releases: Releases, recorded: Mapping[str, Any]) -> str:
+    """Why the live app is not the state's release, in words (pure): rolled back by hand,
+    deployed by hand (no deployment tag of ours), or another release of ours."""
+    live = releases.live()
+    if live is None:
+        return f"live app {releases.app_id} has no deployed version"
+    tag = releases.effective_tag(live.version)
+    ours = deployment_tag(
+        str(recorded.get("spec_digest") or ""), str(recorded.get("source_digest") or "")
+    )
+    if live.rollback_version:
+        return (
+            f"live app rolled back by hand: v{live.version} runs v{live.rollback_version}"
+            f" ({tag or 'no deployment tag'}), not the state's release ({ours})"
+        )
+    if parse_deployment_tag(tag) is None:
+        return (
+            f"live app deployed by hand: v{live.version} has no deployment tag of this stack"
+            f" ({tag or 'none'}: deployed outside Pulumi), not the state's release ({ours})"
+        )
+    return (
+        f"live app runs another release: v{live.version} is {tag}, not the state's release"
+        f" ({ours}; deployed outside this stack's state, by hand or from another checkout)"
+    )
+
+
+#: What a refresh reports when nothing is deployed under the name (`read()`), by what Modal
+#: said of the state's app: "stopped" (it still knows it) or "missing" (it does not).
+GONE_WORDS = {
+    "stopped": "live app stopped by hand: {app_id} is stopped and nothing serves '{name}' in"
+    " environment '{env}' (`modal app stop` or the dashboard, outside Pulumi)",
+    "missing": "live app not found: Modal knows no app {app_id} and nothing is deployed as"
+    " '{name}' in environment '{env}' (deleted outside Pulumi)",
+}
+
+
+def _gone_outputs(
+    how: str, app_id: str, recorded: Mapping[str, Any], name: str, env: str
+) -> dict[str, Any]:
+    """The outputs a refresh reports for an App with nothing live (pure): no version, no URL,
+    digests that differ from every release (so Diff plans the redeploy) and the reason."""
+    reason = GONE_WORDS[how].format(app_id=app_id, name=name, env=env or "<default>")
+    return {
+        "app_id": app_id,
+        "version": 0,
+        "web_url": "",
+        "read_back_error": "",
+        "spec_digest": f"live: none ({how})",
+        "source_digest": f"live: none ({how})",
+        "gate_result": f"{how}: nothing serves (read by refresh)",
+        "rollback_command": "",
+        "autoscaler_override": {},
+        "drift": reason,
+        "previous_version": int(recorded.get("version") or 0),
+    }
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:
@@ -799,6 +877,7 @@ class App(pulumi.dynamic.Resource, module="modal", name="App"):
     adopted: pulumi.Output[bool]
     read_back_error: pulumi.Output[str]
     autoscaler_override: pulumi.Output[dict[str, dict[str, int]]]
+    drift: pulumi.Output[str]
     health_gate: pulumi.Output[bool]
     health_gate_timeout_s: pulumi.Output[float]
     gate_task: pulumi.Output[str]
@@ -840,6 +919,7 @@ def app_props(args: AppArgs) -> dict[str, Any]:
         "adopted": None,
         "read_back_error": None,
         "autoscaler_override": None,
+        "drift": None,
         "health_gate": args.health_gate,
         "health_gate_timeout_s": args.health_gate_timeout_s,
         # What the gate sends; the secrets stay secret in state (never outputs).

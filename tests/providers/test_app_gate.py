@@ -538,7 +538,7 @@ def test_custom_timeouts_bound_the_release() -> None:
     rollback's re-check the rest."""
     import pulumi
 
-    from components.modal._release import Release
+    from components.modal._release import ROLLBACK_MARGIN_S, Release
     from components.modal.app import custom_timeouts_s, duration_s
 
     assert duration_s("30m") == 1800 and duration_s("1h30m") == 5400 and duration_s("45s") == 45
@@ -555,16 +555,17 @@ def test_custom_timeouts_bound_the_release() -> None:
         digests = {"spec_digest": "a" * 64, "source_digest": "b" * 64}
         return Release(APP, {**base, **props}, action, digests, "", keep_on_failure=False)
 
+    # The rollback (with its re-check of the known-good version) gets the fixed, printed
+    # rollback margin, not the gate's budget again (issue 32 item 13)...
     plain = release("update", health_gate_timeout_s=720.0)
-    assert (plain.gate_deadline, plain.recheck_deadline) == (720.0, 720.0)
+    assert (plain.gate_deadline, plain.rollback_margin) == (720.0, ROLLBACK_MARGIN_S)
     bounded = release("update", health_gate_timeout_s=720.0, custom_timeouts={"update": 600})
-    assert (bounded.gate_deadline, bounded.recheck_deadline) == (300.0, 295.0)
-    # A short gate budget still leaves the re-check of the known-good version its 30 s...
+    assert (bounded.gate_deadline, bounded.rollback_margin) == (300.0, ROLLBACK_MARGIN_S)
     short = release("update", health_gate_timeout_s=4.0)
-    assert (short.gate_deadline, short.recheck_deadline) == (4.0, 30.0)
+    assert (short.gate_deadline, short.rollback_margin) == (4.0, ROLLBACK_MARGIN_S)
     # ...unless customTimeouts bound the step tighter.
     tight = release("update", health_gate_timeout_s=4.0, custom_timeouts={"update": 40})
-    assert (tight.gate_deadline, tight.recheck_deadline) == (4.0, 15.0)
+    assert (tight.gate_deadline, tight.rollback_margin) == (4.0, 15.0)
     # Only the step's own limit counts: a create limit does not bound an update.
     other = release("update", health_gate_timeout_s=720.0, custom_timeouts={"create": 60})
     assert other.gate_deadline == 720.0
