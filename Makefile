@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STACK ?= local
 
-.PHONY: setup test lint emulator up down plan offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config gateway clean
+.PHONY: setup test lint emulator up down plan refresh offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config gateway clean
 
 setup: $(STAMP)
 
@@ -63,10 +63,23 @@ down: setup
 
 # Offline stand-in for `pulumi preview --diff` / `pulumi up` on machines without the Pulumi CLI:
 # the pulumi_standin package: program under mocks + the SDK's provider server + the emulator (docs/offline.md).
-# NOT the Pulumi engine. `plan` needs no emulator (any stack); `offline-up`/`offline-down` use this
-# checkout's emulator (`make emulator`), never another checkout's.
+# NOT the Pulumi engine. Pulumi.yaml's `options: refresh: always` makes every preview, up and
+# destroy read each resource back from Modal first (both engines), so `plan` shows drift and
+# why (e.g. "live app stopped by hand") and `up` heals it; `plan` then needs this checkout's
+# emulator when the stack has resources (none: a fresh stack, or dev/prod, plans without one).
+# `plan` and `refresh` use `make up`'s state file for the local stack ($STANDIN_STATE).
+# `offline-up`/`offline-down` use this checkout's emulator (`make emulator`), never another checkout's.
+STANDIN_STATE_ARG = $(if $(filter local,$(STACK)),$(if $(STANDIN_STATE),--state "$(STANDIN_STATE)"))
 plan: setup
-	$(PY) scripts/offline_stack.py preview --stack $(STACK)
+	url="$$(./scripts/emulator.sh url 2>/dev/null || true)" && \
+	    $(PY) scripts/offline_stack.py preview --stack $(STACK) $(STANDIN_STATE_ARG) \
+	        $${url:+--server-url "$$url"}
+
+# `pulumi refresh`: read every resource back from Modal into the state, with what drifted and why.
+refresh: setup
+	url="$$(./scripts/emulator.sh url)" && \
+	    $(PY) scripts/offline_stack.py refresh --stack $(STACK) $(STANDIN_STATE_ARG) \
+	        --server-url "$$url"
 
 offline-up: setup
 	url="$$(./scripts/emulator.sh url)" && \

@@ -40,6 +40,7 @@ from pulumi_standin.stack import (
     Command,
     Interrupt,
     fault_hook,
+    refresh_option,
     require_emulator,
     resolve_server_url,
     run,
@@ -180,6 +181,31 @@ def one_run_warnings(
     return warnings
 
 
+def _has_resources(state_path: Path) -> bool:
+    """Whether the state file lists any resource (read without the passphrase: the list is
+    not encrypted, only secret values are)."""
+    import json
+
+    try:
+        return bool(json.loads(state_path.read_text()).get("resources"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _require_emulator_to_refresh(url: str, flag: bool) -> None:
+    """A preview that refreshes reads every resource from Modal: without an emulator it would
+    fail resource by resource, so it stops at once and says what to do."""
+    try:
+        require_emulator(url)
+    except StandinError as exc:
+        why = "--refresh" if flag else "Pulumi.yaml sets `options: refresh: always`"
+        raise StandinError(
+            f"{exc}\nThis preview refreshes first ({why}): it reads every resource of the"
+            " state back from Modal. Start the emulator (make emulator, or make up), or plan"
+            " against the state file alone, without seeing drift: --refresh=false."
+        ) from None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m pulumi_standin",
@@ -251,6 +277,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="URN",
         help="only this resource (its URN, or its name); repeatable",
     )
+    parser.add_argument(
+        "-r",
+        "--refresh",
+        nargs="?",
+        const="true",
+        default=None,
+        metavar="BOOL",
+        help=(
+            "preview/up/destroy: refresh every resource from Modal first, as `pulumi up"
+            " --refresh` (--refresh=false: not even when Pulumi.yaml says `options: refresh:"
+            " always`, which this project sets; docs/offline.md)"
+        ),
+    )
     parser.add_argument("--show-secrets", action="store_true", help="print secret outputs in clear")
     parser.add_argument(
         "--json",
@@ -276,6 +315,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unexpected argument {args.name!r} for {args.command}")
     if args.json and args.command != "preview":
         parser.error("--json is for preview only")
+    if args.refresh is not None and args.command not in ("preview", "up", "destroy"):
+        parser.error(f"--refresh is for preview, up and destroy (not {args.command})")
     return args
 
 
@@ -317,7 +358,14 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             )
         if args.command in ("up", "destroy", "refresh"):
             require_emulator(url)
+        refresh = args.command in ("preview", "up", "destroy") and refresh_option(
+            project_dir, args.refresh
+        )
+        if refresh and args.command == "preview" and _has_resources(state_path):
+            _require_emulator_to_refresh(url, args.refresh is not None)
         cmd = Command(
+            refresh=refresh,
+            refresh_flag=args.refresh is not None,
             command=args.command,
             stack=args.stack,
             state_path=state_path,

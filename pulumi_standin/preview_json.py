@@ -69,6 +69,7 @@ from pulumi_standin.stack import (
     monitor_for,
     project_of,
     provider_server,
+    refresh_first,
 )
 from pulumi_standin.statefile import StateFile
 from pulumi_standin.values import UNKNOWN, Secret, to_harness
@@ -425,6 +426,9 @@ def run(cmd: Command, out: TextIO, notes: TextIO, interrupt: Interrupt | None = 
 
         with _captured_warnings() as warnings:
             try:
+                # `preview --json --refresh`: the refresh first, its lines with the notes
+                # (stack.refresh_first cites the engine); the plan is against what it read.
+                mocks.drift = refresh_first(cmd, engine, notes, interrupt).drift
                 run_program(
                     cmd.stack,
                     config,

@@ -81,7 +81,7 @@ from pulumi_standin.program import (
 )
 from pulumi_standin.server import OutputLine, ProviderCallError, ProviderServer
 from pulumi_standin.statefile import NOT_THE_ENGINE, StandinError, StateFile
-from pulumi_standin.values import Secret, to_harness, to_program
+from pulumi_standin.values import Secret, strip_secrets, to_harness, to_program
 
 #: Test-only fault injection for command runs: "OP:NAME" makes the step OP (create, update,
 #: delete) of resource NAME fail before the provider is called; "interrupt:OP:NAME" delivers
@@ -148,6 +148,130 @@ class Command:
     #: The project directory (`--cwd DIR`, like `pulumi -C DIR`): Pulumi.yaml, the stack file,
     #: the provider server's working directory.
     project_dir: Path = PROJECT_ROOT
+    #: Refresh every resource of the state before the preview / up / destroy (the engine's
+    #: `UpdateOptions.Refresh`). The command line sets it as the CLI does (`refresh_option`:
+    #: `--refresh`, else Pulumi.yaml's `options: refresh: always`); callers of `run` say it.
+    refresh: bool = False
+    #: The refresh was asked with `--refresh` (else it came from Pulumi.yaml): for the banner.
+    refresh_flag: bool = False
+
+
+# ---- refresh as part of an operation -------------------------------------------------------
+
+
+def refresh_option(project_dir: Path, flag: str | None) -> bool:
+    """Whether this operation refreshes first, decided as the CLI decides it
+    (pulumi/pulumi pkg/cmd/pulumi/operations/io.go `getRefreshOption`, called by up.go,
+    preview.go and destroy.go): an explicit `--refresh[=BOOL]` wins (strconv.ParseBool's
+    spellings; anything else: "unable to determine value for --refresh"); else the project's
+    `options: refresh: always` (sdk/go/common/workspace/project.go `ProjectOptions.Refresh`,
+    "the ability to always run a refresh as part of a pulumi update / preview / destroy"; the
+    project schema allows only the value "always", project.json); else no refresh."""
+    if flag is not None:
+        value = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True}
+        value |= {"0": False, "f": False, "F": False, "FALSE": False, "false": False}
+        value |= {"False": False}
+        if flag not in value:
+            raise StandinError("unable to determine value for --refresh")
+        return value[flag]
+    raw = yaml.safe_load((project_dir / "Pulumi.yaml").read_text()) or {}
+    options = raw.get("options") or {}
+    return isinstance(options, dict) and options.get("refresh") == "always"
+
+
+@dataclass
+class Refreshed:
+    """What a refresh found: its steps (for display) and, per resource that drifted, why."""
+
+    steps: list[Step] = field(default_factory=list)
+    #: name -> the drift in words: the provider's `drift` output when it gives one, else the
+    #: output keys the Read changed, or that the Read found nothing.
+    drift: dict[str, str] = field(default_factory=dict)
+
+
+def drift_words(old_outputs: Mapping[str, Any], new_outputs: Mapping[str, Any] | None) -> str:
+    """Why a resource drifted, in words (pure): gone, the provider's own `drift` output (a
+    convention of this project's providers: the App says "live app stopped by hand: ..."),
+    else which outputs the Read changed."""
+    if new_outputs is None:
+        return "gone: the provider's Read found nothing (deleted outside Pulumi)"
+    reason = new_outputs.get("drift")
+    if isinstance(reason, str) and reason:
+        return reason
+    keys = sorted(
+        k
+        for k in set(old_outputs) | set(new_outputs)
+        if strip_secrets(old_outputs.get(k)) != strip_secrets(new_outputs.get(k))
+    )
+    return f"changed outside Pulumi: {', '.join(keys)}" if keys else ""
+
+
+def refresh_states(
+    cmd: Command,
+    engine: Engine,
+    out: TextIO,
+    interrupt: Interrupt,
+    *,
+    verb: str,
+    show_sames: bool = True,
+) -> Refreshed:
+    """Read every (targeted) resource of the state back, as the engine's refresh does before an
+    operation with `Refresh` set (pkg/resource/deploy/deployment_executor.go `Execute`: "Before
+    doing anything else, optionally refresh each resource in the base checkpoint", then
+    `refresh()`: a RefreshStep per old resource, only the targets with --target; step.go
+    RefreshStep.Apply: Read with the old inputs and outputs, an empty answer = gone, removed
+    from the base state by `rebuildBaseState`). In an `up` / `destroy` each refreshed state is
+    saved (engine.on_change); in a preview it is not (the DIY backend makes no SnapshotManager
+    for a dry run: pkg/backend/diy/backend.go `apply`, "We only need a snapshot manager if
+    we're doing an update"), yet the plan is made against the refreshed state. Each step is
+    printed with the outputs it changed and the drift's reason."""
+    found = Refreshed()
+    for name in list(engine.states):
+        st = engine.states[name]
+        if not _targeted(cmd, name, st.urn):
+            continue
+        interrupt.check()
+        before_inputs, before_outputs = dict(st.inputs), dict(st.outputs)
+        t0 = time.perf_counter()
+        result = engine.refresh(name)
+        step = Step(name, st.type, result, seconds=time.perf_counter() - t0)
+        if result == "update":
+            now = engine.states[name]
+            step.lines = diff_lines(before_inputs, now.inputs) + [
+                f"{line} (output)"
+                for line in diff_lines(
+                    {k: v for k, v in before_outputs.items() if k not in before_inputs},
+                    {k: v for k, v in now.outputs.items() if k not in now.inputs},
+                )
+            ]
+            reason = drift_words(before_outputs, now.outputs)
+        elif result == "delete":
+            reason = drift_words(before_outputs, None)
+        else:
+            reason = ""
+        if reason:
+            found.drift[name] = reason
+            step.note = f"[{verb}: {reason}]"
+        if show_sames or result != "same" or reason:
+            print_step(step, out, done=True)
+        found.steps.append(step)
+    return found
+
+
+def refresh_first(cmd: Command, engine: Engine, out: TextIO, interrupt: Interrupt) -> Refreshed:
+    """The refresh an operation runs first when `cmd.refresh` (nothing when the state is
+    empty): one header line, the resources that changed, one summary line."""
+    if not cmd.refresh or not any(_targeted(cmd, n, s.urn) for n, s in engine.states.items()):
+        return Refreshed()
+    why = "--refresh" if cmd.refresh_flag else "Pulumi.yaml options.refresh: always"
+    out.write(f"Refreshing first ({why}): every resource read back from Modal\n")
+    found = refresh_states(cmd, engine, out, interrupt, verb="refresh", show_sames=False)
+    drifted = len(found.drift)
+    out.write(
+        f"  refreshed {len(found.steps)} resource{'s' if len(found.steps) != 1 else ''}:"
+        f" {drifted or 'none'} drifted\n\n"
+    )
+    return found
 
 
 # ---- the mocks that drive the engine -------------------------------------------------------
@@ -180,6 +304,8 @@ class StepMocks(pulumi.runtime.Mocks):
         self.request_options: dict[tuple[str, str], tuple[str, Options]] = {}
         self.error: BaseException | None = None
         self.stopping = False
+        #: name -> why a refresh before this run found it drifted (shown on its plan line).
+        self.drift: dict[str, str] = {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         if not args.custom:
@@ -235,6 +361,8 @@ class StepMocks(pulumi.runtime.Mocks):
                 result_id, outputs = (old.id if old and op == "update" else ""), checked
         step = Step(args.name, short_type, op, replaces=replaces)
         step.seconds = time.perf_counter() - t0
+        if args.name in self.drift:
+            step.note = f"[drift: {self.drift[args.name]}]"
         if old is not None and op in ("update", "replace"):
             step.lines = diff_lines(old.inputs, checked)
         self.steps.append(step)
@@ -531,6 +659,8 @@ def deploy(
     ]
     try:
         interrupt.check()
+        # deployment_executor.go Execute: the refresh comes "before doing anything else".
+        mocks.drift = refresh_first(cmd, engine, out, interrupt).drift
         for st in pending:  # GeneratePendingDeletes: left by a failed replace, first
             step = Step(st.name, st.type, "delete", note="(pending delete of a replaced one)")
             if apply:
@@ -630,20 +760,7 @@ def refresh(
     out.write(f"Refreshing stack '{cmd.stack}': {NOT_THE_ENGINE}\n\n")
     steps: list[Step] = []
     try:
-        for name in list(engine.states):
-            st = engine.states[name]
-            if not _targeted(cmd, name, st.urn):
-                continue
-            before = dict(st.inputs)
-            interrupt.check()
-            t0 = time.perf_counter()
-            result = engine.refresh(name)
-            op = {"same": "same", "update": "update", "delete": "delete"}[result]
-            step = Step(name, st.type, op, seconds=time.perf_counter() - t0)
-            if result == "update":
-                step.lines = diff_lines(before, engine.states[name].inputs)
-            print_step(step, out, done=True)
-            steps.append(step)
+        steps = refresh_states(cmd, engine, out, interrupt, verb="drift").steps
     except KeyboardInterrupt:
         out.write("\ninterrupted (Ctrl-C): the state keeps what was refreshed.\n")
         return 130
@@ -658,6 +775,15 @@ def destroy(
     cmd: Command, engine: Engine, state: StateFile, out: TextIO, interrupt: Interrupt
 ) -> int:
     out.write(f"Destroying stack '{cmd.stack}': {NOT_THE_ENGINE}\n\n")
+    try:  # destroy.go takes the same refresh option (getRefreshOption); gone ones drop out
+        refresh_first(cmd, engine, out, interrupt)
+    except KeyboardInterrupt:
+        out.write("\ninterrupted (Ctrl-C) while refreshing: nothing deleted.\n")
+        return 130
+    except (EngineError, ProviderCallError, StandinError) as exc:
+        emit(out, f"\nerror: {failure_text(cmd, exc)}\n")
+        out.write("Nothing was deleted; rerun destroy with --refresh=false to skip the refresh.\n")
+        return 1
     doomed = [
         st
         for st in [*engine.pending_deletes, *reversed(list(engine.states.values()))]

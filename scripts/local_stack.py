@@ -220,6 +220,13 @@ def main(argv: list[str] | None = None) -> int:
                 "and the emulator's log in .modal-emulator/emulator.log.",
                 file=sys.stderr,
             )
+            if "is stopped" in str(exc) or "404" in str(exc):
+                print(
+                    "The app may have been stopped or changed outside Pulumi: `make plan`"
+                    " shows what drifted and why, and `make up` (which reads every resource"
+                    " back first: Pulumi.yaml `options: refresh: always`) deploys it again.",
+                    file=sys.stderr,
+                )
         return 1
 
 

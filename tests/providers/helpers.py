@@ -78,6 +78,7 @@ READ_ONLY_RPCS = frozenset(
         "AppGetByDeploymentName",
         "AppGetLayout",
         "AppGetLifecycle",
+        "AppGetTags",  # the release records a refresh reads (modal 1.6.4 App.get_tags)
         "AppList",
         "AuthTokenGet",
         "BlobGet",

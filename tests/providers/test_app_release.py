@@ -353,10 +353,16 @@ def test_refresh_sees_an_app_stopped_by_hand_and_up_heals_it(
     engine = stack.engine
     engine.up("a", APP, stack.app())
     modal_cli(emulator, "app", "stop", "gate", "-e", "main", "-y")
-    assert engine.refresh("a") == "delete"
-    assert engine.up("a", APP, stack.app()) == "create"
-    assert engine.states["a"].outputs["gate_result"].startswith("passed: v1")
+    # Still the resource, with nothing live and the reason (issue 32 item 12): the next
+    # Diff plans an update that deploys it again under the name.
+    assert engine.refresh("a") == "update"
+    out = engine.states["a"].outputs
+    assert out["version"] == 0 and out["drift"].startswith("live app stopped by hand")
+    assert engine.up("a", APP, stack.app()) == "update"
+    out = engine.states["a"].outputs
+    assert out["gate_result"].startswith("passed: v1") and out["drift"] == ""
     assert len(live_apps(emulator)) == 1
+    assert engine.refresh("a") == "same"
 
 
 # ---- the emulator killed mid-release ---------------------------------------------------------
