@@ -240,6 +240,8 @@ class ProxyAuthTokenProvider(ModalProvider):
             "environments": allowed,
             "rotation": props.get("rotation") or "",
         }
+        if owner_of(props):  # ours, not Modal's: kept as recorded
+            live["owner"] = owner_of(props)
         outs = self._outputs(live, id_, secret, allowed)
         outs["environments"] = allowed
         return ReadResult(id_, outs, dict(live))

@@ -446,6 +446,8 @@ class ServiceUserProvider(ModalProvider):
             "rotation": props.get("rotation") or "",
             "expires_in_days": _expires(props),
         }
+        if owner_of(props):  # ours, not Modal's: kept as recorded
+            inputs["owner"] = owner_of(props)
         return ReadResult(id_, outs, inputs)
 
     # ---- delete --------------------------------------------------------------------------

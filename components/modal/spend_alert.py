@@ -259,6 +259,8 @@ class SpendAlertProvider(ModalProvider):
             "monthly_budget_usd": float(status.cycle_budget_dollars),
             "thresholds": _thresholds(props),
         }
+        if owner_of(props):  # ours, not Modal's: kept as recorded
+            inputs["owner"] = owner_of(props)
         return ReadResult(id_, outs, inputs)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
