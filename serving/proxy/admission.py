@@ -35,7 +35,7 @@ nobody waiting, the key under its own limit) is a few comparisons, as the one co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 __all__ = ["ADMITTED", "KEY_LIMIT", "OVER_SHARE", "QUEUED", "Admission", "Counts"]
@@ -92,6 +92,11 @@ class Admission:
         self._lock = lock
         self._count = _HEAD  # in-flight of key i: cells[_HEAD + i]
         self._wait = _HEAD + keys  # waiting of key i: cells[_HEAD + keys + i]
+        # Once per request each: one process takes no lock and makes one call, not two.
+        self.take: Callable[[int], int] = self._take if lock is None else self._take_locked
+        self.give_back: Callable[[int], None] = (
+            self._give_back if lock is None else self._give_back_locked
+        )
 
     # -- reading (no lock: one aligned int each, for metrics and messages) -----------------
     @property
@@ -114,12 +119,12 @@ class Admission:
         return min(self.limits[i], max(1, self.pool // max(1, active)))
 
     # -- changing (under the lock with --workers) ------------------------------------------
-    def take(self, i: int) -> int:
-        """A new request of key ``i``: ADMITTED (a slot is its), QUEUED (it waits, counted in
-        ``waiting``: ``retry`` or ``leave`` next), OVER_SHARE or KEY_LIMIT (429 now)."""
+    # ``take(i)``: a new request of key ``i``: ADMITTED (a slot is its), QUEUED (it waits,
+    # counted in ``waiting``: ``retry`` or ``leave`` next), OVER_SHARE or KEY_LIMIT (429 now).
+    # ``give_back(i)``: an admitted request of key ``i`` ended, its slot is free.
+
+    def _take_locked(self, i: int) -> int:
         lock = self._lock
-        if lock is None:
-            return self._take(i)
         if not lock.acquire(True, LOCK_TIMEOUT_S):
             return OVER_SHARE  # a worker died holding it: the main process is stopping all
         try:
@@ -213,12 +218,8 @@ class Admission:
         if not cells[w] and not cells[c]:
             cells[_ACTIVE] -= 1
 
-    def give_back(self, i: int) -> None:
-        """An admitted request of key ``i`` ended: its slot is free."""
+    def _give_back_locked(self, i: int) -> None:
         lock = self._lock
-        if lock is None:
-            self._give_back(i)
-            return
         if lock.acquire(True, LOCK_TIMEOUT_S):
             try:
                 self._give_back(i)
