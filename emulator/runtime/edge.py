@@ -892,7 +892,14 @@ class Edge:
         logs "worker_connections are not enough, reusing connections". Preferring connections
         without credentials over idle authenticated ones, rather than nginx's one queue, is our
         own choice (Modal does not document what its edge does at its limits). A client whose
-        keep-alive connection is closed while idle opens a new one (RFC 9112 9.3.1)."""
+        keep-alive connection is closed while idle opens a new one (RFC 9112 9.3.1).
+
+        Also our choice: no separate, smaller cap and no shorter head timeout for connections
+        without credentials. Every new connection has none until its first head has arrived,
+        so such a cap would close the connections of a legitimate burst before they could send
+        a byte; closing the oldest only once the whole cap is reached touches them only then.
+        The head must still be complete within `head_timeout_s` (10 s; nginx's
+        `client_header_timeout` is 60 s by default, Apache's mod_reqtimeout `header=20-40`)."""
         victim: _ClientConnection | None = None
         for conn in self.unproven:  # oldest first
             if conn.idle:
