@@ -5,15 +5,18 @@ leave `components.modal._deploy_runner` re-parented to PID 1 for as long as its 
 with MODAL_TOKEN_SECRET in its environment and the spec file in the temp directory. Here a
 real App create runs through the SDK's provider server against the emulator; the emulator
 holds the deploy's `AppPublish` for 30 s, so the runner is certainly mid-deploy when its
-parent (the provider server) is killed with SIGKILL.
+parent (the provider server) is killed with SIGKILL. The emulator has a token secret of its
+own, so scanning /proc for it finds only this test's processes (other runs use the default).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +24,23 @@ import pytest
 
 from components.modal.app import AppProvider
 from components.modal.model_weights import ModelWeightsProvider
+from components.modal.volume import VolumeProvider
 from tests.harness.emulator import EmulatorProcess
 from tests.harness.provider_server import ProviderCallError, ProviderServer
 from tests.providers.helpers import server_env
 from tests.providers.test_app import inputs
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatorProcess]:
+    """An emulator whose token secret no other process knows."""
+    emu = EmulatorProcess(token_secret=f"runner-death-{secrets.token_hex(12)}").start()
+    try:
+        yield emu
+    finally:
+        emu.close()
 
 
 def _procs() -> dict[int, tuple[int, str, str]]:
@@ -79,11 +93,14 @@ def _kill_parent_mid_run(
     hold_rpc: str,
     file_env: str | None,
     file_arg: str | None,
+    volume: str = "",
 ) -> None:
     secret = emulator.token_secret or ""
     assert secret
     baseline = _holding(secret)
     srv = ProviderServer(env=server_env(emulator)).start()
+    if volume:
+        srv.create(VolumeProvider(), {"name": volume, "environment": "main"})
     emulator._request(
         "POST",
         "/_emulator/faults",
@@ -158,12 +175,7 @@ def test_32_11_app_deploy_runner_dies_with_its_parent(emulator: EmulatorProcess)
     )
 
 
-def test_32_11_weights_runner_dies_with_its_parent(
-    emulator: EmulatorProcess, modal_env: EmulatorProcess
-) -> None:
-    import modal
-
-    modal.Volume.objects.create("tiny-weights", environment_name="main")
+def test_32_11_weights_runner_dies_with_its_parent(emulator: EmulatorProcess) -> None:
     props: dict[str, Any] = {
         "app_name": "tiny-weights",
         "environment": "main",
@@ -184,4 +196,5 @@ def test_32_11_weights_runner_dies_with_its_parent(
         "AppPublish",
         None,
         "--source",
+        volume="tiny-weights",
     )
