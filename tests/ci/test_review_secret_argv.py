@@ -28,9 +28,12 @@ from pulumi_standin.values import Secret  # noqa: E402
 PROXY_SECRET = "ws-item9-proxy-secret-Qx7"
 PROXY_TOKEN = f"wk-item9id:{PROXY_SECRET}"
 
-#: Runs as `python -m pulumi_standin up ...` would: argv[1:] are the stand-in's arguments.
+#: Runs as `python -m pulumi_standin up ...` would: argv[1:] are the stand-in's arguments. It
+#: samples every process's command line, then hands its own arguments to the stand-in's real
+#: parser (pulumi_standin.cli) to see the secret arrive as the stand-in would read it.
 RECORDER = r"""#!{python}
 import json, os, sys
+sys.path.insert(0, {root!r})
 secret = {secret!r}
 seen = []
 for pid in os.listdir("/proc"):
@@ -43,22 +46,19 @@ for pid in os.listdir("/proc"):
         continue
     if any(secret.encode() in a for a in argv):
         seen.append(int(pid))
-arrived = []
-args = sys.argv[1:]
-for i, a in enumerate(args):
-    if a == "--secret-from-env" and i + 1 < len(args):
-        key, _, var = args[i + 1].partition("=")
-        if secret in os.environ.get(var, ""):
-            arrived.append(key)
+from pulumi_standin.cli import parse_args, parse_overrides
+args = parse_args(sys.argv[3:])
+overrides = parse_overrides(args.config, args.secret, env_pairs=args.secret_from_env)
+arrived = sorted(k for k, v in overrides.items() if secret in str(getattr(v, "value", "")))
 with open(os.environ["RECORD"], "w") as fh:
     json.dump({{"argv": sys.argv, "cmdline_pids_with_secret": seen, "me": os.getpid(),
-               "arrived_by_env": arrived}}, fh)
+               "arrived": arrived, "command": args.command}}, fh)
 """
 
 
 def test_standin_up_puts_no_secret_on_any_command_line(tmp_path: Path) -> None:
     recorder = tmp_path / "python"
-    recorder.write_text(RECORDER.format(python=sys.executable, secret=PROXY_SECRET))
+    recorder.write_text(RECORDER.format(python=sys.executable, root=str(ROOT), secret=PROXY_SECRET))
     recorder.chmod(0o755)
     record = tmp_path / "record.json"
     os.environ["RECORD"] = str(record)
@@ -73,7 +73,8 @@ def test_standin_up_puts_no_secret_on_any_command_line(tmp_path: Path) -> None:
     assert got["argv"][1:4] == ["-m", "pulumi_standin", "up"], got["argv"]
     assert not [a for a in got["argv"] if PROXY_SECRET in a], "the secret is on the command line"
     assert got["cmdline_pids_with_secret"] == [], "a process had the secret on its command line"
-    assert got["arrived_by_env"] == ["proxyToken"], "the secret did not reach the stand-in"
+    assert got["command"] == "up"
+    assert got["arrived"] == ["modal-llm:proxyToken"], "the secret did not reach the stand-in"
 
 
 def test_standin_reads_a_secret_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) -> None:
