@@ -254,10 +254,15 @@ class Engine:
         )
 
     def preview_json(self, stack: str, state: Path | None) -> tuple[dict[str, Any], int]:
+        """`preview --json` without a refresh (`--refresh=false` wins over Pulumi.yaml's
+        `options: refresh: always`: pkg/cmd/pulumi/operations/io.go getRefreshOption): the
+        plan compares the code with the base stack's recorded state, has no Modal token to
+        read resources with, and dev's copy holds placeholders where the pickled providers a
+        Read would run were (drift is `make plan`'s business)."""
         if self.kind == "cli":
-            cmd = self.cli("preview", "--json", "--stack", stack)
+            cmd = self.cli("preview", "--json", "--refresh=false", "--stack", stack)
         else:
-            cmd = self.standin("preview", stack, "--json", state=state)
+            cmd = self.standin("preview", stack, "--json", "--refresh=false", state=state)
         done = self.run(cmd, capture=True)
         try:
             doc = json.loads(done.stdout or "")
