@@ -70,9 +70,12 @@ def _outputs(text: str) -> dict[str, str]:
 
 
 def _plan_rows(text: str) -> list[tuple[str, str, str, str]]:
-    """(symbol, type, name, word) per resource row."""
+    """(symbol, type, name, word) per resource row (not the provider's progress lines shown on
+    a resource's line while its call runs: `... tiny-app   creating | info: ...`)."""
     rows = re.findall(
-        r"^  (\+-|\+ |~ |- |  ) (\S+:\S+)\s+(\S+)\s+(\w+)", text.split("Outputs:")[0], re.M
+        r"^  (\+-|\+ |~ |- |  ) (\S+:\S+)\s+(\S+)\s+(\w+)\b(?! \|)",
+        text.split("Outputs:")[0],
+        re.M,
     )
     return [(s.strip(), t, n, w) for s, t, n, w in rows]
 

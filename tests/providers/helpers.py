@@ -94,6 +94,12 @@ READ_ONLY_RPCS = frozenset(
         "SecretList",
         "TaskList",
         "VolumeGetById",
+        # Also a create (CREATE_FAIL_IF_EXISTS, _rpc.volume_create), but the Volume provider's
+        # read looks up by name with it (OBJECT_CREATION_TYPE_UNSPECIFIED, _rpc.volume_lookup),
+        # which every `up` now does first (Pulumi.yaml `options: refresh: always`); the
+        # emulator counts by method only, so a create it made shows in the objects and the
+        # plan ("+ create"), not here.
+        "VolumeGetOrCreate",
         "VolumeList",
         "WebhookTokenEnvironmentList",
         "WebhookTokenList",
