@@ -551,6 +551,15 @@ def diff_section(preview: Mapping[str, Any] | None, base: str) -> list[str]:
             lines.append(f"| `{symbol}` {op} | {code(view.name)} | {plain(view.type)} | {what} |")
     else:
         lines.append("No resource of the dev stack changes.")
+    copy = preview.get("reviewCopy")
+    hidden = copy.get("secretOnlyUpdates") if isinstance(copy, dict) else None
+    if isinstance(hidden, int) and not isinstance(hidden, bool) and hidden > 0:
+        lines += [
+            "",
+            f"_{hidden} update(s) that differ in secret values only are left out: this preview"
+            f" ran against a copy of `{base}` without its secrets (scripts/review/devcopy.py),"
+            " where no secret value can be compared._",
+        ]
     errors = errors_of(preview)
     if errors:
         lines += ["", "The preview stopped with an error:", ""]

@@ -15,9 +15,13 @@ work is split (docs/review-stacks.md, Isolation):
   stand-in: a state file under COPY_PASSPHRASE, which protects nothing) and previews there.
 
 What the PR's code still sees: dev's non-secret state (URNs, IDs, non-secret inputs and
-outputs: the endpoint URL, the proxy token's id, costs). The diff is unchanged but for secret
-inputs, which read `[secret]` in the preview document anyway; a secret config value of dev's
-stack file is PLACEHOLDER in the preview's program.
+outputs: the endpoint URL, the proxy token's id, costs). The diff is the same but for secret
+values: in the copy they are all PLACEHOLDER, so a resource whose secret inputs the program
+computes (the Secret holding the API keys' digests) would show an update that dev's real
+state does not; `secret_only_updates` leaves out every update whose inputs differ in secret
+values only (the preview document shows those as `[secret]` on both sides anyway) and counts
+them under the document's `reviewCopy` key, which the comment states. A secret config value of
+dev's stack file is PLACEHOLDER in the preview's program.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import review_comment
 import yaml
 
 from .common import ReviewError
@@ -219,6 +224,33 @@ def _stack_file_without_secrets(project: Path, stack: str) -> Iterator[list[str]
         path.write_bytes(saved)
 
 
+def secret_only_updates(preview: dict[str, Any]) -> int:
+    """Drop from `preview` the `update` steps whose inputs differ in secret values only (what
+    comparing with the copy's placeholders makes up), as the engine hides `same` steps
+    (json.go shouldShow); move them from `update` to `same` in changeSummary and record how
+    many under `reviewCopy.secretOnlyUpdates`. Returns that number."""
+    kept, dropped = [], 0
+    for step in preview.get("steps") or []:
+        old, new = step.get("oldState") or {}, step.get("newState") or {}
+        if step.get("op") == "update" and old and new:
+            changes = review_comment.changed_keys(old.get("inputs") or {}, new.get("inputs") or {})
+            if all(shown == review_comment.SECRET for _, shown in changes):
+                dropped += 1
+                continue
+        kept.append(step)
+    if dropped:
+        preview["steps"] = kept
+        summary = preview.setdefault("changeSummary", {})
+        left = int(summary.get("update") or 0) - dropped
+        if left > 0:
+            summary["update"] = left
+        else:
+            summary.pop("update", None)
+        summary["same"] = int(summary.get("same") or 0) + dropped
+    preview["reviewCopy"] = {"secretOnlyUpdates": dropped}
+    return dropped
+
+
 def preview_against_copy(
     engine: Engine, stack: str, copy: Path
 ) -> tuple[dict[str, Any], int, dict[str, Any]]:
@@ -231,6 +263,7 @@ def preview_against_copy(
     if engine.kind == "standin":
         private = engine.with_passphrase(str(doc["passphrase"]))
         preview, rc = private.preview_json(stack, copy.with_name(str(doc["state"])))
+        secret_only_updates(preview)
         return preview, rc, outputs
     with tempfile.TemporaryDirectory(prefix="review-plan-") as tmp:
         # A private backend and a throwaway passphrase: nothing of dev's is needed or reachable.
@@ -272,4 +305,5 @@ def preview_against_copy(
                 f"pulumi stack import --stack {stack} (the private copy)",
             )
             preview, rc = private.preview_json(stack, None)
+    secret_only_updates(preview)
     return preview, rc, outputs

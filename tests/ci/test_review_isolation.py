@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+import review_comment  # noqa: E402
 from review import deploy  # noqa: E402
 from review.cli import parse_args  # noqa: E402
 from review.devcopy import PLACEHOLDER, scrub_export  # noqa: E402
@@ -202,3 +204,90 @@ def test_the_cli_copy_of_dev_holds_no_secret() -> None:
     assert DEV_SECRET not in json.dumps(copy) and "v1:a:b" not in json.dumps(copy)
     res = copy["deployment"]["resources"][0]
     assert res["inputs"]["key"] == {SIG_KEY: SECRET_SIG, "plaintext": json.dumps(PLACEHOLDER)}
+
+
+@pytest.mark.slow
+def test_plan_against_the_copy_shows_the_same_diff_without_any_passphrase_of_dev(
+    tmp_path: Path,
+) -> None:
+    """End to end on the stand-in: dev deployed into the emulator; `dev-export` with dev's
+    passphrase; `plan --base-copy` of a PR changing the GPU, run with NO passphrase and no
+    Modal token in its environment (the emulator's URL only: the local stack's engine
+    stand-in needs one), gives the diff that `plan` with dev's own state and
+    passphrase gives, and nothing it wrote holds a secret of dev."""
+    from tests.harness.emulator import EmulatorProcess
+    from tests.program.test_review_stacks import DEV_CONFIG, copy_checkout, with_service, write_dev
+
+    checkout = copy_checkout(tmp_path / "checkout")
+    write_dev(checkout, DEV_CONFIG)
+    state = tmp_path / "state"
+    emulator = EmulatorProcess().start()
+    try:
+        dev_env = emulator.subprocess_env({"PULUMI_CONFIG_PASSPHRASE": DEV_PASSPHRASE})
+        dev_env.pop("PYTHONPATH", None)
+        dev_env.pop("OFFLINE_STACK_PASSPHRASE", None)
+
+        def run(env: dict[str, str], *args: str) -> str:
+            done = subprocess.run([sys.executable, *args], cwd=checkout, env=env,
+                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout
+
+        run(dev_env, "-m", "pulumi_standin", "up", "--stack", "dev", "--server-url",
+            emulator.url, "--state", str(state / "dev.json"))  # fmt: skip
+        script = ["scripts/review_stack.py"]
+        common = ["--engine", "standin"]
+        copy = tmp_path / "copy" / "dev-copy.json"
+        run(dev_env, *script, "dev-export", *common, "--base-state", str(state / "dev.json"),
+            "--out", str(copy))  # fmt: skip
+        write_dev(checkout, with_service(DEV_CONFIG, gpu="A10G"))
+        run(dev_env, *script, "plan", "--pr", "5", *common, "--base-state",
+            str(state / "dev.json"), "--out-dir", str(tmp_path / "with-dev"))  # fmt: skip
+        bare = {k: v for k, v in dev_env.items()
+                if not k.startswith(("PULUMI_", "MODAL_TOKEN", "OFFLINE_"))}  # fmt: skip
+        run(bare, *script, "plan", "--pr", "5", *common, "--base-copy", str(copy),
+            "--out-dir", str(tmp_path / "with-copy"))  # fmt: skip
+        # dev's secrets, as dev's passphrase opens them: none of them anywhere in what the
+        # copy and the plan against it wrote.
+        dev_secrets = [s for s in _dev_secrets(state / "dev.json") if len(s) >= 8]
+        assert dev_secrets, "dev's state holds no secret: the test proves nothing"
+    finally:
+        emulator.stop()
+    written = [
+        p for d in (copy.parent, tmp_path / "with-copy") for p in d.rglob("*") if p.is_file()
+    ]
+    for path in written:
+        text = path.read_text()
+        assert not [s for s in dev_secrets if s in text], path
+
+    def steps(d: str) -> list[tuple[str, str]]:
+        doc = json.loads((tmp_path / d / "preview.json").read_text())
+        return [(s["op"], s["urn"]) for s in doc["steps"]]
+
+    assert steps("with-copy") == steps("with-dev")
+    assert ("update", next(u for o, u in steps("with-dev") if u.endswith("::tiny-app"))) in steps(
+        "with-copy"
+    )
+    outputs = {d: json.loads((tmp_path / d / "dev-outputs.json").read_text())
+               for d in ("with-dev", "with-copy")}  # fmt: skip
+    assert outputs["with-copy"] == outputs["with-dev"]
+    docs = {d: json.loads((tmp_path / d / "preview.json").read_text())
+            for d in ("with-dev", "with-copy")}  # fmt: skip
+    assert docs["with-copy"]["changeSummary"] == docs["with-dev"]["changeSummary"]
+    # What the copy cannot compare (the Secret of the API keys' digests) is counted, and said.
+    assert docs["with-copy"]["reviewCopy"]["secretOnlyUpdates"] >= 1
+    section = "\n".join(review_comment.diff_section(docs["with-copy"], "dev"))
+    assert "differ in secret values only are left out" in section
+
+
+def _dev_secrets(path: Path) -> list[str]:
+    """dev's credentials as dev's passphrase reveals them: the proxy token secret, the API keys."""
+    from review.engine import standin_outputs
+
+    shown = standin_outputs("dev", path, {"OFFLINE_STACK_PASSPHRASE": DEV_PASSPHRASE}, reveal=True)
+    found = [str(shown.get("proxy_token_secret") or "")]
+    for key in ("api_keys", "all_api_keys"):
+        value = shown.get(key)
+        if isinstance(value, dict):
+            found += [str(v) for v in value.values() if isinstance(v, str)]
+    return [f for f in found if f and f != PLACEHOLDER]
