@@ -114,13 +114,20 @@ def test_name_change_replaces_and_stops_the_old_app(
     assert apps(emulator) == {old: "stopped", new.id: "deployed"}
 
 
-def test_drift_stopped_app_reads_as_gone_then_redeploys(
+def test_drift_stopped_app_reads_as_drift_then_redeploys(
     engine: Engine, emulator: EmulatorProcess
 ) -> None:
+    """Issue 32 item 12: a stopped app stays the resource, read with nothing live and the
+    reason; the next up deploys it again under the name (an update)."""
     engine.up("a", P, inputs())
+    old_id = engine.states["a"].id
     modal_cli(emulator, "app", "stop", "echo", "-y")
-    assert engine.refresh("a") == "delete"
-    assert engine.up("a", P, inputs()) == "create"
+    assert engine.refresh("a") == "update"
+    drift = engine.states["a"].outputs["drift"]
+    assert drift.startswith(f"live app stopped by hand: {old_id} is stopped"), drift
+    assert engine.up("a", P, inputs()) == "update"
+    out = engine.states["a"].outputs
+    assert out["app_id"] != old_id and apps(emulator)[out["app_id"]] == "deployed"
     assert engine.refresh("a") == "same"
 
 
