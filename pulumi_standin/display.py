@@ -35,6 +35,7 @@ PLAN_WORDS = {
     "delete": "to delete",
     "same": "unchanged",
     "skip": "not targeted",
+    "refresh": "to refresh",
 }
 DONE_WORDS = {
     "create": "created",
@@ -43,6 +44,7 @@ DONE_WORDS = {
     "delete": "deleted",
     "same": "unchanged",
     "skip": "not targeted",
+    "refresh": "refreshed",  # a refresh's Read changed what the state holds (drift)
 }
 
 
@@ -50,7 +52,7 @@ DONE_WORDS = {
 class Step:
     name: str
     type: str
-    op: str  # create | update | replace | delete | same | skip
+    op: str  # create | update | replace | delete | same | skip | refresh
     lines: list[str] = field(default_factory=list)  # changed keys
     replaces: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -196,7 +198,7 @@ def print_step(step: Step, out: TextIO, *, done: bool) -> None:
 def summary(steps: list[Step], done: bool) -> str:
     words = DONE_WORDS if done else PLAN_WORDS
     parts = []
-    for op in ("create", "update", "replace", "delete"):
+    for op in ("create", "update", "replace", "delete", "refresh"):
         n = sum(1 for s in steps if s.op == op)
         if n:
             parts.append(f"{SYMBOLS[op].strip()} {n} {words[op]}")

@@ -214,6 +214,7 @@ def refresh_states(
     *,
     verb: str,
     show_sames: bool = True,
+    changed_op: str = "update",
 ) -> Refreshed:
     """Read every (targeted) resource of the state back, as the engine's refresh does before an
     operation with `Refresh` set (pkg/resource/deploy/deployment_executor.go `Execute`: "Before
@@ -234,16 +235,15 @@ def refresh_states(
         before_inputs, before_outputs = dict(st.inputs), dict(st.outputs)
         t0 = time.perf_counter()
         result = engine.refresh(name)
-        step = Step(name, st.type, result, seconds=time.perf_counter() - t0)
+        # A Read that changed the state: `pulumi refresh` shows it as an update of the state
+        # ("updated"); before an operation it is a refresh step of its own ("refreshed", not
+        # to be read as the operation's update); a gone one is deleted from the state.
+        op = changed_op if result == "update" else result
+        step = Step(name, st.type, op, seconds=time.perf_counter() - t0)
         if result == "update":
             now = engine.states[name]
-            step.lines = diff_lines(before_inputs, now.inputs) + [
-                f"{line} (output)"
-                for line in diff_lines(
-                    {k: v for k, v in before_outputs.items() if k not in before_inputs},
-                    {k: v for k, v in now.outputs.items() if k not in now.inputs},
-                )
-            ]
+            step.lines = [f"{line} (input)" for line in diff_lines(before_inputs, now.inputs)]
+            step.lines += diff_lines(before_outputs, now.outputs)
             reason = drift_words(before_outputs, now.outputs)
         elif result == "delete":
             reason = drift_words(before_outputs, None)
@@ -265,7 +265,9 @@ def refresh_first(cmd: Command, engine: Engine, out: TextIO, interrupt: Interrup
         return Refreshed()
     why = "--refresh" if cmd.refresh_flag else "Pulumi.yaml options.refresh: always"
     out.write(f"Refreshing first ({why}): every resource read back from Modal\n")
-    found = refresh_states(cmd, engine, out, interrupt, verb="refresh", show_sames=False)
+    found = refresh_states(
+        cmd, engine, out, interrupt, verb="drift", show_sames=False, changed_op="refresh"
+    )
     drifted = len(found.drift)
     out.write(
         f"  refreshed {len(found.steps)} resource{'s' if len(found.steps) != 1 else ''}:"
