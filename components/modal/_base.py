@@ -35,7 +35,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +43,8 @@ from typing import Any, ClassVar, TypeVar
 from pulumi.dynamic import CheckFailure, ConfigureRequest, DiffResult, ResourceProvider
 from pulumi.output import Unknown
 from pulumi.runtime import rpc
+
+from ._rpc import OWNER_RE  # the marks themselves: _rpc (issue 32 item 10)
 
 T = TypeVar("T")
 
@@ -642,13 +643,7 @@ def _probed(fn: Callable[[Any], Awaitable[T]], sent: list[bool]) -> Callable[[An
 
 
 # ---- ownership marks (issue 32 item 10: a create whose answer was lost) ---------------------
-
-#: `<stack digest>_<resource digest>`: 12 hex each (see `owner_mark`).
-OWNER_RE = re.compile(r"^[0-9a-f]{12}_[0-9a-f]{12}$")
-#: A Secret's env-dict key naming its owner (`MODAL_LLM_OWNER_<owner>`): Modal returns a
-#: secret's key names (`SecretGetInfo` / `SecretList` metadata.keys, modal 1.6.4
-#: `_Secret._hydrate_metadata`), never its values, so the mark is in the key's name.
-OWNER_KEY_PREFIX = "MODAL_LLM_OWNER_"
+# The mark's shape and its secret key live in `_rpc` (no pulumi there); imported at the top.
 
 
 def owner_mark(type_token: str, resource_name: str) -> str:
@@ -670,24 +665,6 @@ def owner_of(props: Mapping[str, Any]) -> str:
     """The `owner` input when it is a mark ("" when absent: nothing is adopted as our own)."""
     value = props.get("owner")
     return value if isinstance(value, str) and OWNER_RE.match(value) else ""
-
-
-def stack_of(owner: str) -> str:
-    """The stack part of a mark."""
-    return owner.split("_", 1)[0] if owner else ""
-
-
-def owner_key(owner: str) -> str:
-    return OWNER_KEY_PREFIX + owner
-
-
-def owners_in(keys: Iterable[str]) -> list[str]:
-    """The marks named by a secret's key names."""
-    out = []
-    for key in keys:
-        if key.startswith(OWNER_KEY_PREFIX) and OWNER_RE.match(key[len(OWNER_KEY_PREFIX) :]):
-            out.append(key[len(OWNER_KEY_PREFIX) :])
-    return out
 
 
 def check_owner(props: Mapping[str, Any]) -> list[CheckFailure]:

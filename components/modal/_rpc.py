@@ -20,8 +20,9 @@ Where a server might not, the callers also resolve what an earlier attempt appli
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -734,6 +735,34 @@ async def environment_role_set(client: Any, service_user: str, environment: str,
     )
 
 
+# ---- ownership marks (issue 32 item 10; `_base.owner_mark` makes them in the program) ---------
+
+#: `<stack digest>_<resource digest>`: 12 hex each.
+OWNER_RE = re.compile(r"^[0-9a-f]{12}_[0-9a-f]{12}$")
+#: A Secret's env-dict key naming its owner (`MODAL_LLM_OWNER_<owner>`): Modal returns a
+#: secret's key names (`SecretGetInfo` / `SecretList` metadata.keys, modal 1.6.4
+#: `_Secret._hydrate_metadata`), never its values, so the mark is in the key's name.
+OWNER_KEY_PREFIX = "MODAL_LLM_OWNER_"
+
+
+def owner_key(owner: str) -> str:
+    return OWNER_KEY_PREFIX + owner
+
+
+def owners_in(keys: Iterable[str]) -> list[str]:
+    """The marks named by a secret's key names."""
+    return [
+        key[len(OWNER_KEY_PREFIX) :]
+        for key in keys
+        if key.startswith(OWNER_KEY_PREFIX) and OWNER_RE.match(key[len(OWNER_KEY_PREFIX) :])
+    ]
+
+
+def stack_of(owner: str) -> str:
+    """The stack part of a mark."""
+    return owner.split("_", 1)[0] if owner else ""
+
+
 # ---- pending creates (issue 32 item 10: a create whose answer was lost) ---------------------
 #
 # Volumes, environments, proxy-auth tokens and service users carry no tag or label Modal would
@@ -776,8 +805,6 @@ def pending_secret_name(owner: str) -> str:
 def _pending_keys(
     owner: str, kind: str, name: str, since: float, notes: tuple[str, ...] = ()
 ) -> dict[str, str]:
-    from ._base import owner_key
-
     return {
         owner_key(owner): "1",
         f"{PENDING_SINCE}{int(since)}": "1",
@@ -797,8 +824,6 @@ def parse_pending(owner: str, secret_id: str, keys: list[str]) -> Pending | None
         name = bytes.fromhex(hexname).decode()
     except ValueError:
         return None
-    from ._base import OWNER_KEY_PREFIX
-
     notes = tuple(
         sorted(
             k for k in keys if not k.startswith((PENDING_SINCE, PENDING_OBJECT, OWNER_KEY_PREFIX))
@@ -885,8 +910,6 @@ async def stack_leftovers(
     of every secret marked by this stack: lost creates and pending records), [the pending
     records among them]."""
     from modal_proto import api_pb2
-
-    from ._base import owners_in, stack_of
 
     resp = await client._stub.SecretList(api_pb2.SecretListRequest(environment_name=environment))
     secrets: list[tuple[str, str]] = []

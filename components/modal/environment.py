@@ -60,7 +60,6 @@ from ._base import (
     is_unknown,
     owner_mark,
     owner_of,
-    stack_of,
 )
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:Environment"  # noqa: S105 (a Pulumi type token)
@@ -264,7 +263,7 @@ class EnvironmentProvider(ModalProvider):
         force = bool(props.get("force_delete") or False)
         if props.get("adopted"):
             return  # released, not deleted: Pulumi adopted it, it did not create it
-        stack = stack_of(owner_of(props))
+        stack = _rpc.stack_of(owner_of(props))
 
         async def go(client: Any) -> dict[str, list[str]]:
             item = await _rpc.environment_find(client, "environment_id", id_)

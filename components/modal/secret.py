@@ -51,7 +51,6 @@ from pulumi.dynamic import (
 from . import _rpc
 from ._base import (
     ADOPT_HOWTO,
-    OWNER_KEY_PREFIX,
     DiffSpec,
     ModalProvider,
     canonical_json,
@@ -63,10 +62,8 @@ from ._base import (
     flag_view,
     is_unknown,
     normalize_flag,
-    owner_key,
     owner_mark,
     owner_of,
-    owners_in,
     plain,
     secret_output,
     sha256_hex,
@@ -103,12 +100,12 @@ class SecretArgs:
 
 def _with_mark(values: Mapping[str, str], owner: str) -> dict[str, str]:
     """What Modal holds: the declared values plus this resource's mark key (if it has one)."""
-    return {**values, owner_key(owner): "1"} if owner else dict(values)
+    return {**values, _rpc.owner_key(owner): "1"} if owner else dict(values)
 
 
 def _declared_keys(keys: list[str]) -> list[str]:
     """Live key names without ownership marks."""
-    marks = {OWNER_KEY_PREFIX + o for o in owners_in(keys)}
+    marks = {_rpc.OWNER_KEY_PREFIX + o for o in _rpc.owners_in(keys)}
     return sorted(k for k in keys if k not in marks)
 
 
@@ -218,8 +215,8 @@ class SecretProvider(ModalProvider):
             secrets=values.values(),
             hints={
                 mexc.AlreadyExistsError: (
-                    "A secret with this name already exists there and it is not this"
-                    f" resource's (it carries no `{OWNER_KEY_PREFIX}<owner>` key of this stack):"
+                    "A secret with this name already exists there and it is not this resource's"
+                    f" (it carries no `{_rpc.OWNER_KEY_PREFIX}<owner>` key of this stack):"
                     f" {ADOPT_HOWTO} (its values are then set to the declared ones), delete it"
                     f" (`modal secret delete {name}"
                     + (f" -e {env}`)" if env else "`)")
@@ -304,7 +301,7 @@ class SecretProvider(ModalProvider):
     async def _ours(client: Any, secret_id: str, owner: str) -> bool:
         """The secret carries this resource's mark key."""
         md = await _rpc.secret_info(client, secret_id)
-        return md is not None and owner_key(owner) in list(md.keys)
+        return md is not None and _rpc.owner_key(owner) in list(md.keys)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         if props.get("adopted"):
