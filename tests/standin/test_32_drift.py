@@ -94,3 +94,46 @@ def test_32_12_an_app_stopped_by_hand_is_planned_with_its_reason_and_healed_by_u
     refreshed = live.make("refresh")
     assert refreshed.returncode == 0, refreshed.stdout + refreshed.stderr
     assert "Resources: 9 unchanged" in refreshed.stdout, refreshed.stdout
+
+
+@pytest.mark.timeout(600)
+def test_32_12_a_rollback_by_hand_is_planned_with_its_reason_and_healed_by_up(
+    live: LiveStack,
+) -> None:
+    """A second release (v2: one setting changed, as a one-run `--config`), then `modal app
+    rollback tiny` by hand: the plan names the rollback, `up` alone deploys the state's release
+    again and the endpoint answers, a second `up` changes nothing."""
+    import json
+
+    import yaml
+
+    services = yaml.safe_load((PROJECT_ROOT / "Pulumi.local.yaml").read_text())["config"][
+        "modal-llm:services"
+    ]
+    services[0]["scaling"]["scaledown_window_s"] += 1
+    tweak = ("--config", f"services={json.dumps(services)}")
+    second = live.standin("up", *tweak)
+    assert second.returncode == 0 and "Resources: ~ 1 updated" in second.stdout, second.stdout
+    before = live.outputs()["services"]["tiny"]["deployed_version"]
+
+    modal_cli(live, "app", "rollback", "tiny", f"v{before - 1}", "-e", "local")
+
+    plan = live.standin("preview", *tweak)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    rolled = (
+        r"~\s+modal:App\s+tiny-app\s+update"
+        rf" \[drift: live app rolled back by hand: v{before + 1} runs v{before - 1}"
+    )
+    assert re.search(rolled, app_line(plan.stdout)), plan.stdout
+    assert "Resources: ~ 1 to update, 8 unchanged" in plan.stdout, plan.stdout
+
+    healed = live.standin("up", *tweak)
+    assert healed.returncode == 0 and "Resources: ~ 1 updated, 8 unchanged" in healed.stdout, (
+        healed.stdout
+    )
+    tiny = live.outputs()["services"]["tiny"]
+    assert tiny["deployed_version"] == before + 2 and tiny["gate_result"].startswith("passed:")
+
+    again = live.standin("up", *tweak)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Resources: 9 unchanged" in again.stdout and "none drifted" in again.stdout, again.stdout
