@@ -463,6 +463,7 @@ class ModalProvider(ResourceProvider):
         hints: Mapping[type[BaseException], str] | None = None,
         idempotent: bool = True,
         keyed: bool = False,
+        resumable: bool = False,
     ) -> T:
         """Run `fn(client)` against Modal, retrying transient failures.
 
@@ -478,6 +479,8 @@ class ModalProvider(ResourceProvider):
         `x-idempotency-key` on every attempt (see `_rpc.idempotency_key`) and resolves what an
         earlier attempt may have applied (e.g. "already exists" for the object it made). An
         unkeyed sent call is never repeated; the error then says it may have been applied.
+        `resumable`: the next create of this resource finds what this one may have applied
+        and takes it as its own (its ownership mark, issue 32 item 10): the error says so.
         """
         from modal import exception as mexc
 
@@ -508,7 +511,15 @@ class ModalProvider(ResourceProvider):
                     continue
                 hint = self._hint(exc, creds, hints or {}, attempt, time.monotonic() - started)
                 if not idempotent and transient:
-                    if ever_sent:
+                    if ever_sent and resumable:
+                        hint = (
+                            f"The request was sent (in {attempt} attempt(s)) and may have been"
+                            " applied by Modal. Rerun `pulumi up` once Modal answers: the next"
+                            f" create of this resource finds the {self.kind.lower()} this one"
+                            " made (by its ownership mark) and takes it as its own; nothing to"
+                            " delete by hand."
+                        )
+                    elif ever_sent:
                         way_out = (
                             f"set adopt on the resource ({ADOPT_HOWTO}) or delete it"
                             if self.adoptable

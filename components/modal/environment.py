@@ -198,6 +198,7 @@ class EnvironmentProvider(ModalProvider):
             },
             idempotent=False,
             keyed=True,
+            resumable=bool(owner),
         )
         return CreateResult(item.environment_id, self._outputs(props, item, adopted))
 

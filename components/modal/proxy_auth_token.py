@@ -185,6 +185,7 @@ class ProxyAuthTokenProvider(ModalProvider):
             secrets=lambda: list(created.values()),  # read when an error is built
             idempotent=False,
             keyed=True,
+            resumable=bool(owner),
         )
         return CreateResult(token_id, self._outputs(props, token_id, token_secret, envs))
 

@@ -225,6 +225,7 @@ class SecretProvider(ModalProvider):
             },
             idempotent=False,
             keyed=True,
+            resumable=bool(owner),
         )
         salt = new_salt()
         return CreateResult(

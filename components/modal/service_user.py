@@ -310,6 +310,7 @@ class ServiceUserProvider(ModalProvider):
             hints=self._hints(name),
             idempotent=False,
             keyed=True,
+            resumable=bool(owner),
         )
         outs = self._outputs(
             props, generation=0, current=info, token_secret=memo["secret"], previous=None

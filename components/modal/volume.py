@@ -155,6 +155,7 @@ class VolumeProvider(ModalProvider):
             },
             idempotent=False,
             keyed=True,
+            resumable=bool(owner),
         )
         return CreateResult(volume_id, self._outputs(props, volume_id, adopted))
 

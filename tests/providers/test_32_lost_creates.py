@@ -192,6 +192,8 @@ def test_32_10_lost_create_is_adopted_on_the_next_up(
     with pytest.raises(ProviderCallError) as ei:
         srv.create(kind.provider(), kind.props, secret_outputs=kind.secret_outputs)
     assert f"{kind.name} " in ei.value.details, ei.value.details
+    # What to do next: rerun, nothing by hand (not "check whether it exists, delete it").
+    assert "takes it as its own; nothing to delete by hand" in ei.value.details, ei.value.details
     made = _ours(emulator, kind)
     assert len(made) == 1, made  # Modal applied it: the killed run's object
     (made_id,) = made
