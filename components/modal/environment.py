@@ -192,8 +192,9 @@ class EnvironmentProvider(ModalProvider):
                     "An environment with this name (or this web suffix) already exists and it"
                     " is not this resource's (no pending create of this resource names it): set"
                     " adopt=True to manage the existing environment (stack config"
-                    " `modal-llm:adoptEnvironment: true`; destroy then leaves it in place), or"
-                    " pick another name/suffix."
+                    " `modal-llm:adoptEnvironment: true`; destroy then leaves it in place),"
+                    f" delete it (`modal environment delete {name}`: everything in it goes"
+                    " with it), or pick another name/suffix."
                 )
             },
             idempotent=False,

@@ -220,22 +220,26 @@ def test_32_10_lost_create_is_adopted_on_the_next_up(
         kind.stranger()
         with pytest.raises(ProviderCallError) as ei:
             srv.create(kind.provider(), kind.props, secret_outputs=kind.secret_outputs)
-        assert "already exists" in ei.value.details, ei.value.details
+        msg = ei.value.details
+        assert "already exists" in msg and f"{kind.name} '{kind.props['name']}'" in msg, msg
+        assert "delete" in msg, msg  # what to do: adopt it, or delete it by hand
         assert len(_ours(emulator, kind)) == 1  # theirs, untouched
 
 
 def test_32_10_another_resource_of_the_stack_does_not_adopt(
     emulator: EmulatorProcess, one_shot: ProviderServer
 ) -> None:
-    """The mark is per resource: a lost create of one resource is no other one's."""
+    """The mark is per resource: a lost create of one resource is no other one's, in this
+    stack or another."""
     kind = KINDS[0]
     _lose_answer(emulator, kind.rpc)
     with pytest.raises(ProviderCallError):
         one_shot.create(kind.provider(), kind.props)
-    other = {**kind.props, "owner": OTHER_STACK_OWNER}
-    with pytest.raises(ProviderCallError) as ei:
-        one_shot.create(kind.provider(), other)
-    assert "already exists" in ei.value.details
+    for owner in (f"{STACK}_ffffffffffff", OTHER_STACK_OWNER):  # same stack; another stack
+        with pytest.raises(ProviderCallError) as ei:
+            one_shot.create(kind.provider(), {**kind.props, "owner": owner})
+        assert "already exists" in ei.value.details
+        assert "it is not this resource's" in ei.value.details
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if not k.table], ids=lambda k: k.name)
