@@ -9,12 +9,15 @@ fails, as the killed run did. Then a second create, what the next `up` sends, mu
 object as this resource's own (the same id where Modal can hand it over); an object of that
 name made by someone else (the real `modal` client, no mark) is still refused; and a delete
 leaves the emulator without anything of that kind (a second delete is no error).
+ProxyAuthToken and ServiceUser cannot be handed over (their secret was lost with the answer):
+the lost one is found and deleted, and a new one made. SpendAlert and EnvironmentRole set a
+value: repeating them is the cure, and SpendAlert must still restore the budget it found.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -57,8 +60,6 @@ class Kind:
     #: Make a stranger's object of that name with the real `modal` client (None: no names).
     stranger: Callable[[], None] | None = None
     secret_outputs: tuple[str, ...] = ()
-    prepare: Callable[[ProviderServer], None] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _stranger_secret() -> None:
