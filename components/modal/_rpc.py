@@ -839,31 +839,40 @@ async def pending_begin(
     kind: str,
     name: str,
     notes: tuple[str, ...] = (),
-) -> None:
+) -> bool:
     """Record that `owner` is about to create `kind` `name`: the pending secret is written
     whole (`CREATE_OVERWRITE_IF_EXISTS`, what modal 1.6.4 `_Secret._create_deployed(...,
-    overwrite=True)` sends for `modal secret create --force`), so a repeat is harmless."""
+    overwrite=True)` sends for `modal secret create --force`), so a repeat is harmless.
+    False when this identity may not write secrets there (a scoped service user without a
+    role in the default environment): the create goes on without a record, as before marks
+    existed (a lost answer is then refused as a stranger's on the next create)."""
     import time
 
+    from modal import exception as mexc
     from modal_proto import api_pb2
 
-    await client._stub.SecretGetOrCreate(
-        api_pb2.SecretGetOrCreateRequest(
-            deployment_name=pending_secret_name(owner),
-            environment_name=environment,
-            object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_OVERWRITE_IF_EXISTS,
-            env_dict=_pending_keys(owner, kind, name, time.time(), notes),
+    try:
+        await client._stub.SecretGetOrCreate(
+            api_pb2.SecretGetOrCreateRequest(
+                deployment_name=pending_secret_name(owner),
+                environment_name=environment,
+                object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_OVERWRITE_IF_EXISTS,
+                env_dict=_pending_keys(owner, kind, name, time.time(), notes),
+            )
         )
-    )
+    except mexc.PermissionDeniedError:
+        return False
+    return True
 
 
 async def pending_get(client: Any, owner: str, environment: str) -> Pending | None:
-    """The pending record of `owner` in `environment`, or None (also: no such environment)."""
+    """The pending record of `owner` in `environment`, or None (also: no such environment, or
+    no right to read secrets there: then this identity cannot have written one either)."""
     from modal import exception as mexc
 
     try:
         secret_id = await secret_lookup(client, pending_secret_name(owner), environment)
-    except mexc.NotFoundError:
+    except (mexc.NotFoundError, mexc.PermissionDeniedError):
         return None
     if secret_id is None:
         return None
@@ -874,12 +883,13 @@ async def pending_get(client: Any, owner: str, environment: str) -> Pending | No
 
 
 async def pending_end(client: Any, owner: str, environment: str) -> None:
-    """Drop `owner`'s pending record (gone already, or no such environment: fine)."""
+    """Drop `owner`'s pending record (gone already, no such environment, or no right to read
+    secrets there, so none was written by this identity: fine)."""
     from modal import exception as mexc
 
     try:
         secret_id = await secret_lookup(client, pending_secret_name(owner), environment)
-    except mexc.NotFoundError:
+    except (mexc.NotFoundError, mexc.PermissionDeniedError):
         return
     if secret_id is not None:
         await secret_delete(client, secret_id)
