@@ -14,14 +14,26 @@ STACK="${1:-local}"
 require_local_stack "$STACK"
 read_stack_url
 destroyed=0
+WATCHER=""
+trap '[ -z "$WATCHER" ] || kill "$WATCHER" 2>/dev/null || true' EXIT
+# While a destroy talks to the emulator: if it dies, say so and stop the destroy at once
+# (the stand-in would retry Modal for minutes; issue 32's fault matrix kills it here). The
+# next `make up` starts it again from its state file and heals; `make down` then finishes.
+watch_during() {
+    [ -n "$WATCHER" ] && return 0
+    WATCHED_COMMAND="make down" watch_emulator &
+    WATCHER=$!
+}
 if standin_has_resources; then
     start_emulator # destroy talks to it
+    watch_during
     standin destroy
     destroyed=1
 fi
 if [ -d .pulumi-state ]; then
     if find_pulumi_cli; then
         start_emulator
+        watch_during
         if select_existing_stack "$STACK"; then
             cli_config_args
             pulumi destroy --yes --non-interactive --stack "$STACK" "${CLI_CONFIG_ARGS[@]}"
@@ -33,6 +45,10 @@ if [ -d .pulumi-state ]; then
     fi
 fi
 [ "$destroyed" = 1 ] || echo "Nothing deployed locally to destroy."
+if [ -n "$WATCHER" ]; then
+    kill "$WATCHER" 2>/dev/null || true
+    WATCHER=""
+fi
 stop_emulator
 # Container processes a killed emulator left behind (only where containers run without their
 # own pid namespace: emulator/runtime, `python -m emulator sweep`); one line says what it did.

@@ -182,10 +182,15 @@ watch_emulator() {
     while kill -0 "$pid" 2>/dev/null; do sleep 1; done
     {
         echo
-        echo "error: this checkout's Modal emulator (pid $pid) exited while \`make up\` ran; stopping."
+        echo "error: this checkout's Modal emulator (pid $pid) exited while \`${WATCHED_COMMAND:-make up}\` ran; stopping."
         echo "Its log's last lines ($EMULATOR_LOG):"
         tail -n 15 "$EMULATOR_LOG" 2>/dev/null | sed 's/^/  | /'
-        echo "Run \`make up\` again: it starts the emulator anew, and the stack's state is kept."
+        if [ "${WATCHED_COMMAND:-make up}" = "make down" ]; then
+            echo "Run \`make down\` again: it starts the emulator anew from its state file and"
+            echo "finishes the destroy (what was deleted before stays deleted)."
+        else
+            echo "Run \`make up\` again: it starts the emulator anew, and the stack's state is kept."
+        fi
     } >&2
     # The main shell's children that talk to Modal ($$ stays the main shell's pid here).
     pkill -TERM -P $$ -f 'pulumi|local_stack\.py' 2>/dev/null || true
