@@ -215,6 +215,20 @@ ENGINE_KEEPALIVE_ENV: dict[str, str] = {
 # actor, NUMA binding (0.26.0 vllm/utils/system_utils.py `_maybe_force_spawn`).
 VLLM_MULTIPROC_METHOD = "fork"
 
+# `cudagraph_sizes: max_concurrency` (issue 36): vLLM captures a CUDA graph per batch size in
+# cudagraph_capture_sizes; unset, it takes [1, 2, 4] + multiples of 8 below 256 + multiples of
+# 16 up to max_cudagraph_capture_size, which is min(max_num_seqs * 2, 512) (0.26.0
+# vllm/config/vllm.py `_set_cudagraph_sizes`; vllm/config/compilation.py
+# `max_cudagraph_capture_size`): 51 sizes, twice over with FULL_AND_PIECEWISE. A batch larger
+# than the largest size runs without a graph (same docstring). A container gets at most
+# scaling.max_concurrency requests at once, so no decode batch is larger than that:
+# `--max-cudagraph-capture-size N` (a flag of 0.26.0 and 0.33.0) keeps the sizes up to N (11
+# for 64). The sizes are part of CompilationConfig.compute_hash, so a change of N misses the
+# torch.compile cache once. Measured in docs/gpu.md (2026-11-28, one H200, run S31).
+CUDAGRAPH_SIZE_FLAGS = frozenset(
+    {"--max-cudagraph-capture-size", "--cudagraph-capture-sizes", "--compilation-config"}
+)
+
 
 class GpuType(NamedTuple):
     """A Modal GPU type: memory per GPU and the most GPUs Modal attaches to one container."""
@@ -568,6 +582,11 @@ class ServingSpec(_Model):
     # Host memory the container requests, in GiB (Modal `memory=`, sent in MiB); None = what the
     # engine's processes need (`memory_request_mib`). Left out of to_json() when None, like cpu.
     memory_gib: Annotated[float, Field(ge=1.0, le=MAX_MEMORY_GIB)] | None = None
+    # vLLM's CUDA-graph capture sizes: "engine" (its default, 1-512: 51 sizes) or
+    # "max_concurrency" (`--max-cudagraph-capture-size` = scaling.max_concurrency: no decode
+    # batch is larger, since Modal sends a container at most that many requests at once). See
+    # CUDAGRAPH_SIZES. Left out of to_json() when "engine", so specs keep their digest.
+    cudagraph_sizes: Literal["engine", "max_concurrency"] = "engine"
 
     # ---- field checks ----------------------------------------------------------------------
 
@@ -740,6 +759,7 @@ class ServingSpec(_Model):
                 )
             )
         problems += extra_args_problems(self.engine, self.extra_args, self.engine_version)
+        problems += self._cudagraph_sizes_problems()
         if (
             self.cpu is not None
             and self.api_server_count is not None
@@ -980,6 +1000,9 @@ class ServingSpec(_Model):
             if self.api_servers > 1:
                 # more OpenAI-server processes when the CPUs allow (see DEFAULT_API_SERVERS)
                 cmd += ["--api-server-count", str(self.api_servers)]
+            if self.cudagraph_sizes == "max_concurrency":
+                # graphs only for the batch sizes a container can see (see CUDAGRAPH_SIZES)
+                cmd += ["--max-cudagraph-capture-size", str(self.scaling.max_concurrency)]
         else:
             cmd = ["python3", "-m", "sglang.launch_server", "--model-path", self.model_source]
             if revision is not None:
@@ -1005,6 +1028,24 @@ class ServingSpec(_Model):
                 # HTTP servers, each with its own tokenizer (see SGLANG_DEFAULT_TOKENIZER_WORKERS)
                 cmd += ["--tokenizer-worker-num", str(self.api_servers)]
         return cmd + list(self.extra_args)
+
+    def _cudagraph_sizes_problems(self) -> list[tuple[str, str]]:
+        if self.cudagraph_sizes == "engine":
+            return []
+        if self.engine != "vllm":
+            return [("cudagraph_sizes", f'{self.cudagraph_sizes!r} is for vLLM; use "engine"')]
+        flags = engine_flags(self.engine, self.engine_version)
+        for i, token in _flags_in(self.extra_args):
+            option, _ = flags.resolve(parser_name(self.engine, token))
+            if option is not None and CUDAGRAPH_SIZE_FLAGS & set(flags.aliases(option)):
+                return [
+                    (
+                        f"extra_args[{i}]",
+                        f"{token} sets the CUDA-graph sizes, and so does cudagraph_sizes="
+                        f'{self.cudagraph_sizes!r}; keep one (cudagraph_sizes: "engine")',
+                    )
+                ]
+        return []
 
     def _default_wanted(self, flag: str) -> bool:
         overrides = OVERRIDABLE_DEFAULTS[self.engine][flag]
@@ -1068,6 +1109,8 @@ class ServingSpec(_Model):
         unset |= {f for f in optional if getattr(self, f) is None}
         if self.engine_version == ENGINE_VERSIONS[self.engine]:
             unset.add("engine_version")
+        if self.cudagraph_sizes == "engine":
+            unset.add("cudagraph_sizes")
         exclude: dict[str, Any] = dict.fromkeys(unset, True)
         proxy_unset = {
             f for f in ("workers", "key_max_in_flight") if getattr(self.proxy, f) is None

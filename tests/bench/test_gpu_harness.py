@@ -147,3 +147,49 @@ def test_start_method_is_set_for_the_starts_inside_and_cleared_after(
     with pytest.raises(RuntimeError), remote.start_method("spawn"):
         raise RuntimeError("a start that fails")
     assert remote.MP_METHOD_ENV not in os.environ
+
+
+# ---- issue 36: the cold-start plan ---------------------------------------------------------
+
+
+def test_coldstart_plan_steps_and_a_bad_step_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = remote.parse_plan("cold, warm+graphs,baked+prefetch+graphs,")
+    assert plan == [
+        ("cold", frozenset()),
+        ("warm", frozenset({"graphs"})),
+        ("baked", frozenset({"graphs", "prefetch"})),
+    ]
+    monkeypatch.setenv("OUT", str(tmp_path))
+    argv = ["run", "--phases", "coldstart", "--coldstart-plan", "cold,warm+grahps"]
+    assert remote.main(argv) == 2
+    assert "'warm+grahps'" in capsys.readouterr().out
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_graph_sizes_from_vllm_capture_lines() -> None:
+    """vLLM 0.26.0's capture progress bars as the 8B-shaped runs logged them: 51 sizes each."""
+    lines = start_lines(RUN_8B / "coldstart-warm-fork-s.log")
+    assert remote.graph_sizes(lines) == [51, 51]
+
+
+def test_plan_table_shows_each_step_and_the_skipped(tmp_path: Path) -> None:
+    steps = [
+        {"step": "cold-1", "cache": "empty", "ready_at_s": 101.5, "graph_sizes": [11, 11]},
+        {"step": "warm-1", "skipped": "40 s left"},
+    ]
+    table = remote.plan_table(steps).splitlines()
+    assert table[0].startswith("| step | cache |") and len(table) == 4
+    assert "| cold-1 | empty |" in table[2] and "101.5" in table[2] and "[11, 11]" in table[2]
+    assert table[3] == "| warm-1 | skipped (40 s left) |"
+
+
+def test_weights_prefetch_reads_every_byte_once(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.safetensors").write_bytes(os.urandom(3 * 2**20 + 5))
+    (tmp_path / "sub" / "b.json").write_bytes(b"{}")
+    reader = remote.WeightsPrefetch(tmp_path, threads=3, block=2**20)
+    reader.start()
+    reader.join(30)
+    assert reader.bytes == 3 * 2**20 + 5 + 2 and reader.done_s is not None

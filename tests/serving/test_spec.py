@@ -362,6 +362,7 @@ def test_to_json_is_canonical_and_complete() -> None:
         "cpu",  # unset: derived (test_spec_cpu.py)
         "api_server_count",
         "memory_gib",  # unset: derived (test_spec_memory.py)
+        "cudagraph_sizes",  # "engine" (the default): test_spec_cudagraph.py
     }
     with_standin = make(engine_standin={"fail": "start"})
     assert json.loads(with_standin.to_json())["engine_standin"] == {
@@ -570,6 +571,7 @@ def test_a_spec_written_before_engine_standin_keeps_its_text() -> None:
     del old["weights"]  # a later optional field, left out the same way
     del old["engine_version"]  # the default release: left out too
     del old["cpu"], old["api_server_count"], old["memory_gib"]  # later optional fields, left out
+    del old["cudagraph_sizes"]  # "engine" (the default): left out too (issue 36)
     del old["proxy"]["workers"]  # the same, one level down
     del old["proxy"]["key_max_in_flight"]  # and a later one there (issue 32 item 14)
     text = json.dumps(old, sort_keys=True, separators=(",", ":"))
