@@ -271,12 +271,18 @@ CLI_TO_ARGS = ["-m", "vllm.entrypoints.cli.main", "serve", "/weights/gpu-model",
 
 
 def time_cli_start(env: dict[str, str], times: int = 2) -> list[float]:
-    """Seconds from a fresh `vllm serve` process to its argument parser's exit, `times` times."""
+    """Seconds from a fresh `vllm serve` process to its argument parser's exit (2, with the
+    parser's error), `times` times; a run that ends otherwise is recorded as -1."""
     took = []
     for _ in range(times):
         t = time.monotonic()
-        subprocess.run([sys.executable, *CLI_TO_ARGS], capture_output=True, env=env, timeout=300)
-        took.append(round(time.monotonic() - t, 2))
+        done = subprocess.run(
+            [sys.executable, *CLI_TO_ARGS], capture_output=True, text=True, env=env, timeout=300
+        )
+        ok = done.returncode == 2 and "max-num-seqs" in done.stderr
+        took.append(round(time.monotonic() - t, 2) if ok else -1.0)
+        if not ok:
+            print(f"vllm serve exited {done.returncode}: {done.stderr[-600:]}", flush=True)
     return took
 
 
@@ -1291,7 +1297,8 @@ def run_coldstart_plan(out: Path, log: Log, plan: str, budget_s: float) -> dict[
         row["cache_mib_after"] = round(sum(f.stat().st_size for f in files) / 2**20, 1)
         shutil.rmtree(stash, ignore_errors=True)
         stash.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(ENGINE_CACHE, stash)
+        if ENGINE_CACHE.exists():
+            shutil.move(ENGINE_CACHE, stash)
         result["steps"].append(row)
         shown = {k: v for k, v in row.items() if k != "start_lines"}
         log(f"coldstart {name}: {json.dumps(shown)}")
