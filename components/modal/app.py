@@ -87,6 +87,7 @@ from ._base import (
     redact,
     sha256_hex,
 )
+from ._deploy_runner import PARENT_PID_ENV
 from ._gate import DEFAULT_GATE_TIMEOUT_S, TASKS, gate_secrets
 from ._release import (
     Release,
@@ -372,9 +373,15 @@ class AppProvider(ModalProvider):
         creds = self.credentials()
         name, env, app_file = str(props["name"]), environment_name(props), str(props["app_file"])
         extra = _extra_env(props)
-        with tempfile.TemporaryDirectory(prefix="modal-app-spec-") as tmp:
+        # The runner removes this directory itself if this process dies (issue 32 item 11:
+        # _deploy_runner.die_with_parent); then the cleanup here finds it gone.
+        with tempfile.TemporaryDirectory(
+            prefix="modal-app-spec-", ignore_cleanup_errors=True
+        ) as tmp:
             spec_path = Path(tmp) / "spec.json"
-            spec_path.write_text(str(props["spec_json"]))
+            fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as spec_file:
+                spec_file.write(str(props["spec_json"]))
             child_env = {
                 k: v
                 for k, v in os.environ.items()
@@ -389,6 +396,9 @@ class AppProvider(ModalProvider):
                     "MODAL_SERVER_URL": creds.server_url,
                     "SERVING_SPEC": str(spec_path),
                     "PYTHONUNBUFFERED": "1",
+                    # The runner checks it right after PR_SET_PDEATHSIG (a parent that died
+                    # before that call sends no signal: man 2 prctl).
+                    PARENT_PID_ENV: str(os.getpid()),
                 }
             )
             if env:
