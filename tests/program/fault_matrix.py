@@ -32,9 +32,12 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.program.runner import PROJECT_ROOT
 
@@ -335,6 +338,16 @@ class Sandbox:
         pid = self.emulator_pid()
         if pid is not None:
             self.kill(pid)
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Sandbox]:
+    """A sandbox for one case; whatever the case left running is stopped after it."""
+    sandbox = Sandbox(tmp_path)
+    try:
+        yield sandbox
+    finally:
+        sandbox.cleanup()
 
 
 def wait_until(predicate: Any, timeout: float, what: str) -> Any:

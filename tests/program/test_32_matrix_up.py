@@ -5,15 +5,14 @@ answers, and `make down` leaves nothing (tests/program/fault_matrix.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from tests.program.fault_matrix import Case, Sandbox, run_case
+from tests.program.fault_matrix import Case, Sandbox, box, run_case
 
 # Each case runs `make up` up to three times and `make down` once: minutes, not the default 120 s.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+__all__ = ["box"]  # the fixture, from fault_matrix
 
 CASES = [
     Case("up", "standin", "EnvironmentCreate"),
@@ -28,15 +27,6 @@ CASES = [
     Case("up", "proxy"),
     Case("up", "engine"),
 ]
-
-
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Sandbox]:
-    sandbox = Sandbox(tmp_path)
-    try:
-        yield sandbox
-    finally:
-        sandbox.cleanup()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
