@@ -287,22 +287,38 @@ def time_cli_start(env: dict[str, str], times: int = 2) -> list[float]:
 
 
 def import_profile(env: dict[str, str], top: int = 20) -> dict[str, Any]:
-    """`python -X importtime` of the same start: the whole import time and the modules whose own
-    imports (cumulative) took longest, top level first."""
+    """`python -X importtime` of the same start, summarised by parse_importtime."""
     done = subprocess.run(
         [sys.executable, "-X", "importtime", *CLI_TO_ARGS],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
+    return parse_importtime(done.stderr, top)
+
+
+def parse_importtime(stderr: str, top: int = 20) -> dict[str, Any]:
+    """The whole import time; each top-level package's own share (the sum of its modules' self
+    times: where the seconds go, whoever imported them first); the modules down to three levels
+    deep whose imports took longest (cumulative); and the top-level entries."""
     rows = []
-    for line in done.stderr.splitlines():
+    for line in stderr.splitlines():
         m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \| (\s*)(\S+)", line)
         if m:
-            rows.append((int(m.group(2)), len(m.group(3)) // 2, m.group(4)))
-    top_level = sorted((r for r in rows if r[1] == 0), reverse=True)
+            rows.append((int(m.group(1)), int(m.group(2)), len(m.group(3)) // 2, m.group(4)))
+    by_package: dict[str, int] = {}
+    for own, _, _, name in rows:
+        package = name.split(".")[0]
+        by_package[package] = by_package.get(package, 0) + own
+    top_level = sorted(((cum, name) for _, cum, depth, name in rows if depth == 0), reverse=True)
+    deep = sorted(((cum, depth, name) for _, cum, depth, name in rows if depth <= 3), reverse=True)
     return {
-        "imports_total_s": round(sum(r[0] for r in top_level) / 1e6, 2),
+        "imports_total_s": round(sum(cum for cum, _ in top_level) / 1e6, 2),
         "modules": len(rows),
-        "top_level": [[name, round(us / 1e6, 2)] for us, _, name in top_level[:top]],
+        "self_by_package": [
+            [name, round(us / 1e6, 2)]
+            for name, us in sorted(by_package.items(), key=lambda kv: -kv[1])[:top]
+        ],
+        "cumulative_to_depth_3": [[name, d, round(cum / 1e6, 2)] for cum, d, name in deep[:top]],
+        "top_level": [[name, round(cum / 1e6, 2)] for cum, name in top_level[:top]],
     }
 
 
@@ -336,7 +352,7 @@ def compile_site(log: Log) -> dict[str, Any]:
     log(
         f"bytecode: compileall {compile_s} s (rc {done.returncode}, {pycs} .pyc); `vllm serve` "
         f"to its argument parsing {before} s without .pyc, {after} s with; imports "
-        f"{profile['imports_total_s']} s: {profile['top_level'][:8]}"
+        f"{profile['imports_total_s']} s, own time by package: {profile['self_by_package'][:8]}"
     )
     return found
 

@@ -193,3 +193,22 @@ def test_weights_prefetch_reads_every_byte_once(tmp_path: Path) -> None:
     reader.start()
     reader.join(30)
     assert reader.bytes == 3 * 2**20 + 5 + 2 and reader.done_s is not None
+
+
+def test_parse_importtime_sums_own_time_by_package() -> None:
+    stderr = "\n".join(
+        [
+            "import time: self [us] | cumulative | imported package",
+            "import time:    100000 |     100000 |     torch._C",
+            "import time:   2000000 |    2100000 |   torch",
+            "import time:    500000 |     500000 |   regex",
+            "import time:   1000000 |    3600000 | vllm",
+            "import time:     50000 |      50000 | site",
+        ]
+    )
+    found = remote.parse_importtime(stderr)
+    assert found["imports_total_s"] == 3.65  # the top-level entries' cumulative times
+    assert found["modules"] == 5
+    assert found["self_by_package"][:3] == [["torch", 2.1], ["vllm", 1.0], ["regex", 0.5]]
+    assert found["cumulative_to_depth_3"][:2] == [["vllm", 0, 3.6], ["torch", 1, 2.1]]
+    assert found["top_level"] == [["vllm", 3.6], ["site", 0.05]]
