@@ -224,7 +224,8 @@ VLLM_MULTIPROC_METHOD = "fork"
 # scaling.max_concurrency requests at once, so no decode batch is larger than that:
 # `--max-cudagraph-capture-size N` (a flag of 0.26.0 and 0.33.0) keeps the sizes up to N (11
 # for 64). The sizes are part of CompilationConfig.compute_hash, so a change of N misses the
-# torch.compile cache once. Measured in docs/gpu.md (2026-11-28, one H200, run S31).
+# torch.compile cache once. Measured in docs/gpu.md (2026-11-28, one H200, runs AK-AM:
+# capture 3.6-5.2 s -> 0.6-0.9 s for 64); the default stays "engine" until a bench agrees.
 CUDAGRAPH_SIZE_FLAGS = frozenset(
     {"--max-cudagraph-capture-size", "--cudagraph-capture-sizes", "--compilation-config"}
 )

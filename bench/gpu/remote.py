@@ -17,8 +17,14 @@ the recorded serving/engine_flags/vllm_0_26_0.py. Writes prepare.json and prepar
   disconnects mid-stream, bad flags); pytest.txt, checks.json, checks-engine.log;
 - ``bench``: ``python -m serving.engine`` with the default spec, then bench.gpu.load direct vs
   proxy (bench.json, bench-engine.log, cpu.jsonl: per-process CPU each second).
+- ``coldstart``: the snapshot spec started cold (empty engine cache) and warm per engine-core
+  start method, or, with ``--coldstart-plan``, the listed steps (issue 36: cold / warm /
+  baked, each optionally +graphs and +prefetch; ``run_coldstart_plan``).
 run.json holds the card, the versions, the proxy's and the engine's keep-alive settings and
 each phase's time; run.log what was printed. The table is printed last.
+
+``prepare`` also compiles /tmp/site's bytecode as an image build does, timing ``vllm serve``
+to its argument parsing before and after (``compile_site``).
 
 SGLang 0.5.15 (it pins torch 2.11.0 too), after ``prepare`` (whose /tmp/site and model it uses):
 ``prepare-sglang`` (carry ``.gpu-payload/sglang``) unpacks SGLang's part into /tmp/site-sglang
