@@ -8,6 +8,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,7 +176,7 @@ def test_graph_sizes_from_vllm_capture_lines() -> None:
 
 
 def test_plan_table_shows_each_step_and_the_skipped(tmp_path: Path) -> None:
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"step": "cold-1", "cache": "empty", "ready_at_s": 101.5, "graph_sizes": [11, 11]},
         {"step": "warm-1", "skipped": "40 s left"},
     ]
