@@ -32,6 +32,7 @@ reconnecting for up to ~63 s inside one attempt).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -40,7 +41,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from pulumi.dynamic import CheckFailure, ConfigureRequest, DiffResult, ResourceProvider
+from pulumi.dynamic import (
+    CheckFailure,
+    ConfigureRequest,
+    DiffResult,
+    ReadResult,
+    ResourceProvider,
+)
 from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
@@ -75,7 +82,11 @@ class ModalProviderError(Exception):
 
 
 class CredentialsMissingError(ModalProviderError):
-    """Neither stack config nor environment holds Modal credentials."""
+    """Neither stack config nor environment holds Modal credentials (or only half a pair)."""
+
+
+class NoCredentialsError(CredentialsMissingError):
+    """No Modal credential is set at all: neither half of a pair, in config or environment."""
 
 
 # ---- helpers for check/diff ------------------------------------------------------------------
@@ -382,6 +393,36 @@ class ModalProvider(ResourceProvider):
     def __getstate__(self) -> dict[str, Any]:
         return {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every provider's `read` keeps the recorded state, with a warning, where no Modal
+        credentials are set at all: Pulumi.yaml's `options: refresh: always` makes every
+        preview refresh (pulumi/pulumi pkg/cmd/pulumi/operations/io.go getRefreshOption: only
+        an explicit `--refresh=false` overrides it, which pulumi/actions never passes), and
+        the PR preview job holds no Modal token by design (.github/workflows/preview.yml).
+        Half a pair of credentials, or a wrong one, still fails as before."""
+        super().__init_subclass__(**kwargs)
+        read = cls.__dict__.get("read")
+        if read is None or getattr(read, "_keeps_state_without_credentials", False):
+            return
+
+        @functools.wraps(read)
+        def guarded(self: ModalProvider, id_: str, props: dict[str, Any]) -> Any:
+            try:
+                self.credentials()
+            except NoCredentialsError:
+                import pulumi
+
+                pulumi.log.warn(
+                    f"{self.kind} {id_}: not refreshed: no Modal credentials in this run (a"
+                    " preview job without a Modal token); the state as last recorded is used."
+                    " Export MODAL_TOKEN_ID/MODAL_TOKEN_SECRET to read what is live."
+                )
+                return ReadResult(id_, props)
+            return read(self, id_, props)
+
+        guarded._keeps_state_without_credentials = True  # type: ignore[attr-defined]
+        setattr(cls, "read", guarded)  # noqa: B010 (a method replaced on the class)
+
     def configure(self, req: ConfigureRequest) -> None:
         cfg: dict[str, str] = {}
         for key in (CONFIG_TOKEN_ID, CONFIG_TOKEN_SECRET, CONFIG_SERVER_URL):
@@ -445,7 +486,7 @@ class ModalProvider(ResourceProvider):
                 server_url,
                 "environment",
             )
-        raise CredentialsMissingError(
+        raise NoCredentialsError(
             f"{self.kind}: no Modal credentials. Set stack config `pulumi config set modal:tokenId"
             " <id>` and `pulumi config set --secret modal:tokenSecret <secret>`, or export"
             " MODAL_TOKEN_ID and MODAL_TOKEN_SECRET (and MODAL_SERVER_URL for a non-default"
