@@ -91,16 +91,6 @@ def litellm_config(targets: Sequence[GatewayTarget]) -> dict[str, Any]:
     return {"model_list": [litellm_entry(t) for t in targets]}
 
 
-def litellm_yaml(targets: Sequence[GatewayTarget]) -> str:
-    """The LiteLLM config as YAML."""
-    return document_yaml(litellm_config(targets))
-
-
-def litellm_json(targets: Sequence[GatewayTarget]) -> str:
-    """The same document as JSON."""
-    return document_json(litellm_config(targets))
-
-
 def document_yaml(doc: dict[str, Any]) -> str:
     """A gateway document as YAML (the `gateway_config` stack output)."""
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)

@@ -77,10 +77,6 @@ class OverflowPlan:
     services: Mapping[str, ServiceOverflow]  # served model name -> overflow
     api_keys: pulumi.Output[Any] | None = None  # secret {endpoint name: key}
 
-    @property
-    def endpoint_names(self) -> list[str]:
-        return [e.name for o in self.services.values() for e in o.in_house]
-
 
 def _fix(ns: str, path: str) -> str:
     return (

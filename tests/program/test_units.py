@@ -29,23 +29,6 @@ def test_every_modal_gpu_has_a_price_with_provenance() -> None:
     assert confirmed and all(n.startswith(f"confirmed {cost.GPU_PRICES_AS_OF}") for n in confirmed)
 
 
-def test_22_15_the_unit_tests_pass_years_after_the_price_date(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """No test here depends on today's date: run as if five years after GPU_PRICES_AS_OF."""
-    later = dt.date.fromisoformat(cost.GPU_PRICES_AS_OF) + dt.timedelta(days=5 * 365)
-
-    class Later(dt.date):
-        @classmethod
-        def today(cls) -> Later:
-            return cls(later.year, later.month, later.day)
-
-    monkeypatch.setattr(dt, "date", Later)
-    test_every_modal_gpu_has_a_price_with_provenance()
-    test_cost_idle_baseline_and_worst_case()
-    test_budget_guard()
-
-
 def test_cost_idle_baseline_and_worst_case() -> None:
     table = cost.price_table({"H200": 5.0})
     svc = cost.ServiceCostInput(
