@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -85,13 +86,25 @@ RELEASE_SERVICES = [
 
 
 def free_port_pair() -> int:
-    """A port p with p and p + 1 free (the emulator's gRPC and control ports)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port < 65000 and not listening(port + 1):
-            return port
+    """A port p with p and p + 1 free (the emulator's gRPC and control ports), below the
+    kernel's ephemeral range: the local port of an outgoing connection (other tests make many)
+    is drawn from that range and would make a later bind fail, also on the restart of a
+    killed emulator on its same port. Both are bound at once to check."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(10000, max(10002, low - 2))
+        with socket.socket() as s, socket.socket() as t:
+            try:
+                s.bind(("127.0.0.1", port))
+                t.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
     raise AssertionError("no free port pair")
 
 
@@ -217,8 +230,14 @@ class Sandbox:
         return self.standin_argv("up", "--config", f"services={json.dumps(RELEASE_SERVICES)}")
 
     def start_emulator(self) -> None:
-        rc, out = self.bash("start_emulator")
-        assert rc == 0, out
+        """This sandbox's emulator, on a port pair of its own: another test may take a port
+        between the pick and the bind (tests run in parallel), then another pair is picked."""
+        for _ in range(5):
+            rc, out = self.bash("start_emulator")
+            if rc == 0 or "cannot listen" not in out:
+                break
+            self.port = free_port_pair()
+        assert rc == 0, self.transcript()
 
     # ---- the emulator's control surface --------------------------------------------------
     def control(self, method: str, path: str, body: Any = None) -> Any:
@@ -370,11 +389,10 @@ def _zombie_or_gone(pid: int) -> bool:
 
 def run_case(box: Sandbox, case: Case) -> None:
     """One cell of the matrix: prepare, open the window, kill, then the checks."""
+    box.start_emulator()
     if case.phase in ("down", "release"):
         rc, _ = box.up()
         assert rc == 0, box.transcript()
-    else:
-        box.start_emulator()
     if case.rpc:
         box.arm_window(case.rpc)
     argv = {
