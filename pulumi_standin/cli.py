@@ -296,7 +296,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=(
             "preview: print the plan as `pulumi preview --json` does (one JSON document on"
-            " stdout, notes on stderr; pulumi_standin/preview_json.py)"
+            " stdout, notes on stderr; pulumi_standin/preview_json.py); output: the value (or"
+            " every output) as JSON, as `pulumi stack output --json` does"
         ),
     )
     parser.add_argument(
@@ -313,8 +314,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_intermixed_args(argv)
     if args.name is not None and args.command != "output":
         parser.error(f"unexpected argument {args.name!r} for {args.command}")
-    if args.json and args.command != "preview":
-        parser.error("--json is for preview only")
+    if args.json and args.command not in ("preview", "output"):
+        parser.error("--json is for preview and output only")
     if args.refresh is not None and args.command not in ("preview", "up", "destroy"):
         parser.error(f"--refresh is for preview, up and destroy (not {args.command})")
     return args
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     project_dir = (args.cwd or PROJECT_ROOT).resolve()
     stack_file = project_dir / f"Pulumi.{args.stack}.yaml"
     document_out = out
-    if args.json:  # stdout holds the JSON document only; notes and errors go to stderr
+    if args.json and args.command == "preview":  # stdout: the JSON document; notes: stderr
         out = sys.stderr
     try:
         if not (project_dir / "Pulumi.yaml").exists():
@@ -374,19 +375,22 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             overrides=overrides,
             targets=tuple(args.target),
             output_name=args.name,
+            output_json=bool(args.json),
             verbose=args.verbose,
             program=project_dir / "__main__.py",
             project_dir=project_dir,
         )
-        if args.json:
+        if args.json and args.command == "preview":
             from pulumi_standin import preview_json
 
             return preview_json.run(cmd, document_out, out, interrupt=Interrupt(_sigint.EVENT))
         hook = fault_hook(os.environ.get(FAULT_ENV))
         return run(cmd, out, before_step=hook, interrupt=Interrupt(_sigint.EVENT))
     except StandinError as exc:
-        out.write(f"error: {exc}\n")
+        # stderr, always (issue 34 item 2): stdout carries only what a script may consume,
+        # e.g. `$(python -m pulumi_standin output NAME)`; an error there became a header value.
+        sys.stderr.write(f"error: {exc}\n")
         return 1
     except KeyboardInterrupt:
-        out.write("\ninterrupted (Ctrl-C) before any step started: nothing changed.\n")
+        sys.stderr.write("\ninterrupted (Ctrl-C) before any step started: nothing changed.\n")
         return 130

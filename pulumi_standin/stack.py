@@ -140,6 +140,9 @@ class Command:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     targets: tuple[str, ...] = ()
     output_name: str | None = None
+    #: `output --json`: the value (or every output) as one JSON document, as `pulumi stack
+    #: output --json` prints it (secrets "[secret]" unless --show-secrets).
+    output_json: bool = False
     #: Show a failed provider call's whole traceback inline (else only its file is named).
     verbose: bool = False
     #: The Pulumi program (tests run a program of their own; the command line sets it to
@@ -831,21 +834,26 @@ def destroy(
 
 
 def show_stack_output(cmd: Command, out: TextIO) -> int:
-    """`pulumi stack output [NAME] [--show-secrets]` from the state of the last up."""
+    """`pulumi stack output [NAME] [--show-secrets] [--json]` from the state of the last up."""
+    import json
+
     state = StateFile.load(cmd.state_path, cmd.stack)
     outputs = to_program(state.outputs)
+    if cmd.output_name is not None and cmd.output_name not in outputs:
+        raise StandinError(
+            f"stack '{cmd.stack}' has no output '{cmd.output_name}' (it has:"
+            f" {', '.join(sorted(outputs)) or 'none; run up first'})"
+        )
+    if cmd.output_json:
+        shown = {k: show_output(v, cmd.show_secrets) for k, v in outputs.items()}
+        doc = shown if cmd.output_name is None else shown[cmd.output_name]
+        out.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return 0
     if cmd.output_name is not None:
-        if cmd.output_name not in outputs:
-            raise StandinError(
-                f"stack '{cmd.stack}' has no output '{cmd.output_name}' (it has:"
-                f" {', '.join(sorted(outputs)) or 'none; run up first'})"
-            )
         value = show_output(outputs[cmd.output_name], cmd.show_secrets)
         if isinstance(value, str):
             out.write(value + ("" if value.endswith("\n") else "\n"))
         else:
-            import json
-
             out.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
         return 0
     print_outputs(outputs, cmd.show_secrets, out)

@@ -312,10 +312,10 @@ def test_standin_cwd_previews_the_access_project(tmp_path: Path) -> None:
     assert not state.exists()
     missing = preview("--cwd", str(tmp_path), "--stack", "local")
     assert missing.returncode == 1
-    assert f"error: no Pulumi.yaml in {tmp_path}: not a Pulumi project" in missing.stdout
+    assert f"error: no Pulumi.yaml in {tmp_path}: not a Pulumi project" in missing.stderr
     nostack = preview("-C", "access", "--stack", "nope")
     assert nostack.returncode == 1
-    assert f"error: no stack file Pulumi.nope.yaml in {ACCESS}" in nostack.stdout
+    assert f"error: no stack file Pulumi.nope.yaml in {ACCESS}" in nostack.stderr
 
 
 # ---- live: pulumi_standin --cwd access against an emulator enforcing roles -------------------

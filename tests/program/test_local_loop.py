@@ -260,9 +260,9 @@ def test_22_11_a_broken_stack_file_stops_make_up_at_once_in_one_line(
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert standin.returncode == 1
-    assert standin.stdout.strip().startswith(expected), standin.stdout + standin.stderr
-    assert standin.stdout.count("\n") == 1
-    assert standin.stderr == ""
+    assert standin.stderr.strip().startswith(expected), standin.stdout + standin.stderr
+    assert standin.stderr.count("\n") == 1
+    assert standin.stdout == ""  # errors on stderr only (issue 34 item 2)
 
 
 def test_22_11_yaml_errors_name_file_line_and_column(tmp_path: Path) -> None:

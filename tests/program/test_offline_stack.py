@@ -171,7 +171,7 @@ def test_preview_up_noop_destroy(emulator: EmulatorProcess, tmp_path: Path) -> N
         timeout=60,
         check=False,
     )
-    assert wrong.returncode == 1 and "cannot decrypt with this passphrase" in wrong.stdout
+    assert wrong.returncode == 1 and "cannot decrypt with this passphrase" in wrong.stderr
 
     surfaces = {
         "preview": plan,
@@ -222,7 +222,7 @@ def test_preview_needs_no_emulator(tmp_path: Path) -> None:
         timeout=60,
         check=False,
     )
-    assert up.returncode == 1 and "no Modal emulator answers at" in up.stdout
+    assert up.returncode == 1 and "no Modal emulator answers at" in up.stderr
     assert not state.exists()
 
 

@@ -57,7 +57,7 @@ def test_no_passphrase_changes_nothing(emulator: EmulatorProcess, tmp_path: Path
     state = tmp_path / "dev.json"
     before = emulator.rpc_counts()
     proc = _cli(emulator, "up", "--stack", "dev", "--state", str(state), rc=1, passphrase=None)
-    assert "stack 'dev': no passphrase" in proc.stdout and "nothing was run" in proc.stdout
+    assert "stack 'dev': no passphrase" in proc.stderr and "nothing was run" in proc.stderr
     assert mutating_calls(before, emulator.rpc_counts()) == {}
     assert [e["name"] for e in emulator.state()["environments"]] == ["main"]
     assert not state.exists()
@@ -120,3 +120,29 @@ def test_failed_and_interrupted_up_one_message_and_a_rerun_continues(
     assert "Resources: 9 unchanged" in again.stdout
     assert len([a for a in emulator.state()["apps"] if a.get("state") != "stopped"]) == 1
     assert os.stat(state).st_mode & 0o077 == 0
+
+
+def test_errors_go_to_stderr_and_output_json_is_a_document(
+    emulator: EmulatorProcess, tmp_path: Path
+) -> None:
+    """Issue 34 item 2: `$(... output proxy_token_secret 2>/dev/null)` must hold the value or
+    nothing, never an error line; `output --json` prints what `pulumi stack output --json`
+    prints."""
+    state = str(tmp_path / "local.json")
+    missing = _cli(emulator, "output", "proxy_token_secret", "--stack", "pr-42", rc=1)
+    assert missing.stdout == "", missing.stdout
+    assert "error: no stack file Pulumi.pr-42.yaml" in missing.stderr
+    _cli(emulator, "up", "--stack", "local", "--state", state, rc=0, passphrase="cli-test")
+    one = _cli(emulator, "output", "endpoint_url", "--json", "--stack", "local", "--state", state,
+               rc=0)  # fmt: skip
+    assert json.loads(one.stdout).startswith("http://127.0.0.1:")
+    every = json.loads(
+        _cli(emulator, "output", "--json", "--stack", "local", "--state", state, rc=0).stdout
+    )
+    assert every["proxy_token_secret"] == "[secret]" and every["environment"] == "local"
+    shown = _cli(emulator, "output", "proxy_token_secret", "--json", "--show-secrets",
+                 "--stack", "local", "--state", state, rc=0)  # fmt: skip
+    assert json.loads(shown.stdout).startswith("ws-")
+    unknown = _cli(emulator, "output", "nope", "--stack", "local", "--state", state, rc=1)
+    assert unknown.stdout == "" and "has no output 'nope'" in unknown.stderr
+    _cli(emulator, "destroy", "--stack", "local", "--state", state, rc=0)
