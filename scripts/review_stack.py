@@ -4,7 +4,7 @@
     python scripts/review_stack.py plan    --pr N            # the PR's code against dev
     python scripts/review_stack.py comment --pr N            # the PR comment (Markdown)
     python scripts/review_stack.py destroy --pr N
-    python scripts/review_stack.py sweep   --older-than-days N [--dry-run | --list-only]
+    python scripts/review_stack.py sweep   [--older-than-days N] [--dry-run | --list-only]
     python scripts/review_stack.py access-up | handoff | access-destroy --pr N ...  # admin
     python scripts/review_stack.py dev-export --out FILE   # base branch, dev's passphrase
     python scripts/review_stack.py list | config --pr N | costs

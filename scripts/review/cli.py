@@ -186,7 +186,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
     p = sub.add_parser("sweep", help="destroy review stacks last deployed more than N days ago")
     common(p, pr=False)
-    p.add_argument("--older-than-days", type=float, required=True)
+    p.add_argument(
+        "--older-than-days",
+        type=float,
+        default=None,
+        help="default: REVIEW_MAX_AGE_DAYS, else 7 (docs/review-stacks.md, as review.yml)",
+    )
     p.add_argument("--open-prs", help="comma-separated open PR numbers: others' stacks go too")
     p.add_argument("--now", help="the time ages are measured from (ISO 8601; tests)")
     p.add_argument("--dry-run", action="store_true")
@@ -206,6 +211,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.command in ("access-up", "handoff") and args.handoff is None:
         parser.error(f"{args.command} needs --handoff FILE")
+    if args.command == "sweep" and args.older_than_days is None:
+        # The documented default (docs/review-stacks.md, "Knobs"), as review.yml computes it.
+        args.older_than_days = _env_number("REVIEW_MAX_AGE_DAYS", 7.0)
     return args
 
 

@@ -291,3 +291,15 @@ def _dev_secrets(path: Path) -> list[str]:
         if isinstance(value, dict):
             found += [str(v) for v in value.values() if isinstance(v, str)]
     return [f for f in found if f and f != PLACEHOLDER]
+
+
+def test_sweep_defaults_to_the_documented_age(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34 item 2: `sweep --dry-run` with no --older-than-days takes the documented
+    default (REVIEW_MAX_AGE_DAYS, else 7 days), as review.yml does."""
+    from review.cli import parse_args
+
+    monkeypatch.delenv("REVIEW_MAX_AGE_DAYS", raising=False)
+    assert parse_args(["sweep", "--dry-run"]).older_than_days == 7.0
+    monkeypatch.setenv("REVIEW_MAX_AGE_DAYS", "3")
+    assert parse_args(["sweep", "--dry-run"]).older_than_days == 3.0
+    assert parse_args(["sweep", "--older-than-days", "1.5"]).older_than_days == 1.5
