@@ -104,6 +104,40 @@ def smoke_request(task: str, model: str) -> tuple[str, bytes, str]:
     return "/v1/chat/completions", json.dumps(body).encode(), "a one-token chat completion"
 
 
+#: How much of a container's log line one progress line shows.
+LOG_LINE_CHARS = 200
+
+
+def log_line_summary(line: str, limit: int = LOG_LINE_CHARS) -> str:
+    """A container log line as one readable piece of a progress line, at most `limit` chars.
+
+    The serving proxy logs one JSON object per request (`[proxy] {"ts": ..., "key": ...}`);
+    cut at a fixed width it ended mid-string (issue 34 item 9: `..."key":"gatew`). A line
+    holding a JSON object is shown as its `key=value` pairs, as many whole pairs as fit, then
+    `…`; any other line is cut at a space where one is near, then `…`."""
+    text = " ".join(line.split())
+    prefix, brace, rest = text.partition("{")
+    if brace:
+        try:
+            doc = json.loads(brace + rest)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            out = prefix.rstrip()
+            for key, value in doc.items():
+                shown = value if isinstance(value, str) else json.dumps(value)
+                piece = f"{key}={shown}"
+                if len(out) + 1 + len(piece) > limit - 1:
+                    return (out + " …").strip()
+                out = f"{out} {piece}" if out else piece
+            return out
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut) + "…"
+
+
 def smoke_words(task: str) -> str:
     """The smoke request of `task`, in words."""
     return smoke_request(task, "")[2]
@@ -304,7 +338,7 @@ class HealthGate:
             "smoke": f"{what} to answer {smoke_words(self.target.task)} with the stack's API key",
         }.get(stage, f"{what} to serve")
         tail = self.log_tail(since, n=1)
-        last = tail[-1][:200] if tail else "(no log line yet)"
+        last = log_line_summary(tail[-1]) if tail else "(no log line yet)"
         self.progress(
             redact(
                 f"health gate waiting for {waits} ({elapsed:.0f} s of {deadline:g} s);"
