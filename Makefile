@@ -10,11 +10,15 @@ STACK ?= local
 
 setup: $(STAMP)
 
+# pip runs quietly: a line before each long step says what it does and how long it takes
+# (issue 34 item 8: a fresh machine's first `make up` was silent for minutes).
 $(STAMP): pyproject.toml
+	@echo "setup: installing the pinned dependencies into $(VENV) (a fresh machine: 30 s to 2 min; pip is quiet meanwhile)..."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+	@echo "setup: $(VENV) ready."
 
 # LiteLLM (the gateway the stack outputs feed) lives in its own venv: its pins clash with ours.
 # 1.106.12 is the newest litellm[proxy] whose dependencies the package registry holds.
@@ -22,9 +26,11 @@ LITELLM_VENV := $(VENV)/litellm
 LITELLM_STAMP := $(LITELLM_VENV)/.installed
 
 $(LITELLM_STAMP): | $(STAMP)
+	@echo "setup: installing LiteLLM 1.106.12 into $(LITELLM_VENV) for the gateway (once; 1 to 3 min; pip is quiet meanwhile)..."
 	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
 	$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==1.106.12'
 	touch $(LITELLM_STAMP)
+	@echo "setup: $(LITELLM_VENV) ready."
 
 # The test command CI runs (.ci/run): lint first (ruff + mypy must be clean), then pytest.
 # pytest exits 5 when no test ran: that fails too. Three worker processes (pytest-xdist), each

@@ -140,3 +140,19 @@ def test_down_distinguishes_a_missing_stack_from_a_failure(tmp_path: Path) -> No
     assert broken.returncode == 1 and "NO STACK" not in broken.stdout
     assert "failed to decrypt: incorrect passphrase" in broken.stderr
     assert "`pulumi stack select local` failed" in broken.stderr
+
+
+def test_34_8_every_quiet_install_says_first_what_it_does_and_how_long() -> None:
+    """Issue 34 item 8: `make up` on a fresh machine ran pip quietly for minutes with no line.
+    Every `pip install` of the setup recipes (what make would run from nothing: -n -B) comes
+    after a `setup: installing ... (... min ...)` line."""
+    planned = subprocess.run(
+        ["make", "-n", "-B", ".venv/litellm/.installed"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    installs = [i for i, line in enumerate(planned) if " install " in line and "pip" in line]
+    assert len(installs) >= 3, planned  # pip itself, the project, LiteLLM
+    for i in installs:
+        said = [line for line in planned[:i] if line.startswith('echo "setup: installing')]
+        assert said and "min" in said[-1], (planned[i], planned[:i])
+    assert planned[-1].startswith('echo "setup:') and planned[-1].endswith('ready."')
