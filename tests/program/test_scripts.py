@@ -147,8 +147,9 @@ def test_34_8_every_quiet_install_says_first_what_it_does_and_how_long() -> None
     Every `pip install` of the setup recipes (what make would run from nothing: -n -B) comes
     after a `setup: installing ... (... min ...)` line."""
     planned = subprocess.run(
-        ["make", "-n", "-B", ".venv/litellm/.installed"],
+        ["make", "--no-print-directory", "-n", "-B", ".venv/litellm/.installed"],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60, check=True,
+        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")},
     ).stdout.splitlines()  # fmt: skip
     installs = [i for i, line in enumerate(planned) if " install " in line and "pip" in line]
     assert len(installs) >= 3, planned  # pip itself, the project, LiteLLM
