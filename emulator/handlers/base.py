@@ -146,6 +146,8 @@ class ServicerBase(ModalClientBase):
         self.counter = counter
         self.runtime = runtime
         self.task_id = task_id  # a container's own socket: no token, calls come from it
+        #: (app name, environment id, deployer id) of this socket's container, read once.
+        self._container_app: tuple[str, str, str] | None = None
 
     def _authenticate(self, method: str, metadata: dict[str, str]) -> Any:
         """Who is calling: None for the workspace Owner (the emulator's own token, or any
@@ -222,19 +224,23 @@ class ServicerBase(ModalClientBase):
         `_container_entrypoint` never receives the deployer's token), so it cannot act as
         the deploying user beyond what its task is given."""
         container = self.runtime.container(self.task_id) if self.runtime is not None else None
-        app = None
-        if container is not None:
+        if container is not None and self._container_app is None:
+            # Read once per container (its socket's servicer): every input poll and heartbeat
+            # passes here, and `apps.get` is a write transaction. The app's deployer is that
+            # of the version this container was started for ("the deployment that started
+            # it"); the deployer's role is still looked up on every call.
             with contextlib.suppress(EmulatorError):
                 app = self.state.apps.get(container.app_id)
-        if container is None or app is None:
+                self._container_app = (app.name or app.description or app.id, app.env_id,
+                                       app.created_by)  # fmt: skip
+        if container is None or self._container_app is None:
             self._refuse(
                 method,
                 f"Container {self.task_id} is not running (or its app is gone): its calls are "
                 "no longer accepted.",
             )
-        return self.state.service_users.container_identity(
-            self.task_id, app.name or app.description or app.id, app.env_id, app.created_by
-        )
+        name, env_id, deployer = self._container_app
+        return self.state.service_users.container_identity(self.task_id, name, env_id, deployer)
 
     async def _dispatch(self, method: str, stream: Stream[Any, Any]) -> None:
         # Calls a running container makes (its input long polls, heartbeats, the app's own
