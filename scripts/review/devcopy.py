@@ -86,16 +86,7 @@ def _secret_objects(value: Any) -> Iterator[dict[str, Any]]:
 
 
 def export_cli(engine: Engine, stack: str) -> dict[str, Any]:
-    text = engine.checked(
-        engine.cli("stack", "export", "--stack", stack, "--show-secrets"),
-        f"pulumi stack export --stack {stack}",
-        capture=True,
-    )
-    try:
-        exported = json.loads(text or "{}")
-    except ValueError:
-        raise ReviewError(f"pulumi stack export --stack {stack} printed no JSON") from None
-    scrubbed = scrub_export(exported)
+    scrubbed = scrub_export(engine.stack_export(stack, show_secrets=True))
     # The copy is re-encrypted by the stack it is imported into (its own secrets provider).
     (scrubbed.get("deployment") or {}).pop("secrets_providers", None)
     left = [o for o in _secret_objects(scrubbed) if o.get("plaintext") != json.dumps(PLACEHOLDER)]

@@ -186,6 +186,19 @@ class Engine:
             if extra:
                 self.verify_state(stack)
 
+    def stack_export(self, stack: str, *, show_secrets: bool = False) -> dict[str, Any]:
+        """`pulumi stack export` of `stack` as a document (CLI only)."""
+        args = ["stack", "export", "--stack", stack] + (["--show-secrets"] if show_secrets else [])
+        what = f"pulumi stack export --stack {stack}"
+        text = self.checked(self.cli(*args), what, capture=True)
+        try:
+            doc = json.loads(text or "{}")
+        except ValueError:
+            raise ReviewError(f"{what} printed no JSON") from None
+        if not isinstance(doc, dict):
+            raise ReviewError(f"{what} printed JSON that is not an object")
+        return doc
+
     def verify_state(self, stack: str) -> None:
         """Refuse a state whose dynamic providers are not encrypted secrets (CLI only).
 
@@ -198,16 +211,7 @@ class Engine:
         So every `__provider` must be a secret, else nothing runs on that state."""
         if self.kind != "cli":
             return
-        text = self.checked(
-            self.cli("stack", "export", "--stack", stack),
-            f"pulumi stack export --stack {stack}",
-            capture=True,
-        )
-        try:
-            doc = json.loads(text or "{}")
-        except ValueError:
-            raise ReviewError(f"pulumi stack export --stack {stack} printed no JSON") from None
-        plain = plain_providers(doc)
+        plain = plain_providers(self.stack_export(stack))
         if plain:
             raise ReviewError(
                 f"the state of {stack} holds {len(plain)} dynamic provider(s) that are not"
