@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STACK ?= local
 
-.PHONY: setup test lint emulator up down plan refresh offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config gateway clean
+.PHONY: setup test lint emulator up down plan refresh offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config gateway gateway-stop clean
 
 setup: $(STAMP)
 
@@ -98,14 +98,19 @@ offline-down: setup
 gateway-config: setup
 	$(PY) scripts/gateway_config.py --stack $(STACK)
 
-# LiteLLM in front of the stack, on 127.0.0.1:$(GATEWAY_PORT): its own venv, the file
-# gateway-config writes (with the gateway's master key), and the cost map packaged with LiteLLM
-# (no fetch: starts offline). Clients send `Authorization: Bearer <master key>` (in the file).
+# LiteLLM in front of the stack, on 127.0.0.1:$(GATEWAY_PORT), in the background
+# (scripts/gateway.sh: pid file beside the gateway file, waits until it answers): its own venv,
+# the file gateway-config writes (with the gateway's master key; $GATEWAY_FILE for the local
+# stack, as `make up` rewrites it), and the cost map packaged with LiteLLM (no fetch: starts
+# offline). Clients send `Authorization: Bearer <master key>` (in the file). `make up` restarts
+# a running gateway when it rewrote the file (a rotation); `make down` stops it;
+# `make gateway-stop` alone too.
 GATEWAY_PORT ?= 4000
-gateway: gateway-config $(LITELLM_STAMP)
-	LITELLM_LOCAL_MODEL_COST_MAP=True exec $(LITELLM_VENV)/bin/litellm \
-	    --config .gateway/litellm-$(STACK).yaml --host 127.0.0.1 --port $(GATEWAY_PORT) \
-	    --telemetry False
+gateway: setup $(LITELLM_STAMP)
+	GATEWAY_PORT=$(GATEWAY_PORT) ./scripts/gateway.sh start $(STACK)
+
+gateway-stop:
+	./scripts/gateway.sh stop $(STACK)
 
 # ---- Benchmarks (print a table; compare against a baseline in the same run) ----
 bench-proxy: setup

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make down`: destroy what `make up` made in the emulator (with whichever engine holds it:
+# `make down`: stop the LiteLLM gateway `make gateway` started (scripts/gateway.sh), destroy
+# what `make up` made in the emulator (with whichever engine holds it:
 # the Pulumi CLI's stack in .pulumi-state/, the stand-in's in .pulumi-offline/local.json),
 # stop THIS checkout's emulator (started by `make up` or `make emulator`; known by its pid
 # file and state file, never by its port: another checkout's emulator keeps serving), and
@@ -12,6 +13,8 @@ STACK="${1:-local}"
 . scripts/local-env.sh
 
 require_local_stack "$STACK"
+# The gateway `make gateway` started (issue 34 item 5: it outlived the stack it fronted).
+GATEWAY_FILE="$GATEWAY_FILE" scripts/gateway.sh stop "$STACK" | grep -v '^gateway: not running$' || true
 read_stack_url
 destroyed=0
 WATCHER=""

@@ -14,7 +14,8 @@
 #      that curl's real answer (scripts/local_stack.py); the curl it runs reads the secret
 #      headers from a private file, never from its command line
 #   5. rewrites the LiteLLM gateway file ($GATEWAY_FILE, .gateway/litellm-local.yaml) when it
-#      exists, so it never keeps a rotated (revoked) key
+#      exists, so it never keeps a rotated (revoked) key, and restarts the gateway `make
+#      gateway` started if it runs (scripts/gateway.sh), so that it serves the new keys
 # Re-running it changes nothing (both engines diff against their state; the emulator skips a
 # deploy whose definition did not change). The venv is set up by `make setup` before this
 # runs. Environment (backend, passphrase, emulator credentials): scripts/local-env.sh.
@@ -49,7 +50,8 @@ if [ -f "$GATEWAY_FILE" ]; then
     echo
     "$PY" scripts/gateway_config.py --stack "$STACK" --engine "$LOCAL_ENGINE" \
         --state "$STANDIN_STATE" --out "$GATEWAY_FILE"
-    echo "(rewritten with the stack's current keys: restart a running gateway to load them)"
+    echo "(rewritten with the stack's current keys)"
+    GATEWAY_FILE="$GATEWAY_FILE" STANDIN_STATE="$STANDIN_STATE" scripts/gateway.sh restart "$STACK"
 fi
 echo
 echo "Gateway config (LiteLLM): make gateway-config    Tear down: make down"

@@ -70,11 +70,13 @@ class LiveStack:
     def control(self) -> str:
         return f"http://127.0.0.1:{self.port + 1}"
 
-    def make(self, target: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    def make(
+        self, target: str, timeout: float = 240, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["make", "--no-print-directory", target],
             cwd=PROJECT_ROOT,
-            env=self.env,
+            env=self.env if env is None else env,
             capture_output=True,
             text=True,
             timeout=timeout,
