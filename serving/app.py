@@ -106,6 +106,7 @@ UV_VERSION = "0.13.8"  # the uv binary Modal copies in to install them
 SHIPPED_MODULES = (
     "serving.__init__",
     "serving.engine",  # the lifecycle (Container)
+    "serving.prefetch",  # engine.py: the weights read into the page cache at the start
     "serving.spec",  # the spec, validated again here
     "serving.weights",  # spec.py: WEIGHTS_MOUNT
     "serving.engine_flags.__init__",

@@ -7,7 +7,9 @@ Used by serving/app.py inside the Modal container, and runnable locally (no moda
 What it does, in order (`Container`):
 1. start the proxy at once (`python -m serving.proxy --upstream http://127.0.0.1:ENGINE_PORT`),
    so Modal's port answers while the engine loads (the proxy says 503 + Retry-After until ready);
-2. start the engine beside it on 127.0.0.1 (command and env rendered by the spec: vLLM or
+2. read the weights into the page cache in the background, where they are files already
+   (serving/prefetch.py), so that the engine's load finds them there after its imports;
+   start the engine beside it on 127.0.0.1 (command and env rendered by the spec: vLLM or
    SGLang, or serving/standin_engine.py given their command line when the spec has
    `engine_standin`), in its own process group, its output forwarded line by line and the
    last lines kept;
@@ -43,9 +45,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
-from serving.spec import ENGINE_PORT, KEY_VERSION_ENV, PROXY_PORT, ServingSpec
+from serving.prefetch import WeightsPrefetch, start_prefetch
+from serving.spec import ENGINE_PORT, HF_CACHE_PATH, KEY_VERSION_ENV, PROXY_PORT, ServingSpec
 
 log = logging.getLogger("serving.engine")
 
@@ -514,6 +518,7 @@ class Container:
         self._on_death = on_death
         self._died = threading.Event()
         self._started_at: float | None = None
+        self.prefetch: WeightsPrefetch | None = None  # started by start()
 
     def _death(self, proc: ManagedProcess, returncode: int) -> None:
         self._died.set()
@@ -530,6 +535,9 @@ class Container:
         API key digests then, never from the snapshot.
         """
         self._started_at = time.monotonic()  # the startup budget counts from here
+        # The weights into the page cache while the engine imports (serving/prefetch.py).
+        hf_home = Path(os.environ.get("HF_HOME") or HF_CACHE_PATH)
+        self.prefetch = start_prefetch(self.spec.model_source, hf_home)
         if proxy:
             self.start_proxy()
         self.engine.start()

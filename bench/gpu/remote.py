@@ -102,7 +102,7 @@ ENGINE_START_LINES = re.compile(
     r"non-default args|Resolved architecture|Initializing a V1 LLM engine|Starting vLLM server"
     r"|Loading weights took|Model loading took|torch\.compile|Compil|Graph capturing|CUDA graph"
     r"|init engine|Available KV cache|Maximum concurrency|healthy after|warm-up done"
-    r"|SERVING READY|fall asleep|freed|wake up|Error|error:"
+    r"|SERVING READY|fall asleep|freed|wake up|weights prefetch|Error|error:"
 )
 # SGLang 0.5.15's own start-up lines (sglang/srt/model_executor/model_runner.py,
 # entrypoints/http_server.py), and ours.
@@ -555,11 +555,13 @@ def proxy_idle_setting() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def serving(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str, Any]]:
+def serving(
+    spec: dict[str, Any], log_path: Path, log: Log, env_extra: dict[str, str] | None = None
+) -> Iterator[dict[str, Any]]:
     """`python -m serving.engine --spec` until SERVING READY; stopped (SIGTERM) on exit."""
     spec_file = device.write_spec(Path("/tmp") / "bench-spec.json", spec)
     engine = spec.get("engine", "vllm")
-    env = device.run_env(engine)
+    env = {**device.run_env(engine), **(env_extra or {})}
     start_lines = SGLANG_START_LINES if engine == "sglang" else ENGINE_START_LINES
     info: dict[str, Any] = {"spec": spec}
     logf = log_path.open("w")
@@ -1207,52 +1209,6 @@ def parse_plan(text: str) -> list[tuple[str, frozenset[str]]]:
     return steps
 
 
-class WeightsPrefetch(threading.Thread):
-    """Read every file under root once, in 16 MiB blocks with `threads` readers over each file's
-    ranges, so that the engine's later reads hit the page cache: what serving.engine could do
-    from the container's start while the engine's Python imports (~20 s) leave the disk idle.
-    vLLM's own `--safetensors-load-strategy prefetch` (0.26.0
-    model_executor/model_loader/weight_utils.py `_prefetch_all_checkpoints`) starts only when
-    the weights are loaded, one thread per file, after the imports."""
-
-    def __init__(self, root: Path, threads: int = 4, block: int = 16 << 20) -> None:
-        super().__init__(daemon=True)
-        self.root, self.threads, self.block = root, threads, block
-        self.t0 = time.monotonic()
-        self.done_s: float | None = None
-        self.bytes = 0
-
-    def _read(self, path: Path, start: int, end: int) -> int:
-        buf = bytearray(self.block)
-        view = memoryview(buf)
-        got = 0
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            pos = start
-            while pos < end:
-                n = os.preadv(fd, [view[: min(self.block, end - pos)]], pos)
-                if n <= 0:
-                    break
-                pos += n
-                got += n
-        finally:
-            os.close(fd)
-        return got
-
-    def run(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        jobs = []
-        for f in sorted(self.root.rglob("*")):
-            if f.is_file():
-                size = f.stat().st_size
-                step = max(self.block, -(-size // self.threads))
-                jobs += [(f, lo, min(size, lo + step)) for lo in range(0, size, step)]
-        with ThreadPoolExecutor(self.threads) as pool:
-            self.bytes = sum(pool.map(lambda j: self._read(*j), jobs))
-        self.done_s = round(time.monotonic() - self.t0, 2)
-
-
 def bake_modelinfo(log: Log) -> dict[str, Any]:
     """What an image build step could run (no GPU needed: vLLM inspects the class in a
     subprocess so as not to touch CUDA): the model-inspection file for the served architecture
@@ -1324,19 +1280,18 @@ def run_coldstart_plan(out: Path, log: Log, plan: str, budget_s: float) -> dict[
         if "graphs" in levers:
             spec["cudagraph_sizes"] = "max_concurrency"
         dropped = drop_page_cache(device.MODEL_DIR)
-        prefetch = WeightsPrefetch(device.MODEL_DIR) if "prefetch" in levers else None
-        if prefetch is not None:
-            prefetch.start()
+        # serving.engine prefetches the weights itself (serving/prefetch.py); off for the
+        # steps without the lever, so that each phase is measured with and without it.
+        env_extra = {} if "prefetch" in levers else {"SERVING_WEIGHTS_PREFETCH": "0"}
         row: dict[str, Any] = {"step": name, "cache": cache_had, "levers": sorted(levers)}
         row["page_cache_dropped_mib"] = dropped
-        with serving(spec, logs / f"{name}.log", log) as info:
+        with serving(spec, logs / f"{name}.log", log, env_extra) as info:
             row["ready_s"] = info["ready_s"]
             row.update(phases(info["start_lines"]))
             row["graph_sizes"] = graph_sizes(info["start_lines"])
             row["first_token_s"] = first_token_s(device.API_KEY)
-            if prefetch is not None:
-                prefetch.join(60)
-                row["prefetch"] = {"done_at_s": prefetch.done_s, "gib": prefetch.bytes / 2**30}
+            if "prefetch" in levers:
+                row["prefetch"] = {"done_at_s": prefetch_done_at(info["start_lines"])}
             if cache == "warm" and not levers:
                 wakes = []
                 for _ in range(2):
@@ -1362,6 +1317,11 @@ def run_coldstart_plan(out: Path, log: Log, plan: str, budget_s: float) -> dict[
         tar.add(logs, arcname="coldstart-logs")
     result["table"] = plan_table(result["steps"])
     return result
+
+
+def prefetch_done_at(lines: list[tuple[float, str]]) -> float | None:
+    """When serving.engine's weights prefetch said it was done (s after the launch)."""
+    return next((t for t, line in lines if "weights prefetch: done" in line), None)
 
 
 def graph_sizes(lines: list[tuple[float, str]]) -> list[int]:
