@@ -684,18 +684,17 @@ class ServingSpec(_Model):
             return []
         if self.engine != "vllm":
             return [("cudagraph_sizes", f'{self.cudagraph_sizes!r} is for vLLM; use "engine"')]
-        flags = engine_flags(self.engine, self.engine_version)
-        for i, token in _flags_in(self.extra_args):
-            option, _ = flags.resolve(parser_name(self.engine, token))
-            if option is not None and CUDAGRAPH_SIZE_FLAGS & set(flags.aliases(option)):
-                return [
-                    (
-                        f"extra_args[{i}]",
-                        f"{token} sets the CUDA-graph sizes, and so does cudagraph_sizes="
-                        f'{self.cudagraph_sizes!r}; keep one (cudagraph_sizes: "engine")',
-                    )
-                ]
-        return []
+        found = flag_set_in(self.engine, self.engine_version, self.extra_args, CUDAGRAPH_SIZE_FLAGS)
+        if found is None:
+            return []
+        i, token = found
+        return [
+            (
+                f"extra_args[{i}]",
+                f"{token} sets the CUDA-graph sizes, and so does cudagraph_sizes="
+                f'{self.cudagraph_sizes!r}; keep one (cudagraph_sizes: "engine")',
+            )
+        ]
 
     # ---- derived values --------------------------------------------------------------------
 
@@ -901,6 +900,19 @@ def extra_args_problems(
                 )
             )
     return problems
+
+
+def flag_set_in(
+    engine: str, version: str, args: list[str], spellings: frozenset[str]
+) -> tuple[int, str] | None:
+    """(index, flag) of the first flag in `args` that sets any of `spellings` as that engine
+    release's parser reads it (an alias of the same action, vLLM's `_` for `-`), else None."""
+    flags = engine_flags(engine, version)
+    for i, token in _flags_in(args):
+        option, _ = flags.resolve(parser_name(engine, token))
+        if option is not None and spellings & set(flags.aliases(option)):
+            return i, token
+    return None
 
 
 def flags_in(args: list[str]) -> list[str]:

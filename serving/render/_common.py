@@ -3,8 +3,7 @@ a default the renderer adds is left to extra_args."""
 
 from __future__ import annotations
 
-from serving.engine_flags import parser_name
-from serving.spec import ServingSpec, engine_flags, flags_in
+from serving.spec import ServingSpec, flag_set_in
 from serving.weights import WEIGHTS_MOUNT
 
 
@@ -34,9 +33,4 @@ def gpu_memory_fraction(spec: ServingSpec, default: float) -> float:
 def default_wanted(spec: ServingSpec, overrides: frozenset[str]) -> bool:
     """False when extra_args set a default the renderer would add: any spelling in `overrides`
     of it (or of its negation), as the spec's engine release parses the flag."""
-    flags = engine_flags(spec.engine, spec.engine_version)
-    for token in flags_in(spec.extra_args):
-        option, _ = flags.resolve(parser_name(spec.engine, token))
-        if option is not None and overrides & set(flags.aliases(option)):
-            return False
-    return True
+    return flag_set_in(spec.engine, spec.engine_version, spec.extra_args, overrides) is None
