@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from serving.spec import (
     format_validation_error,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 SHA = "b968826d9c46dd6066d109eabc6255188de91218"
 BASE: dict[str, Any] = {"engine": "vllm", "model": "Qwen/Qwen3-8B", "served_model_name": "qwen3-8b"}
 
@@ -90,6 +93,20 @@ def test_pinned_engines_have_images_and_versions() -> None:
     assert set(ENGINE_VERSIONS) == set(ENGINE_IMAGES) == {"vllm", "sglang"}
     for engine, image in ENGINE_IMAGES.items():
         assert ENGINE_VERSIONS[engine] in image  # the image tag is the pinned version
+    assert set(render.engine.RENDERERS) == set(ENGINE_VERSIONS)  # a renderer for each engine
+
+
+def test_the_spec_does_not_import_its_renderers() -> None:
+    """serving/spec.py holds and validates; serving/render depends on it, never the reverse
+    (serving/sizing.py, whose figures the validation shares, imports nothing of either)."""
+    code = (
+        "import sys, serving.spec; print(sorted(m for m in sys.modules if m.startswith('serving')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    assert "'serving.spec'" in loaded and "'serving.sizing'" in loaded
+    assert "serving.render" not in loaded
 
 
 # ---- validation: which field, and why ------------------------------------------------------------
