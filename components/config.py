@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from components import cost
 from components.api_keys import KEY_NAME
 from serving.prewarm import ScheduleError, extra_container_hours_per_month, parse_windows
+from serving.sizing import cpu_request, memory_request_mib
 from serving.spec import ServingSpec
 from serving.weights import source_problems as weights_source_problems
 
@@ -682,8 +683,8 @@ def parse_stack_config(
                     warm_extra_hours=extra_container_hours_per_month(
                         windows, scaling.min_containers
                     ),
-                    cpu_cores=spec.cpu_request,
-                    memory_gib=spec.memory_request_mib / 1024,
+                    cpu_cores=cpu_request(spec),
+                    memory_gib=memory_request_mib(spec) / 1024,
                     cpu_usd_per_core_hour=cpu_rate,
                     memory_usd_per_gib_hour=memory_rate,
                 ),

@@ -12,7 +12,7 @@ memory the serving spec requests):
   $/GiB-h) x region multiplier x (1 + costOverheadPct / 100)
   - GPU $/h: the table below (or the stack's `gpuPricesUsdPerHour` override); a GPU
     preference list is priced at its MOST expensive entry.
-  - CPU and memory: the spec's requests (serving/spec.py `cpu_request`, `memory_request_mib`:
+  - CPU and memory: the spec's requests (serving/sizing.py `cpu_request`, `memory_request_mib`:
     derived from the engine's processes, or the service's `cpu` / `memory_gib`) at Modal's
     rates below (or the stack's `cpuPriceUsdPerCoreHour` / `memoryPriceUsdPerGibHour`
     overrides). Modal bills max(request, usage); the model prices the request.
@@ -131,9 +131,9 @@ class ServiceCostInput:
     overhead_pct: float = DEFAULT_OVERHEAD_PCT
     #: Container-hours a month the pre-warm windows keep warm above min_containers.
     warm_extra_hours: float = 0.0
-    #: The container's CPU request in physical cores (serving/spec.py `cpu_request`).
+    #: The container's CPU request in physical cores (serving/sizing.py `cpu_request`).
     cpu_cores: float = 0.0
-    #: The container's memory request in GiB (serving/spec.py `memory_request_mib` / 1024).
+    #: The container's memory request in GiB (serving/sizing.py `memory_request_mib` / 1024).
     memory_gib: float = 0.0
     #: USD per physical core per hour (the stack's `cpuPriceUsdPerCoreHour`, else Modal's rate).
     cpu_usd_per_core_hour: float = CPU_USD_PER_CORE_HOUR

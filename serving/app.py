@@ -9,9 +9,10 @@ The volumes and secrets the spec names must exist first: the Pulumi component cr
 and `modal secret create NAME ...`. The app never creates them itself, so a typo fails the
 deploy instead of mounting a new, empty cache.
 
-Everything the app does comes from the serving spec (serving/spec.py); the lifecycle in the
-container lives in serving/engine.py. Read top to bottom: spec, image, volumes and secrets,
-then the server class with its lifecycle.
+Everything the app does comes from the serving spec (serving/spec.py), rendered by
+serving/render and serving/sizing.py; the lifecycle in the container lives in
+serving/engine.py. Read top to bottom: spec, image, volumes and secrets, then the server class
+with its lifecycle.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from urllib.parse import urlsplit
 import modal
 
 import serving
-from serving.engine import Container, proxy_command
+from serving import render
+from serving.engine import Container
 from serving.spec import (
     ENGINE_PORT,
     KEY_VERSION_ENV,
@@ -54,7 +56,7 @@ if modal.is_local():
 else:
     SPEC_PATH = Path(os.environ.get(SPEC_ENV) or SPEC_IN_IMAGE)
 SPEC = ServingSpec.load(SPEC_PATH)
-APP_NAME = check_app_name(os.environ.get("SERVING_APP_NAME") or SPEC.default_app_name())
+APP_NAME = check_app_name(os.environ.get("SERVING_APP_NAME") or render.default_app_name(SPEC))
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 if modal.is_local() and SPEC.engine_standin is not None:
     # The stand-in engine answers with fixed text: never on real Modal (the stack config
@@ -108,6 +110,8 @@ SHIPPED_MODULES = (
     "serving.engine",  # the lifecycle (Container)
     "serving.prefetch",  # engine.py: the weights read into the page cache at the start
     "serving.spec",  # the spec, validated again here
+    "serving.sizing",  # spec.py: the CPU and memory figures its validation shares
+    "serving.render",  # the engine and proxy command lines and env, rendered from the spec
     "serving.weights",  # spec.py: WEIGHTS_MOUNT
     "serving.engine_flags.__init__",
     "serving.proxy",  # the auth proxy, run as `python -m serving.proxy`
@@ -137,12 +141,12 @@ def shipped_modules(spec_fields: dict[str, object]) -> tuple[str, ...]:
 
 # ---- The image -------------------------------------------------------------------------------
 image = (
-    modal.Image.from_registry(SPEC.engine_image)  # pinned engine release (serving/spec.py)
+    modal.Image.from_registry(SPEC.engine_release.image)  # pinned engine release (serving/spec.py)
     .entrypoint([])  # the engine images start a server by default; Modal runs our class instead
     .uv_pip_install(
         *PROXY_REQUIREMENTS, extra_options=f"--target {PROXY_DEPS}", uv_version=UV_VERSION
     )
-    .env({**SPEC.engine_env(), SPEC_ENV: SPEC_IN_IMAGE, "SERVING_APP_NAME": APP_NAME})
+    .env({**render.engine_env(SPEC), SPEC_ENV: SPEC_IN_IMAGE, "SERVING_APP_NAME": APP_NAME})
     .add_local_file(SPEC_PATH, SPEC_IN_IMAGE, copy=True)  # the identical spec, baked in
     .env(DEFINITION_ENV)  # last of the built layers: a key rotation rebuilds only this
     # proxy + lifecycle code (mounted at container start, so it comes last)
@@ -154,9 +158,9 @@ image = (
 # downloads nor recompiles. Secrets: SERVING_API_KEYS (key digests) and optionally HF_TOKEN.
 # All looked up by name, never created here: the Volume/Secret resources own them.
 volumes: dict[str | PurePosixPath, modal.Volume | modal.CloudBucketMount] = {
-    path: modal.Volume.from_name(name) for path, name in SPEC.volume_mounts().items()
+    path: modal.Volume.from_name(name) for path, name in render.volume_mounts(SPEC).items()
 }
-secrets = [modal.Secret.from_name(name) for name in SPEC.secret_names()]
+secrets = [modal.Secret.from_name(name) for name in render.secret_names(SPEC)]
 
 app = modal.App(APP_NAME)
 
@@ -177,7 +181,7 @@ def _container() -> Container:
         proxy_port=proxy_port,
         engine_port=engine_port,
         engine_argv=shlex.split(engine_cmd) if engine_cmd else None,
-        proxy_argv=proxy_command(SPEC, port=proxy_port, engine_port=engine_port),
+        proxy_argv=render.proxy_command(SPEC, port=proxy_port, engine_port=engine_port),
         proxy_env=proxy_env,
         engine_env=engine_env,
     )
@@ -186,14 +190,14 @@ def _container() -> Container:
 @app.server(
     name=SERVER_NAME,
     image=image,
-    gpu=SPEC.modal_gpu(),
+    gpu=render.modal_gpu(SPEC),
     # What the engine's command line needs: one core per vLLM API server, the engine core(s)
-    # and the proxy (serving/spec.py `cpu_request`; measured in docs/gpu.md).
-    cpu=SPEC.cpu_request,
-    # Host memory (MiB) for the same processes (serving/spec.py `memory_request_mib`: measured
+    # and the proxy (serving/sizing.py `cpu_request`; measured in docs/gpu.md).
+    cpu=render.sizing(SPEC).cpu,
+    # Host memory (MiB) for the same processes (serving/sizing.py `memory_request_mib`: measured
     # RSS + 25 %): a reservation billed as max(request, usage), not a limit; the weights go to
     # the GPU, so it does not grow with the model.
-    memory=SPEC.memory_request_mib,
+    memory=render.sizing(SPEC).memory_mib,
     volumes=volumes,
     secrets=secrets,
     port=PROXY_PORT,  # Modal routes to the proxy; the engine listens on 127.0.0.1 only

@@ -9,10 +9,10 @@ What it does, in order (`Container`):
    so Modal's port answers while the engine loads (the proxy says 503 + Retry-After until ready);
 2. read the weights into the page cache in the background, where they are files already
    (serving/prefetch.py), so that the engine's load finds them there after its imports;
-   start the engine beside it on 127.0.0.1 (command and env rendered by the spec: vLLM or
-   SGLang, or serving/standin_engine.py given their command line when the spec has
-   `engine_standin`), in its own process group, its output forwarded line by line and the
-   last lines kept;
+   start the engine beside it on 127.0.0.1 (command and env rendered from the spec by
+   serving/render: vLLM or SGLang, or serving/standin_engine.py given their command line when
+   the spec has `engine_standin`), in its own process group, its output forwarded line by line
+   and the last lines kept;
 3. poll the engine's /health until 200, then send the warm-up prompts (chat completions;
    completions for a base model without a chat template; embeddings for an embedding model),
    all within the startup budget: timeouts.startup_s minus a margin, so that a slow start
@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from serving import render
 from serving.prefetch import WeightsPrefetch, start_prefetch
 from serving.spec import ENGINE_PORT, HF_CACHE_PATH, KEY_VERSION_ENV, PROXY_PORT, ServingSpec
 
@@ -273,8 +274,8 @@ class Engine:
         self.base_url = f"http://127.0.0.1:{port}"
         self.process = ManagedProcess(
             spec.engine,
-            argv if argv is not None else spec.launch_command(port, python=sys.executable),
-            env={**_engine_base_env(), **spec.engine_env(), **(env or {})},
+            argv if argv is not None else render.launch_command(spec, port, python=sys.executable),
+            env={**_engine_base_env(), **render.engine_env(spec), **(env or {})},
             out=out,
         )
 
@@ -455,31 +456,6 @@ def _proxy_base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in PROXY_ENV_KEYS}
 
 
-def proxy_command(
-    spec: ServingSpec,
-    *,
-    port: int = PROXY_PORT,
-    engine_port: int = ENGINE_PORT,
-    python: str = sys.executable,
-) -> list[str]:
-    """The auth proxy's command line (serving/proxy; keys come from env SERVING_API_KEYS);
-    `--workers` only when the spec wants more than one process (`ServingSpec.proxy_workers`)."""
-    cmd = [
-        python, "-m", "serving.proxy",
-        "--upstream", f"http://127.0.0.1:{engine_port}",
-        "--port", str(port),
-        "--max-in-flight", str(spec.proxy.max_in_flight),
-        "--max-body-bytes", str(spec.proxy.max_body_bytes),
-        "--keepalive-s", repr(float(spec.proxy.keepalive_s)),
-        "--upstream-timeout-s", str(spec.timeouts.request_s),
-    ]  # fmt: skip
-    if spec.proxy_workers > 1:
-        cmd += ["--workers", str(spec.proxy_workers)]
-    for name, limit in sorted((spec.proxy.key_max_in_flight or {}).items()):
-        cmd += ["--key-max-in-flight", f"{name}={limit}"]  # a key's own in-flight limit
-    return cmd
-
-
 def exit_on_death(proc: ManagedProcess, returncode: int) -> None:
     """Default death handler: report, then end the whole container non-zero."""
     sys.stderr.write(death_report(proc.name, returncode, proc.tail()) + "\n")
@@ -512,7 +488,7 @@ class Container:
         self.proxy: ManagedProcess | None = None  # created by start_proxy()
         self._with_proxy = with_proxy
         self._proxy_argv = list(
-            proxy_argv or proxy_command(spec, port=proxy_port, engine_port=engine_port)
+            proxy_argv or render.proxy_command(spec, port=proxy_port, engine_port=engine_port)
         )
         self._proxy_env = dict(proxy_env or {})
         self._on_death = on_death
@@ -537,7 +513,7 @@ class Container:
         self._started_at = time.monotonic()  # the startup budget counts from here
         # The weights into the page cache while the engine imports (serving/prefetch.py).
         hf_home = Path(os.environ.get("HF_HOME") or HF_CACHE_PATH)
-        self.prefetch = start_prefetch(self.spec.model_source, hf_home)
+        self.prefetch = start_prefetch(render.model_source(self.spec), hf_home)
         if proxy:
             self.start_proxy()
         self.engine.start()

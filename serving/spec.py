@@ -1,9 +1,11 @@
 """The serving spec: one validated schema shared by the IaC side and the Modal container.
 
 The Pulumi components render a `ServingSpec`, the App provider deploys `serving/app.py` with it,
-and the container reads the identical JSON back. The spec also renders what only it should
-decide: the engine's command line (`engine_command`), its environment (`engine_env`) and the
-Modal GPU request (`modal_gpu`). Field names follow docs/architecture.md ("Serving spec").
+and the container reads the identical JSON back (its sha256 decides redeploys, so `to_json`
+is canonical). This module holds and validates; what the spec renders (the engine's command line
+and environment, the proxy's, the Modal GPU, volumes and secrets) is in serving/render/, and the
+CPU and memory requests in serving/sizing.py, whose figures the validation here shares. Field
+names follow docs/architecture.md ("Serving spec").
 
 Validation errors name the field and say why (pydantic `ValidationError`; `load()` turns it into
 a `SpecError` whose message lists every problem, one per line, with the file name).
@@ -30,8 +32,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from serving import sizing
 from serving.engine_flags import FlagList, flag_list, parser_name
-from serving.weights import WEIGHTS_MOUNT
 
 Engine = Literal["vllm", "sglang"]
 
@@ -106,114 +108,13 @@ SPEC_DIGEST_ENV = "SERVING_SPEC_SHA256"
 # redirect (modal.com/docs/guide/webhook-timeouts): non-stream requests must finish sooner.
 MODAL_WEB_RESPONSE_LIMIT_S = 150
 
-# CPUs: vLLM's OpenAI server is one Python process (tokenising, detokenising, SSE framing);
-# the engine core is another. On one H100 with a 1B-shaped model at 256 streams the API
-# server sat at 95-106 % of one core and bounded throughput (docs/gpu.md, issue 24); with
-# `--api-server-count 4` the same card gave 22.3k tokens/s vs 8.9k for a default `vllm serve`
-# (../shared/gpu README, the 4 servers ~294 % CPU together). vLLM 0.26.0 and 0.33.0 both
-# take `--api-server-count` (serving/engine_flags/): N API-server processes share the port and
-# one engine core. So the spec derives N from the container's CPU request, and the request
-# from N, each overridable (`ServingSpec.cpu`, `ServingSpec.api_server_count`).
-DEFAULT_API_SERVERS = 4
-# Cores that are not API servers: the engine core (a busy loop: 101-106 % of one core while
-# serving, docs/gpu.md) and, with tensor parallelism, one worker process per GPU beside it...
-ENGINE_CORE_CPUS_PER_GPU = 1
-# ...and one core for the auth proxy (1-32 % at 256 streams), the warm-up and health polls,
-# Modal's in-container runtime.
-SUPPORT_CPUS = 1
-# SGLang's counterpart is `--tokenizer-worker-num N` (0.5.15 and 0.5.23: N uvicorn workers, each
-# an HTTP server with its own tokenizer manager, sharing the port; 0.5.15
-# sglang/srt/entrypoints/http_server.py `launch_server`, `workers=tokenizer_worker_num`), beside
-# one detokenizer process and the scheduler(s). `api_server_count` sets N for SGLang; unset it
-# stays at SGLang's default of 1 until a GPU run shows more serve better (docs/gpu.md).
-SGLANG_DEFAULT_TOKENIZER_WORKERS = 1
-# SGLang's detokenizer: one process beside the tokenizer workers.
-SGLANG_DETOKENIZER_CPUS = 1
 # Modal bills a container's CPU request per core (https://modal.com/pricing); the largest
 # request the spec accepts (Modal's own limit per container is higher).
 MAX_CPU = 64.0
 
-# Memory (Modal `memory=`, in MiB): derived from the same processes as the CPU request
-# (`memory_request_mib`), overridable (`ServingSpec.memory_gib`). The figures are the resident
-# memory (psutil RSS, sampled each second under 256-1024 streams) of each process on one H100
-# with a 1B-shaped model:
-# - vLLM 0.26.0 (docs/gpu.md runs C/D; raw: bench/gpu/runs/2026-11-27-h100-api-servers/
-#   cpu-c.jsonl, cpu-d.jsonl): the 4 API servers and their parent together 6387-6441 MiB
-#   (~1.57 GiB a server); a default single API server 1352-1384 MiB; the engine core
-#   1936-2024 MiB; the proxy 33-94 MiB.
-# - SGLang 0.5.15 (run K; raw: bench/gpu/runs/2026-11-27-h100-sglang/cpu-k.jsonl): the HTTP
-#   server with its tokenizer manager 1268-1292 MiB, the detokenizer 1234-1236 MiB, the
-#   scheduler 2165-2226 MiB.
-# With an 8B-shaped model (runs Q/R; raw: bench/gpu/runs/2026-11-27-h100-8b/cpu-q.jsonl,
-# cpu-r.jsonl), the same under 1-1024 streams: the 4 API servers and their parent 6424-6435
-# MiB, the engine core 2112-2141 MiB, the proxy 66-67 MiB.
-# The request is a reservation, not a limit: Modal bills max(request, usage) and lets a container
-# use more when its worker has memory free (modal.com/docs/guide/resources, "Billing"; an int
-# `memory=` sets no hard limit). The model's weights and KV cache live in GPU memory, not host
-# memory, so the request does not grow with the model. One exception, left out on purpose: with
-# `snapshot`, vLLM's sleep level 1 (and SGLang's `--enable-weights-cpu-backup`) copies the
-# weights to host memory while the engine sleeps for the snapshot (2.3 GiB for the 1B-shaped
-# model; a 27B model in bf16 is ~54 GB). The spec does not know the weights' size and that
-# usage was not measured here: it is billed as usage for the seconds it lasts; a stack that
-# wants it reserved sets `memory_gib` (derived figure + the weights' size).
-# Per HTTP-server process (vLLM API server, SGLang tokenizer worker): covers the 1.57 GiB a
-# server of vLLM's four, and SGLang's 1.26 GiB.
-API_SERVER_MEMORY_GIB = 1.6
-# Per engine process (vLLM's engine core; SGLang's scheduler; under tensor parallelism, counted
-# like the CPU request, the engine core plus one worker per GPU): SGLang's scheduler reached
-# 2.17 GiB, vLLM's engine core 1.98 GiB.
-ENGINE_PROCESS_MEMORY_GIB = 2.2
-# Under tensor parallelism, per GPU worker on top of the above: NCCL's and the workers'
-# shared-memory buffers. Not measured (runs E-H with 2 GPUs sampled no memory): a margin.
-TP_WORKER_EXTRA_MEMORY_GIB = 1.0
-# SGLang's detokenizer (1234-1236 MiB measured).
-SGLANG_DETOKENIZER_MEMORY_GIB = 1.25
-# The proxy (<= 94 MiB), serving.engine's supervisor and Modal's in-container runtime (neither
-# measured on its own).
-SUPPORT_MEMORY_GIB = 1.0
-# Headroom on top of the processes' sum (page cache for tokenizer files, bursts, allocator
-# growth over days): the derived request is the sum x 1.25, rounded up to a whole GiB.
-MEMORY_HEADROOM = 0.25
-# The largest request the spec accepts (Modal checks its own maximum when the function is
-# created: modal.com/docs/guide/resources, "How much can I request?").
+# The largest memory request (memory_gib) the spec accepts (Modal checks its own maximum when
+# the function is created: modal.com/docs/guide/resources, "How much can I request?").
 MAX_MEMORY_GIB = 256.0
-
-# Engine defaults the seeds' learnings call for (docs/serving.md explains each one).
-DEFAULT_GPU_MEMORY_FRACTION: dict[str, float] = {"vllm": 0.92, "sglang": 0.88}
-
-# How long the engine's HTTP server keeps an idle connection open. The proxy keeps idle engine
-# connections in its pool for 60 s (serving/proxy `--upstream-idle-s`); the engine must keep
-# them longer, so that it is always the proxy that closes an idle connection. Otherwise the
-# engine's close (uvicorn's default: 5 s) races the proxy's next request on that connection,
-# and a pool that drops its connections sooner than 5 s reopens them all at once on the next
-# burst: on one H100 at 256 streams that doubled the TTFT p99 through the proxy (issue 24).
-ENGINE_KEEPALIVE_S = 75
-# The variable each engine reads it from: vLLM vllm/envs.py VLLM_HTTP_TIMEOUT_KEEP_ALIVE (int,
-# default 5), passed as uvicorn's timeout_keep_alive by vllm/entrypoints/openai/api_server.py
-# (0.26.0); SGLang sglang/srt/environ.py SGLANG_TIMEOUT_KEEP_ALIVE (EnvInt, default 5), passed
-# the same way by sglang/srt/entrypoints/http_server.py (0.5.15 and 0.5.23; releases before
-# it hard-coded timeout_keep_alive=5).
-ENGINE_KEEPALIVE_ENV: dict[str, str] = {
-    "vllm": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE",
-    "sglang": "SGLANG_TIMEOUT_KEEP_ALIVE",
-}
-
-# How vLLM starts its engine-core process and, with tensor parallel, the engine core its GPU
-# workers. Unset, `vllm serve` sets "spawn" (0.26.0 vllm/entrypoints/serve/utils/api_utils.py,
-# 0.33.0 vllm/entrypoints/common/startup.py: only when VLLM_WORKER_MULTIPROC_METHOD is not in
-# the environment), and a spawned process imports vLLM and torch all over again. "fork"
-# starts it from its parent with the imports done. One GPU, one API server (snapshot specs,
-# `api_server_count: 1`): 17-26 s off each start of an 8B-shaped model on one H100, cold or
-# warm cache (docs/gpu.md runs P and S: the engine core came up 20.8-23.7 s after the model
-# was resolved spawned, 2.3-3.3 s forked). With several API servers vLLM always spawns those
-# (0.26.0 vllm/v1/utils.py), and the engine core waits for them, so a one-GPU start is as
-# long either way (run T). Two GPUs (runs Z, AG, AH, two H100s, empty engine cache): the two
-# workers came up ~1 s after the engine core instead of after a second import, 140.7 / 142.3 s
-# spawned -> 117.8 / 113.3 s forked to SERVING READY, and it served the same load through the
-# proxy. vLLM switches back to spawn
-# itself, with a warning, where fork is unsafe: CUDA already initialised in the parent, a Ray
-# actor, NUMA binding (0.26.0 vllm/utils/system_utils.py `_maybe_force_spawn`).
-VLLM_MULTIPROC_METHOD = "fork"
 
 # `cudagraph_sizes: max_concurrency` (issue 36): vLLM captures a CUDA graph per batch size in
 # cudagraph_capture_sizes; unset, it takes [1, 2, 4] + multiples of 8 below 256 + multiples of
@@ -279,7 +180,8 @@ _PROXY_KEYS = "secrets.api_keys: the proxy checks keys, an engine key would lock
 # extra_args may not repeat them: a second value would silently win or fail at engine start.
 # Spellings the engine's parser maps to one of these (aliases of the same action, unique
 # prefixes, vLLM's `_` for `-`) are reserved too: see `extra_args_problems`. The tables hold the
-# spellings of every release in ENGINE_RELEASES; `release_flags` gives one release's table.
+# spellings of every release in ENGINE_RELEASES; serving/render `release_flags` gives one
+# release's table.
 RESERVED_FLAGS: dict[str, dict[str, str]] = {
     "vllm": {
         "--model": "model",
@@ -323,33 +225,6 @@ _NO_CONFIG = "put each option in extra_args instead; options in a config file by
 REFUSED_FLAGS: dict[str, dict[str, str]] = {
     "vllm": {"--config": _NO_CONFIG},
     "sglang": {"--config": _NO_CONFIG},
-}
-
-# Engine defaults the spec adds unless extra_args set them: any of these flags in extra_args
-# replaces the default (e.g. "--no-async-scheduling", "--generation-config", "auto").
-OVERRIDABLE_DEFAULTS: dict[str, dict[str, frozenset[str]]] = {
-    "vllm": {
-        # 0.33.0 negates these with --disable-..., 0.26.0 with --no-enable-...
-        "--enable-prefix-caching": frozenset(
-            {"--enable-prefix-caching", "--disable-prefix-caching", "--no-enable-prefix-caching"}
-        ),
-        "--async-scheduling": frozenset({"--async-scheduling", "--no-async-scheduling"}),
-        "--generation-config": frozenset({"--generation-config"}),
-        "--enable-force-include-usage": frozenset(
-            {
-                "--enable-force-include-usage",
-                "--disable-force-include-usage",
-                "--no-enable-force-include-usage",
-            }
-        ),
-    },
-    "sglang": {
-        "--enable-metrics": frozenset({"--enable-metrics"}),
-        # store_true without a negation: passing it only avoids a duplicate.
-        "--stream-response-default-include-usage": frozenset(
-            {"--stream-response-default-include-usage"}
-        ),
-    },
 }
 
 
@@ -491,10 +366,10 @@ class Timeouts(_Model):
 class EngineStandin(_Model):
     """Run serving/standin_engine.py in the engine's place (the local stack: no GPU there).
 
-    The real engine's command line is still rendered and checked (`engine_command`); the
-    stand-in is started with it (`standin_command`) and serves on its host, port and model
-    name. Chosen by the stack config (`modal-llm:engineStandin: true`), which refuses it for a
-    stack whose Modal server is not local.
+    The real engine's command line is still rendered and checked (serving/render
+    `engine_command`); the stand-in is started with it (`standin_command`) and serves on its
+    host, port and model name. Chosen by the stack config (`modal-llm:engineStandin: true`),
+    which refuses it for a stack whose Modal server is not local.
     """
 
     # Fail on purpose, to test what a bad release does: "start" exits 1 before listening,
@@ -511,8 +386,8 @@ class ProxySettings(_Model):
     max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 4 * 1024 * 1024
     keepalive_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
     # Proxy processes (`python -m serving.proxy --workers N`, one port via SO_REUSEPORT);
-    # None = 1 (`ServingSpec.proxy_workers` says why). Left out of to_json() when None, so
-    # specs from before the field keep their digest.
+    # None = 1 (serving/render/proxy.py `proxy_workers` says why). Left out of to_json() when
+    # None, so specs from before the field keep their digest.
     workers: Annotated[int, Field(ge=1, le=64)] | None = None
     # An API key's own limit on its requests in flight (key name as in SERVING_API_KEYS ->
     # N <= max_in_flight; `--key-max-in-flight NAME=N`); keys not named share max_in_flight
@@ -566,7 +441,8 @@ class ServingSpec(_Model):
     # Added beyond the contract table (all optional):
     # Where Modal's edge proxies route requests from (`@app.server(routing_region=...)`).
     routing_region: str = "us-east"
-    # Share of GPU memory the engine may take; None = the engine default above.
+    # Share of GPU memory the engine may take; None = the engine's default (serving/render/vllm.py,
+    # sglang.py: DEFAULT_GPU_MEMORY_FRACTION).
     gpu_memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     # The stand-in engine instead of vLLM/SGLang (local stack only); None = the real engine.
     # Left out of to_json() when None, so specs from before the field keep their digest.
@@ -575,18 +451,19 @@ class ServingSpec(_Model):
     # `model` into the HF cache volume on first start). Left out of to_json() when None.
     weights: WeightsVolume | None = None
     # CPU cores the container requests (Modal `cpu=`); None = what the engine's processes need
-    # (`cpu_request`). Left out of to_json() when None, like api_server_count.
+    # (serving/sizing.py `cpu_request`). Left out of to_json() when None, like api_server_count.
     cpu: Annotated[float, Field(ge=1.0, le=MAX_CPU)] | None = None
     # vLLM's `--api-server-count` / SGLang's `--tokenizer-worker-num`: HTTP-server processes
-    # in front of the engine core; None = derived (`api_servers`).
+    # in front of the engine core; None = derived (serving/sizing.py `api_servers`).
     api_server_count: Annotated[int, Field(ge=1, le=64)] | None = None
     # Host memory the container requests, in GiB (Modal `memory=`, sent in MiB); None = what the
-    # engine's processes need (`memory_request_mib`). Left out of to_json() when None, like cpu.
+    # engine's processes need (serving/sizing.py `memory_request_mib`). Left out of to_json()
+    # when None, like cpu.
     memory_gib: Annotated[float, Field(ge=1.0, le=MAX_MEMORY_GIB)] | None = None
     # vLLM's CUDA-graph capture sizes: "engine" (its default, 1-512: 51 sizes) or
     # "max_concurrency" (`--max-cudagraph-capture-size` = scaling.max_concurrency: no decode
     # batch is larger, since Modal sends a container at most that many requests at once). See
-    # CUDAGRAPH_SIZES. Left out of to_json() when "engine", so specs keep their digest.
+    # CUDAGRAPH_SIZE_FLAGS. Left out of to_json() when "engine", so specs keep their digest.
     cudagraph_sizes: Literal["engine", "max_concurrency"] = "engine"
 
     # ---- field checks ----------------------------------------------------------------------
@@ -761,30 +638,33 @@ class ServingSpec(_Model):
             )
         problems += extra_args_problems(self.engine, self.extra_args, self.engine_version)
         problems += self._cudagraph_sizes_problems()
+        non_api = sizing.non_api_cpus(self)
         if (
             self.cpu is not None
             and self.api_server_count is not None
-            and self.cpu < self.api_server_count + self._non_api_cpus
+            and self.cpu < self.api_server_count + non_api
         ):
             problems.append(
                 (
                     "cpu",
                     f"cpu={self.cpu:g} is below what api_server_count={self.api_server_count} "
-                    f"needs: {self.api_server_count + self._non_api_cpus} (one core per API "
-                    f"server, {self._non_api_cpus} for the engine core, its GPU workers"
+                    f"needs: {self.api_server_count + non_api} (one core per API "
+                    f"server, {non_api} for the engine core, its GPU workers"
                     + (", SGLang's detokenizer" if self.engine == "sglang" else "")
                     + " and the proxy). Raise cpu, lower api_server_count, or leave one unset",
                 )
             )
-        if self.memory_gib is not None and self.memory_gib < self.memory_floor_gib:
+        floor = sizing.memory_floor_gib(self)
+        if self.memory_gib is not None and self.memory_gib < floor:
             problems.append(
                 (
                     "memory_gib",
                     f"memory_gib={self.memory_gib:g} is below what the engine's processes "
-                    f"need: {self.memory_floor_gib:g} GiB ({self._memory_breakdown()}; measured "
-                    f"RSS, serving/spec.py). Raise memory_gib to at least "
-                    f"{math.ceil(self.memory_floor_gib)}, or leave it unset (derived: "
-                    f"{self._derived_memory_gib} GiB, with {MEMORY_HEADROOM:.0%} headroom)",
+                    f"need: {floor:g} GiB ({sizing.memory_breakdown(self)}; measured "
+                    f"RSS, serving/sizing.py). Raise memory_gib to at least "
+                    f"{math.ceil(floor)}, or leave it unset (derived: "
+                    f"{sizing.derived_memory_gib(self)} GiB, with "
+                    f"{sizing.MEMORY_HEADROOM:.0%} headroom)",
                 )
             )
         if self.proxy.max_in_flight < self.scaling.max_concurrency:
@@ -799,6 +679,23 @@ class ServingSpec(_Model):
         _raise_problems("ServingSpec", problems, self)
         return self
 
+    def _cudagraph_sizes_problems(self) -> list[tuple[str, str]]:
+        if self.cudagraph_sizes == "engine":
+            return []
+        if self.engine != "vllm":
+            return [("cudagraph_sizes", f'{self.cudagraph_sizes!r} is for vLLM; use "engine"')]
+        found = flag_set_in(self.engine, self.engine_version, self.extra_args, CUDAGRAPH_SIZE_FLAGS)
+        if found is None:
+            return []
+        i, token = found
+        return [
+            (
+                f"extra_args[{i}]",
+                f"{token} sets the CUDA-graph sizes, and so does cudagraph_sizes="
+                f'{self.cudagraph_sizes!r}; keep one (cudagraph_sizes: "engine")',
+            )
+        ]
+
     # ---- derived values --------------------------------------------------------------------
 
     @property
@@ -809,293 +706,6 @@ class ServingSpec(_Model):
     @property
     def engine_release(self) -> EngineRelease:
         return ENGINE_RELEASES[self.engine][self.engine_version]
-
-    @property
-    def engine_image(self) -> str:
-        return self.engine_release.image
-
-    @property
-    def engine_cache_path(self) -> str:
-        return ENGINE_CACHE_PATHS[self.engine]
-
-    @property
-    def memory_fraction(self) -> float:
-        if self.gpu_memory_fraction is not None:
-            return self.gpu_memory_fraction
-        return DEFAULT_GPU_MEMORY_FRACTION[self.engine]
-
-    @property
-    def _non_api_cpus(self) -> int:
-        """Cores for the engine core (plus one worker per GPU under TP), SGLang's
-        detokenizer, and the proxy."""
-        gpus = self.gpu_count * ENGINE_CORE_CPUS_PER_GPU
-        frontend = SGLANG_DETOKENIZER_CPUS if self.engine == "sglang" else 0
-        return (gpus if self.gpu_count == 1 else gpus + 1) + frontend + SUPPORT_CPUS
-
-    @property
-    def api_servers(self) -> int:
-        """HTTP-server processes: vLLM's `--api-server-count`, SGLang's
-        `--tokenizer-worker-num`.
-
-        Explicit `api_server_count` wins. SGLang: else SGLANG_DEFAULT_TOKENIZER_WORKERS. vLLM:
-        else, with `cpu` set, every core the engine core, its GPU workers and the proxy leave
-        over (at least 1); else DEFAULT_API_SERVERS, but 1 with `snapshot`: the snapshot cycle
-        (sleep/wake through the dev endpoints, then Modal's memory snapshot of every process)
-        was verified with one API server only.
-        """
-        if self.api_server_count is not None:
-            return self.api_server_count
-        if self.engine != "vllm":
-            return SGLANG_DEFAULT_TOKENIZER_WORKERS
-        if self.cpu is not None:
-            return max(1, math.floor(self.cpu) - self._non_api_cpus)
-        return 1 if self.snapshot else DEFAULT_API_SERVERS
-
-    @property
-    def proxy_workers(self) -> int:
-        """Auth-proxy processes (`python -m serving.proxy --workers N`): explicit
-        `proxy.workers`, else 1. With 4 vLLM API servers on one H100 the proxy added 36 ms to
-        TTFT p50 at 256 streams and 76 ms at 1024 (docs/gpu.md, run M); 4 proxy processes
-        against 1, same engine, same run (run O), took 24 ms off TTFT p50 at 256 streams but
-        nothing at 1024, with tokens/s 0.971x vs 1.009x direct and TTFT p99 1.044x vs 0.928x
-        at 256: no gain shown, so one process stays the default. The proxy's CPU is counted
-        in SUPPORT_CPUS either way (its work per token is the same, spread or not)."""
-        return self.proxy.workers if self.proxy.workers is not None else 1
-
-    @property
-    def cpu_request(self) -> float:
-        """The container's CPU request in cores (Modal `cpu=`): explicit `cpu`, else one core
-        per API server plus the engine core(s) and the proxy (SGLang: its tokenizer and
-        detokenizer processes instead of the API servers)."""
-        if self.cpu is not None:
-            return self.cpu
-        return float(self.api_servers + self._non_api_cpus)
-
-    def _memory_parts(self) -> list[tuple[str, float, int]]:
-        """(what, GiB each, how many) per kind of process, as counted for the CPU request."""
-        n = self.gpu_count
-        parts = [
-            ("per API server", API_SERVER_MEMORY_GIB, self.api_servers),
-            ("per engine process", ENGINE_PROCESS_MEMORY_GIB, 1 if n == 1 else n + 1),
-        ]
-        if n > 1:
-            parts.append(("per GPU worker under TP", TP_WORKER_EXTRA_MEMORY_GIB, n))
-        if self.engine == "sglang":
-            parts.append(("for SGLang's detokenizer", SGLANG_DETOKENIZER_MEMORY_GIB, 1))
-        parts.append(("for the proxy and Modal's runtime", SUPPORT_MEMORY_GIB, 1))
-        return parts
-
-    def _memory_breakdown(self) -> str:
-        return ", ".join(
-            f"{gib:g} GiB {what}" + (f" x {count}" if count != 1 else "")
-            for what, gib, count in self._memory_parts()
-        )
-
-    @property
-    def memory_floor_gib(self) -> float:
-        """Host memory the engine's processes measured at (no headroom), in GiB: the least an
-        explicit `memory_gib` may ask for."""
-        return round(sum(gib * count for _, gib, count in self._memory_parts()), 3)
-
-    @property
-    def _derived_memory_gib(self) -> int:
-        # round() first: 9.6 x 1.25 is 12.000000000000002 in floats, and must stay 12
-        return math.ceil(round(self.memory_floor_gib * (1 + MEMORY_HEADROOM), 6))
-
-    @property
-    def memory_request_mib(self) -> int:
-        """The container's memory request in MiB (Modal `memory=`): explicit `memory_gib`, else
-        the processes' measured memory (`memory_floor_gib`) plus MEMORY_HEADROOM, rounded up
-        to a whole GiB. A reservation, billed as max(request, usage); the comment above
-        API_SERVER_MEMORY_GIB says what it leaves out (the weights' host copy during a
-        snapshot)."""
-        if self.memory_gib is not None:
-            return math.ceil(self.memory_gib * 1024)
-        return self._derived_memory_gib * 1024
-
-    def modal_gpu(self) -> str | list[str]:
-        """The `gpu=` argument for Modal: "H100" / "H100:2", or a preference list of those."""
-        rendered = [t if self.gpu_count == 1 else f"{t}:{self.gpu_count}" for t in self.gpu_types]
-        return rendered[0] if isinstance(self.gpu, str) else rendered
-
-    def default_app_name(self) -> str:
-        """A valid Modal app name from served_model_name (used when SERVING_APP_NAME is unset)."""
-        name = re.sub(r"[^A-Za-z0-9._-]+", "-", self.served_model_name).strip("-.") or "serving"
-        return name[:64]
-
-    @property
-    def model_source(self) -> str:
-        """What the engine loads: the weights directory on the volume, else the hub id."""
-        if self.weights is not None:
-            return f"{WEIGHTS_MOUNT}/{self.weights.path}"
-        return self.model
-
-    def volume_mounts(self) -> dict[str, str]:
-        """Mount path in the container -> Modal volume name."""
-        mounts = {
-            HF_CACHE_PATH: self.volumes.hf_cache,
-            self.engine_cache_path: self.volumes.engine_cache,
-        }
-        if self.weights is not None:
-            mounts[WEIGHTS_MOUNT] = self.weights.volume
-        return mounts
-
-    def secret_names(self) -> list[str]:
-        """Modal secrets to mount, API keys first."""
-        names = [self.secrets.api_keys]
-        if self.secrets.hf_token is not None:
-            names.append(self.secrets.hf_token)
-        return names
-
-    # ---- rendering -------------------------------------------------------------------------
-
-    def launch_command(self, port: int = ENGINE_PORT, *, python: str = "python3") -> list[str]:
-        """What the container starts as its engine: the engine command, or the stand-in's."""
-        if self.engine_standin is None:
-            return self.engine_command(port)
-        return self.standin_command(port, python=python)
-
-    def standin_command(self, port: int = ENGINE_PORT, *, python: str = "python3") -> list[str]:
-        """serving/standin_engine.py given the real engine command line after `--` (it checks
-        that line's flags against the pinned parser and serves on its host/port/model name)."""
-        standin = self.engine_standin or EngineStandin()
-        cmd = [python, "-m", "serving.standin_engine"]
-        if standin.fail is not None:
-            cmd += ["--fail", standin.fail]
-        if standin.startup_delay_s:
-            cmd += ["--startup-delay-s", _fmt_float(standin.startup_delay_s)]
-        return [*cmd, "--", *self.engine_command(port)]
-
-    def engine_command(self, port: int = ENGINE_PORT) -> list[str]:
-        """The engine's command line, listening on 127.0.0.1:port (only the proxy talks to it)."""
-        # With weights on a volume the engine loads that directory (a local path: vLLM and
-        # SGLang never contact the hub for it) and no revision applies.
-        revision = self.revision if self.weights is None else None
-        if self.engine == "vllm":
-            cmd = ["vllm", "serve", self.model_source]
-            if revision is not None:
-                cmd += ["--revision", revision]
-            cmd += [
-                "--served-model-name", self.served_model_name,
-                "--host", "127.0.0.1",
-                "--port", str(port),
-                "--tensor-parallel-size", str(self.gpu_count),
-                "--gpu-memory-utilization", _fmt_float(self.memory_fraction),
-                "--download-dir", HF_HUB_PATH,
-            ]  # fmt: skip
-            if self._default_wanted("--enable-prefix-caching"):
-                cmd += ["--enable-prefix-caching"]  # shared system prompts skip prefill
-            if self._default_wanted("--async-scheduling"):
-                cmd += ["--async-scheduling"]  # overlap scheduling with the GPU step
-            if self._default_wanted("--generation-config"):
-                # vLLM's own sampling defaults, not the checkpoint's generation_config.json
-                cmd += ["--generation-config", "vllm"]
-            if self._default_wanted("--enable-force-include-usage"):
-                # every stream ends with a usage chunk (and carries running usage on each
-                # chunk), so the proxy counts stream tokens without clients asking for them
-                cmd += ["--enable-force-include-usage"]
-            if self.context_length is not None:
-                cmd += ["--max-model-len", str(self.context_length)]
-            if self.snapshot:
-                cmd += ["--enable-sleep-mode"]
-            if self.api_servers > 1:
-                # more OpenAI-server processes when the CPUs allow (see DEFAULT_API_SERVERS)
-                cmd += ["--api-server-count", str(self.api_servers)]
-            if self.cudagraph_sizes == "max_concurrency":
-                # graphs only for the batch sizes a container can see (see CUDAGRAPH_SIZES)
-                cmd += ["--max-cudagraph-capture-size", str(self.scaling.max_concurrency)]
-        else:
-            cmd = ["python3", "-m", "sglang.launch_server", "--model-path", self.model_source]
-            if revision is not None:
-                cmd += ["--revision", revision]
-            cmd += [
-                "--served-model-name", self.served_model_name,
-                "--host", "127.0.0.1",
-                "--port", str(port),
-                "--tp-size", str(self.gpu_count),
-                "--mem-fraction-static", _fmt_float(self.memory_fraction),
-                "--download-dir", HF_HUB_PATH,
-            ]  # fmt: skip
-            if self._default_wanted("--enable-metrics"):
-                cmd += ["--enable-metrics"]  # Prometheus /metrics (the proxy guards it)
-            if self._default_wanted("--stream-response-default-include-usage"):
-                # every stream ends with a usage chunk, so the proxy counts stream tokens
-                cmd += ["--stream-response-default-include-usage"]
-            if self.context_length is not None:
-                cmd += ["--context-length", str(self.context_length)]
-            if self.snapshot:
-                cmd += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
-            if self.api_servers > 1:
-                # HTTP servers, each with its own tokenizer (see SGLANG_DEFAULT_TOKENIZER_WORKERS)
-                cmd += ["--tokenizer-worker-num", str(self.api_servers)]
-        return cmd + list(self.extra_args)
-
-    def _cudagraph_sizes_problems(self) -> list[tuple[str, str]]:
-        if self.cudagraph_sizes == "engine":
-            return []
-        if self.engine != "vllm":
-            return [("cudagraph_sizes", f'{self.cudagraph_sizes!r} is for vLLM; use "engine"')]
-        flags = engine_flags(self.engine, self.engine_version)
-        for i, token in _flags_in(self.extra_args):
-            option, _ = flags.resolve(parser_name(self.engine, token))
-            if option is not None and CUDAGRAPH_SIZE_FLAGS & set(flags.aliases(option)):
-                return [
-                    (
-                        f"extra_args[{i}]",
-                        f"{token} sets the CUDA-graph sizes, and so does cudagraph_sizes="
-                        f'{self.cudagraph_sizes!r}; keep one (cudagraph_sizes: "engine")',
-                    )
-                ]
-        return []
-
-    def _default_wanted(self, flag: str) -> bool:
-        overrides = OVERRIDABLE_DEFAULTS[self.engine][flag]
-        flags = engine_flags(self.engine, self.engine_version)
-        for _, token in _flags_in(self.extra_args):
-            option, _ = flags.resolve(parser_name(self.engine, token))
-            if option is not None and overrides & set(flags.aliases(option)):
-                return False
-        return True
-
-    def engine_env(self) -> dict[str, str]:
-        """Environment for the engine process (and the image), caches on the volumes."""
-        cache = self.engine_cache_path
-        env = {
-            # idle connections: the proxy's pool closes them, never the engine (see the constant)
-            ENGINE_KEEPALIVE_ENV[self.engine]: str(ENGINE_KEEPALIVE_S),
-            "HF_HOME": HF_CACHE_PATH,  # weights and tokenizer files on the HF volume
-            "HF_XET_HIGH_PERFORMANCE": "1",  # saturate the network on first download
-            "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",  # torch.compile artifacts
-            "TRITON_CACHE_DIR": f"{cache}/triton",  # JIT-compiled Triton kernels
-            "CUDA_CACHE_PATH": f"{cache}/nv",  # PTX -> SASS JIT cache of the CUDA driver
-        }
-        if self.engine == "vllm":
-            env["VLLM_CACHE_ROOT"] = cache  # vLLM's torch.compile cache and other state
-            # the engine core (and its TP workers) forked, not spawned (see the constant)
-            env["VLLM_WORKER_MULTIPROC_METHOD"] = VLLM_MULTIPROC_METHOD
-        else:
-            # SGLang derives DeepGEMM, FlashInfer and TileLang JIT caches from this root.
-            env["SGLANG_CACHE_DIR"] = cache
-        if self.weights is not None:
-            # Weights come from the volume: any hub access (a missing file, a tokenizer
-            # lookup by id) fails loudly instead of downloading at a cold start.
-            env["HF_HUB_OFFLINE"] = "1"
-        if self.snapshot:
-            # torch inductor's compile worker pool does not survive a memory snapshot.
-            env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-            if self.engine == "sglang":
-                # SGLang's /health runs a one-token generation (0.5.15
-                # sglang/srt/entrypoints/http_server.py `health_generate`, unless
-                # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, default true in environ.py, is
-                # false). Our proxy keeps polling /health while the engine sleeps for the
-                # snapshot: on the H100 such a generation on released memory crashed 0.5.15's
-                # scheduler right after /release_memory_occupation (docs/gpu.md, run I). Off,
-                # /health answers 200 without generating; readiness still waits for our warm-up.
-                env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] = "false"
-            if self.engine == "vllm":
-                # /sleep and /wake_up exist only in dev mode; the proxy never forwards them.
-                env["VLLM_SERVER_DEV_MODE"] = "1"
-        return env
 
     # ---- serialization ---------------------------------------------------------------------
 
@@ -1227,25 +837,6 @@ def engine_flags(engine: str, version: str | None = None) -> FlagList:
     return flag_list(engine, version or ENGINE_VERSIONS[engine])
 
 
-class ReleaseFlags(NamedTuple):
-    """One release's flag table: the spellings its parser has of what the spec renders."""
-
-    #: flag -> the spec field that sets it (extra_args may not use any spelling of it)
-    reserved: dict[str, str]
-    #: default flag the spec adds -> the spellings of it (or its negation) that replace it
-    overridable: dict[str, frozenset[str]]
-
-
-def release_flags(engine: str, version: str | None = None) -> ReleaseFlags:
-    """RESERVED_FLAGS and OVERRIDABLE_DEFAULTS as one release spells them (vLLM 0.26.0 negates
-    with `--no-enable-...` where 0.33.0 says `--disable-...`)."""
-    options = engine_flags(engine, version).options
-    return ReleaseFlags(
-        {f: field for f, field in RESERVED_FLAGS[engine].items() if f in options},
-        {d: alts & options for d, alts in OVERRIDABLE_DEFAULTS[engine].items()},
-    )
-
-
 def extra_args_problems(
     engine: str, args: list[str], version: str | None = None
 ) -> list[tuple[str, str]]:
@@ -1311,13 +902,22 @@ def extra_args_problems(
     return problems
 
 
+def flag_set_in(
+    engine: str, version: str, args: list[str], spellings: frozenset[str]
+) -> tuple[int, str] | None:
+    """(index, flag) of the first flag in `args` that sets any of `spellings` as that engine
+    release's parser reads it (an alias of the same action, vLLM's `_` for `-`), else None."""
+    flags = engine_flags(engine, version)
+    for i, token in _flags_in(args):
+        option, _ = flags.resolve(parser_name(engine, token))
+        if option is not None and spellings & set(flags.aliases(option)):
+            return i, token
+    return None
+
+
 def flags_in(args: list[str]) -> list[str]:
     """The flag names an argv fragment uses, in order (shared with the flag-fixture tests)."""
     return [flag for _, flag in _flags_in(args)]
-
-
-def _fmt_float(value: float) -> str:
-    return repr(float(value))
 
 
 def _raise_problems(title: str, problems: list[tuple[str, str]], model: BaseModel) -> None:

@@ -63,7 +63,7 @@ from bench.gpu.mkmodel import SHAPES
 PAYLOAD = device.ROOT / ".gpu-payload"
 # coldstart, tp: how vLLM starts its engine-core process (and its TP workers), set in the
 # `vllm` wrapper (prepare) over what the spec sets. "default": as the spec sets it
-# (serving/spec.py VLLM_MULTIPROC_METHOD: fork on one GPU since f80cad5, on any number since
+# (serving/render/vllm.py VLLM_MULTIPROC_METHOD: fork on one GPU since f80cad5, on any number since
 # run Z; before it nothing, and `vllm serve` then picks "spawn": vllm 0.26.0
 # entrypoints/serve/utils/api_utils.py); "spawn": a fresh interpreter that imports vLLM again;
 # "fork": from the parent's process, its imports done (vllm/utils/system_utils.py
@@ -392,6 +392,7 @@ def probe_imports(
 def flag_argvs() -> list[list[str]]:
     """The argvs (without `vllm serve`) the GPU runs and the spec's own matrix render."""
     sys.path[:0] = [str(device.ROOT), str(device.SITE)]
+    from serving.render import engine_command
     from serving.spec import ServingSpec
 
     specs = [
@@ -402,7 +403,7 @@ def flag_argvs() -> list[list[str]]:
         {**device.spec_dict(), "cpu": 8},  # -> --api-server-count 6
         {**device.spec_dict(snapshot=True), "cudagraph_sizes": "max_concurrency"},
     ]
-    return [ServingSpec.model_validate(s).engine_command(8001)[2:] for s in specs]
+    return [engine_command(ServingSpec.model_validate(s), 8001)[2:] for s in specs]
 
 
 def check_flags(out: Path, log: Log) -> dict[str, Any]:
@@ -481,6 +482,7 @@ def sglang_flag_argvs() -> list[list[str]]:
     the spec's own variants: snapshot, TP 2, extra_args. serving.spec needs pydantic, which the
     image lacks: it comes from the vLLM site (call 1), as in `flag_argvs`."""
     sys.path[:0] = [str(device.ROOT), str(device.SITE)]
+    from serving.render import engine_command
     from serving.spec import ServingSpec
 
     specs = [
@@ -493,7 +495,7 @@ def sglang_flag_argvs() -> list[list[str]]:
         # the shipped SGLang defaults alone (without this machine's backends)
         {**device.spec_dict(), "engine": "sglang", "engine_version": device.SGLANG_VERSION},
     ]  # fmt: skip
-    return [ServingSpec.model_validate(s).engine_command(8001)[3:] for s in specs]
+    return [engine_command(ServingSpec.model_validate(s), 8001)[3:] for s in specs]
 
 
 def check_sglang_flags(out: Path, log: Log, env: dict[str, str]) -> dict[str, Any]:
@@ -926,7 +928,7 @@ def second_proxy(
     ``port``: with one process (`one_process`, `--workers` dropped: the baseline for the spec's
     `proxy_workers`) and/or ``extra`` arguments (e.g. `--server uvicorn`), same run."""
     sys.path[:0] = [str(device.ROOT), str(device.SITE)]
-    from serving.engine import proxy_command
+    from serving.render import proxy_command
     from serving.spec import ServingSpec
 
     cmd = proxy_command(ServingSpec.model_validate(spec), port=port) + extra

@@ -114,6 +114,7 @@ def test_wait_http_ok_then_stop_group(tmp_path: Path) -> None:
 def test_every_bench_spec_caps_the_proxy_above_its_streams() -> None:
     """Run X: the SGLang bench without --plain left the proxy at its default cap (256 in
     flight), and 1024 streams got 429s. Every bench's spec must let the plan's streams in."""
+    from serving import render
     from serving.spec import ServingSpec
 
     most = 1024  # issue 24 item 4's most streams, the largest level of any plan in docs/gpu.md
@@ -127,10 +128,10 @@ def test_every_bench_spec_caps_the_proxy_above_its_streams() -> None:
         spec = ServingSpec.model_validate(raw)
         assert spec.proxy.max_in_flight >= most, raw
     sglang = ServingSpec.model_validate(remote.sglang_bench_spec(False, 4, 4))
-    assert sglang.api_servers == 4 and sglang.proxy_workers == 4
+    assert render.sizing(sglang).api_servers == 4 and render.proxy_workers(sglang) == 4
     assert "gpu_memory_fraction" not in remote.sglang_bench_spec(plain=False)
     assert "gpu_memory_fraction" not in remote.bench_spec(plain=False)
-    assert ServingSpec.model_validate(remote.bench_spec(True, 4)).proxy_workers == 4
+    assert render.proxy_workers(ServingSpec.model_validate(remote.bench_spec(True, 4))) == 4
 
 
 def test_start_method_is_set_for_the_starts_inside_and_cleared_after(

@@ -15,6 +15,7 @@ import pulumi
 import pytest
 
 from components.config import ConfigError, parse_stack_config
+from serving import render
 from serving.spec import ServingSpec
 from tests.program.runner import run_program, stack_config
 
@@ -41,8 +42,15 @@ def test_standin_on_a_local_modal_goes_into_every_spec(url: str) -> None:
     assert cfg.engine_standin is True
     spec = cfg.services[0].spec
     assert spec.engine_standin is not None and spec.engine_standin.fail is None
-    assert spec.launch_command(8001)[:4] == ["python3", "-m", "serving.standin_engine", "--"]
-    assert spec.launch_command(8001)[4:] == spec.engine_command(8001)  # the real line, checked
+    assert render.launch_command(spec, 8001)[:4] == [
+        "python3",
+        "-m",
+        "serving.standin_engine",
+        "--",
+    ]
+    assert render.launch_command(spec, 8001)[4:] == render.engine_command(
+        spec, 8001
+    )  # the real line, checked
 
 
 def test_a_service_can_tell_its_standin_to_fail() -> None:

@@ -39,6 +39,7 @@ from components.modal.model_weights import (
 )
 from components.modal.secret import SecretProvider
 from components.modal.volume import VolumeProvider
+from serving import render
 from serving.spec import ServingSpec
 from serving.weights import WEIGHTS_MOUNT, manifest_of
 from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
@@ -356,8 +357,8 @@ def test_program_provisions_before_the_app_and_points_the_spec_at_the_volume() -
         "tiny-weights",
         "v3",
     )
-    assert spec.engine_command()[2] == f"{WEIGHTS_MOUNT}/v3"
-    assert spec.volume_mounts()[WEIGHTS_MOUNT] == "tiny-weights"
+    assert render.engine_command(spec)[2] == f"{WEIGHTS_MOUNT}/v3"
+    assert render.volume_mounts(spec)[WEIGHTS_MOUNT] == "tiny-weights"
     assert S3_SECRET not in json.dumps(weights.inputs) + app.inputs["spec_json"]
 
 

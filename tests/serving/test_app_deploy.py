@@ -21,6 +21,7 @@ import pytest
 from modal_proto import api_pb2
 
 from components.modal._source import shipped_files
+from serving import render
 from serving.spec import (
     ENGINE_IMAGES,
     HF_CACHE_PATH,
@@ -123,7 +124,7 @@ def create_secrets(spec: ServingSpec) -> None:
 def create_mounted_objects(spec: ServingSpec) -> None:
     """What the Pulumi component creates before the App: the secrets and the cache volumes."""
     create_secrets(spec)
-    for name in spec.volume_mounts().values():
+    for name in render.volume_mounts(spec).values():
         modal.Volume.objects.create(name)
 
 
@@ -144,7 +145,7 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
 
     result = modal_deploy(modal_env, spec_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    app_name = spec.default_app_name()
+    app_name = render.default_app_name(spec)
 
     url = modal.Server.from_name(app_name, SERVER_NAME).get_url()
     assert url is not None
@@ -163,7 +164,7 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
     assert any("uvicorn==0.54.0" in line and "--target" in line for line in flat)
     assert "COPY --from=ghcr.io/astral-sh/uv:0.13.8 /uv /.uv/uv" in flat  # pinned, not latest
     assert f"ENV SERVING_SPEC={SPEC_IN_IMAGE}" in flat
-    for key, value in spec.engine_env().items():
+    for key, value in render.engine_env(spec).items():
         assert f"ENV {key}={value}" in flat
     # the spec file is bundled byte for byte at SPEC_IN_IMAGE
     want = hashlib.sha256(spec_path.read_bytes()).hexdigest()
@@ -190,14 +191,16 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
     volume_ids = {v["name"]: v["id"] for v in state["volumes"]}
     assert volume_ids == volumes_before  # mounted the existing ones, created none
     mounts = {vm.mount_path: vm.volume_id for vm in fn.volume_mounts}
-    assert mounts == {path: volume_ids[name] for path, name in spec.volume_mounts().items()}, (
+    assert mounts == {
+        path: volume_ids[name] for path, name in render.volume_mounts(spec).items()
+    }, (
         mounts,
         volume_ids,
     )
     assert HF_CACHE_PATH in mounts
     # secrets by name (API keys, and HF token when set)
     secret_ids = {s["name"]: s["id"] for s in state["secrets"]}
-    for name in spec.secret_names():
+    for name in render.secret_names(spec):
         assert secret_ids[name] in fn.secret_ids
     # GPU, scaling, proxy auth, port, timeouts
     gpu_types = [
@@ -208,9 +211,9 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
     assert gpu_types == [g.upper() for g in spec.gpu_types]
     assert fn.resources.gpu_config.count == spec.gpu_count
     # The CPU request the command line needs (one core per API server + engine + proxy).
-    assert fn.resources.milli_cpu == int(spec.cpu_request * 1000)
+    assert fn.resources.milli_cpu == int(render.sizing(spec).cpu * 1000)
     # ...and the memory request for the same processes, in MiB (no hard limit: memory_mb_max 0).
-    assert fn.resources.memory_mb == spec.memory_request_mib
+    assert fn.resources.memory_mb == render.sizing(spec).memory_mib
     assert fn.resources.memory_mb_max == 0
     assert fn.http_config.port == PROXY_PORT and fn.http_config.unauthenticated is False
     assert fn.http_config.startup_timeout == spec.timeouts.startup_s

@@ -20,15 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from serving import render
 from serving.engine_flags import flag_list, module_name
 from serving.spec import (
     ENGINE_RELEASES,
     ENGINE_VERSIONS,
-    OVERRIDABLE_DEFAULTS,
     RESERVED_FLAGS,
     ServingSpec,
     flags_in,
-    release_flags,
 )
 from tests.serving.test_spec import SHA, make
 from tests.serving.test_spec_extra_args import release_accepted, release_bypasses
@@ -100,7 +99,7 @@ def test_every_rendered_flag_exists_in_the_release_parser(engine: str, version: 
     known = recorded_flags(engine, version)
     seen: set[str] = set()
     for spec in matrix(engine, version):
-        argv = spec.engine_command(8001)[prefix_len(engine) :]
+        argv = render.engine_command(spec, 8001)[prefix_len(engine) :]
         missing = [f for f in flags_in(argv) if f not in known]
         assert not missing, f"{engine}=={version} has no {missing}; rendered: {argv}"
         seen.update(flags_in(argv))
@@ -116,7 +115,7 @@ def test_every_rendered_flag_exists_in_the_release_parser(engine: str, version: 
 def test_each_release_keeps_every_guard(engine: str, version: str) -> None:
     """Each release's table (release_flags) spells every reserved field and every default the
     spec adds in that release's own parser, else the guard would protect nothing there."""
-    table = release_flags(engine, version)
+    table = render.release_flags(engine, version)
     known = recorded_flags(engine, version)
     assert set(table.reserved) <= known
     assert set(table.reserved.values()) == set(RESERVED_FLAGS[engine].values())
@@ -129,14 +128,14 @@ def test_every_spelling_in_the_tables_belongs_to_a_release(engine: str) -> None:
     """The engine-wide tables hold no spelling that no release's parser has (a typo)."""
     known = set().union(*(recorded_flags(engine, v) for v in ENGINE_RELEASES[engine]))
     assert set(RESERVED_FLAGS[engine]) <= known
-    for alternatives in OVERRIDABLE_DEFAULTS[engine].values():
+    for alternatives in render.OVERRIDABLE_DEFAULTS[engine].values():
         assert alternatives <= known
 
 
 def base_argv(engine: str, version: str | None = None) -> list[str]:
     """The parser's own arguments of a minimal rendered command (without the prefix)."""
     spec = make(engine=engine, engine_version=version)
-    return spec.engine_command(8001)[prefix_len(engine) :]
+    return render.engine_command(spec, 8001)[prefix_len(engine) :]
 
 
 def engine_python(engine: str, version: str) -> str | None:
@@ -156,7 +155,7 @@ def test_parser_accepts_rendered_commands(engine: str, version: str) -> None:
     python = engine_python(engine, version)
     if python is None:
         pytest.skip(f"no venv with {engine}=={version} (see module docstring)")
-    argvs = [s.engine_command(8001)[prefix_len(engine) :] for s in matrix(engine, version)]
+    argvs = [render.engine_command(s, 8001)[prefix_len(engine) :] for s in matrix(engine, version)]
     base = base_argv(engine, version)
     argvs += [base + args for args in release_accepted(engine, version)]
     argvs += [base + args for args in release_bypasses(engine, version)]

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from serving import render
 from serving.engine import (
     ENGINE_DIED_EXIT_CODE,
     Container,
@@ -32,7 +33,6 @@ from serving.engine import (
     EngineError,
     ManagedProcess,
     ProcessDied,
-    proxy_command,
 )
 from serving.proxy.keys import digest_of
 from serving.spec import ServingSpec
@@ -317,7 +317,7 @@ def test_orphans_of_a_dead_engine_are_killed() -> None:
 
 def test_proxy_command_carries_the_spec_settings() -> None:
     spec = make_spec(proxy={"max_in_flight": 300, "max_body_bytes": 2048, "keepalive_s": 5})
-    cmd = proxy_command(spec, port=8000, engine_port=8001, python="python3")
+    cmd = render.proxy_command(spec, port=8000, engine_port=8001, python="python3")
     assert cmd[:3] == ["python3", "-m", "serving.proxy"]
     args = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert args == {
@@ -337,14 +337,14 @@ def test_proxy_command_carries_the_spec_settings() -> None:
 
 def test_proxy_workers_one_unless_set() -> None:
     four = make_spec(snapshot=False)  # 4 vLLM API servers, still one proxy process
-    assert four.api_servers == 4 and four.proxy_workers == 1
-    assert "--workers" not in proxy_command(four)
-    cmd = proxy_command(make_spec(snapshot=False, proxy={"workers": 4}))
+    assert render.sizing(four).api_servers == 4 and render.proxy_workers(four) == 1
+    assert "--workers" not in render.proxy_command(four)
+    cmd = render.proxy_command(make_spec(snapshot=False, proxy={"workers": 4}))
     assert cmd[cmd.index("--workers") + 1] == "4"
     from serving.proxy.__main__ import build_parser
 
     assert build_parser().parse_args(cmd[3:]).workers == 4  # the real proxy CLI takes it
-    assert "--workers" not in proxy_command(make_spec(proxy={"workers": 1}))
+    assert "--workers" not in render.proxy_command(make_spec(proxy={"workers": 1}))
     assert '"workers"' not in make_spec().to_json()  # unset: the digest of older specs holds
 
 

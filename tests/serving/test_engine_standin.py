@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from serving import render
 from serving.engine import Container, EngineError, ProcessDied
 from serving.proxy.keys import digest_of
 from serving.spec import ServingSpec, SpecError
@@ -84,7 +85,7 @@ def test_the_lifecycle_runs_the_standin_the_spec_names(
     spec = make_spec(engine, snapshot)
     c, proxy_port = containers(spec)
     assert c.engine.process.argv[1:4] == ["-m", "serving.standin_engine", "--"]
-    assert c.engine.process.argv[4:] == spec.engine_command(c.engine.port)  # the real line
+    assert c.engine.process.argv[4:] == render.engine_command(spec, c.engine.port)  # the real line
     c.start()
     c.ready()  # health, warm-up prompts, proxy /ready
     if snapshot:

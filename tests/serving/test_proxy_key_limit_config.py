@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from components.config import ConfigError, parse_stack_config
-from serving.engine import proxy_command
 from serving.proxy.__main__ import build_parser
+from serving.render import proxy_command
 from serving.spec import ServingSpec, SpecError
 from tests.harness.stub_engine import StubEngine
 from tests.serving.conftest import ALICE, BOB

@@ -5,13 +5,17 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from serving import render
 from serving.spec import (
+    ENGINE_CACHE_PATHS,
     ENGINE_IMAGES,
     ENGINE_VERSIONS,
     GPU_TYPES,
@@ -22,6 +26,7 @@ from serving.spec import (
     format_validation_error,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 SHA = "b968826d9c46dd6066d109eabc6255188de91218"
 BASE: dict[str, Any] = {"engine": "vllm", "model": "Qwen/Qwen3-8B", "served_model_name": "qwen3-8b"}
 
@@ -74,15 +79,34 @@ def test_contract_fields_are_all_there() -> None:
         "secrets", "region", "timeouts", "proxy", "require_pinned_revision",
     }  # fmt: skip
     assert contract <= set(ServingSpec.model_fields)
-    for method in ("to_json", "digest", "engine_command", "engine_env", "load", "from_env"):
+    for method in ("to_json", "digest", "from_json", "load", "from_env"):
         assert callable(getattr(ServingSpec, method))
-    assert make().engine_command() == make().engine_command(8001)  # default port
+    # the spec holds and validates; what it renders is in serving/render and serving/sizing
+    rendering = {"engine_command", "engine_env", "launch_command", "standin_command"}
+    rendering |= {"modal_gpu", "volume_mounts", "secret_names", "default_app_name"}
+    rendering |= {"cpu_request", "memory_request_mib", "api_servers", "proxy_workers"}
+    assert not rendering & set(dir(ServingSpec))
+    assert render.engine_command(make()) == render.engine_command(make(), 8001)  # default port
 
 
 def test_pinned_engines_have_images_and_versions() -> None:
     assert set(ENGINE_VERSIONS) == set(ENGINE_IMAGES) == {"vllm", "sglang"}
     for engine, image in ENGINE_IMAGES.items():
         assert ENGINE_VERSIONS[engine] in image  # the image tag is the pinned version
+    assert set(render.engine.RENDERERS) == set(ENGINE_VERSIONS)  # a renderer for each engine
+
+
+def test_the_spec_does_not_import_its_renderers() -> None:
+    """serving/spec.py holds and validates; serving/render depends on it, never the reverse
+    (serving/sizing.py, whose figures the validation shares, imports nothing of either)."""
+    code = (
+        "import sys, serving.spec; print(sorted(m for m in sys.modules if m.startswith('serving')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    assert "'serving.spec'" in loaded and "'serving.sizing'" in loaded
+    assert "serving.render" not in loaded
 
 
 # ---- validation: which field, and why ------------------------------------------------------------
@@ -424,7 +448,7 @@ def test_load_errors_name_the_file_and_fields(tmp_path: Path) -> None:
 
 
 def test_vllm_command_defaults() -> None:
-    cmd = make(revision=SHA).engine_command(8001)
+    cmd = render.engine_command(make(revision=SHA), 8001)
     assert cmd == [
         "vllm", "serve", "Qwen/Qwen3-8B",
         "--revision", SHA,
@@ -443,18 +467,20 @@ def test_vllm_command_defaults() -> None:
 
 
 def test_vllm_command_snapshot_tp_context() -> None:
-    cmd = make(snapshot=True, context_length=8192, extra_args=["--seed", "7"]).engine_command(9)
+    cmd = render.engine_command(
+        make(snapshot=True, context_length=8192, extra_args=["--seed", "7"]), 9
+    )
     assert cmd[-5:] == ["--max-model-len", "8192", "--enable-sleep-mode", "--seed", "7"]
     assert "--revision" not in cmd
-    tp = make(gpu_count=4, gpu_memory_fraction=0.8).engine_command()
+    tp = render.engine_command(make(gpu_count=4, gpu_memory_fraction=0.8))
     assert tp[tp.index("--tensor-parallel-size") + 1] == "4"
     assert tp[tp.index("--gpu-memory-utilization") + 1] == "0.8"
     assert "--enable-sleep-mode" not in tp and "--max-model-len" not in tp
 
 
 def test_sglang_command() -> None:
-    cmd = make(engine="sglang", revision=SHA, snapshot=True, context_length=32768).engine_command(
-        8001
+    cmd = render.engine_command(
+        make(engine="sglang", revision=SHA, snapshot=True, context_length=32768), 8001
     )
     assert cmd == [
         "python3", "-m", "sglang.launch_server",
@@ -471,17 +497,19 @@ def test_sglang_command() -> None:
         "--context-length", "32768",
         "--enable-memory-saver", "--enable-weights-cpu-backup",
     ]  # fmt: skip
-    plain = make(engine="sglang", gpu_count=2).engine_command()
+    plain = render.engine_command(make(engine="sglang", gpu_count=2))
     assert "--enable-memory-saver" not in plain and "--context-length" not in plain
     assert plain[plain.index("--tp-size") + 1] == "2"
 
 
 def test_extra_args_replace_overridable_defaults() -> None:
-    cmd = make(extra_args=["--no-async-scheduling", "--generation-config", "auto"]).engine_command()
+    cmd = render.engine_command(
+        make(extra_args=["--no-async-scheduling", "--generation-config", "auto"])
+    )
     assert "--async-scheduling" not in cmd and cmd.count("--generation-config") == 1
     assert cmd[-3:] == ["--no-async-scheduling", "--generation-config", "auto"]
     assert "--enable-prefix-caching" in cmd
-    cmd = make(extra_args=["--disable-prefix-caching"]).engine_command()
+    cmd = render.engine_command(make(extra_args=["--disable-prefix-caching"]))
     assert "--enable-prefix-caching" not in cmd
 
 
@@ -489,35 +517,37 @@ def test_streams_report_usage_by_default_and_that_can_be_turned_off() -> None:
     """The proxy counts stream tokens from the engine's usage chunk: both engines are told to
     send it whatever the client asked; vLLM's default can be switched off, SGLang's flag has
     no negation (passing it only avoids a duplicate)."""
-    assert "--enable-force-include-usage" in make().engine_command()
-    off = make(extra_args=["--disable-force-include-usage"]).engine_command()
+    assert "--enable-force-include-usage" in render.engine_command(make())
+    off = render.engine_command(make(extra_args=["--disable-force-include-usage"]))
     assert "--enable-force-include-usage" not in off
     assert off[-1] == "--disable-force-include-usage"
-    off = make(extra_args=["--disable_force_include_usage"]).engine_command()
+    off = render.engine_command(make(extra_args=["--disable_force_include_usage"]))
     assert "--enable-force-include-usage" not in off
-    sglang = make(engine="sglang").engine_command()
+    sglang = render.engine_command(make(engine="sglang"))
     assert sglang.count("--stream-response-default-include-usage") == 1
-    again = make(
-        engine="sglang", extra_args=["--stream-response-default-include-usage"]
-    ).engine_command()
+    again = render.engine_command(
+        make(engine="sglang", extra_args=["--stream-response-default-include-usage"])
+    )
     assert again.count("--stream-response-default-include-usage") == 1
 
 
 def test_engine_env() -> None:
-    env = make().engine_env()
+    env = render.engine_env(make())
     assert env["HF_HOME"] == HF_CACHE_PATH and env["HF_XET_HIGH_PERFORMANCE"] == "1"
     assert env["VLLM_CACHE_ROOT"] == "/root/.cache/vllm"
     assert "VLLM_SERVER_DEV_MODE" not in env and "TORCHINDUCTOR_COMPILE_THREADS" not in env
-    snap = make(snapshot=True, context_length=4096).engine_env()
+    snap = render.engine_env(make(snapshot=True, context_length=4096))
     assert snap["VLLM_SERVER_DEV_MODE"] == "1" and snap["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
-    sg = make(engine="sglang", snapshot=True, context_length=4096).engine_env()
+    sg = render.engine_env(make(engine="sglang", snapshot=True, context_length=4096))
     assert "VLLM_SERVER_DEV_MODE" not in sg and sg["SGLANG_CACHE_DIR"] == "/root/.cache/sglang"
     # SGLang's /health must not generate while the engine sleeps for a snapshot (docs/gpu.md)
     assert sg["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "false"
-    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" not in make(engine="sglang").engine_env()
+    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" not in render.engine_env(
+        make(engine="sglang")
+    )
     assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" not in snap
     for e in (env, snap, sg):  # every cache lives on a volume
-        cache_root = make(engine="sglang" if e is sg else "vllm").engine_cache_path
+        cache_root = ENGINE_CACHE_PATHS["sglang" if e is sg else "vllm"]
         for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH"):
             assert e[key].startswith(cache_root + "/")
 
@@ -527,18 +557,18 @@ def test_vllm_engine_core_and_workers_forked() -> None:
     workers from the engine core (no second import: ~20 s of every start, docs/gpu.md runs P,
     S and Z); SGLang has no such variable."""
     for spec in (make(), make(snapshot=True, context_length=4096), make(gpu_count=2)):
-        assert spec.engine_env()["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
-    assert "VLLM_WORKER_MULTIPROC_METHOD" not in make(engine="sglang").engine_env()
+        assert render.engine_env(spec)["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in render.engine_env(make(engine="sglang"))
 
 
 def test_modal_gpu_and_mounts() -> None:
-    assert make().modal_gpu() == "H100"
-    assert make(gpu_count=2).modal_gpu() == "H100:2"
-    assert make(gpu=["H200", "H100"], gpu_count=4).modal_gpu() == ["H200:4", "H100:4"]
-    assert make(gpu=["L4"]).modal_gpu() == ["L4"]
+    assert render.modal_gpu(make()) == "H100"
+    assert render.modal_gpu(make(gpu_count=2)) == "H100:2"
+    assert render.modal_gpu(make(gpu=["H200", "H100"], gpu_count=4)) == ["H200:4", "H100:4"]
+    assert render.modal_gpu(make(gpu=["L4"])) == ["L4"]
     s = make(secrets={"hf_token": "hf"}, volumes={"hf_cache": "w", "engine_cache": "c"})
-    assert s.secret_names() == ["serving-api-keys", "hf"]
-    assert s.volume_mounts() == {HF_CACHE_PATH: "w", "/root/.cache/vllm": "c"}
+    assert render.secret_names(s) == ["serving-api-keys", "hf"]
+    assert render.volume_mounts(s) == {HF_CACHE_PATH: "w", "/root/.cache/vllm": "c"}
 
 
 @pytest.mark.parametrize(
@@ -546,7 +576,7 @@ def test_modal_gpu_and_mounts() -> None:
     [("qwen3-8b", "qwen3-8b"), ("Qwen/Qwen3-8B", "Qwen-Qwen3-8B"), ("a:b@c", "a-b-c")],
 )
 def test_default_app_name_is_a_valid_modal_name(served: str, app: str) -> None:
-    assert make(served_model_name=served).default_app_name() == app
+    assert render.default_app_name(make(served_model_name=served)) == app
 
 
 def test_timeouts_say_what_modal_allows() -> None:
@@ -581,13 +611,15 @@ def test_a_spec_written_before_engine_standin_keeps_its_text() -> None:
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_standin_command_wraps_the_real_engine_command(engine: str) -> None:
     spec = make(engine=engine, engine_standin={"fail": "never-ready", "startup_delay_s": 2})
-    real = spec.engine_command(8001)
-    assert spec.launch_command(8001, python="py") == [
+    real = render.engine_command(spec, 8001)
+    assert render.launch_command(spec, 8001, python="py") == [
         "py", "-m", "serving.standin_engine", "--fail", "never-ready",
         "--startup-delay-s", "2.0", "--", *real,
     ]  # fmt: skip
-    assert make(engine=engine).launch_command(8001) == real  # no stand-in: the engine itself
-    assert make(engine=engine, engine_standin={}).launch_command(8001, python="py") == [
+    assert (
+        render.launch_command(make(engine=engine), 8001) == real
+    )  # no stand-in: the engine itself
+    assert render.launch_command(make(engine=engine, engine_standin={}), 8001, python="py") == [
         "py", "-m", "serving.standin_engine", "--", *real,
     ]  # fmt: skip
 

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from serving.spec import DEFAULT_API_SERVERS, ServingSpec
+from serving import render
+from serving.sizing import DEFAULT_API_SERVERS
+from serving.spec import ServingSpec
 
 
 def make(**kw: Any) -> ServingSpec:
@@ -17,33 +19,33 @@ def make(**kw: Any) -> ServingSpec:
 
 
 def asc(spec: ServingSpec) -> str | None:
-    cmd = spec.engine_command()
+    cmd = render.engine_command(spec)
     return cmd[cmd.index("--api-server-count") + 1] if "--api-server-count" in cmd else None
 
 
 def test_default_four_api_servers_and_the_cpus_they_need() -> None:
     s = make()
-    assert s.api_servers == DEFAULT_API_SERVERS == 4
+    assert render.sizing(s).api_servers == DEFAULT_API_SERVERS == 4
     assert asc(s) == "4"
-    assert s.cpu_request == 6.0  # 4 API servers + the engine core + the proxy
+    assert render.sizing(s).cpu == 6.0  # 4 API servers + the engine core + the proxy
 
 
 def test_api_servers_follow_the_cpu_request() -> None:
-    assert make(cpu=8).api_servers == 6
+    assert render.sizing(make(cpu=8)).api_servers == 6
     assert asc(make(cpu=8)) == "6"
-    assert make(cpu=2.5).api_servers == 1  # no core left over: one, and no flag
+    assert render.sizing(make(cpu=2.5)).api_servers == 1  # no core left over: one, and no flag
     assert asc(make(cpu=2.5)) is None
     # tensor parallel: one worker process per GPU beside the engine core
     tp = make(gpu_count=2, cpu=8)
-    assert tp.api_servers == 4
-    assert make(gpu_count=2).cpu_request == 8.0
+    assert render.sizing(tp).api_servers == 4
+    assert render.sizing(make(gpu_count=2)).cpu == 8.0
 
 
 def test_explicit_count_wins_and_sets_the_cpu_request() -> None:
     s = make(api_server_count=2)
-    assert asc(s) == "2" and s.cpu_request == 4.0
-    assert make(api_server_count=1).engine_command().count("--api-server-count") == 0
-    assert make(api_server_count=3, cpu=16).api_servers == 3
+    assert asc(s) == "2" and render.sizing(s).cpu == 4.0
+    assert render.engine_command(make(api_server_count=1)).count("--api-server-count") == 0
+    assert render.sizing(make(api_server_count=3, cpu=16)).api_servers == 3
 
 
 def test_too_few_cpus_for_the_count_is_refused() -> None:
@@ -53,7 +55,7 @@ def test_too_few_cpus_for_the_count_is_refused() -> None:
 
 def test_snapshot_keeps_one_api_server_unless_asked() -> None:
     s = make(snapshot=True, context_length=2048)
-    assert s.api_servers == 1 and asc(s) is None and s.cpu_request == 3.0
+    assert render.sizing(s).api_servers == 1 and asc(s) is None and render.sizing(s).cpu == 3.0
     assert asc(make(snapshot=True, context_length=2048, api_server_count=2)) == "2"
 
 
@@ -65,12 +67,14 @@ def test_flag_in_extra_args_is_refused_for_the_field() -> None:
 
 def test_sglang_tokenizer_workers_are_its_api_servers() -> None:
     s = make(engine="sglang")
-    assert s.api_servers == 1 and s.cpu_request == 4.0  # tokenizer + detokenizer + core + proxy
-    assert "--tokenizer-worker-num" not in s.engine_command()
+    assert (
+        render.sizing(s).api_servers == 1 and render.sizing(s).cpu == 4.0
+    )  # tokenizer + detokenizer + core + proxy
+    assert "--tokenizer-worker-num" not in render.engine_command(s)
     four = make(engine="sglang", api_server_count=4)
-    cmd = four.engine_command()
+    cmd = render.engine_command(four)
     assert cmd[cmd.index("--tokenizer-worker-num") + 1] == "4"
-    assert four.cpu_request == 7.0  # 4 tokenizer workers + detokenizer + core + proxy
+    assert render.sizing(four).cpu == 7.0  # 4 tokenizer workers + detokenizer + core + proxy
     assert "--api-server-count" not in cmd
     with pytest.raises(ValidationError, match="cpu=4 is below what api_server_count=4 needs: 7"):
         make(engine="sglang", cpu=4, api_server_count=4)

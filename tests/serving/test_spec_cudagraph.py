@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from serving import render
 from serving.engine_flags import flag_list
 from serving.spec import CUDAGRAPH_SIZE_FLAGS, ENGINE_RELEASES
 from tests.serving.test_spec import make, problems
@@ -18,13 +19,13 @@ def test_default_leaves_the_command_and_the_digest_alone() -> None:
     spec = make()
     assert spec.cudagraph_sizes == "engine"
     assert "cudagraph_sizes" not in spec.to_json()
-    assert not CUDAGRAPH_SIZE_FLAGS & set(spec.engine_command())
+    assert not CUDAGRAPH_SIZE_FLAGS & set(render.engine_command(spec))
     assert make(cudagraph_sizes="engine").digest() == spec.digest()
 
 
 def test_max_concurrency_renders_the_largest_size() -> None:
     spec = make(engine="vllm", cudagraph_sizes="max_concurrency", scaling={"max_concurrency": 48})
-    cmd = spec.engine_command()
+    cmd = render.engine_command(spec)
     at = cmd.index("--max-cudagraph-capture-size")
     assert cmd[at + 1] == "48"
     assert spec.digest() != make(engine="vllm", scaling={"max_concurrency": 48}).digest()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from serving import render
 from serving.spec import ENGINE_VERSIONS
 from tests.serving.test_spec import make, problems
 
@@ -170,7 +171,7 @@ def test_every_problem_is_reported_with_its_index() -> None:
 
 def test_overridable_defaults_follow_the_engine_spelling() -> None:
     # --no_async_scheduling is --no-async-scheduling to vLLM: the spec drops its default
-    cmd = make(extra_args=["--no_async_scheduling"]).engine_command()
+    cmd = render.engine_command(make(extra_args=["--no_async_scheduling"]))
     assert "--async-scheduling" not in cmd
-    cmd = make(extra_args=["--generation_config", "auto"]).engine_command()
+    cmd = render.engine_command(make(extra_args=["--generation_config", "auto"]))
     assert cmd.count("--generation-config") == 0 and cmd[-2:] == ["--generation_config", "auto"]

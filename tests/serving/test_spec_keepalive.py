@@ -14,9 +14,10 @@ import inspect
 
 import pytest
 
+from serving import render
 from serving.proxy.__main__ import build_parser
 from serving.proxy.upstream import UpstreamClient
-from serving.spec import ENGINE_KEEPALIVE_ENV, ENGINE_KEEPALIVE_S
+from serving.render import ENGINE_KEEPALIVE_ENV, ENGINE_KEEPALIVE_S
 from tests.serving.test_spec import make
 
 MARGIN_S = 10  # room for a request written just before the proxy's own expiry check
@@ -34,7 +35,7 @@ def proxy_pool_idle_s() -> float:
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_engine_keepalive_outlasts_the_proxy_pool(engine: str) -> None:
-    env = make(engine=engine).engine_env()
+    env = render.engine_env(make(engine=engine))
     assert env[ENGINE_KEEPALIVE_ENV[engine]] == str(ENGINE_KEEPALIVE_S)
     assert int(env[ENGINE_KEEPALIVE_ENV[engine]]) >= proxy_pool_idle_s() + MARGIN_S
 
@@ -44,6 +45,6 @@ def test_keepalive_variables_are_each_engines_own() -> None:
         "vllm": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE",  # vllm/envs.py (int seconds)
         "sglang": "SGLANG_TIMEOUT_KEEP_ALIVE",  # sglang/srt/environ.py (EnvInt)
     }
-    env = make(engine="vllm").engine_env()
+    env = render.engine_env(make(engine="vllm"))
     assert "SGLANG_TIMEOUT_KEEP_ALIVE" not in env
-    assert "VLLM_HTTP_TIMEOUT_KEEP_ALIVE" not in make(engine="sglang").engine_env()
+    assert "VLLM_HTTP_TIMEOUT_KEEP_ALIVE" not in render.engine_env(make(engine="sglang"))

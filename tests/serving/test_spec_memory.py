@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from serving import render
 from serving.spec import ServingSpec
 
 
@@ -32,46 +33,46 @@ def request_mib(floor_gib: float) -> int:
 def test_vllm_default_four_api_servers() -> None:
     s = make()
     floor = 4 * 1.6 + 2.2 + 1.0  # 4 API servers, the engine core, proxy + runtime = 9.6 GiB
-    assert s.memory_floor_gib == pytest.approx(floor)
-    assert s.memory_request_mib == request_mib(floor) == 12 * 1024
+    assert render.sizing(s).memory_floor_gib == pytest.approx(floor)
+    assert render.sizing(s).memory_mib == request_mib(floor) == 12 * 1024
 
 
 def test_vllm_snapshot_one_api_server() -> None:
     s = make(snapshot=True, context_length=2048)
     floor = 1 * 1.6 + 2.2 + 1.0  # 4.8 GiB
-    assert s.memory_request_mib == request_mib(floor) == 6 * 1024
+    assert render.sizing(s).memory_mib == request_mib(floor) == 6 * 1024
 
 
 def test_vllm_tensor_parallel_two_gpus() -> None:
     s = make(gpu_count=2)
     floor = 4 * 1.6 + 3 * 2.2 + 2 * 1.0 + 1.0  # engine core + 2 workers, +1 GiB per worker
-    assert s.memory_request_mib == request_mib(floor) == 20 * 1024
+    assert render.sizing(s).memory_mib == request_mib(floor) == 20 * 1024
 
 
 def test_sglang_default_and_more_tokenizer_workers() -> None:
     floor = 1 * 1.6 + 2.2 + 1.25 + 1.0  # tokenizer worker, scheduler, detokenizer, proxy
-    assert make(engine="sglang").memory_request_mib == request_mib(floor) == 8 * 1024
+    assert render.sizing(make(engine="sglang")).memory_mib == request_mib(floor) == 8 * 1024
     four = 4 * 1.6 + 2.2 + 1.25 + 1.0
-    assert make(engine="sglang", api_server_count=4).memory_request_mib == request_mib(four)
+    assert render.sizing(make(engine="sglang", api_server_count=4)).memory_mib == request_mib(four)
 
 
 def test_api_servers_from_the_cpu_request_set_the_memory_too() -> None:
-    assert make(cpu=8).memory_request_mib == request_mib(6 * 1.6 + 2.2 + 1.0)
-    assert make(api_server_count=2).memory_request_mib == request_mib(2 * 1.6 + 2.2 + 1.0)
+    assert render.sizing(make(cpu=8)).memory_mib == request_mib(6 * 1.6 + 2.2 + 1.0)
+    assert render.sizing(make(api_server_count=2)).memory_mib == request_mib(2 * 1.6 + 2.2 + 1.0)
 
 
 def test_the_request_does_not_follow_the_gpu_or_the_model() -> None:
     # the weights and KV cache are GPU memory: same processes, same host memory
-    assert make(gpu="T4").memory_request_mib == make(gpu="H200").memory_request_mib
+    assert render.sizing(make(gpu="T4")).memory_mib == render.sizing(make(gpu="H200")).memory_mib
     other = make(model="google/gemma-3-27b-it", gpu="H200")
-    assert other.memory_request_mib == make().memory_request_mib
+    assert render.sizing(other).memory_mib == render.sizing(make()).memory_mib
 
 
 def test_explicit_memory_wins() -> None:
-    assert make(memory_gib=32).memory_request_mib == 32 * 1024
-    assert make(memory_gib=12.5).memory_request_mib == 12800
+    assert render.sizing(make(memory_gib=32)).memory_mib == 32 * 1024
+    assert render.sizing(make(memory_gib=12.5)).memory_mib == 12800
     # at the processes' own figure (no headroom) is allowed
-    assert make(memory_gib=9.6).memory_request_mib == math.ceil(9.6 * 1024)
+    assert render.sizing(make(memory_gib=9.6)).memory_mib == math.ceil(9.6 * 1024)
 
 
 def test_too_little_memory_is_refused_with_the_figure_and_the_fix() -> None:
@@ -101,4 +102,4 @@ def test_unset_memory_keeps_the_digest_set_memory_changes_it() -> None:
     assert make(memory_gib=16).digest() != make().digest()
     assert json.loads(make(memory_gib=16).to_json())["memory_gib"] == 16.0
     back = ServingSpec.model_validate_json(make(memory_gib=16).to_json())
-    assert back.memory_request_mib == 16 * 1024
+    assert render.sizing(back).memory_mib == 16 * 1024

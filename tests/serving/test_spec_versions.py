@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from serving import render
 from serving.engine_flags import module_name
 from serving.spec import (
     ENGINE_IMAGES,
     ENGINE_RELEASES,
     ENGINE_VERSIONS,
     ServingSpec,
-    release_flags,
 )
 from tests.serving.test_spec import make, problems
 
@@ -40,14 +40,14 @@ def test_every_release_has_an_image_of_its_version_and_a_recorded_parser() -> No
 def test_a_spec_without_a_version_gets_the_pinned_one() -> None:
     spec = make()
     assert spec.engine_version == ENGINE_VERSIONS["vllm"]
-    assert spec.engine_image == ENGINE_IMAGES["vllm"]
+    assert spec.engine_release.image == ENGINE_IMAGES["vllm"]
     assert make(engine="sglang").engine_version == ENGINE_VERSIONS["sglang"]
     assert make(engine_version=None).engine_version == ENGINE_VERSIONS["vllm"]
 
 
 def test_a_named_release_picks_its_image_and_keeps_the_digest_rule() -> None:
     old = make(engine_version=OLD_VLLM)
-    assert old.engine_image == "vllm/vllm-openai:v0.26.0"
+    assert old.engine_release.image == "vllm/vllm-openai:v0.26.0"
     assert old.engine_release.verified == "gpu"
     assert json.loads(old.to_json())["engine_version"] == OLD_VLLM  # written: not the default
     assert ServingSpec.from_json(old.to_json()) == old
@@ -69,19 +69,21 @@ def test_an_unknown_release_lists_the_known_ones() -> None:
 
 def test_each_release_checks_extra_args_against_its_own_parser() -> None:
     # 0.26.0 spells the negation --no-enable-prefix-caching, 0.33.0 --disable-prefix-caching
-    cmd = make(engine_version=OLD_VLLM, extra_args=["--no-enable-prefix-caching"]).engine_command()
+    cmd = render.engine_command(
+        make(engine_version=OLD_VLLM, extra_args=["--no-enable-prefix-caching"])
+    )
     assert "--enable-prefix-caching" not in cmd and cmd[-1] == "--no-enable-prefix-caching"
     msg = problems(engine_version=OLD_VLLM, extra_args=["--disable-prefix-caching"])
     assert "not a flag of vllm==0.26.0" in msg["extra_args[0]"]
     assert "serving/engine_flags/vllm_0_26_0.py" in msg["extra_args[0]"]
     msg = problems(extra_args=["--no-enable-prefix-caching"])
     assert "not a flag of vllm==0.33.0" in msg["extra_args[0]"]
-    cmd = make(extra_args=["--disable-prefix-caching"]).engine_command()
+    cmd = render.engine_command(make(extra_args=["--disable-prefix-caching"]))
     assert "--enable-prefix-caching" not in cmd
     # the usage chunk the proxy counts tokens with: each release's negation drops the default
-    cmd = make(
-        engine_version=OLD_VLLM, extra_args=["--no-enable-force-include-usage"]
-    ).engine_command()
+    cmd = render.engine_command(
+        make(engine_version=OLD_VLLM, extra_args=["--no-enable-force-include-usage"])
+    )
     assert "--enable-force-include-usage" not in cmd
 
 
@@ -95,7 +97,7 @@ def test_each_release_reserves_its_own_spelling(version: str, negation: str) -> 
 
 
 def test_release_flag_tables() -> None:
-    old, new = release_flags("vllm", OLD_VLLM), release_flags("vllm", "0.33.0")
+    old, new = render.release_flags("vllm", OLD_VLLM), render.release_flags("vllm", "0.33.0")
     assert "--no-enable-sleep-mode" in old.reserved and "--disable-sleep-mode" not in old.reserved
     assert "--disable-sleep-mode" in new.reserved and "--no-enable-sleep-mode" not in new.reserved
     assert "--device-memory-utilization" in new.reserved  # an alias 0.26.0 does not have
@@ -115,7 +117,9 @@ def test_the_default_command_line_is_the_same_for_both_vllm_releases() -> None:
     every flag); so only the image and the extra_args check differ."""
     for snapshot in (False, True):
         kw = {"snapshot": snapshot, "context_length": 4096}
-        assert make(engine_version=OLD_VLLM, **kw).engine_command() == make(**kw).engine_command()
+        assert render.engine_command(make(engine_version=OLD_VLLM, **kw)) == render.engine_command(
+            make(**kw)
+        )
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from serving import render
 from serving.spec import ServingSpec
 from serving.standin_engine import FAIL_ENV, StandinEngineProcess
 
@@ -47,7 +48,7 @@ def standin() -> Iterator[Any]:
         standin = spec.engine_standin
         assert standin is not None and standin.fail is None  # failures: see run_cli below
         proc = StandinEngineProcess(
-            engine_argv=spec.engine_command(0), startup_delay_s=standin.startup_delay_s
+            engine_argv=render.engine_command(spec, 0), startup_delay_s=standin.startup_delay_s
         )
         started.append(proc.start())
         return httpx.Client(base_url=proc.url, timeout=10)
@@ -188,7 +189,7 @@ def test_sglang_release_and_resume(standin: Any) -> None:
 
 
 def run_cli(spec: ServingSpec, **env: str) -> subprocess.Popen[str]:
-    argv = spec.standin_command(0, python=sys.executable)
+    argv = render.standin_command(spec, 0, python=sys.executable)
     return subprocess.Popen(
         argv, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
@@ -281,7 +282,7 @@ def test_idle_keep_alive_follows_the_engines_env(
     import http.client
 
     monkeypatch.setenv(env, "1")
-    proc = StandinEngineProcess(engine_argv=spec_for(engine).engine_command(0)).start()
+    proc = StandinEngineProcess(engine_argv=render.engine_command(spec_for(engine), 0)).start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", proc.port, timeout=5)
 

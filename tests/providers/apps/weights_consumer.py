@@ -33,11 +33,12 @@ app = modal.App("weights-consumer", image=image)
 def load(spec_json: str) -> dict[str, object]:
     from pathlib import Path
 
+    from serving import render
     from serving.spec import ServingSpec
 
     spec = ServingSpec.from_json(spec_json)
-    os.environ.update(spec.engine_env())
-    model = spec.engine_command()[2]  # `vllm serve MODEL ...`
+    os.environ.update(render.engine_env(spec))
+    model = render.engine_command(spec)[2]  # `vllm serve MODEL ...`
     local = Path(model).is_dir()
     if not local:
         import tempfile

@@ -1,0 +1,78 @@
+"""SGLang's command line and environment (`python3 -m sglang.launch_server`), for the releases
+in ENGINE_RELEASES; defaults are left out when extra_args set them, as the spec's release parses
+the flag (serving/engine_flags/)."""
+
+from __future__ import annotations
+
+from serving.render._common import default_wanted, fmt_float, gpu_memory_fraction, model_source
+from serving.render._common import revision as engine_revision
+from serving.sizing import api_servers
+from serving.spec import HF_HUB_PATH, ServingSpec
+
+# The engine default the seeds' learnings call for (docs/serving.md explains it).
+DEFAULT_GPU_MEMORY_FRACTION = 0.88
+
+# The variable SGLang reads its HTTP keep-alive from (ENGINE_KEEPALIVE_S in render/engine.py):
+# sglang/srt/environ.py SGLANG_TIMEOUT_KEEP_ALIVE (EnvInt, default 5), passed as uvicorn's
+# timeout_keep_alive by sglang/srt/entrypoints/http_server.py (0.5.15 and 0.5.23; releases
+# before it hard-coded timeout_keep_alive=5).
+KEEPALIVE_ENV = "SGLANG_TIMEOUT_KEEP_ALIVE"
+
+# Defaults the command line adds unless extra_args set them.
+OVERRIDABLE_DEFAULTS: dict[str, frozenset[str]] = {
+    "--enable-metrics": frozenset({"--enable-metrics"}),
+    # store_true without a negation: passing it only avoids a duplicate.
+    "--stream-response-default-include-usage": frozenset(
+        {"--stream-response-default-include-usage"}
+    ),
+}
+
+# With `snapshot`: SGLang's /health runs a one-token generation (0.5.15
+# sglang/srt/entrypoints/http_server.py `health_generate`, unless
+# SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, default true in environ.py, is false). Our proxy
+# keeps polling /health while the engine sleeps for the snapshot: on the H100 such a generation
+# on released memory crashed 0.5.15's scheduler right after /release_memory_occupation
+# (docs/gpu.md, run I). Off, /health answers 200 without generating; readiness still waits for
+# our warm-up.
+SNAPSHOT_ENV = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
+
+
+def cache_env(cache: str) -> dict[str, str]:
+    """SGLang derives DeepGEMM, FlashInfer and TileLang JIT caches from this root."""
+    return {"SGLANG_CACHE_DIR": cache}
+
+
+def command(spec: ServingSpec, port: int) -> list[str]:
+    """`sglang.launch_server` for the spec, on 127.0.0.1:port, before the spec's extra_args."""
+
+    def wanted(flag: str) -> bool:
+        return default_wanted(spec, OVERRIDABLE_DEFAULTS[flag])
+
+    cmd = ["python3", "-m", "sglang.launch_server", "--model-path", model_source(spec)]
+    revision = engine_revision(spec)
+    if revision is not None:
+        cmd += ["--revision", revision]
+    cmd += [
+        "--served-model-name", spec.served_model_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--tp-size", str(spec.gpu_count),
+        "--mem-fraction-static",
+        fmt_float(gpu_memory_fraction(spec, DEFAULT_GPU_MEMORY_FRACTION)),
+        "--download-dir", HF_HUB_PATH,
+    ]  # fmt: skip
+    if wanted("--enable-metrics"):
+        cmd += ["--enable-metrics"]  # Prometheus /metrics (the proxy guards it)
+    if wanted("--stream-response-default-include-usage"):
+        # every stream ends with a usage chunk, so the proxy counts stream tokens
+        cmd += ["--stream-response-default-include-usage"]
+    if spec.context_length is not None:
+        cmd += ["--context-length", str(spec.context_length)]
+    if spec.snapshot:
+        cmd += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
+    servers = api_servers(spec)
+    if servers > 1:
+        # HTTP servers, each with its own tokenizer (serving/sizing.py
+        # SGLANG_DEFAULT_TOKENIZER_WORKERS)
+        cmd += ["--tokenizer-worker-num", str(servers)]
+    return cmd
