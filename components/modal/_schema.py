@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, dataclass_transform
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult
+from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvider
 
 from ._base import (
     DiffSpec,
@@ -56,11 +56,9 @@ from ._base import (
     owner_mark,
     owner_of,
     owner_problems,
+    partial_diff,
     secret_output,
 )
-
-if TYPE_CHECKING:
-    from pulumi.dynamic import ResourceProvider
 
 Role = Literal["replace", "update", "record", "output"]
 Check = Callable[[Any], Iterable[str]]
@@ -312,6 +310,19 @@ class Schema:
 A = TypeVar("A", bound=Schema)
 
 
+class SchemaProvider(ResourceProvider):
+    """A provider whose `check` and `diff` are its `SCHEMA`'s, for providers that do not talk
+    to Modal (`ModalProvider` has its own, with `extra_changes`)."""
+
+    SCHEMA: ClassVar[ResourceSchema]
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        return type(self).SCHEMA.check(news)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return partial_diff(olds, news, type(self).SCHEMA.diff)
+
+
 class SchemaResource(pulumi.dynamic.Resource, Generic[A]):
     """A dynamic resource whose props, provider and secret outputs come from its schema.
 
@@ -343,6 +354,7 @@ __all__ = [
     "FieldSpec",
     "ResourceSchema",
     "Schema",
+    "SchemaProvider",
     "SchemaResource",
     "flag",
     "output",
