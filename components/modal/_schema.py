@@ -62,6 +62,9 @@ from ._base import (
 
 Role = Literal["replace", "update", "record", "output"]
 Check = Callable[[Any], Iterable[str]]
+Initial = Callable[[str, str, "pulumi.ResourceOptions | None"], Any]
+#: A check of several inputs together: (property, problem) pairs.
+Rule = Callable[[Mapping[str, Any]], Iterable[tuple[str, str]]]
 _KEY = "modal_llm_field"
 
 
@@ -79,8 +82,13 @@ class FieldSpec:
     check: Check | None = None
     normalize: Callable[[Any], Any] | None = None
     flag: bool = False
-    #: Not a constructor argument: the props value is `initial(type_token, resource_name)`.
-    initial: Callable[[str, str], Any] | None = None
+    #: Not a constructor argument: the props value is `initial(type_token, resource_name,
+    #: opts)` (the resource's ResourceOptions, or None).
+    initial: Initial | None = None
+    #: What a null value becomes in the checked inputs, from all of them (None: stays null).
+    fill: Callable[[Mapping[str, Any]], Any] | None = None
+    #: Echoed in the outputs (an input only the provider reads is not, e.g. a credential).
+    in_outputs: bool = True
     #: How the output reads the (checked) input; default: the input, its default when null.
     echo: Callable[[Mapping[str, Any]], Any] | None = None
     #: Left out of a refresh's inputs when null (the owner mark of a resource without one).
@@ -160,17 +168,34 @@ def records(
     secret: bool = False,
     check: Check | None = None,
     normalize: Callable[[Any], Any] | None = None,
+    fill: Callable[[Mapping[str, Any]], Any] | None = None,
+    in_outputs: bool = True,
 ) -> Any:
-    """An input that is recorded but never compared by the declared diff."""
-    spec = FieldSpec("record", secret=secret, check=check, normalize=normalize)
+    """An input that is recorded but never compared by the declared diff (`extra_changes`
+    may read it)."""
+    spec = FieldSpec(
+        "record",
+        secret=secret,
+        check=check,
+        normalize=normalize,
+        fill=fill,
+        in_outputs=in_outputs,
+    )
     return _field(spec, init=True, default=default, default_factory=default_factory)
 
 
-def flag(*, default: bool) -> Any:
-    """A true/false input that updates in place (absent, null and False compare equal).
-    `default` is spelled out (`flag(default=False)`): type checkers read it from the call."""
-    spec = FieldSpec("update", flag=True, normalize=bool)
+def flag(*, default: bool, compared: bool = True) -> Any:
+    """A true/false input (absent, null and False compare equal) that updates in place, or
+    with `compared=False` is only recorded. `default` is spelled out (`flag(default=False)`):
+    type checkers read it from the call."""
+    spec = FieldSpec("update" if compared else "record", flag=True, normalize=bool)
     return _field(spec, init=True, default=default, default_factory=None)
+
+
+def computed(*, initial: Initial, check: Check | None = None, init: Literal[False] = False) -> Any:
+    """A recorded input the resource class computes (`initial`), not a constructor argument."""
+    spec = FieldSpec("record", check=check, initial=initial)
+    return _field(spec, init=init, default=None, default_factory=None)
 
 
 def owner(*, init: Literal[False] = False) -> Any:
@@ -179,29 +204,38 @@ def owner(*, init: Literal[False] = False) -> Any:
     spec = FieldSpec(
         "record",
         check=owner_problems,
-        initial=owner_mark,
+        initial=lambda type_token, resource_name, _opts: owner_mark(type_token, resource_name),
         echo=lambda props: owner_of(props) or None,
         omit_none=True,
     )
     return _field(spec, init=init, default=None, default_factory=None)
 
 
-def output(*, init: Literal[False] = False, secret: bool = False) -> Any:
-    """A value only the provider computes (None in the props the resource registers)."""
+def output(
+    *, init: Literal[False] = False, secret: bool = False, default: Any = dataclasses.MISSING
+) -> Any:
+    """A value only the provider computes (None in the props the resource registers);
+    `default`: what a state written before it existed stands for (`output_defaults`)."""
     spec = FieldSpec("output", secret=secret)
+    if default is not dataclasses.MISSING:
+        spec = dataclasses.replace(spec, default=default, has_default=True)
     return _field(spec, init=init, default=dataclasses.MISSING, default_factory=None)
 
 
 class ResourceSchema:
     """The fields of one resource, in declaration order, and what follows from them."""
 
-    def __init__(self, owner_cls: type, fields: Iterable[FieldSpec]) -> None:
+    def __init__(
+        self, owner_cls: type, fields: Iterable[FieldSpec], rules: Iterable[Rule] = ()
+    ) -> None:
         self.owner_cls = owner_cls
         self.fields: tuple[FieldSpec, ...] = tuple(fields)
+        self.rules = tuple(rules)
         self.by_name = {f.name: f for f in self.fields}
-        self.secret_outputs = [f.name for f in self.fields if f.secret]
-        views = {f.name: f.view for f in self.fields if f.view is not None}
-        views.update({f.name: flag_view(f.name) for f in self.fields if f.flag})
+        self.secret_outputs = [f.name for f in self.fields if f.secret and f.in_outputs]
+        compared = [f for f in self.fields if f.role in ("replace", "update")]
+        views = {f.name: f.view for f in compared if f.view is not None}
+        views.update({f.name: flag_view(f.name) for f in compared if f.flag})
         self.diff = DiffSpec(
             replace_on=tuple(f.name for f in self.fields if f.role == "replace"),
             update_on=tuple(f.name for f in self.fields if f.role == "update"),
@@ -210,19 +244,34 @@ class ResourceSchema:
         )
 
     # ---- the program side --------------------------------------------------------------
-    def props(self, args: Any, type_token: str, resource_name: str) -> dict[str, Any]:
+    def props(
+        self,
+        args: Any,
+        type_token: str,
+        resource_name: str,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> dict[str, Any]:
         """What the resource registers: every input from `args` (secret ones wrapped in
-        `pulumi.Output.secret`), the computed ones (`initial`) and every output as None."""
+        `pulumi.Output.secret` unless None), the computed ones (`initial`) and every output
+        as None."""
         out: dict[str, Any] = {}
         for f in self.fields:
             if f.initial is not None:
-                out[f.name] = f.initial(type_token, resource_name)
+                out[f.name] = f.initial(type_token, resource_name, opts)
             elif f.is_input:
                 value = getattr(args, f.name)
-                out[f.name] = pulumi.Output.secret(value) if f.secret else value
+                secret = f.secret and value is not None
+                out[f.name] = pulumi.Output.secret(value) if secret else value
             else:
                 out[f.name] = None
         return out
+
+    def output_defaults(self) -> dict[str, Any]:
+        """{output: what a state written before it existed stands for}, for outputs that
+        declare one."""
+        return {
+            f.name: f.default_value() for f in self.fields if f.role == "output" and f.has_default
+        }
 
     # ---- the provider side -------------------------------------------------------------
     def check(self, news: Mapping[str, Any]) -> CheckResult:
@@ -236,6 +285,11 @@ class ResourceSchema:
             value = news.get(f.name)
             if is_unknown(value):
                 continue
+            if value is None and f.fill is not None:
+                filled = f.fill(news)
+                if filled is not None:
+                    checked[f.name] = filled
+                continue
             if value is None and f.has_default:
                 if f.default is not None:
                     checked[f.name] = f.default_value()
@@ -246,13 +300,15 @@ class ResourceSchema:
                 failures += [CheckFailure(f.name, problem) for problem in f.check(value)]
             if f.normalize is not None and f.name in checked:
                 checked[f.name] = f.normalize(value)
+        for rule in self.rules:
+            failures += [CheckFailure(prop, problem) for prop, problem in rule(news)]
         return CheckResult(checked, failures)
 
     def outputs(self, props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
         """The outputs: each input as `echoed` from `props` unless given in `computed`,
         every output field from `computed` (all of them required); secret ones wrapped (a
         secret of None left out)."""
-        stray = sorted(set(computed) - set(self.by_name))
+        stray = sorted(set(computed) - {f.name for f in self.fields if f.in_outputs})
         missing = [f.name for f in self.fields if not f.is_input and f.name not in computed]
         if stray or missing:
             raise TypeError(
@@ -261,6 +317,8 @@ class ResourceSchema:
             )
         outs: dict[str, Any] = {}
         for f in self.fields:
+            if not f.in_outputs:
+                continue
             value = computed[f.name] if f.name in computed else f.echoed(props)
             if f.secret:
                 if value is None:
@@ -285,12 +343,15 @@ class ResourceSchema:
 
 
 @dataclass_transform(
-    kw_only_default=True, field_specifiers=(replaces, updates, records, flag, owner, output)
+    kw_only_default=True,
+    field_specifiers=(replaces, updates, records, flag, computed, owner, output),
 )
 class Schema:
-    """Base of a resource's field declaration (its `...Args`): see the module docstring."""
+    """Base of a resource's field declaration (its `...Args`): see the module docstring.
+    `RULES`: checks of several inputs together (e.g. a digest that must match its spec)."""
 
     SCHEMA: ClassVar[ResourceSchema]
+    RULES: ClassVar[tuple[Rule, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -301,10 +362,10 @@ class Schema:
             if spec is None:
                 raise TypeError(
                     f"{cls.__name__}.{f.name}: declare it with replaces(), updates(),"
-                    " records(), flag(default=...), owner() or output()"
+                    " records(), flag(default=...), computed(), owner() or output()"
                 )
             specs.append(dataclasses.replace(spec, name=f.name))
-        cls.SCHEMA = ResourceSchema(cls, specs)
+        cls.SCHEMA = ResourceSchema(cls, specs, cls.RULES)
 
 
 A = TypeVar("A", bound=Schema)
@@ -338,7 +399,7 @@ class SchemaResource(pulumi.dynamic.Resource, Generic[A]):
         provider = type(self).PROVIDER()
         schema: ResourceSchema = type(args).SCHEMA
         type_token = str(getattr(provider, "type_token", ""))
-        props = schema.props(args, type_token, resource_name)
+        props = schema.props(args, type_token, resource_name, opts)
         if schema.secret_outputs:
             opts = pulumi.ResourceOptions.merge(
                 opts, pulumi.ResourceOptions(additional_secret_outputs=schema.secret_outputs)
@@ -353,9 +414,11 @@ class SchemaResource(pulumi.dynamic.Resource, Generic[A]):
 __all__ = [
     "FieldSpec",
     "ResourceSchema",
+    "Rule",
     "Schema",
     "SchemaProvider",
     "SchemaResource",
+    "computed",
     "flag",
     "output",
     "owner",

@@ -50,7 +50,7 @@ from ._base import (
     plain_view,
 )
 from ._schema import Schema, SchemaResource, output, owner, replaces, updates
-from .app import AppArgs, AppProvider, app_props
+from .app import AppArgs, AppProvider
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendAlert"  # noqa: S105 (a Pulumi type token)
 WATCH_TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendWatch"  # noqa: S105 (a Pulumi type token)
@@ -284,21 +284,10 @@ class SpendWatchProvider(AppProvider):
     type_token = WATCH_TYPE_TOKEN
 
 
-class SpendWatch(pulumi.dynamic.Resource, module="modal", name="SpendWatch"):
+class SpendWatch(SchemaResource[AppArgs], module="modal", name="SpendWatch"):
     """The deployed spend watcher (an App: same inputs and outputs)."""
 
-    name: pulumi.Output[str]
-    environment: pulumi.Output[str]
-    app_file: pulumi.Output[str]
-    spec_json: pulumi.Output[str]
-    app_id: pulumi.Output[str]
-    version: pulumi.Output[int]
-    source_digest: pulumi.Output[str]
-
-    def __init__(
-        self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
-    ) -> None:
-        super().__init__(SpendWatchProvider(), resource_name, app_props(args), opts)
+    PROVIDER = SpendWatchProvider
 
 
 __all__ = [
