@@ -18,10 +18,12 @@ Every provider in this package subclasses `ModalProvider`. What it gives them:
   Everything else is mapped to a `ModalProviderError` whose message names the resource, what
   was asked, what Modal answered and what to do next, with every secret value redacted
   (secrets may be given as a live collection or a callable, read when the error is built).
-- Small helpers for `check` (name validation, unknown values) and for secret outputs.
-- One declarative diff: a provider declares `DIFF = DiffSpec(...)` (which inputs replace,
-  which update, how a value is normalised before comparing) and inherits `diff`, which runs
-  `partial_diff`; specific logic (a digest of files or values) goes in `extra_changes`.
+- Small helpers for the field checks `_schema` runs (Modal's name rules, unknown values) and
+  for secret outputs.
+- One declarative diff: a provider declares its fields once (`SCHEMA`, see `_schema.py`),
+  which gives `DIFF = DiffSpec(...)` (which inputs replace, which update, how a value is
+  normalised before comparing) and `check`; it inherits `diff`, which runs `partial_diff`;
+  specific logic (a digest of files or values) goes in `extra_changes`.
 
 Tuning (env, read at call time): `MODAL_PROVIDER_RETRY_ATTEMPTS` (default 3),
 `MODAL_PROVIDER_RETRY_BASE_DELAY` seconds (default 1.0, doubled per attempt, capped at 4 s) and
@@ -42,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pulumi.dynamic import (
-    CheckFailure,
     CheckResult,
     ConfigureRequest,
     DiffResult,
@@ -147,39 +148,6 @@ def environment_problems(value: Any) -> list[str]:
         f"environment name {value!r} is invalid: start with a letter or digit, then"
         " a-z A-Z 0-9 - _ only, at most 64 characters, not starting with 'en-'"
     ]
-
-
-def _failures(props: Mapping[str, Any], key: str, check: Callable[[Any], list[str]]) -> list[Any]:
-    value = props.get(key)
-    if is_unknown(value):
-        return []
-    return [CheckFailure(key, problem) for problem in check(value)]
-
-
-def check_name(props: Mapping[str, Any], key: str, kind: str) -> list[CheckFailure]:
-    """CheckFailure list for an object-name input (unknown values pass: checked at apply)."""
-    return _failures(props, key, object_name(kind))
-
-
-def check_environment(props: Mapping[str, Any], key: str = "environment") -> list[CheckFailure]:
-    """CheckFailure list for an environment-name input."""
-    return _failures(props, key, environment_problems)
-
-
-def check_flag(props: Mapping[str, Any], key: str) -> list[CheckFailure]:
-    """CheckFailure list for a true/false input (absent = false; unknown passes)."""
-    value = props.get(key)
-    if value is not None and not is_unknown(value) and not isinstance(value, bool):
-        return [CheckFailure(key, f"{key} must be true or false")]
-    return []
-
-
-def normalize_flag(props: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """`props` with `key` as a real bool (absent → False), unknown values kept."""
-    out = dict(props)
-    if not is_unknown(out.get(key)):
-        out[key] = bool(out.get(key) or False)
-    return out
 
 
 def flag_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
@@ -752,10 +720,6 @@ def owner_problems(value: Any) -> list[str]:
         f"owner {value!r} is not a mark made by owner_mark() (12 hex, '_', 12 hex): leave"
         " it to the resource class"
     ]
-
-
-def check_owner(props: Mapping[str, Any]) -> list[CheckFailure]:
-    return [] if props.get("owner") is None else _failures(props, "owner", owner_problems)
 
 
 def environment_name(props: Mapping[str, Any], key: str = "environment") -> str:

@@ -14,10 +14,11 @@ Each field says what it is:
 
 - `replaces(...)`: an input whose change replaces the object; `updates(...)`: one whose change
   updates it in place; `records(...)`: an input that is recorded but never compared (e.g. a
-  value only `extra_changes` reads); `flag(default=False)`: a true/false update input
-  (absent = False); `owner()`: the ownership mark (`_base.owner_mark`), filled in by the
-  resource class and not a constructor argument; `output()`: a value only the provider
-  computes.
+  value only `extra_changes` reads; `in_outputs=False`: not echoed in the outputs either);
+  `flag(default=False)`: a true/false update input (absent = False; `compared=False`: only
+  recorded); `owner()`: the ownership mark (`_base.owner_mark`) and `computed(initial=...)`:
+  inputs the resource class fills in, not constructor arguments; `output()`: a value only
+  the provider computes (`default`: what a state written before it existed stands for).
 - `default` (or `default_factory`): the constructor default, also what `check` fills in when
   the engine sends the input as null (nothing is filled in for a default of None).
 - `view`: how `diff` reads the value before comparing (see `_base.DiffSpec`); `unset_keeps`:
@@ -26,8 +27,9 @@ Each field says what it is:
   in `additional_secret_outputs`; a secret output that is None is left out.
 - `check`: `value -> [problem, ...]`, each problem a CheckFailure on this field's property.
   Called with known values only (an unknown value, in preview, is checked at apply); a null
-  value of a field with a default is not checked (it is filled in). `normalize`: what a known
-  value becomes in the checked inputs (e.g. 365.0 days -> 365).
+  value of a field with a default is not checked (it is filled in; `fill`: from the other
+  inputs). `normalize`: what a known value becomes in the checked inputs (e.g. 365.0 days ->
+  365). Checks of several inputs together are the class's `RULES`.
 
 From that: `Schema` subclasses are keyword-only dataclasses (PEP 681 `dataclass_transform`, so
 type checkers see the constructor; output and owner fields are not arguments); `SCHEMA` on the

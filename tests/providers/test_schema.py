@@ -3,6 +3,7 @@ a field declares is what props, check, diff, outputs and a refresh's inputs do w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from components.api_keys import ApiKeyProvider
 from components.modal._base import ModalProvider, partial_diff, text_view
 from components.modal._schema import (
     Schema,
+    computed,
     flag,
     output,
     owner,
@@ -22,8 +24,10 @@ from components.modal._schema import (
     replaces,
     updates,
 )
+from components.modal.app import AppProvider
 from components.modal.environment import EnvironmentProvider
 from components.modal.environment_role import EnvironmentRoleProvider
+from components.modal.model_weights import ModelWeightsProvider
 from components.modal.proxy_auth_token import ProxyAuthTokenProvider
 from components.modal.secret import SecretProvider
 from components.modal.service_user import ServiceUserProvider
@@ -240,6 +244,47 @@ def test_args_are_keywords_and_outputs_no_arguments() -> None:
             name: str = "x"
 
 
+def _both_or_neither(news: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if (news.get("user") is None) != (news.get("key") is None):
+        return [("key", "user and key go together")]
+    return []
+
+
+class Gated(Schema):
+    RULES = (_both_or_neither,)
+
+    spec: pulumi.Input[str] = records()
+    digest: pulumi.Input[str] | None = records(
+        default=None, fill=lambda news: f"d({news['spec']})" if "spec" in news else None
+    )
+    user: pulumi.Input[str] | None = records(default=None, in_outputs=False)
+    key: pulumi.Input[str] | None = records(default=None, secret=True, in_outputs=False)
+    timeouts: dict[str, float] = computed(
+        initial=lambda _tt, _rn, opts: {"create": 1.0} if opts is not None else {}
+    )
+    release: int = output(default=0)
+    tag: str = output(default="")
+    other: str = output()
+
+
+def test_rules_fill_inputs_only_and_computed_fields() -> None:
+    g = Gated.SCHEMA
+    chk = g.check({"spec": "s", "user": "u"})
+    assert [(f.property, f.reason) for f in chk.failures] == [("key", "user and key go together")]
+    assert chk.inputs["digest"] == "d(s)"
+    assert g.check({"spec": "s", "digest": "given"}).inputs["digest"] == "given"
+    outs = g.outputs({"spec": "s", "user": "u", "key": "k"}, release=1, tag="t", other="o")
+    assert "user" not in outs and "key" not in outs and outs["spec"] == "s"
+    assert g.secret_outputs == []  # the secret input is no output
+    with pytest.raises(TypeError, match=r"unknown \['user'\]"):
+        g.outputs({}, release=1, tag="t", other="o", user="u")
+    assert g.output_defaults() == {"release": 0, "tag": ""}
+    props = g.props(Gated(spec="s"), "t", "r", pulumi.ResourceOptions())
+    assert props["timeouts"] == {"create": 1.0} and props["key"] is None  # None stays None
+    assert g.props(Gated(spec="s"), "t", "r")["timeouts"] == {}
+    assert g.diff.replace_on == () and g.diff.update_on == ()
+
+
 class _NoMocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         return "id", {}
@@ -252,6 +297,8 @@ class _NoMocks(pulumi.runtime.Mocks):
 
 SCHEMA_PROVIDERS: list[type[Any]] = [
     ApiKeyProvider,
+    AppProvider,
+    ModelWeightsProvider,
     EnvironmentProvider,
     EnvironmentRoleProvider,
     ProxyAuthTokenProvider,
