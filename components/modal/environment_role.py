@@ -48,14 +48,21 @@ def _names(props: Mapping[str, Any]) -> list[str]:
 def _user_problems(value: Any) -> list[str]:
     if isinstance(value, str) and NAME_RE.match(value):
         return []
-    return [f"service user name {value!r} is invalid"]
+    return [
+        f"service user name {value!r} is invalid: 1-56 characters from a-z A-Z 0-9 - _ (the"
+        " name of a ServiceUser of this stack)"
+    ]
 
 
 def _users_problems(users: Any) -> list[str]:
     if not isinstance(users, list):
-        return ["service_users must be a list"]
+        return [
+            f"service_users {users!r} must be a list of service user names (a ServiceUser's"
+            " `names` output)"
+        ]
     return [
-        f"service user name {u!r} is invalid"
+        f"service user name {u!r} in service_users is invalid: 1-64 characters from a-z A-Z"
+        " 0-9 - _ (a ServiceUser's `names` output)"
         for u in users
         if not is_unknown(u) and not (isinstance(u, str) and MODAL_NAME_RE.match(u))
     ]

@@ -43,11 +43,11 @@ from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 from . import _rpc
 from ._base import (
     ModalProvider,
+    environment_problems,
     is_unknown,
     owner_of,
     plain,
     text_view,
-    valid_environment_name,
 )
 from ._schema import Schema, SchemaResource, output, owner, replaces, updates
 
@@ -66,12 +66,8 @@ def _name_problems(name: Any) -> list[str]:
 
 def _envs_problems(envs: Any) -> list[str]:
     if not isinstance(envs, list):
-        return ["environments must be a list of names"]
-    return [
-        f"environment name {e!r} is invalid"
-        for e in envs
-        if not is_unknown(e) and not valid_environment_name(e)
-    ]
+        return [f"environments {envs!r} must be a list of environment names"]
+    return [problem for e in envs if not is_unknown(e) for problem in environment_problems(e)]
 
 
 def _rotation_problems(rotation: Any) -> list[str]:
