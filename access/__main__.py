@@ -35,22 +35,35 @@ for env in environments:
     e = Environment(f"env-{env.name}", EnvironmentArgs(name=env.name, adopt=env.adopt))
     SpendAlert(
         f"budget-{env.name}",
-        SpendAlertArgs(e.name, env.monthly_budget_usd, env.alert_thresholds),
+        SpendAlertArgs(
+            environment=e.name,
+            monthly_budget_usd=env.monthly_budget_usd,
+            thresholds=env.alert_thresholds,
+        ),
     )
     token = ProxyAuthToken(
         f"gateway-token-{env.name}",
-        ProxyAuthTokenArgs(f"{env.name}-gateway", [e.name], env.proxy_token_rotation),
+        ProxyAuthTokenArgs(
+            name=f"{env.name}-gateway", environments=[e.name], rotation=env.proxy_token_rotation
+        ),
     )
     users = {}
     for ident in env.identities:
         su = ServiceUser(
             f"su-{ident.name}",
-            ServiceUserArgs(ident.name, ident.rotation, ident.expires_in_days),
+            ServiceUserArgs(
+                name=ident.name, rotation=ident.rotation, expires_in_days=ident.expires_in_days
+            ),
         )
         if ident.role != "none":
             EnvironmentRole(
                 f"role-{ident.name}",
-                EnvironmentRoleArgs(ident.name, e.name, ident.role, su.names),
+                EnvironmentRoleArgs(
+                    service_user=ident.name,
+                    environment=e.name,
+                    role=ident.role,
+                    service_users=su.names,
+                ),
             )
         users[ident.name] = (su, ident.role)
     plain[env.name] = {

@@ -17,25 +17,23 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import (
-    CheckFailure,
-    CheckResult,
-    CreateResult,
-    DiffResult,
-    ReadResult,
-    ResourceProvider,
-    UpdateResult,
+from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
+
+from components.modal._base import text_view
+from components.modal._schema import (
+    Schema,
+    SchemaProvider,
+    SchemaResource,
+    output,
+    replaces,
 )
-from pulumi.runtime import rpc
 
 KEY_PREFIX = "sk-"
 #: A valid API key name (also checked in the stack config: modal-llm:apiKeyNames).
 KEY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_REPLACE_ON = ("name", "rotation")
 
 
 def digest_of(key: str) -> str:
@@ -43,49 +41,36 @@ def digest_of(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-@dataclass
-class ApiKeyArgs:
-    """Inputs of an ApiKey: the key's name (as the proxy reports it) and a rotation marker."""
+def _name_problems(name: Any) -> list[str]:
+    if not isinstance(name, str) or KEY_NAME.match(name):
+        return []
+    return [
+        f"API key name {name!r} is invalid: 1-32 of a-z 0-9 _ -, starting with a letter or"
+        " digit (set modal-llm:apiKeyNames)"
+    ]
 
-    name: pulumi.Input[str]
-    rotation: pulumi.Input[str] = ""
+
+class ApiKeyArgs(Schema):
+    """Inputs of an ApiKey (keywords): the key's name (as the proxy reports it) and a rotation
+    marker, either of which replaces the key; then what it outputs."""
+
+    name: pulumi.Input[str] = replaces(view=text_view("name"), check=_name_problems)
+    rotation: pulumi.Input[str] = replaces(default="", view=text_view("rotation"))
+    key: str = output(secret=True)
+    digest: str = output()  # `sha256:<hex>`: what the serving proxy checks against
 
 
-class ApiKeyProvider(ResourceProvider):
+class ApiKeyProvider(SchemaProvider):
     """Generates a key once; replaces it when its name or rotation marker changes."""
 
     serialize_as_secret_always = True
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        name = news.get("name")
-        failures: list[CheckFailure] = []
-        if isinstance(name, str) and not KEY_NAME.match(name):
-            failures.append(
-                CheckFailure(
-                    "name",
-                    f"API key name {name!r} is invalid: 1-32 of a-z 0-9 _ -, starting with a "
-                    "letter or digit (set modal-llm:apiKeyNames)",
-                )
-            )
-        rotation = news.get("rotation", "")
-        if rotation is None:
-            news = {**news, "rotation": ""}
-        return CheckResult(news, failures)
+    SCHEMA = ApiKeyArgs.SCHEMA
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         digest = digest_of(key)
-        outs = {
-            "name": props["name"],
-            "rotation": props.get("rotation") or "",
-            "key": rpc.wrap_rpc_secret(key),
-            "digest": digest,
-        }
+        outs = self.SCHEMA.outputs(props, key=key, digest=digest)
         return CreateResult(id_=f"apikey-{props['name']}-{digest[7:19]}", outs=outs)
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changed = [k for k in _REPLACE_ON if (olds.get(k) or "") != (news.get(k) or "")]
-        return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         # Unreachable in practice (every compared input replaces); keep the key as it is.
@@ -99,22 +84,7 @@ class ApiKeyProvider(ResourceProvider):
         return None
 
 
-class ApiKey(pulumi.dynamic.Resource, module="llm", name="ApiKey"):
+class ApiKey(SchemaResource[ApiKeyArgs], module="llm", name="ApiKey"):
     """One generated API key. `key` is a secret output, `digest` is safe to share."""
 
-    key: pulumi.Output[str]
-    digest: pulumi.Output[str]
-    name: pulumi.Output[str]
-
-    def __init__(
-        self, resource_name: str, args: ApiKeyArgs, opts: pulumi.ResourceOptions | None = None
-    ) -> None:
-        opts = pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(additional_secret_outputs=["key"])
-        )
-        super().__init__(
-            ApiKeyProvider(),
-            resource_name,
-            {"name": args.name, "rotation": args.rotation, "key": None, "digest": None},
-            opts,
-        )
+    PROVIDER = ApiKeyProvider

@@ -1,4 +1,5 @@
-"""Modal resources as Pulumi dynamic providers: one module per resource (Args, Provider, Resource).
+"""Modal resources as Pulumi dynamic providers: one module per resource (Args, Provider, Resource;
+each field declared once in its Args, see `_schema.py`).
 
 Type tokens are `pulumi-python:dynamic/modal:<Name>`. Credentials come from stack config
 `modal:tokenId`/`modal:tokenSecret`/`modal:serverUrl` or env MODAL_TOKEN_ID/MODAL_TOKEN_SECRET/

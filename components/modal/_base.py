@@ -18,10 +18,12 @@ Every provider in this package subclasses `ModalProvider`. What it gives them:
   Everything else is mapped to a `ModalProviderError` whose message names the resource, what
   was asked, what Modal answered and what to do next, with every secret value redacted
   (secrets may be given as a live collection or a callable, read when the error is built).
-- Small helpers for `check` (name validation, unknown values) and for secret outputs.
-- One declarative diff: a provider declares `DIFF = DiffSpec(...)` (which inputs replace,
-  which update, how a value is normalised before comparing) and inherits `diff`, which runs
-  `partial_diff`; specific logic (a digest of files or values) goes in `extra_changes`.
+- Small helpers for the field checks `_schema` runs (Modal's name rules, unknown values) and
+  for secret outputs.
+- One declarative diff: a provider declares its fields once (`SCHEMA`, see `_schema.py`),
+  which gives `DIFF = DiffSpec(...)` (which inputs replace, which update, how a value is
+  normalised before comparing) and `check`; it inherits `diff`, which runs `partial_diff`;
+  specific logic (a digest of files or values) goes in `extra_changes`.
 
 Tuning (env, read at call time): `MODAL_PROVIDER_RETRY_ATTEMPTS` (default 3),
 `MODAL_PROVIDER_RETRY_BASE_DELAY` seconds (default 1.0, doubled per attempt, capped at 4 s) and
@@ -39,10 +41,10 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pulumi.dynamic import (
-    CheckFailure,
+    CheckResult,
     ConfigureRequest,
     DiffResult,
     ReadResult,
@@ -52,6 +54,9 @@ from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
 from ._rpc import OWNER_RE  # the marks themselves: _rpc (issue 32 item 10)
+
+if TYPE_CHECKING:
+    from ._schema import ResourceSchema
 
 T = TypeVar("T")
 
@@ -121,52 +126,28 @@ def valid_environment_name(name: Any) -> bool:
     )
 
 
-def check_name(props: Mapping[str, Any], key: str, kind: str) -> list[CheckFailure]:
-    """CheckFailure list for an object-name input (unknown values pass: checked at apply)."""
-    value = props.get(key)
-    if is_unknown(value):
-        return []
-    if not valid_object_name(value):
+def object_name(kind: str) -> Callable[[Any], list[str]]:
+    """A schema check (`_schema`): `kind`'s object name follows Modal's rule."""
+
+    def problems(value: Any) -> list[str]:
+        if valid_object_name(value):
+            return []
         return [
-            CheckFailure(
-                key,
-                f"{kind} name {value!r} is invalid: use 1-64 characters from a-z A-Z 0-9 - _ ."
-                " (and not an app id like ap-...)",
-            )
+            f"{kind} name {value!r} is invalid: use 1-64 characters from a-z A-Z 0-9 - _ ."
+            " (and not an app id like ap-...)"
         ]
-    return []
+
+    return problems
 
 
-def check_environment(props: Mapping[str, Any], key: str = "environment") -> list[CheckFailure]:
-    """CheckFailure list for an environment-name input."""
-    value = props.get(key)
-    if is_unknown(value):
+def environment_problems(value: Any) -> list[str]:
+    """A schema check (`_schema`): an environment name follows Modal's rule."""
+    if valid_environment_name(value):
         return []
-    if not valid_environment_name(value):
-        return [
-            CheckFailure(
-                key,
-                f"environment name {value!r} is invalid: start with a letter or digit, then"
-                " a-z A-Z 0-9 - _ only, at most 64 characters, not starting with 'en-'",
-            )
-        ]
-    return []
-
-
-def check_flag(props: Mapping[str, Any], key: str) -> list[CheckFailure]:
-    """CheckFailure list for a true/false input (absent = false; unknown passes)."""
-    value = props.get(key)
-    if value is not None and not is_unknown(value) and not isinstance(value, bool):
-        return [CheckFailure(key, f"{key} must be true or false")]
-    return []
-
-
-def normalize_flag(props: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """`props` with `key` as a real bool (absent → False), unknown values kept."""
-    out = dict(props)
-    if not is_unknown(out.get(key)):
-        out[key] = bool(out.get(key) or False)
-    return out
+    return [
+        f"environment name {value!r} is invalid: start with a letter or digit, then"
+        " a-z A-Z 0-9 - _ only, at most 64 characters, not starting with 'en-'"
+    ]
 
 
 def flag_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
@@ -386,8 +367,10 @@ class ModalProvider(ResourceProvider):
     #: Has an `adopt` input (an existing object can be taken over): named in error hints.
     adoptable: ClassVar[bool] = False
 
-    #: What `diff` compares; every provider declares its own (see `DiffSpec`).
+    #: What `diff` compares; every provider declares its own (see `DiffSpec`), or a `SCHEMA`
+    #: (`_schema.ResourceSchema`) that gives it, with `check`.
     DIFF: ClassVar[DiffSpec]
+    SCHEMA: ClassVar[ResourceSchema]
 
     # Providers are pickled into the `__provider` blob: never carry runtime state.
     def __getstate__(self) -> dict[str, Any]:
@@ -401,6 +384,8 @@ class ModalProvider(ResourceProvider):
         the PR preview job holds no Modal token by design (.github/workflows/preview.yml).
         Half a pair of credentials, or a wrong one, still fails as before."""
         super().__init_subclass__(**kwargs)
+        if "SCHEMA" in cls.__dict__:
+            cls.DIFF = cls.SCHEMA.diff
         read = cls.__dict__.get("read")
         if read is None or getattr(read, "_keeps_state_without_credentials", False):
             return
@@ -431,7 +416,15 @@ class ModalProvider(ResourceProvider):
                 cfg[key] = str(plain(value))
         self._stack_config = cfg
 
-    # ---- diff ------------------------------------------------------------------------------
+    # ---- check and diff ----------------------------------------------------------------------
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        """The declared fields' checks (`SCHEMA.check`); never calls Modal."""
+        schema = getattr(type(self), "SCHEMA", None)
+        if schema is None:
+            raise NotImplementedError(f"{type(self).__name__} declares no SCHEMA")
+        result: CheckResult = schema.check(news)
+        return result
+
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         """`partial_diff` over `DIFF`; when no declared key changed, `extra_changes` decides
         whether an update is due. Never calls Modal."""
@@ -719,16 +712,13 @@ def owner_of(props: Mapping[str, Any]) -> str:
     return value if isinstance(value, str) and OWNER_RE.match(value) else ""
 
 
-def check_owner(props: Mapping[str, Any]) -> list[CheckFailure]:
-    value = props.get("owner")
-    if value is None or is_unknown(value) or owner_of(props):
+def owner_problems(value: Any) -> list[str]:
+    """A schema check (`_schema.owner`): the `owner` input is a mark made by `owner_mark`."""
+    if owner_of({"owner": value}):
         return []
     return [
-        CheckFailure(
-            "owner",
-            f"owner {value!r} is not a mark made by owner_mark() (12 hex, '_', 12 hex): leave"
-            " it to the resource class",
-        )
+        f"owner {value!r} is not a mark made by owner_mark() (12 hex, '_', 12 hex): leave"
+        " it to the resource class"
     ]
 
 

@@ -56,34 +56,24 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import (
-    CheckFailure,
-    CheckResult,
-    CreateResult,
-    ReadResult,
-    UpdateResult,
-)
+from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
 from ._base import (
     ADOPT_HOWTO,
-    DiffSpec,
     ModalAlreadyExistsError,
     ModalProvider,
     ModalProviderError,
     ModalUnavailableError,
-    check_environment,
-    check_flag,
-    check_name,
     environment_name,
+    environment_problems,
     flag_changed,
     is_unknown,
-    normalize_flag,
+    object_name,
     redact,
     sha256_hex,
 )
@@ -97,6 +87,15 @@ from ._release import (
     parse_deployment_tag,
     rollback_command,
 )
+from ._schema import (
+    Schema,
+    SchemaResource,
+    computed,
+    flag,
+    output,
+    records,
+    replaces,
+)
 from ._source import shipped_files, source_digest
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:App"  # noqa: S105 (a Pulumi type token)
@@ -106,33 +105,6 @@ RECORD_ONLY = ("adopt", "health_gate", "health_gate_timeout_s", "gate_task", "cu
 _ENV_KEY_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
-@dataclass
-class AppArgs:
-    """Inputs of an `App`."""
-
-    name: pulumi.Input[str]
-    environment: pulumi.Input[str]
-    app_file: pulumi.Input[str]
-    spec_json: pulumi.Input[str]
-    extra_env: pulumi.Input[Mapping[str, pulumi.Input[str]]] = field(default_factory=dict)
-    #: sha256 of `spec_json` (`ServingSpec.digest()`); computed from `spec_json` when None.
-    spec_digest: pulumi.Input[str] | None = None
-    adopt: pulumi.Input[bool] = False
-    #: Health gate (issue 11): after a deploy, wait until the endpoint answers through the edge
-    #: (`/ready` 200, then a one-token completion), else roll back (update) or stop (create).
-    health_gate: pulumi.Input[bool] = False
-    #: How long the gate waits (the service's startup timeout + request timeout).
-    health_gate_timeout_s: pulumi.Input[float] = DEFAULT_GATE_TIMEOUT_S
-    #: What the gate sends: the stack's proxy token (Modal-Key/Modal-Secret), one API key and
-    #: the served model name. Secrets: never in outputs, logs or errors.
-    gate_token_id: pulumi.Input[str] | None = None
-    gate_token_secret: pulumi.Input[str] | None = None
-    gate_api_key: pulumi.Input[str] | None = None
-    gate_model: pulumi.Input[str] | None = None
-    #: The served model's task, which picks the smoke request: chat, completion, embedding.
-    gate_task: pulumi.Input[str] = "chat"
-
-
 # ---- digests -------------------------------------------------------------------------------
 
 
@@ -140,6 +112,188 @@ def spec_digest(spec_json: str) -> str:
     """The digest of a rendered spec: sha256 of the JSON text as given (for
     `ServingSpec.to_json()`, which is canonical, this is `ServingSpec.digest()`)."""
     return sha256_hex(spec_json)
+
+
+# ---- the schema ------------------------------------------------------------------------------
+
+
+def _app_file_problems(app_file: Any) -> list[str]:
+    if not isinstance(app_file, str) or not app_file.endswith(".py"):
+        return [f"app_file {app_file!r} must be a .py file"]
+    if not Path(app_file).is_file():
+        return [
+            f"app_file {app_file!r} not found (relative to {Path.cwd()}, the program directory)"
+        ]
+    return []
+
+
+def _spec_problems(spec: Any) -> list[str]:
+    """The spec is the caller's to validate (LLMService); here only its shape."""
+    if not isinstance(spec, str):
+        return ["spec_json must be a JSON string (rendered spec)"]
+    try:
+        parsed = json.loads(spec)
+    except ValueError as e:
+        return [f"spec_json is not valid JSON: {e}"]
+    return [] if isinstance(parsed, dict) else ["spec_json must be a JSON object"]
+
+
+def _extra_env_problems(env: Any) -> list[str]:
+    if not isinstance(env, Mapping):
+        return ["extra_env must be a map of NAME → string"]
+    return [
+        f"{k!r} is not a valid environment variable name"
+        for k in env
+        if not k or not set(str(k)) <= _ENV_KEY_CHARS or str(k)[0].isdigit()
+    ]
+
+
+def _timeout_problems(timeout: Any) -> list[str]:
+    ok = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+    if ok and 0 < float(timeout) <= 7 * 86_400:
+        return []
+    return [
+        f"health_gate_timeout_s {timeout!r} must be seconds in (0, 604800] (the service's"
+        " startup timeout + request timeout)"
+    ]
+
+
+def _task_problems(task: Any) -> list[str]:
+    if task in TASKS:
+        return []
+    return [
+        f"gate_task {task!r} must be one of {', '.join(TASKS)} (the served model's task: it"
+        " picks the gate's smoke request)"
+    ]
+
+
+def _custom_timeouts_problems(timeouts: Any) -> list[str]:
+    bad = not isinstance(timeouts, Mapping) or any(
+        k not in ("create", "update", "delete")
+        or isinstance(v, bool)
+        or not isinstance(v, int | float)
+        or v < 0
+        for k, v in (timeouts.items() if isinstance(timeouts, Mapping) else [])
+    )
+    return [f"custom_timeouts {timeouts!r} must map create/update/delete to seconds"] if bad else []
+
+
+def _source_parses(news: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """With the spec known, a module the spec's manifest entry names but that is missing is
+    found here, at preview, not in the container."""
+    app_file, spec = news.get("app_file"), news.get("spec_json")
+    if is_unknown(app_file) or _app_file_problems(app_file):
+        return []
+    try:
+        shipped_files(str(app_file), spec_json=spec if isinstance(spec, str) else None)
+    except SyntaxError as e:
+        return [("app_file", f"app_file does not parse: {e}")]
+    except ValueError:
+        pass  # spec_json that is no JSON object: its own check names it
+    return []
+
+
+def _digest_matches(news: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The digest given belongs to the spec."""
+    spec, digest = news.get("spec_json"), news.get("spec_digest")
+    if is_unknown(spec) or _spec_problems(spec) or digest is None or is_unknown(digest):
+        return []
+    if digest == spec_digest(str(spec)):
+        return []
+    return [
+        (
+            "spec_digest",
+            f"spec_digest {digest!r} is not the sha256 of spec_json: pass the digest of the spec"
+            " you render (ServingSpec.digest() of that spec), or leave it unset",
+        )
+    ]
+
+
+def _gate_can_call(news: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A gate needs what it sends (unknown in a preview is fine)."""
+    if news.get("health_gate") is not True:
+        return []
+    return [
+        (
+            key,
+            f"health_gate is on but {key} is not set: the gate calls the endpoint as a gateway"
+            " does (proxy token id/secret and one API key); pass them, or set health_gate=False",
+        )
+        for key in ("gate_token_id", "gate_token_secret", "gate_api_key")
+        if not is_unknown(news.get(key)) and not (isinstance(news.get(key), str) and news[key])
+    ]
+
+
+def _custom_timeouts(
+    _type_token: str, _resource_name: str, opts: pulumi.ResourceOptions | None
+) -> dict[str, float]:
+    """customTimeouts bound the release (the dynamic-provider server does not hand the
+    engine's `timeout` to create/update: pulumi/dynamic/__main__.py), so they travel as an
+    input, in seconds."""
+    return custom_timeouts_s(opts.custom_timeouts if opts else None)
+
+
+class AppArgs(Schema):
+    """Inputs of an `App` (keywords), then what it outputs. A changed name or environment
+    replaces; a changed spec, app source or extra env redeploys, a changed recorded-only
+    input (RECORD_ONLY) is recorded without a deploy (`extra_changes`)."""
+
+    RULES = (_source_parses, _digest_matches, _gate_can_call)
+
+    name: pulumi.Input[str] = replaces(check=object_name("App"))
+    environment: pulumi.Input[str] = replaces(check=environment_problems)
+    app_file: pulumi.Input[str] = records(check=_app_file_problems)
+    spec_json: pulumi.Input[str] = records(check=_spec_problems)
+    extra_env: pulumi.Input[Mapping[str, pulumi.Input[str]]] = records(
+        default_factory=dict, check=_extra_env_problems
+    )
+    #: sha256 of `spec_json` (`ServingSpec.digest()`); computed from `spec_json` when None.
+    spec_digest: pulumi.Input[str] | None = records(
+        default=None,
+        fill=lambda news: (
+            spec_digest(news["spec_json"]) if isinstance(news.get("spec_json"), str) else None
+        ),
+    )
+    adopt: pulumi.Input[bool] = flag(default=False, compared=False)
+    #: Health gate (issue 11): after a deploy, wait until the endpoint answers through the edge
+    #: (`/ready` 200, then a one-token completion), else roll back (update) or stop (create).
+    health_gate: pulumi.Input[bool] = flag(default=False, compared=False)
+    #: How long the gate waits (the service's startup timeout + request timeout).
+    health_gate_timeout_s: pulumi.Input[float] = records(
+        default=DEFAULT_GATE_TIMEOUT_S, check=_timeout_problems
+    )
+    #: What the gate sends: the stack's proxy token (Modal-Key/Modal-Secret), one API key and
+    #: the served model name. Secrets: never in outputs, logs or errors.
+    gate_token_id: pulumi.Input[str] | None = records(default=None, in_outputs=False)
+    gate_token_secret: pulumi.Input[str] | None = records(
+        default=None, secret=True, in_outputs=False
+    )
+    gate_api_key: pulumi.Input[str] | None = records(default=None, secret=True, in_outputs=False)
+    gate_model: pulumi.Input[str] | None = records(default=None, in_outputs=False)
+    #: The served model's task, which picks the smoke request: chat, completion, embedding.
+    gate_task: pulumi.Input[str] = records(default="chat", check=_task_problems)
+    #: The resource's customTimeouts option, in seconds (bounds the release).
+    custom_timeouts: dict[str, float] = computed(
+        initial=_custom_timeouts, check=_custom_timeouts_problems
+    )
+    app_id: str = output()
+    web_url: str = output()
+    version: int = output()
+    source_digest: str = output()
+    adopted: bool = output()
+    read_back_error: str = output()
+    #: Live runtime autoscaler overrides a refresh found ({tag: {field: value}}).
+    autoscaler_override: dict[str, dict[str, int]] = output()
+    #: What a refresh found live that is not the state's release ("" after a release).
+    drift: str = output()
+    # What a release says about itself, with the value an older state lacks:
+    previous_version: int = output(default=0)
+    known_good_version: int = output(default=0)
+    deployment_tag: str = output(default="")
+    commit: str = output(default="")
+    gate_result: str = output(default="")
+    gate_seconds: float = output(default=0.0)
+    rollback_command: str = output(default="")
 
 
 # ---- the provider ----------------------------------------------------------------------------
@@ -153,140 +307,7 @@ class AppProvider(ModalProvider):
     kind = "App"
     type_token = TYPE_TOKEN
     adoptable = True
-    DIFF = DiffSpec(replace_on=("name", "environment"))
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures = check_name(news, "name", "App") + check_environment(news)
-        app_file = news.get("app_file")
-        if not is_unknown(app_file):
-            if not isinstance(app_file, str) or not app_file.endswith(".py"):
-                failures.append(
-                    CheckFailure("app_file", f"app_file {app_file!r} must be a .py file")
-                )
-            elif not Path(app_file).is_file():
-                failures.append(
-                    CheckFailure(
-                        "app_file",
-                        f"app_file {app_file!r} not found (relative to {Path.cwd()}, the program"
-                        " directory)",
-                    )
-                )
-            else:
-                spec = news.get("spec_json")
-                try:
-                    # With the spec known, a module the spec's manifest entry names but that
-                    # is missing is found here, at preview, not in the container.
-                    shipped_files(app_file, spec_json=spec if isinstance(spec, str) else None)
-                except SyntaxError as e:
-                    failures.append(CheckFailure("app_file", f"app_file does not parse: {e}"))
-                except ValueError:
-                    pass  # spec_json that is no JSON object: _check_spec names it
-        failures += self._check_spec(news.get("spec_json"), news.get("spec_digest"))
-        failures += check_flag(news, "adopt") + check_flag(news, "health_gate")
-        failures += self._check_gate(news)
-        env = news.get("extra_env")
-        if env is not None and not is_unknown(env):
-            if not isinstance(env, Mapping):
-                failures.append(
-                    CheckFailure("extra_env", "extra_env must be a map of NAME → string")
-                )
-            else:
-                for k in env:
-                    if not k or not set(str(k)) <= _ENV_KEY_CHARS or str(k)[0].isdigit():
-                        failures.append(
-                            CheckFailure(
-                                "extra_env", f"{k!r} is not a valid environment variable name"
-                            )
-                        )
-        news = normalize_flag(normalize_flag(news, "adopt"), "health_gate")
-        if news.get("health_gate_timeout_s") is None:
-            news["health_gate_timeout_s"] = DEFAULT_GATE_TIMEOUT_S
-        if news.get("extra_env") is None:
-            news["extra_env"] = {}
-        if news.get("gate_task") is None:
-            news["gate_task"] = "chat"
-        spec = news.get("spec_json")
-        if news.get("spec_digest") is None and isinstance(spec, str):
-            news["spec_digest"] = spec_digest(spec)
-        return CheckResult(news, failures)
-
-    @staticmethod
-    def _check_gate(news: Mapping[str, Any]) -> list[CheckFailure]:
-        """A gate needs a positive timeout and what it sends (unknown in a preview is fine)."""
-        failures: list[CheckFailure] = []
-        timeout = news.get("health_gate_timeout_s")
-        if timeout is not None and not is_unknown(timeout):
-            ok = isinstance(timeout, int | float) and not isinstance(timeout, bool)
-            if not ok or not 0 < float(timeout) <= 7 * 86_400:
-                failures.append(
-                    CheckFailure(
-                        "health_gate_timeout_s",
-                        f"health_gate_timeout_s {timeout!r} must be seconds in (0, 604800]"
-                        " (the service's startup timeout + request timeout)",
-                    )
-                )
-        task = news.get("gate_task")
-        if task is not None and not is_unknown(task) and task not in TASKS:
-            failures.append(
-                CheckFailure(
-                    "gate_task",
-                    f"gate_task {task!r} must be one of {', '.join(TASKS)} (the served model's"
-                    " task: it picks the gate's smoke request)",
-                )
-            )
-        timeouts = news.get("custom_timeouts")
-        if timeouts is not None and not is_unknown(timeouts):
-            bad = not isinstance(timeouts, Mapping) or any(
-                k not in ("create", "update", "delete")
-                or isinstance(v, bool)
-                or not isinstance(v, int | float)
-                or v < 0
-                for k, v in (timeouts.items() if isinstance(timeouts, Mapping) else [])
-            )
-            if bad:
-                failures.append(
-                    CheckFailure(
-                        "custom_timeouts",
-                        f"custom_timeouts {timeouts!r} must map create/update/delete to seconds",
-                    )
-                )
-        if news.get("health_gate") is True:
-            for key in ("gate_token_id", "gate_token_secret", "gate_api_key"):
-                value = news.get(key)
-                if not is_unknown(value) and not (isinstance(value, str) and value):
-                    failures.append(
-                        CheckFailure(
-                            key,
-                            f"health_gate is on but {key} is not set: the gate calls the"
-                            " endpoint as a gateway does (proxy token id/secret and one API"
-                            " key); pass them, or set health_gate=False",
-                        )
-                    )
-        return failures
-
-    @staticmethod
-    def _check_spec(spec: Any, digest: Any) -> list[CheckFailure]:
-        """The spec is the caller's to validate (LLMService); here only its shape and that
-        the digest given belongs to it."""
-        if is_unknown(spec):
-            return []
-        if not isinstance(spec, str):
-            return [CheckFailure("spec_json", "spec_json must be a JSON string (rendered spec)")]
-        try:
-            parsed = json.loads(spec)
-        except ValueError as e:
-            return [CheckFailure("spec_json", f"spec_json is not valid JSON: {e}")]
-        if not isinstance(parsed, dict):
-            return [CheckFailure("spec_json", "spec_json must be a JSON object")]
-        if digest is not None and not is_unknown(digest) and digest != spec_digest(spec):
-            return [
-                CheckFailure(
-                    "spec_digest",
-                    f"spec_digest {digest!r} is not the sha256 of spec_json: pass the digest of"
-                    " the spec you render (ServingSpec.digest() of that spec), or leave it unset",
-                )
-            ]
-        return []
+    SCHEMA = AppArgs.SCHEMA
 
     @staticmethod
     def _inputs_changed(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
@@ -474,32 +495,26 @@ class AppProvider(ModalProvider):
     ) -> dict[str, Any]:
         """Inputs, what is live (`result`: a release's outputs or recorded ones) and the
         release record."""
-        return {
-            "name": props.get("name"),
-            "environment": props.get("environment"),
-            "app_file": props.get("app_file"),
-            "spec_json": props.get("spec_json"),
-            "extra_env": _extra_env(props),
-            "adopt": bool(props.get("adopt") or False),
-            "app_id": result.get("app_id"),
-            "web_url": result.get("web_url") or "",
-            "version": int(result.get("version") or 0),
-            "spec_digest": digests["spec_digest"],
-            "source_digest": digests["source_digest"],
-            "adopted": adopted,
-            "read_back_error": str(result.get("read_back_error") or ""),
+        return self.SCHEMA.outputs(
+            props,
+            extra_env=_extra_env(props),
+            app_id=result.get("app_id"),
+            web_url=result.get("web_url") or "",
+            version=int(result.get("version") or 0),
+            spec_digest=digests["spec_digest"],
+            source_digest=digests["source_digest"],
+            adopted=adopted,
+            read_back_error=str(result.get("read_back_error") or ""),
             # A deploy resets runtime overrides; an update without deploy keeps the recorded.
-            "autoscaler_override": dict(result.get("autoscaler_override") or {}),
-            "health_gate": bool(props.get("health_gate") or False),
-            "health_gate_timeout_s": float(
+            autoscaler_override=dict(result.get("autoscaler_override") or {}),
+            health_gate_timeout_s=float(
                 props.get("health_gate_timeout_s") or DEFAULT_GATE_TIMEOUT_S
             ),
-            "gate_task": str(props.get("gate_task") or "chat"),
-            "custom_timeouts": dict(props.get("custom_timeouts") or {}),
+            gate_task=str(props.get("gate_task") or "chat"),
+            custom_timeouts=dict(props.get("custom_timeouts") or {}),
             **{k: result.get(k, default) for k, default in RELEASE_OUTPUTS.items()},
-            # What a refresh found live that is not the state's release ("" after a release).
-            "drift": str(result.get("drift") or ""),
-        }
+            drift=str(result.get("drift") or ""),
+        )
 
     def _complete_read_back(self, props: Mapping[str, Any], result: dict[str, Any]) -> None:
         """The runner deployed but could not read the URL/version back: try again from here
@@ -745,15 +760,7 @@ def _live_id(id_: str, props: Mapping[str, Any]) -> str:
 
 
 #: What a release says about itself (outputs), with the value an older state lacks.
-RELEASE_OUTPUTS: dict[str, Any] = {
-    "previous_version": 0,
-    "known_good_version": 0,
-    "deployment_tag": "",
-    "commit": "",
-    "gate_result": "",
-    "gate_seconds": 0.0,
-    "rollback_command": "",
-}
+RELEASE_OUTPUTS: dict[str, Any] = AppArgs.SCHEMA.output_defaults()
 
 
 def _live_outputs(
@@ -869,84 +876,12 @@ def _last_json(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-class App(pulumi.dynamic.Resource, module="modal", name="App"):
-    """A deployed Modal app. Outputs: `app_id`, `web_url`, `version`, `spec_digest`,
-    `source_digest`, `autoscaler_override` (live runtime overrides a refresh found)."""
+class App(SchemaResource[AppArgs], module="modal", name="App"):
+    """A deployed Modal app. Outputs: every field of `AppArgs` but what the gate sends
+    (`app_id`, `web_url`, `version`, `spec_digest`, `source_digest`, `autoscaler_override`:
+    live runtime overrides a refresh found, ...)."""
 
-    name: pulumi.Output[str]
-    environment: pulumi.Output[str]
-    app_file: pulumi.Output[str]
-    spec_json: pulumi.Output[str]
-    extra_env: pulumi.Output[dict[str, str]]
-    app_id: pulumi.Output[str]
-    web_url: pulumi.Output[str]
-    version: pulumi.Output[int]
-    spec_digest: pulumi.Output[str]
-    source_digest: pulumi.Output[str]
-    adopt: pulumi.Output[bool]
-    adopted: pulumi.Output[bool]
-    read_back_error: pulumi.Output[str]
-    autoscaler_override: pulumi.Output[dict[str, dict[str, int]]]
-    drift: pulumi.Output[str]
-    health_gate: pulumi.Output[bool]
-    health_gate_timeout_s: pulumi.Output[float]
-    gate_task: pulumi.Output[str]
-    custom_timeouts: pulumi.Output[dict[str, float]]
-    previous_version: pulumi.Output[int]
-    known_good_version: pulumi.Output[int]
-    deployment_tag: pulumi.Output[str]
-    commit: pulumi.Output[str]
-    gate_result: pulumi.Output[str]
-    gate_seconds: pulumi.Output[float]
-    rollback_command: pulumi.Output[str]
-
-    def __init__(
-        self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
-    ) -> None:
-        props = app_props(args)
-        # customTimeouts bound the release (the dynamic-provider server does not hand the
-        # engine's `timeout` to create/update: pulumi/dynamic/__main__.py), so they travel
-        # as an input, in seconds.
-        props["custom_timeouts"] = custom_timeouts_s(opts.custom_timeouts if opts else None)
-        super().__init__(AppProvider(), resource_name, props, opts)
-
-
-def app_props(args: AppArgs) -> dict[str, Any]:
-    """The App resource's inputs and declared outputs (None: filled by the provider); also
-    what every resource built on the App provider registers (SpendWatch)."""
-    return {
-        "name": args.name,
-        "environment": args.environment,
-        "app_file": args.app_file,
-        "spec_json": args.spec_json,
-        "extra_env": args.extra_env,
-        "spec_digest": args.spec_digest,
-        "adopt": args.adopt,
-        "app_id": None,
-        "web_url": None,
-        "version": None,
-        "source_digest": None,
-        "adopted": None,
-        "read_back_error": None,
-        "autoscaler_override": None,
-        "drift": None,
-        "health_gate": args.health_gate,
-        "health_gate_timeout_s": args.health_gate_timeout_s,
-        # What the gate sends; the secrets stay secret in state (never outputs).
-        "gate_token_id": args.gate_token_id,
-        "gate_token_secret": _secret_or_none(args.gate_token_secret),
-        "gate_api_key": _secret_or_none(args.gate_api_key),
-        "gate_model": args.gate_model,
-        "gate_task": args.gate_task,
-        "custom_timeouts": {},
-        "previous_version": None,
-        "known_good_version": None,
-        "deployment_tag": None,
-        "commit": None,
-        "gate_result": None,
-        "gate_seconds": None,
-        "rollback_command": None,
-    }
+    PROVIDER = AppProvider
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -975,15 +910,10 @@ def custom_timeouts_s(timeouts: pulumi.CustomTimeouts | None) -> dict[str, float
     return out
 
 
-def _secret_or_none(value: Any) -> Any:
-    return None if value is None else pulumi.Output.secret(value)
-
-
 __all__ = [
     "App",
     "AppArgs",
     "AppProvider",
-    "app_props",
     "custom_timeouts_s",
     "duration_s",
     "shipped_files",

@@ -37,102 +37,64 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import (
-    CheckFailure,
-    CheckResult,
-    CreateResult,
-    ReadResult,
-    UpdateResult,
-)
+from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
-from ._base import (
-    DiffSpec,
-    ModalProvider,
-    ModalProviderError,
-    check_environment,
-    check_owner,
-    flag_view,
-    is_unknown,
-    owner_mark,
-    owner_of,
-)
+from ._base import ModalProvider, ModalProviderError, environment_problems, owner_of
+from ._schema import Schema, SchemaResource, flag, output, owner, replaces, updates
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:Environment"  # noqa: S105 (a Pulumi type token)
 
 
-@dataclass
-class EnvironmentArgs:
-    """Inputs of an `Environment`."""
-
-    name: pulumi.Input[str]
-    web_suffix: pulumi.Input[str] | None = None
-    adopt: pulumi.Input[bool] = False
-    force_delete: pulumi.Input[bool] = False
-
-
-def _valid_suffix(value: str) -> bool:
+def _suffix_problems(value: Any) -> list[str]:
     from modal._utils.name_utils import is_valid_subdomain_label
 
-    return bool(value) and len(value) <= 32 and is_valid_subdomain_label(value)
+    if isinstance(value, str) and value and len(value) <= 32 and is_valid_subdomain_label(value):
+        return []
+    return [
+        f"web suffix {value!r} is invalid: 1-32 lowercase letters, digits and inner '-' (it"
+        " becomes part of web URLs)"
+    ]
+
+
+class EnvironmentArgs(Schema):
+    """Inputs of an `Environment` (keywords), then what it outputs."""
+
+    #: A rename replaces: Secrets/Volumes/Apps name their environment, and theirs replaces.
+    name: pulumi.Input[str] = replaces(check=environment_problems)
+    #: None: leave Modal's suffix (an unset suffix keeps the one Modal gave).
+    web_suffix: pulumi.Input[str] | None = updates(
+        default=None, unset_keeps=True, check=_suffix_problems
+    )
+    adopt: pulumi.Input[bool] = flag(default=False)
+    force_delete: pulumi.Input[bool] = flag(default=False)
+    owner: str = owner()
+    environment_id: str = output()
+    adopted: bool = output()
 
 
 class EnvironmentProvider(ModalProvider):
     kind = "Environment"
     type_token = TYPE_TOKEN
     adoptable = True
-    DIFF = DiffSpec(
-        replace_on=("name",),
-        update_on=("web_suffix", "adopt", "force_delete"),
-        views={"adopt": flag_view("adopt"), "force_delete": flag_view("force_delete")},
-        unset_keeps=("web_suffix",),  # an unset suffix keeps the one Modal gave
-    )
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures = check_environment(news, "name")
-        suffix = news.get("web_suffix")
-        if (
-            suffix is not None
-            and not is_unknown(suffix)
-            and not (isinstance(suffix, str) and _valid_suffix(suffix))
-        ):
-            failures.append(
-                CheckFailure(
-                    "web_suffix",
-                    f"web suffix {suffix!r} is invalid: 1-32 lowercase letters, digits and inner"
-                    " '-' (it becomes part of web URLs)",
-                )
-            )
-        for flag in ("adopt", "force_delete"):
-            v = news.get(flag)
-            if v is not None and not is_unknown(v) and not isinstance(v, bool):
-                failures.append(CheckFailure(flag, f"{flag} must be true or false"))
-        failures += check_owner(news)
-        news = dict(news)
-        for flag in ("adopt", "force_delete"):
-            if not is_unknown(news.get(flag)):
-                news[flag] = bool(news.get(flag) or False)
-        return CheckResult(news, failures)
+    SCHEMA = EnvironmentArgs.SCHEMA
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:
         return f"'{props.get('name')}'"
 
-    @staticmethod
-    def _outputs(props: Mapping[str, Any], item: Any, adopted: bool) -> dict[str, Any]:
-        return {
-            "name": item.name,
-            "web_suffix": item.webhook_suffix,
-            "adopt": bool(props.get("adopt") or False),
-            "force_delete": bool(props.get("force_delete") or False),
-            "environment_id": item.environment_id,
-            "adopted": adopted,
-            "owner": owner_of(props) or None,
-        }
+    @classmethod
+    def _outputs(cls, props: Mapping[str, Any], item: Any, adopted: bool) -> dict[str, Any]:
+        return cls.SCHEMA.outputs(
+            props,
+            name=item.name,
+            web_suffix=item.webhook_suffix,
+            environment_id=item.environment_id,
+            adopted=adopted,
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         from modal import exception as mexc
@@ -247,16 +209,7 @@ class EnvironmentProvider(ModalProvider):
             return ReadResult("", {})
         adopted = bool(props.get("adopted") or False)
         outs = self._outputs(props, item, adopted)
-        inputs: dict[str, Any] = {
-            "name": item.name,
-            "adopt": bool(props.get("adopt") or False),
-            "force_delete": bool(props.get("force_delete") or False),
-        }
-        if props.get("web_suffix") is not None:
-            inputs["web_suffix"] = item.webhook_suffix
-        if owner_of(props):
-            inputs["owner"] = owner_of(props)
-        return ReadResult(id_, outs, inputs)
+        return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         from modal import exception as mexc
@@ -328,30 +281,11 @@ async def _remove_lost_creates(client: Any, environment: str, stack: str) -> Non
         await _rpc.secret_delete(client, secret_id)
 
 
-class Environment(pulumi.dynamic.Resource, module="modal", name="Environment"):
-    """A Modal environment. Outputs: `environment_id`, `web_suffix` (live), `adopted`."""
+class Environment(SchemaResource[EnvironmentArgs], module="modal", name="Environment"):
+    """A Modal environment. Outputs: every field of `EnvironmentArgs` (`environment_id`,
+    `web_suffix` as live, `adopted`, ...)."""
 
-    name: pulumi.Output[str]
-    web_suffix: pulumi.Output[str]
-    adopt: pulumi.Output[bool]
-    force_delete: pulumi.Output[bool]
-    environment_id: pulumi.Output[str]
-    adopted: pulumi.Output[bool]
-    owner: pulumi.Output[str]
-
-    def __init__(
-        self, resource_name: str, args: EnvironmentArgs, opts: pulumi.ResourceOptions | None = None
-    ) -> None:
-        props: dict[str, Any] = {
-            "name": args.name,
-            "web_suffix": args.web_suffix,
-            "adopt": args.adopt,
-            "force_delete": args.force_delete,
-            "environment_id": None,
-            "adopted": None,
-            "owner": owner_mark(TYPE_TOKEN, resource_name),
-        }
-        super().__init__(EnvironmentProvider(), resource_name, props, opts)
+    PROVIDER = EnvironmentProvider
 
 
 __all__ = ["Environment", "EnvironmentArgs", "EnvironmentProvider"]

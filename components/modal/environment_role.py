@@ -22,20 +22,14 @@ needs an Owner or Manager of the workspace.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import (
-    CheckFailure,
-    CheckResult,
-    CreateResult,
-    ReadResult,
-    UpdateResult,
-)
+from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
-from ._base import DiffSpec, ModalProvider, check_environment, is_unknown
+from ._base import ModalProvider, environment_problems, is_unknown
+from ._schema import Schema, SchemaResource, output, replaces, updates
 from .service_user import MODAL_NAME_RE, NAME_RE
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:EnvironmentRole"  # noqa: S105 (a Pulumi type token)
@@ -46,61 +40,61 @@ ROLES = ("contributor", "viewer")
 NO_ACCESS = "no-access"
 
 
-@dataclass
-class EnvironmentRoleArgs:
-    """Inputs of an `EnvironmentRole`."""
-
-    service_user: pulumi.Input[str]
-    environment: pulumi.Input[str]
-    role: pulumi.Input[str]
-    #: Every Modal service user holding the role, current first (a ServiceUser's `names`);
-    #: empty = just `service_user`.
-    service_users: pulumi.Input[Sequence[pulumi.Input[str]]] = field(default_factory=list)
-
-
 def _names(props: Mapping[str, Any]) -> list[str]:
     names = [str(n) for n in (props.get("service_users") or []) if n]
     return list(dict.fromkeys(names)) or [str(props.get("service_user"))]
 
 
+def _user_problems(value: Any) -> list[str]:
+    if isinstance(value, str) and NAME_RE.match(value):
+        return []
+    return [
+        f"service user name {value!r} is invalid: 1-56 characters from a-z A-Z 0-9 - _ (the"
+        " name of a ServiceUser of this stack)"
+    ]
+
+
+def _users_problems(users: Any) -> list[str]:
+    if not isinstance(users, list):
+        return [
+            f"service_users {users!r} must be a list of service user names (a ServiceUser's"
+            " `names` output)"
+        ]
+    return [
+        f"service user name {u!r} in service_users is invalid: 1-64 characters from a-z A-Z"
+        " 0-9 - _ (a ServiceUser's `names` output)"
+        for u in users
+        if not is_unknown(u) and not (isinstance(u, str) and MODAL_NAME_RE.match(u))
+    ]
+
+
+def _role_problems(role: Any) -> list[str]:
+    if role in ROLES:
+        return []
+    return [
+        f"role {role!r} is not one of {', '.join(ROLES)} (no role at all: declare no"
+        " EnvironmentRole for that service user)"
+    ]
+
+
+class EnvironmentRoleArgs(Schema):
+    """Inputs of an `EnvironmentRole` (keywords), then what it outputs."""
+
+    environment: pulumi.Input[str] = replaces(check=environment_problems)
+    service_user: pulumi.Input[str] = replaces(check=_user_problems)  # the identity
+    role: pulumi.Input[str] = updates(check=_role_problems)
+    #: Every Modal service user holding the role, current first (a ServiceUser's `names`);
+    #: empty = just `service_user`.
+    service_users: pulumi.Input[Sequence[pulumi.Input[str]]] = updates(
+        default_factory=list, view=_names, check=_users_problems
+    )
+    granted: dict[str, str] = output()  # {service user: role}, as last set or read
+
+
 class EnvironmentRoleProvider(ModalProvider):
     kind = "EnvironmentRole"
     type_token = TYPE_TOKEN
-    DIFF = DiffSpec(
-        replace_on=("environment", "service_user"),
-        update_on=("role", "service_users"),
-        views={"service_users": _names},
-    )
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures = check_environment(news)
-        for key in ("service_user",):
-            value = news.get(key)
-            if not is_unknown(value) and not (isinstance(value, str) and NAME_RE.match(value)):
-                failures.append(CheckFailure(key, f"service user name {value!r} is invalid"))
-        users = news.get("service_users")
-        if users is not None and not is_unknown(users):
-            if not isinstance(users, list):
-                failures.append(CheckFailure("service_users", "service_users must be a list"))
-            else:
-                for u in users:
-                    if not is_unknown(u) and not (isinstance(u, str) and MODAL_NAME_RE.match(u)):
-                        failures.append(
-                            CheckFailure("service_users", f"service user name {u!r} is invalid")
-                        )
-        role = news.get("role")
-        if not is_unknown(role) and role not in ROLES:
-            failures.append(
-                CheckFailure(
-                    "role",
-                    f"role {role!r} is not one of {', '.join(ROLES)} (no role at all: declare"
-                    " no EnvironmentRole for that service user)",
-                )
-            )
-        news = dict(news)
-        if news.get("service_users") is None:
-            news["service_users"] = []
-        return CheckResult(news, failures)
+    SCHEMA = EnvironmentRoleArgs.SCHEMA
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:
@@ -109,15 +103,20 @@ class EnvironmentRoleProvider(ModalProvider):
             f" '{props.get('environment')}'"
         )
 
-    @staticmethod
-    def _outputs(props: Mapping[str, Any], names: list[str], role: str) -> dict[str, Any]:
-        return {
-            "service_user": props.get("service_user"),
-            "environment": props.get("environment"),
-            "role": role,
-            "service_users": names,
-            "granted": dict.fromkeys(names, role),
-        }
+    @classmethod
+    def _outputs(
+        cls,
+        props: Mapping[str, Any],
+        names: list[str],
+        role: str,
+        granted: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        return cls.SCHEMA.outputs(
+            props,
+            role=role,
+            service_users=names,
+            granted=dict.fromkeys(names, role) if granted is None else granted,
+        )
 
     def _hints(self, props: Mapping[str, Any]) -> dict[type[BaseException], str]:
         from modal import exception as mexc
@@ -183,15 +182,8 @@ class EnvironmentRoleProvider(ModalProvider):
             return ReadResult("", {})  # the service user holding it is gone
         role = live[names[0]]
         kept = [n for n in names if n in live]
-        outs = self._outputs(props, kept, role)
-        outs["granted"] = {n: live[n] for n in kept}
-        inputs = {
-            "service_user": props.get("service_user"),
-            "environment": env,
-            "role": role,
-            "service_users": kept,
-        }
-        return ReadResult(id_, outs, inputs)
+        outs = self._outputs(props, kept, role, {n: live[n] for n in kept})
+        return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         from modal import exception as mexc
@@ -208,29 +200,11 @@ class EnvironmentRoleProvider(ModalProvider):
         self.run("revoke", f"{self._target(props)} ({id_})", go, hints=self._hints(props))
 
 
-class EnvironmentRole(pulumi.dynamic.Resource, module="modal", name="EnvironmentRole"):
-    """A service user's role in one environment. Outputs: `granted` {service user: role}."""
+class EnvironmentRole(SchemaResource[EnvironmentRoleArgs], module="modal", name="EnvironmentRole"):
+    """A service user's role in one environment. Outputs: every field of
+    `EnvironmentRoleArgs` (`granted`: {service user: role})."""
 
-    service_user: pulumi.Output[str]
-    environment: pulumi.Output[str]
-    role: pulumi.Output[str]
-    service_users: pulumi.Output[list[str]]
-    granted: pulumi.Output[dict[str, str]]
-
-    def __init__(
-        self,
-        resource_name: str,
-        args: EnvironmentRoleArgs,
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
-        props: dict[str, Any] = {
-            "service_user": args.service_user,
-            "environment": args.environment,
-            "role": args.role,
-            "service_users": args.service_users,
-            "granted": None,
-        }
-        super().__init__(EnvironmentRoleProvider(), resource_name, props, opts)
+    PROVIDER = EnvironmentRoleProvider
 
 
 __all__ = ["EnvironmentRole", "EnvironmentRoleArgs", "EnvironmentRoleProvider"]

@@ -59,28 +59,21 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import (
-    CheckFailure,
-    CheckResult,
-    CreateResult,
-    ReadResult,
-    UpdateResult,
-)
+from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
 from ._base import (
-    DiffSpec,
     ModalProvider,
     ModalProviderError,
     ModalUnavailableError,
-    check_environment,
-    check_name,
     environment_name,
-    is_unknown,
+    environment_problems,
     json_view,
+    object_name,
     redact,
 )
 from ._deploy_runner import PARENT_PID_ENV, die_with_parent
+from ._schema import Schema, SchemaResource, output, replaces, updates
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ModelWeights"  # noqa: S105 (a Pulumi type token)
 DEFAULT_APP_FILE = "serving/weights_app.py"
@@ -96,21 +89,57 @@ _KINDS = ("hf", "s3")
 _RESULT_KEYS = ("revision", "path", "file_count", "bytes", "digest", "downloaded_bytes")
 
 
-@dataclass
-class ModelWeightsArgs:
-    """Inputs of a `ModelWeights`."""
+def _source_problems(source: Any) -> list[str]:
+    if not isinstance(source, Mapping) or source.get("kind") not in _KINDS:
+        return ["source must be a map with kind `hf` or `s3`"]
+    if not isinstance(source.get("revision"), str) or not source.get("revision"):
+        return ["source.revision must name the pinned revision"]
+    return []
+
+
+def _secrets_problems(secrets: Any) -> list[str]:
+    if isinstance(secrets, list) and all(isinstance(s, str) for s in secrets):
+        return []
+    return ["secrets must be a list of secret names"]
+
+
+def _app_file_problems(app_file: Any) -> list[str]:
+    if isinstance(app_file, str) and app_file.endswith(".py") and Path(app_file).is_file():
+        return []
+    return [f"app_file {app_file!r} must be a .py file relative to {Path.cwd()}"]
+
+
+class ModelWeightsArgs(Schema):
+    """Inputs of a `ModelWeights` (keywords), then what it outputs. A changed environment
+    replaces; any other changed input (compared as canonical JSON) or weights app source
+    reprovisions."""
 
     #: The weights app's name on Modal (e.g. `<service>-weights`).
-    app_name: pulumi.Input[str]
-    environment: pulumi.Input[str]
+    app_name: pulumi.Input[str] = updates(view=json_view("app_name"), check=object_name("App"))
+    environment: pulumi.Input[str] = replaces(check=environment_problems)
     #: The Modal volume to fill (it must exist: a Volume resource owns it).
-    volume: pulumi.Input[str]
+    volume: pulumi.Input[str] = updates(view=json_view("volume"), check=object_name("Volume"))
     #: `{"kind": "hf", "repo", "revision", "endpoint"?}` or
     #: `{"kind": "s3", "bucket", "prefix", "revision", "endpoint_url"?, "region"?}`.
-    source: pulumi.Input[Mapping[str, Any]]
+    source: pulumi.Input[Mapping[str, Any]] = updates(
+        view=json_view("source"), check=_source_problems
+    )
     #: Modal secrets the function mounts (HF token, S3 credentials).
-    secrets: pulumi.Input[list[str]] = field(default_factory=list)
-    app_file: pulumi.Input[str] = DEFAULT_APP_FILE
+    secrets: pulumi.Input[list[str]] = updates(
+        default_factory=list, view=json_view("secrets"), check=_secrets_problems
+    )
+    app_file: pulumi.Input[str] = updates(
+        default=DEFAULT_APP_FILE, view=json_view("app_file"), check=_app_file_problems
+    )
+    app_id: str = output()  # the weights app of the last successful run
+    source_digest: str = output()  # of the weights app, compared by `extra_changes`
+    # What `provision` returned (_RESULT_KEYS):
+    revision: str = output()
+    path: str = output()  # the revision's directory on the volume
+    file_count: int = output()
+    bytes: int = output()
+    digest: str = output()
+    downloaded_bytes: int = output()
 
 
 def _source(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -168,54 +197,10 @@ class _Run:
     timed_out: bool = False
 
 
-#: Inputs whose change reprovisions (compared as canonical JSON).
-_UPDATE_KEYS = ("app_name", "volume", "source", "secrets", "app_file")
-
-
 class ModelWeightsProvider(ModalProvider):
     kind = "ModelWeights"
     type_token = TYPE_TOKEN
-    DIFF = DiffSpec(
-        replace_on=("environment",),
-        update_on=_UPDATE_KEYS,
-        views={k: json_view(k) for k in _UPDATE_KEYS},
-    )
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures = check_name(news, "app_name", "App") + check_name(news, "volume", "Volume")
-        failures += check_environment(news)
-        source = news.get("source")
-        if not is_unknown(source):
-            if not isinstance(source, Mapping) or source.get("kind") not in _KINDS:
-                failures.append(
-                    CheckFailure("source", "source must be a map with kind `hf` or `s3`")
-                )
-            elif not isinstance(source.get("revision"), str) or not source.get("revision"):
-                failures.append(
-                    CheckFailure("source", "source.revision must name the pinned revision")
-                )
-        secrets = news.get("secrets")
-        if (
-            secrets is not None
-            and not is_unknown(secrets)
-            and not (isinstance(secrets, list) and all(isinstance(s, str) for s in secrets))
-        ):
-            failures.append(CheckFailure("secrets", "secrets must be a list of secret names"))
-        app_file = news.get("app_file")
-        if app_file is None:
-            news = {**news, "app_file": DEFAULT_APP_FILE}
-        elif not is_unknown(app_file) and not (
-            isinstance(app_file, str) and app_file.endswith(".py") and Path(app_file).is_file()
-        ):
-            failures.append(
-                CheckFailure(
-                    "app_file",
-                    f"app_file {app_file!r} must be a .py file relative to {Path.cwd()}",
-                )
-            )
-        if news.get("secrets") is None:
-            news = {**news, "secrets": []}
-        return CheckResult(news, failures)
+    SCHEMA = ModelWeightsArgs.SCHEMA
 
     @staticmethod
     def _source_digest(props: Mapping[str, Any]) -> str:
@@ -474,19 +459,15 @@ class ModelWeightsProvider(ModalProvider):
             run.result = item
 
     def _outputs(self, props: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "app_name": props.get("app_name"),
-            "environment": props.get("environment"),
-            "volume": props.get("volume"),
-            "source": _source(props),
-            "secrets": _secrets(props),
-            "app_file": props.get("app_file") or DEFAULT_APP_FILE,
-            "app_id": result.get("app_id") or "",
-            "source_digest": self._source_digest(props),
-        }
-        for key in _RESULT_KEYS:
-            out[key] = result.get(key)
-        return out
+        return self.SCHEMA.outputs(
+            props,
+            source=_source(props),
+            secrets=_secrets(props),
+            app_file=props.get("app_file") or DEFAULT_APP_FILE,
+            app_id=result.get("app_id") or "",
+            source_digest=self._source_digest(props),
+            **{key: result.get(key) for key in _RESULT_KEYS},
+        )
 
     @staticmethod
     def _id(props: Mapping[str, Any]) -> str:
@@ -545,41 +526,11 @@ class ModelWeightsProvider(ModalProvider):
         self._stop_app(name, environment_name(props), self._target(props), "delete", "destroy")
 
 
-class ModelWeights(pulumi.dynamic.Resource, module="modal", name="ModelWeights"):
-    """A weights volume filled with one pinned revision. Outputs: `revision`, `path`,
-    `file_count`, `bytes`, `digest`."""
+class ModelWeights(SchemaResource[ModelWeightsArgs], module="modal", name="ModelWeights"):
+    """A weights volume filled with one pinned revision. Outputs: every field of
+    `ModelWeightsArgs` (`revision`, `path`, `file_count`, `bytes`, `digest`, ...)."""
 
-    app_name: pulumi.Output[str]
-    environment: pulumi.Output[str]
-    volume: pulumi.Output[str]
-    source: pulumi.Output[dict[str, Any]]
-    secrets: pulumi.Output[list[str]]
-    app_file: pulumi.Output[str]
-    app_id: pulumi.Output[str]
-    source_digest: pulumi.Output[str]
-    revision: pulumi.Output[str]
-    path: pulumi.Output[str]
-    file_count: pulumi.Output[int]
-    bytes: pulumi.Output[int]
-    digest: pulumi.Output[str]
-    downloaded_bytes: pulumi.Output[int]
-
-    def __init__(
-        self,
-        resource_name: str,
-        args: ModelWeightsArgs,
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
-        props: dict[str, Any] = {
-            "app_name": args.app_name,
-            "environment": args.environment,
-            "volume": args.volume,
-            "source": args.source,
-            "secrets": args.secrets,
-            "app_file": args.app_file,
-            **{k: None for k in ("app_id", "source_digest", *_RESULT_KEYS)},
-        }
-        super().__init__(ModelWeightsProvider(), resource_name, props, opts)
+    PROVIDER = ModelWeightsProvider
 
 
 # ---- the runner: `python -m components.modal.model_weights ...` ------------------------------

@@ -35,99 +35,79 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import (
-    CheckFailure,
-    CheckResult,
-    CreateResult,
-    ReadResult,
-    UpdateResult,
-)
+from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
 from ._base import (
-    DiffSpec,
     ModalProvider,
-    check_owner,
+    environment_problems,
     is_unknown,
-    owner_mark,
     owner_of,
     plain,
-    secret_output,
     text_view,
-    valid_environment_name,
 )
+from ._schema import Schema, SchemaResource, output, owner, replaces, updates
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ProxyAuthToken"  # noqa: S105 (a Pulumi type token)
-
-
-@dataclass
-class ProxyAuthTokenArgs:
-    """Inputs of a `ProxyAuthToken`."""
-
-    name: pulumi.Input[str]
-    environments: pulumi.Input[Sequence[pulumi.Input[str]]] = field(default_factory=list)
-    rotation: pulumi.Input[str] = ""
 
 
 def _envs(props: Mapping[str, Any]) -> list[str]:
     return sorted({str(e) for e in (props.get("environments") or [])})
 
 
+def _name_problems(name: Any) -> list[str]:
+    if isinstance(name, str) and 0 < len(name) <= 64:
+        return []
+    return [f"token name {name!r} must be 1-64 characters"]
+
+
+def _envs_problems(envs: Any) -> list[str]:
+    if not isinstance(envs, list):
+        return [f"environments {envs!r} must be a list of environment names"]
+    return [problem for e in envs if not is_unknown(e) for problem in environment_problems(e)]
+
+
+def _rotation_problems(rotation: Any) -> list[str]:
+    return [] if isinstance(rotation, str) else ["rotation must be a string (e.g. a date)"]
+
+
+class ProxyAuthTokenArgs(Schema):
+    """Inputs of a `ProxyAuthToken` (keywords), then what it outputs."""
+
+    name: pulumi.Input[str] = updates(check=_name_problems)
+    #: The environments it may call (order and repeats do not matter).
+    environments: pulumi.Input[Sequence[pulumi.Input[str]]] = updates(
+        default_factory=list, view=_envs, check=_envs_problems
+    )
+    #: Any string (e.g. a date): a change replaces the token, create-before-delete.
+    rotation: pulumi.Input[str] = replaces(
+        default="", view=text_view("rotation"), check=_rotation_problems
+    )
+    owner: str = owner()
+    token_id: str = output()
+    token_secret: str = output(secret=True)  # left out when unknown (an imported token)
+    allowed_environments: list[str] = output()
+
+
 class ProxyAuthTokenProvider(ModalProvider):
     kind = "ProxyAuthToken"
     type_token = TYPE_TOKEN
-    DIFF = DiffSpec(
-        replace_on=("rotation",),
-        update_on=("name", "environments"),
-        views={"rotation": text_view("rotation"), "environments": _envs},
-    )
+    SCHEMA = ProxyAuthTokenArgs.SCHEMA
 
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures: list[CheckFailure] = []
-        name = news.get("name")
-        if not is_unknown(name) and not (isinstance(name, str) and 0 < len(name) <= 64):
-            failures.append(CheckFailure("name", f"token name {name!r} must be 1-64 characters"))
-        envs = news.get("environments")
-        if envs is not None and not is_unknown(envs):
-            if not isinstance(envs, list):
-                failures.append(
-                    CheckFailure("environments", "environments must be a list of names")
-                )
-            else:
-                for e in envs:
-                    if not is_unknown(e) and not valid_environment_name(e):
-                        failures.append(
-                            CheckFailure("environments", f"environment name {e!r} is invalid")
-                        )
-        rotation = news.get("rotation")
-        if rotation is not None and not is_unknown(rotation) and not isinstance(rotation, str):
-            failures.append(CheckFailure("rotation", "rotation must be a string (e.g. a date)"))
-        news = dict(news)
-        if news.get("rotation") is None:
-            news["rotation"] = ""
-        if news.get("environments") is None:
-            news["environments"] = []
-        return CheckResult(news, failures + check_owner(news))
-
-    @staticmethod
+    @classmethod
     def _outputs(
-        props: Mapping[str, Any], token_id: str, token_secret: str | None, envs: list[str]
+        cls, props: Mapping[str, Any], token_id: str, token_secret: str | None, envs: list[str]
     ) -> dict[str, Any]:
-        outs: dict[str, Any] = {
-            "name": props.get("name"),
-            "environments": list(props.get("environments") or envs),
-            "rotation": props.get("rotation") or "",
-            "token_id": token_id,
-            "allowed_environments": envs,
-            "owner": owner_of(props) or None,
-        }
-        if token_secret:
-            outs["token_secret"] = secret_output(token_secret)
-        return outs
+        return cls.SCHEMA.outputs(
+            props,
+            environments=list(props.get("environments") or envs),
+            token_id=token_id,
+            token_secret=token_secret or None,
+            allowed_environments=envs,
+        )
 
     @staticmethod
     async def _allow(client: Any, token_id: str, envs: list[str]) -> None:
@@ -236,16 +216,9 @@ class ProxyAuthTokenProvider(ModalProvider):
         )
         if token is None:
             return ReadResult("", {})
-        live = {
-            "name": token.name,
-            "environments": allowed,
-            "rotation": props.get("rotation") or "",
-        }
-        if owner_of(props):  # ours, not Modal's: kept as recorded
-            live["owner"] = owner_of(props)
-        outs = self._outputs(live, id_, secret, allowed)
-        outs["environments"] = allowed
-        return ReadResult(id_, outs, dict(live))
+        live = {**props, "name": token.name, "environments": allowed}
+        outs = self._outputs(live, id_, secret, allowed)  # the owner mark: kept as recorded
+        return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         owner = owner_of(props)
@@ -278,36 +251,11 @@ async def _sweep_lost(client: Any, owner: str) -> None:
             await _rpc.token_delete(client, token.token_id)
 
 
-class ProxyAuthToken(pulumi.dynamic.Resource, module="modal", name="ProxyAuthToken"):
-    """A Modal proxy-auth token. Outputs: `token_id`, `token_secret` (secret)."""
+class ProxyAuthToken(SchemaResource[ProxyAuthTokenArgs], module="modal", name="ProxyAuthToken"):
+    """A Modal proxy-auth token. Outputs: every field of `ProxyAuthTokenArgs` (`token_id`,
+    `token_secret` as a secret, ...)."""
 
-    name: pulumi.Output[str]
-    environments: pulumi.Output[list[str]]
-    rotation: pulumi.Output[str]
-    token_id: pulumi.Output[str]
-    token_secret: pulumi.Output[str]
-    allowed_environments: pulumi.Output[list[str]]
-    owner: pulumi.Output[str]
-
-    def __init__(
-        self,
-        resource_name: str,
-        args: ProxyAuthTokenArgs,
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
-        props: dict[str, Any] = {
-            "name": args.name,
-            "environments": args.environments,
-            "rotation": args.rotation,
-            "token_id": None,
-            "token_secret": None,
-            "allowed_environments": None,
-            "owner": owner_mark(TYPE_TOKEN, resource_name),
-        }
-        opts = pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(additional_secret_outputs=["token_secret"])
-        )
-        super().__init__(ProxyAuthTokenProvider(), resource_name, props, opts)
+    PROVIDER = ProxyAuthTokenProvider
 
 
 __all__ = ["ProxyAuthToken", "ProxyAuthTokenArgs", "ProxyAuthTokenProvider"]

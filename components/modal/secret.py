@@ -36,38 +36,25 @@ import hmac
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import (
-    CheckFailure,
-    CheckResult,
-    CreateResult,
-    ReadResult,
-    UpdateResult,
-)
+from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
 from ._base import (
     ADOPT_HOWTO,
-    DiffSpec,
     ModalProvider,
     canonical_json,
-    check_environment,
-    check_flag,
-    check_name,
-    check_owner,
     environment_name,
-    flag_view,
+    environment_problems,
     is_unknown,
-    normalize_flag,
-    owner_mark,
+    object_name,
     owner_of,
     plain,
-    secret_output,
     sha256_hex,
 )
+from ._schema import Schema, SchemaResource, flag, output, owner, records, replaces
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:Secret"  # noqa: S105 (a Pulumi type token)
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -88,14 +75,37 @@ def new_salt() -> str:
     return secrets.token_hex(16)
 
 
-@dataclass
-class SecretArgs:
-    """Inputs of a `Secret`."""
+def _values_problems(values: Any) -> list[str]:
+    if not isinstance(values, Mapping):
+        return ["values must be a map of NAME → string"]
+    problems = []
+    for k, v in values.items():
+        if not _KEY_RE.match(str(k)):
+            problems.append(
+                f"key {k!r} is not a valid environment variable name (letters, digits,"
+                " underscore; not starting with a digit)"
+            )
+        elif not is_unknown(v) and not isinstance(v, str):
+            problems.append(f"value of {k!r} must be a string")
+    return problems
 
-    name: pulumi.Input[str]
-    values: pulumi.Input[Mapping[str, pulumi.Input[str]]]
-    environment: pulumi.Input[str]
-    adopt: pulumi.Input[bool] = False
+
+class SecretArgs(Schema):
+    """Inputs of a `Secret` (keywords), then what it outputs."""
+
+    name: pulumi.Input[str] = replaces(check=object_name("Secret"))
+    #: A Pulumi secret everywhere; a change is an update, found by `values_digest`.
+    values: pulumi.Input[Mapping[str, pulumi.Input[str]]] = records(
+        secret=True, check=_values_problems
+    )
+    environment: pulumi.Input[str] = replaces(check=environment_problems)
+    adopt: pulumi.Input[bool] = flag(default=False)
+    owner: str = owner()
+    secret_id: str = output()
+    key_names: list[str] = output()  # sorted, without ownership marks
+    values_digest: str = output()  # HMAC-SHA256 of the values, keyed with values_salt
+    values_salt: str = output(secret=True)
+    adopted: bool = output()
 
 
 def _with_mark(values: Mapping[str, str], owner: str) -> dict[str, str]:
@@ -113,32 +123,7 @@ class SecretProvider(ModalProvider):
     kind = "Secret"
     type_token = TYPE_TOKEN
     adoptable = True
-    DIFF = DiffSpec(
-        replace_on=("name", "environment"),
-        update_on=("adopt",),
-        views={"adopt": flag_view("adopt")},
-    )
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures = check_name(news, "name", "Secret") + check_environment(news)
-        values = news.get("values")
-        if not is_unknown(values):
-            if not isinstance(values, Mapping):
-                failures.append(CheckFailure("values", "values must be a map of NAME → string"))
-            else:
-                for k, v in values.items():
-                    if not _KEY_RE.match(str(k)):
-                        failures.append(
-                            CheckFailure(
-                                "values",
-                                f"key {k!r} is not a valid environment variable name"
-                                " (letters, digits, underscore; not starting with a digit)",
-                            )
-                        )
-                    elif not is_unknown(v) and not isinstance(v, str):
-                        failures.append(CheckFailure("values", f"value of {k!r} must be a string"))
-        failures += check_flag(news, "adopt") + check_owner(news)
-        return CheckResult(normalize_flag(news, "adopt"), failures)
+    SCHEMA = SecretArgs.SCHEMA
 
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
         """The values changed: their digest (salted as recorded) differs from the state's."""
@@ -159,18 +144,15 @@ class SecretProvider(ModalProvider):
         salt: str,
         adopted: bool,
     ) -> dict[str, Any]:
-        return {
-            "name": props.get("name"),
-            "environment": props.get("environment"),
-            "values": secret_output(dict(props.get("values") or {})),
-            "adopt": bool(props.get("adopt") or False),
-            "secret_id": secret_id,
-            "key_names": sorted(keys),
-            "values_digest": digest,
-            "values_salt": secret_output(salt),
-            "adopted": adopted,
-            "owner": owner_of(props) or None,
-        }
+        return self.SCHEMA.outputs(
+            props,
+            values=dict(props.get("values") or {}),
+            secret_id=secret_id,
+            key_names=sorted(keys),
+            values_digest=digest,
+            values_salt=salt,
+            adopted=adopted,
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         from modal import exception as mexc
@@ -279,24 +261,17 @@ class SecretProvider(ModalProvider):
         env = props.get("environment")
         if env is None or (env and md.environment_name and env != md.environment_name):
             env = md.environment_name
-        name = md.name or props.get("name")
         live = {
-            "name": name,
+            **props,
+            "name": md.name or props.get("name"),
             "environment": env,
             "values": declared,
-            "adopt": bool(props.get("adopt") or False),
-            "owner": props.get("owner"),
         }
         salt = str(plain(props.get("values_salt")) or "") or new_salt()
         digest = values_digest(declared, salt) if live_keys == sorted(declared) else STALE_DIGEST
         adopted = bool(props.get("adopted") or False)
         outs = self._outputs(live, id_, live_keys, digest, salt, adopted)
-        inputs: dict[str, Any] = {"name": name, "environment": env, "adopt": live["adopt"]}
-        if owner_of(props):
-            inputs["owner"] = owner_of(props)
-        if props.get("values") is not None:
-            inputs["values"] = secret_output(declared)
-        return ReadResult(id_, outs, inputs)
+        return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     @staticmethod
     async def _ours(client: Any, secret_id: str, owner: str) -> bool:
@@ -314,42 +289,11 @@ class SecretProvider(ModalProvider):
         self.run("delete", f"{id_} ({self._target(props)})", go)
 
 
-class Secret(pulumi.dynamic.Resource, module="modal", name="Secret"):
-    """A named Modal Secret. Outputs: `secret_id`, `key_names`, `values_digest`."""
+class Secret(SchemaResource[SecretArgs], module="modal", name="Secret"):
+    """A named Modal Secret. Outputs: every field of `SecretArgs` (`secret_id`, `key_names`,
+    `values_digest`; `values` and `values_salt` as secrets)."""
 
-    name: pulumi.Output[str]
-    environment: pulumi.Output[str]
-    values: pulumi.Output[dict[str, str]]
-    secret_id: pulumi.Output[str]
-    key_names: pulumi.Output[list[str]]
-    values_digest: pulumi.Output[str]
-    values_salt: pulumi.Output[str]
-    adopt: pulumi.Output[bool]
-    adopted: pulumi.Output[bool]
-    owner: pulumi.Output[str]
-
-    def __init__(
-        self,
-        resource_name: str,
-        args: SecretArgs,
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
-        props: dict[str, Any] = {
-            "name": args.name,
-            "values": pulumi.Output.secret(args.values),
-            "environment": args.environment,
-            "adopt": args.adopt,
-            "secret_id": None,
-            "key_names": None,
-            "values_digest": None,
-            "values_salt": None,
-            "adopted": None,
-            "owner": owner_mark(TYPE_TOKEN, resource_name),
-        }
-        opts = pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(additional_secret_outputs=["values", "values_salt"])
-        )
-        super().__init__(SecretProvider(), resource_name, props, opts)
+    PROVIDER = SecretProvider
 
 
 __all__ = ["Secret", "SecretArgs", "SecretProvider", "values_digest"]

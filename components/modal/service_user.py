@@ -47,29 +47,14 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import (
-    CheckFailure,
-    CheckResult,
-    CreateResult,
-    ReadResult,
-    UpdateResult,
-)
+from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
-from ._base import (
-    DiffSpec,
-    ModalProvider,
-    check_owner,
-    is_unknown,
-    owner_mark,
-    owner_of,
-    plain,
-    secret_output,
-)
+from ._base import ModalProvider, is_unknown, owner_of, plain
+from ._schema import Schema, SchemaResource, output, owner, records, replaces
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ServiceUser"  # noqa: S105 (a Pulumi type token)
 
@@ -83,16 +68,6 @@ MAX_EXPIRES_IN_DAYS = 3650
 #: attempt of that create when Modal says it was created at most this long before it started
 #: (clock skew between this machine and Modal).
 CLOCK_SLACK_S = 120.0
-
-
-@dataclass
-class ServiceUserArgs:
-    """Inputs of a `ServiceUser`."""
-
-    name: pulumi.Input[str]
-    rotation: pulumi.Input[str] = ""
-    #: Days until the token stops working (Modal then deletes the service user); None = never.
-    expires_in_days: pulumi.Input[int] | None = None
 
 
 def generation_name(name: str, generation: int) -> str:
@@ -109,6 +84,57 @@ def _expires(props: Mapping[str, Any]) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _name_problems(name: Any) -> list[str]:
+    if isinstance(name, str) and NAME_RE.match(name):
+        return []
+    return [
+        f"service user name {name!r} is invalid: 1-56 characters from a-z A-Z 0-9 - _ (a"
+        " rotation appends -<n>; Modal allows letters, digits, '-' and '_')"
+    ]
+
+
+def _rotation_problems(rotation: Any) -> list[str]:
+    return [] if isinstance(rotation, str) else ["rotation must be a string (e.g. a date)"]
+
+
+def _whole(days: Any) -> bool:
+    return isinstance(days, int | float) and not isinstance(days, bool) and float(days).is_integer()
+
+
+def _days_problems(days: Any) -> list[str]:
+    if _whole(days) and 1 <= days <= MAX_EXPIRES_IN_DAYS:
+        return []
+    return [
+        f"expires_in_days {days!r} must be a whole number of days from 1 to"
+        f" {MAX_EXPIRES_IN_DAYS}, or unset (never expires)"
+    ]
+
+
+class ServiceUserArgs(Schema):
+    """Inputs of a `ServiceUser` (keywords), then what it outputs. A changed `rotation` or
+    `expires_in_days` rotates (an update: `extra_changes`), a changed `name` replaces."""
+
+    name: pulumi.Input[str] = replaces(check=_name_problems)
+    rotation: pulumi.Input[str] = records(default="", check=_rotation_problems)
+    #: Days until the token stops working (Modal then deletes the service user); None = never.
+    expires_in_days: pulumi.Input[int] | None = records(
+        default=None, check=_days_problems, normalize=lambda d: int(d) if _whole(d) else d
+    )
+    owner: str = owner()
+    generation: int = output()  # rotations so far: the current Modal name is `<name>-<n>`
+    current_name: str = output()
+    names: list[str] = output()  # the current service user, then the previous one if any
+    service_user_id: str = output()
+    token_id: str = output()
+    token_secret: str = output(secret=True)  # left out when unknown (an imported one)
+    created_at: float = output()
+    last_used_at: float = output()
+    expires_at: float = output()
+    previous_name: str = output()
+    previous_token_id: str = output()
+    previous_service_user_id: str = output()
+
+
 def _in_use(props: Mapping[str, Any]) -> bool:
     """Whether the current token was used after its service user was created (from state)."""
     used = props.get("last_used_at") or 0.0
@@ -118,42 +144,7 @@ def _in_use(props: Mapping[str, Any]) -> bool:
 class ServiceUserProvider(ModalProvider):
     kind = "ServiceUser"
     type_token = TYPE_TOKEN
-    DIFF = DiffSpec(replace_on=("name",))  # rotation and retirement: extra_changes
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures: list[CheckFailure] = []
-        name = news.get("name")
-        if not is_unknown(name) and not (isinstance(name, str) and NAME_RE.match(name)):
-            failures.append(
-                CheckFailure(
-                    "name",
-                    f"service user name {name!r} is invalid: 1-56 characters from a-z A-Z 0-9"
-                    " - _ (a rotation appends -<n>; Modal allows letters, digits, '-' and '_')",
-                )
-            )
-        rotation = news.get("rotation")
-        if rotation is not None and not is_unknown(rotation) and not isinstance(rotation, str):
-            failures.append(CheckFailure("rotation", "rotation must be a string (e.g. a date)"))
-        days = news.get("expires_in_days")
-        if days is not None and not is_unknown(days):
-            whole = (
-                isinstance(days, int | float) and not isinstance(days, bool) and days == int(days)
-            )
-            if not whole or not 1 <= days <= MAX_EXPIRES_IN_DAYS:
-                failures.append(
-                    CheckFailure(
-                        "expires_in_days",
-                        f"expires_in_days {days!r} must be a whole number of days from 1 to"
-                        f" {MAX_EXPIRES_IN_DAYS}, or unset (never expires)",
-                    )
-                )
-        news = dict(news)
-        if news.get("rotation") is None:
-            news["rotation"] = ""
-        if isinstance(days, float) and days == int(days):
-            news["expires_in_days"] = int(days)
-        failures += check_owner(news)
-        return CheckResult(news, failures)
+    SCHEMA = ServiceUserArgs.SCHEMA  # rotation and retirement: extra_changes
 
     # ---- diff: from the state only (refresh keeps last_used_at current) ---------------------
     @staticmethod
@@ -194,8 +185,9 @@ class ServiceUserProvider(ModalProvider):
         return False
 
     # ---- outputs -------------------------------------------------------------------------
-    @staticmethod
+    @classmethod
     def _outputs(
+        cls,
         props: Mapping[str, Any],
         *,
         generation: int,
@@ -205,28 +197,24 @@ class ServiceUserProvider(ModalProvider):
     ) -> dict[str, Any]:
         """`current` / `previous`: `ServiceUser` messages (ServiceUserInfo), previous or None."""
         current_name = str(current.name)
-        outs: dict[str, Any] = {
-            "name": props.get("name"),
-            "rotation": props.get("rotation") or "",
-            "expires_in_days": _expires(props),
-            "generation": generation,
-            "current_name": current_name,
-            "names": [current_name, *([str(previous.name)] if previous is not None else [])],
-            "service_user_id": str(current.service_user_id),
-            "token_id": str(current.token_id),
-            "created_at": float(current.created_at),
-            "last_used_at": float(current.last_used_at),
-            "expires_at": float(current.expires_at),
-            "previous_name": str(previous.name) if previous is not None else "",
-            "previous_token_id": str(previous.token_id) if previous is not None else "",
-            "previous_service_user_id": (
+        return cls.SCHEMA.outputs(
+            props,
+            expires_in_days=_expires(props),
+            generation=generation,
+            current_name=current_name,
+            names=[current_name, *([str(previous.name)] if previous is not None else [])],
+            service_user_id=str(current.service_user_id),
+            token_id=str(current.token_id),
+            token_secret=token_secret or None,
+            created_at=float(current.created_at),
+            last_used_at=float(current.last_used_at),
+            expires_at=float(current.expires_at),
+            previous_name=str(previous.name) if previous is not None else "",
+            previous_token_id=str(previous.token_id) if previous is not None else "",
+            previous_service_user_id=(
                 str(previous.service_user_id) if previous is not None else ""
             ),
-            "owner": owner_of(props) or None,
-        }
-        if token_secret:
-            outs["token_secret"] = secret_output(token_secret)
-        return outs
+        )
 
     def _hints(self, name: str) -> dict[type[BaseException], str]:
         from modal import exception as mexc
@@ -442,14 +430,7 @@ class ServiceUserProvider(ModalProvider):
             token_secret=secret,
             previous=live_prev,
         )
-        inputs = {
-            "name": props.get("name"),
-            "rotation": props.get("rotation") or "",
-            "expires_in_days": _expires(props),
-        }
-        if owner_of(props):  # ours, not Modal's: kept as recorded
-            inputs["owner"] = owner_of(props)
-        return ReadResult(id_, outs, inputs)
+        return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     # ---- delete --------------------------------------------------------------------------
     def delete(self, id_: str, props: dict[str, Any]) -> None:
@@ -479,59 +460,12 @@ PENDING_ENV = ""
 PENDING_KIND = "service_user"
 
 
-class ServiceUser(pulumi.dynamic.Resource, module="modal", name="ServiceUser"):
-    """A scoped Modal service user. Outputs: `token_id`, `token_secret` (secret), `names`
-    (current first, then the previous one while a rotation is in progress)."""
+class ServiceUser(SchemaResource[ServiceUserArgs], module="modal", name="ServiceUser"):
+    """A scoped Modal service user. Outputs: every field of `ServiceUserArgs` (`token_id`,
+    `token_secret` as a secret, `names`: current first, then the previous one while a
+    rotation is in progress)."""
 
-    name: pulumi.Output[str]
-    rotation: pulumi.Output[str]
-    expires_in_days: pulumi.Output[int | None]
-    generation: pulumi.Output[int]
-    current_name: pulumi.Output[str]
-    names: pulumi.Output[list[str]]
-    service_user_id: pulumi.Output[str]
-    token_id: pulumi.Output[str]
-    token_secret: pulumi.Output[str]
-    created_at: pulumi.Output[float]
-    last_used_at: pulumi.Output[float]
-    expires_at: pulumi.Output[float]
-    previous_name: pulumi.Output[str]
-    previous_token_id: pulumi.Output[str]
-    previous_service_user_id: pulumi.Output[str]
-    owner: pulumi.Output[str]
-
-    def __init__(
-        self,
-        resource_name: str,
-        args: ServiceUserArgs,
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
-        props: dict[str, Any] = {
-            "name": args.name,
-            "rotation": args.rotation,
-            "expires_in_days": args.expires_in_days,
-            **dict.fromkeys(
-                (
-                    "generation",
-                    "current_name",
-                    "names",
-                    "service_user_id",
-                    "token_id",
-                    "token_secret",
-                    "created_at",
-                    "last_used_at",
-                    "expires_at",
-                    "previous_name",
-                    "previous_token_id",
-                    "previous_service_user_id",
-                )
-            ),
-            "owner": owner_mark(TYPE_TOKEN, resource_name),
-        }
-        opts = pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(additional_secret_outputs=["token_secret"])
-        )
-        super().__init__(ServiceUserProvider(), resource_name, props, opts)
+    PROVIDER = ServiceUserProvider
 
 
 __all__ = [

@@ -36,46 +36,25 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import (
-    CheckFailure,
-    CheckResult,
-    CreateResult,
-    ReadResult,
-    UpdateResult,
-)
+from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
 from ._base import (
-    DiffSpec,
     ModalProvider,
-    check_environment,
-    check_owner,
     environment_name,
-    is_unknown,
-    owner_mark,
+    environment_problems,
     owner_of,
     plain_view,
 )
-from .app import AppArgs, AppProvider, app_props
+from ._schema import Schema, SchemaResource, output, owner, replaces, updates
+from .app import AppArgs, AppProvider
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendAlert"  # noqa: S105 (a Pulumi type token)
 WATCH_TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendWatch"  # noqa: S105 (a Pulumi type token)
 DEFAULT_THRESHOLDS = (0.5, 0.8, 1.0)
-
-
-@dataclass
-class SpendAlertArgs:
-    """Inputs of a `SpendAlert`."""
-
-    environment: pulumi.Input[str]
-    monthly_budget_usd: pulumi.Input[float]
-    thresholds: pulumi.Input[Sequence[pulumi.Input[float]]] = field(
-        default_factory=lambda: list(DEFAULT_THRESHOLDS)
-    )
 
 
 #: The one threshold rule (issue 14.6): a fraction of the budget in (0, MAX_THRESHOLD].
@@ -103,59 +82,55 @@ def _thresholds(props: Mapping[str, Any]) -> list[float]:
     return sorted(float(t) for t in (raw if raw is not None else DEFAULT_THRESHOLDS))
 
 
+def _budget_problems(budget: Any) -> list[str]:
+    if isinstance(budget, bool) or not isinstance(budget, int | float):
+        return ["monthly_budget_usd must be a number of dollars"]
+    if not math.isfinite(budget):
+        return [f"monthly_budget_usd {budget} is not a finite number of dollars"]
+    if budget < 0:
+        return [
+            f"monthly_budget_usd {budget} is negative: a budget is >= 0 dollars (0 blocks all"
+            " spend)"
+        ]
+    return []
+
+
+def _thresholds_problems(thresholds: Any) -> list[str]:
+    if not isinstance(thresholds, list) or not thresholds:
+        return ["thresholds must be a non-empty list of fractions"]
+    problems = [p for p in map(threshold_problem, thresholds) if p]
+    if len({float(t) for t in thresholds if isinstance(t, int | float)}) != len(thresholds):
+        problems.append("thresholds must not repeat")
+    return problems
+
+
+class SpendAlertArgs(Schema):
+    """Inputs of a `SpendAlert` (keywords), then what it outputs."""
+
+    environment: pulumi.Input[str] = replaces(check=environment_problems)
+    monthly_budget_usd: pulumi.Input[float] = updates(
+        view=plain_view("monthly_budget_usd"), check=_budget_problems
+    )
+    #: Fractions of the budget (reported, not enforced: the spend watcher posts them).
+    thresholds: pulumi.Input[Sequence[pulumi.Input[float]]] = updates(
+        default_factory=lambda: list(DEFAULT_THRESHOLDS),
+        view=_thresholds,
+        check=_thresholds_problems,
+    )
+    owner: str = owner()
+    environment_id: str = output()
+    current_usage_usd: float = output()
+    effective_limit_usd: float = output()
+    limit_reached: bool = output()
+    thresholds_crossed: list[float] = output()
+    #: The budget the environment had before (None: none); delete puts it back.
+    previous_budget_usd: float | None = output()
+
+
 class SpendAlertProvider(ModalProvider):
     kind = "SpendAlert"
     type_token = TYPE_TOKEN
-    DIFF = DiffSpec(
-        replace_on=("environment",),
-        update_on=("monthly_budget_usd", "thresholds"),
-        views={"monthly_budget_usd": plain_view("monthly_budget_usd"), "thresholds": _thresholds},
-    )
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures = check_environment(news)
-        budget = news.get("monthly_budget_usd")
-        if not is_unknown(budget):
-            if isinstance(budget, bool) or not isinstance(budget, int | float):
-                failures.append(
-                    CheckFailure(
-                        "monthly_budget_usd", "monthly_budget_usd must be a number of dollars"
-                    )
-                )
-            elif not math.isfinite(budget):
-                failures.append(
-                    CheckFailure(
-                        "monthly_budget_usd",
-                        f"monthly_budget_usd {budget} is not a finite number of dollars",
-                    )
-                )
-            elif budget < 0:
-                failures.append(
-                    CheckFailure(
-                        "monthly_budget_usd",
-                        f"monthly_budget_usd {budget} is negative: a budget is >= 0 dollars"
-                        " (0 blocks all spend)",
-                    )
-                )
-        thresholds = news.get("thresholds")
-        if thresholds is not None and not is_unknown(thresholds):
-            if not isinstance(thresholds, list) or not thresholds:
-                failures.append(
-                    CheckFailure("thresholds", "thresholds must be a non-empty list of fractions")
-                )
-            else:
-                for t in thresholds:
-                    problem = threshold_problem(t)
-                    if problem:
-                        failures.append(CheckFailure("thresholds", problem))
-                if len({float(t) for t in thresholds if isinstance(t, int | float)}) != len(
-                    thresholds
-                ):
-                    failures.append(CheckFailure("thresholds", "thresholds must not repeat"))
-        news = dict(news)
-        if news.get("thresholds") is None:
-            news["thresholds"] = list(DEFAULT_THRESHOLDS)
-        return CheckResult(news, failures + check_owner(news))
+    SCHEMA = SpendAlertArgs.SCHEMA
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:
@@ -200,38 +175,37 @@ class SpendAlertProvider(ModalProvider):
 
         return self.run(action, self._target(props), go)
 
-    @staticmethod
-    def _outputs(props: Mapping[str, Any], status: Any) -> dict[str, Any]:
+    @classmethod
+    def _outputs(
+        cls, props: Mapping[str, Any], status: Any, env_id: str, previous: float | None
+    ) -> dict[str, Any]:
         budget = float(status.cycle_budget_dollars)
         usage = float(status.current_cycle_usage)
         thresholds = _thresholds(props)
-        return {
-            "owner": owner_of(props) or None,
-            "environment": props.get("environment"),
-            "monthly_budget_usd": budget,
-            "thresholds": thresholds,
-            "current_usage_usd": usage,
-            "effective_limit_usd": float(status.effective_cycle_spend_limit),
-            "limit_reached": bool(status.spend_limit_reached),
-            "thresholds_crossed": [
+        return cls.SCHEMA.outputs(
+            props,
+            monthly_budget_usd=budget,
+            thresholds=thresholds,
+            current_usage_usd=usage,
+            effective_limit_usd=float(status.effective_cycle_spend_limit),
+            limit_reached=bool(status.spend_limit_reached),
+            thresholds_crossed=[
                 t for t in thresholds if usage >= t * budget and (budget > 0 or usage > 0)
             ],
-        }
+            environment_id=env_id,
+            previous_budget_usd=previous,
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         previous: list[float | None] = []
         env_id, status = self._apply(props, None, "set", previous)
-        outs = self._outputs(props, status)
-        outs["environment_id"] = env_id
-        outs["previous_budget_usd"] = previous[0] if previous else None
-        return CreateResult(env_id, outs)
+        return CreateResult(
+            env_id, self._outputs(props, status, env_id, previous[0] if previous else None)
+        )
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         _, status = self._apply(news, id_, "update")
-        outs = self._outputs(news, status)
-        outs["environment_id"] = id_
-        outs["previous_budget_usd"] = olds.get("previous_budget_usd")
-        return UpdateResult(outs)
+        return UpdateResult(self._outputs(news, status, id_, olds.get("previous_budget_usd")))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from modal import exception as mexc
@@ -251,17 +225,8 @@ class SpendAlertProvider(ModalProvider):
             return ReadResult("", {})
         # The id decides the environment: a declared name that differs shows as a replace.
         live_props = {**props, "environment": env}
-        outs = self._outputs(live_props, status)
-        outs["environment_id"] = id_
-        outs["previous_budget_usd"] = props.get("previous_budget_usd")
-        inputs: dict[str, Any] = {
-            "environment": env,
-            "monthly_budget_usd": float(status.cycle_budget_dollars),
-            "thresholds": _thresholds(props),
-        }
-        if owner_of(props):  # ours, not Modal's: kept as recorded
-            inputs["owner"] = owner_of(props)
-        return ReadResult(id_, outs, inputs)
+        outs = self._outputs(live_props, status, id_, props.get("previous_budget_usd"))
+        return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         from modal import exception as mexc
@@ -303,36 +268,11 @@ def _previous_from(notes: tuple[str, ...]) -> float | None:
     return None
 
 
-class SpendAlert(pulumi.dynamic.Resource, module="modal", name="SpendAlert"):
-    """Monthly budget (hard cap) + alert thresholds for one environment."""
+class SpendAlert(SchemaResource[SpendAlertArgs], module="modal", name="SpendAlert"):
+    """Monthly budget (hard cap) + alert thresholds for one environment. Outputs: every field
+    of `SpendAlertArgs`."""
 
-    environment: pulumi.Output[str]
-    monthly_budget_usd: pulumi.Output[float]
-    thresholds: pulumi.Output[list[float]]
-    environment_id: pulumi.Output[str]
-    current_usage_usd: pulumi.Output[float]
-    effective_limit_usd: pulumi.Output[float]
-    limit_reached: pulumi.Output[bool]
-    thresholds_crossed: pulumi.Output[list[float]]
-    previous_budget_usd: pulumi.Output[float | None]
-    owner: pulumi.Output[str]
-
-    def __init__(
-        self, resource_name: str, args: SpendAlertArgs, opts: pulumi.ResourceOptions | None = None
-    ) -> None:
-        props: dict[str, Any] = {
-            "environment": args.environment,
-            "monthly_budget_usd": args.monthly_budget_usd,
-            "thresholds": args.thresholds,
-            "environment_id": None,
-            "current_usage_usd": None,
-            "effective_limit_usd": None,
-            "limit_reached": None,
-            "thresholds_crossed": None,
-            "previous_budget_usd": None,
-            "owner": owner_mark(TYPE_TOKEN, resource_name),
-        }
-        super().__init__(SpendAlertProvider(), resource_name, props, opts)
+    PROVIDER = SpendAlertProvider
 
 
 class SpendWatchProvider(AppProvider):
@@ -344,21 +284,10 @@ class SpendWatchProvider(AppProvider):
     type_token = WATCH_TYPE_TOKEN
 
 
-class SpendWatch(pulumi.dynamic.Resource, module="modal", name="SpendWatch"):
+class SpendWatch(SchemaResource[AppArgs], module="modal", name="SpendWatch"):
     """The deployed spend watcher (an App: same inputs and outputs)."""
 
-    name: pulumi.Output[str]
-    environment: pulumi.Output[str]
-    app_file: pulumi.Output[str]
-    spec_json: pulumi.Output[str]
-    app_id: pulumi.Output[str]
-    version: pulumi.Output[int]
-    source_digest: pulumi.Output[str]
-
-    def __init__(
-        self, resource_name: str, args: AppArgs, opts: pulumi.ResourceOptions | None = None
-    ) -> None:
-        super().__init__(SpendWatchProvider(), resource_name, app_props(args), opts)
+    PROVIDER = SpendWatchProvider
 
 
 __all__ = [

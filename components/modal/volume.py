@@ -32,76 +32,46 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, ReadResult, UpdateResult
+from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
 from ._base import (
     ADOPT_HOWTO,
-    DiffSpec,
     ModalProvider,
     ModalProviderError,
-    check_environment,
-    check_flag,
-    check_name,
-    check_owner,
     environment_name,
-    flag_view,
-    normalize_flag,
-    owner_mark,
+    environment_problems,
+    object_name,
     owner_of,
 )
+from ._schema import Schema, SchemaResource, flag, output, owner, replaces, updates
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:Volume"  # noqa: S105 (a Pulumi type token)
 
 
-@dataclass
-class VolumeArgs:
-    """Inputs of a `Volume`."""
+class VolumeArgs(Schema):
+    """Inputs of a `Volume` (keywords), then what it outputs."""
 
-    name: pulumi.Input[str]
-    environment: pulumi.Input[str]
-    adopt: pulumi.Input[bool] = False
+    name: pulumi.Input[str] = updates(check=object_name("Volume"))  # a rename keeps the data
+    environment: pulumi.Input[str] = replaces(check=environment_problems)
+    adopt: pulumi.Input[bool] = flag(default=False)
+    owner: str = owner()
+    volume_id: str = output()
+    adopted: bool = output()
 
 
 class VolumeProvider(ModalProvider):
     kind = "Volume"
     type_token = TYPE_TOKEN
     adoptable = True
-    DIFF = DiffSpec(
-        replace_on=("environment",),
-        update_on=("name", "adopt"),
-        views={"adopt": flag_view("adopt")},
-    )
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures = check_name(news, "name", "Volume") + check_environment(news)
-        failures += check_flag(news, "adopt") + check_owner(news)
-        return CheckResult(normalize_flag(news, "adopt"), failures)
+    SCHEMA = VolumeArgs.SCHEMA
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:
         return f"'{props.get('name')}' in environment '{environment_name(props) or '<default>'}'"
-
-    @staticmethod
-    def _outputs(
-        props: Mapping[str, Any],
-        volume_id: str,
-        adopted: bool,
-        name: str | None = None,
-        environment: str | None = None,
-    ) -> dict[str, Any]:
-        return {
-            "name": name if name is not None else props.get("name"),
-            "environment": environment if environment is not None else props.get("environment"),
-            "adopt": bool(props.get("adopt") or False),
-            "volume_id": volume_id,
-            "adopted": adopted,
-            "owner": owner_of(props) or None,
-        }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         from modal import exception as mexc
@@ -157,7 +127,9 @@ class VolumeProvider(ModalProvider):
             keyed=True,
             resumable=bool(owner),
         )
-        return CreateResult(volume_id, self._outputs(props, volume_id, adopted))
+        return CreateResult(
+            volume_id, self.SCHEMA.outputs(props, volume_id=volume_id, adopted=adopted)
+        )
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         new_name = str(news["name"])
@@ -167,7 +139,8 @@ class VolumeProvider(ModalProvider):
                 await _rpc.volume_rename(client, id_, new_name)
 
         self.run(f"rename to '{new_name}' of", f"{id_} ({self._target(olds)})", go)
-        return UpdateResult(self._outputs(news, id_, bool(olds.get("adopted") or False)))
+        adopted = bool(olds.get("adopted") or False)
+        return UpdateResult(self.SCHEMA.outputs(news, volume_id=id_, adopted=adopted))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         env = environment_name(props)
@@ -203,14 +176,14 @@ class VolumeProvider(ModalProvider):
                 " a volume managed in the wrong environment would be deleted by its next"
                 " replacement."
             )
-        name = resp.metadata.name or props.get("name")
-        environment = moved_to if moved_to is not None else props.get("environment")
+        live = {
+            **props,
+            "name": resp.metadata.name or props.get("name"),
+            "environment": moved_to if moved_to is not None else props.get("environment"),
+        }
         adopted = bool(props.get("adopted") or False)
-        outs = self._outputs(props, id_, adopted, name, environment)
-        inputs = {"name": name, "environment": environment, "adopt": outs["adopt"]}
-        if owner_of(props):
-            inputs["owner"] = owner_of(props)
-        return ReadResult(id_, outs, inputs)
+        outs = self.SCHEMA.outputs(live, volume_id=id_, adopted=adopted)
+        return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         if props.get("adopted"):
@@ -242,28 +215,10 @@ async def _claimed(client: Any, owner: str, env: str, name: str, volume_id: str)
     return _rpc.pending_claims(pending, PENDING_KIND, name, created)
 
 
-class Volume(pulumi.dynamic.Resource, module="modal", name="Volume"):
-    """A named Modal Volume. Output: `volume_id`."""
+class Volume(SchemaResource[VolumeArgs], module="modal", name="Volume"):
+    """A named Modal Volume. Outputs: every field of `VolumeArgs` (`volume_id`, ...)."""
 
-    name: pulumi.Output[str]
-    environment: pulumi.Output[str]
-    adopt: pulumi.Output[bool]
-    volume_id: pulumi.Output[str]
-    adopted: pulumi.Output[bool]
-    owner: pulumi.Output[str]
-
-    def __init__(
-        self, resource_name: str, args: VolumeArgs, opts: pulumi.ResourceOptions | None = None
-    ) -> None:
-        props: dict[str, Any] = {
-            "name": args.name,
-            "environment": args.environment,
-            "adopt": args.adopt,
-            "volume_id": None,
-            "adopted": None,
-            "owner": owner_mark(TYPE_TOKEN, resource_name),
-        }
-        super().__init__(VolumeProvider(), resource_name, props, opts)
+    PROVIDER = VolumeProvider
 
 
 __all__ = ["Volume", "VolumeArgs", "VolumeProvider"]

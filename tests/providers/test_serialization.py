@@ -104,7 +104,7 @@ def test_resources_register_with_their_type_tokens() -> None:
 
     @pulumi.runtime.test
     def program() -> pulumi.Output[Any]:
-        made = [
+        made: list[pulumi.Resource] = [
             Environment("env", EnvironmentArgs(name="dev")),
             Secret("sec", SecretArgs(name="k", values={"A": "x"}, environment="dev")),
             Volume("vol", VolumeArgs(name="v", environment="dev")),
