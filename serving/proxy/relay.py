@@ -69,8 +69,8 @@ _HAS_TOKENS = re.compile(rb'_tokens"').search
 
 
 class ClientWriter(Protocol):
-    """Where a relay writes the answer: the proxy's own server's request object
-    (``httpserver._Request``), or ``app._AsgiWriter`` over an ASGI ``send``."""
+    """Where a relay writes the answer: ``app._AsgiWriter``, over uvicorn's ASGI ``send``
+    (declared here, so that this module needs nothing from app.py, which builds on it)."""
 
     disconnected: bool
     # Called once when the client's connection is lost (set by the relay while it runs).
