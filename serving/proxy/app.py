@@ -709,10 +709,11 @@ class ProxyApp:
                 and (body := await self._read_body(receive, writer, ex, content_length)) is not None
             ):
                 admitted = self._admit(writer, ex)
-                if admitted is None:  # waits for a slot (a client that leaves meanwhile is
-                    # seen once the request is sent: the wait is at most fair_wait_s)
+                if admitted is None:  # waits for a slot; a client that leaves meanwhile
+                    # gives up its place at once (its 499 is logged then)
                     granted: asyncio.Future[bool] = self._loop().create_future()
                     self._queue(writer, ex, functools.partial(_settle, granted))
+                    writer.watch()
                     admitted = await granted
             if admitted and body is not None:
                 await self._send(writer, ex, body, forward)
