@@ -486,27 +486,27 @@ WAIT_POLL_S = 0.01
 class _Waiter:
     """A request waiting for an in-flight slot (``ProxyApp._queue``)."""
 
-    __slots__ = ("ex", "key", "seq", "then", "timer", "writer")
+    __slots__ = ("ex", "granted", "key", "seq", "timer", "writer")
 
     def __init__(
         self,
         ex: Exchange,
         key: int,
         writer: ClientWriter,
-        then: Callable[[bool], None],
         seq: int,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.ex = ex
         self.key = key  # its index in the admission
         self.writer = writer
-        self.then = then
         self.seq = seq
         self.timer: asyncio.TimerHandle | None = None
+        # True once it has a slot; False when it was answered 429 or its client left
+        self.granted: asyncio.Future[bool] = loop.create_future()
 
-
-def _settle(future: asyncio.Future[bool], admitted: bool) -> None:
-    if not future.done():
-        future.set_result(admitted)
+    def settle(self, admitted: bool) -> None:
+        if not self.granted.done():
+            self.granted.set_result(admitted)
 
 
 class ProxyApp:
@@ -711,8 +711,7 @@ class ProxyApp:
                 admitted = self._admit(writer, ex)
                 if admitted is None:  # waits for a slot; a client that leaves meanwhile
                     # gives up its place at once (its 499 is logged then)
-                    granted: asyncio.Future[bool] = self._loop().create_future()
-                    self._queue(writer, ex, functools.partial(_settle, granted))
+                    granted = self._queue(writer, ex)
                     writer.watch()
                     admitted = await granted
             if admitted and body is not None:
@@ -1032,12 +1031,12 @@ class ProxyApp:
     # fair_wait_s. Slots come free when a request of this process ends (``_end`` serves the
     # waiters at once) or of another worker (a poll every WAIT_POLL_S while any waits here).
 
-    def _queue(self, writer: ClientWriter, ex: Exchange, then: Callable[[bool], None]) -> None:
-        """Wait for a slot (``admission.take`` said QUEUED): ``then(True)`` once it has one
-        (``ex.admitted``), ``then(False)`` when it was answered 429 after fair_wait_s or its
-        client left."""
+    def _queue(self, writer: ClientWriter, ex: Exchange) -> asyncio.Future[bool]:
+        """Wait for a slot (``admission.take`` said QUEUED): the future is True once it has
+        one (``ex.admitted``), False when it was answered 429 after fair_wait_s or its client
+        left."""
         loop = self._loop()
-        waiter = _Waiter(ex, self._key_index[ex.key], writer, then, next(self._waiter_seq))
+        waiter = _Waiter(ex, self._key_index[ex.key], writer, next(self._waiter_seq), loop)
         waiter.timer = loop.call_later(self.config.fair_wait_s, self._wait_timed_out, waiter)
         ex.waiter = waiter
         self._waiters.append(waiter)
@@ -1045,6 +1044,7 @@ class ProxyApp:
             writer.on_disconnect = functools.partial(self._left_waiting, waiter)
         if self._wait_poll is None:
             self._wait_poll = loop.call_later(WAIT_POLL_S, self._poll_waiters)
+        return waiter.granted
 
     def _unqueue(self, waiter: _Waiter) -> None:
         """``waiter`` stops waiting (no slot): its count in the admission goes."""
@@ -1064,7 +1064,7 @@ class ProxyApp:
         if waiter.ex.waiter is waiter:
             waiter.ex.client_gone = True
             self._unqueue(waiter)
-            waiter.then(False)
+            waiter.settle(False)
 
     def _wait_timed_out(self, waiter: _Waiter) -> None:
         ex = waiter.ex
@@ -1081,7 +1081,7 @@ class ProxyApp:
             f"{admission.held(i)}, its fair share is {admission.share(i)}); retry after the "
             "Retry-After delay", "rate_limit_error", "proxy_at_capacity", self._busy_headers,
         )  # fmt: skip
-        waiter.then(False)
+        waiter.settle(False)
 
     def _poll_waiters(self) -> None:
         self._wait_poll = None
@@ -1116,10 +1116,10 @@ class ProxyApp:
             if decided == ADMITTED:
                 self.metrics.in_flight += 1
                 ex.admitted = True
-                waiter.then(True)
+                waiter.settle(True)
             else:
                 self._refuse(writer, ex, waiter.key, decided)
-                waiter.then(False)
+                waiter.settle(False)
 
     @staticmethod
     def _engine_headers(

@@ -12,10 +12,9 @@ response). This subclass adds, per connection:
   ends. A head that arrives complete in one read is checked on its parsed length too.
 - ``head_timeout_s``: from the connection's start, or from the first byte of a later request,
   the head must be complete within this time, else ``408`` and close (a connection that never
-  sent a byte is just closed). Not applied while a
-  response is in progress (a pipelined head waits for it) nor to an idle keep-alive connection
-  between requests (uvicorn's keep-alive timeout covers that).
-
+  sent a byte is just closed). Not applied while a response is in progress (a pipelined head
+  waits for it) nor to an idle keep-alive connection between requests (uvicorn's keep-alive
+  timeout covers that).
 - read-ahead: at most ``MAX_PIPELINE`` pipelined requests are queued behind the one being
   served (uvicorn queues every request a read holds); past that the queued ones are answered,
   the rest of the input is dropped and the connection closes after the last queued answer
@@ -32,9 +31,9 @@ response). This subclass adds, per connection:
 - HTTP/1.0: a response without ``Content-Length`` (a stream) is close-delimited (RFC 9112 6.3),
   where uvicorn would chunk-encode it for a client that cannot read chunks.
 
-One periodic sweep per server (every ``head_timeout_s / 2``, at most 1 s) checks the deadlines;
-no timer per connection or request. Request *bodies* are timed by the app (``body_timeout_s``,
-works on any server).
+One periodic sweep per server (every ``head_timeout_s / 2``, at most 1 s) checks the head
+deadlines; no timer per request (a lingering close has one). Request *bodies* are timed by
+the app (``body_timeout_s``, works on any server).
 """
 
 from __future__ import annotations

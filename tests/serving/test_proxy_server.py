@@ -239,12 +239,6 @@ class _Boom:
     def __init__(self, when: str) -> None:
         self.when = when
 
-    async def startup(self) -> None:
-        pass
-
-    async def shutdown(self) -> None:
-        pass
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.when == "after_head":
             start: Message = {"type": "http.response.start", "status": 200, "headers": []}
