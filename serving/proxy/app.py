@@ -895,31 +895,6 @@ class ProxyApp:
             return False
         return True
 
-    def _body_fits(
-        self,
-        writer: ClientWriter,
-        ex: Exchange,
-        content_length: bytes | None,
-        body: bytes | memoryview,
-    ) -> bool:
-        """A body that is all here (its announced size was checked by ``_announced``): its
-        size, the bytes not charged to the budget yet (all of a body that came with its
-        head), then the JSON check (POST routes; a GET route takes none)."""
-        ex.body_unread = False
-        if ex.route.method != "POST":
-            if body:
-                self._unexpected_body(writer, ex)
-                return False
-            return True
-        size = len(body)
-        if size > self.config.max_body_bytes:  # chunked: no length was announced
-            self._body_too_large(writer, ex)
-            return False
-        if size > ex.body_held and not self.hold_body(ex, size - ex.body_held):
-            self.answer_buffers_full(writer, ex)
-            return False
-        return self._validate(writer, ex, body)
-
     async def _read_body(
         self,
         receive: Receive,
@@ -927,9 +902,10 @@ class ProxyApp:
         ex: Exchange,
         content_length: bytes | None,
     ) -> bytes | memoryview | None:
-        """The body of an ASGI request (``_body_fits``'s checks as the pieces arrive); None:
-        answered (or the client left). The whole body must have arrived by t0 +
-        ``body_timeout_s`` (408)."""
+        """The request's body, checked as its pieces arrive: a GET route takes none (400),
+        the size (413, chunked bodies too), each piece charged to the buffer budget and the
+        key's share of it (503), then the JSON check (400); None: answered (or the client
+        left). The whole body must have arrived by t0 + ``body_timeout_s`` (408)."""
         if ex.route.method != "POST":
             if ex.body_unread:  # not read: the answer closes the connection
                 self._unexpected_body(writer, ex)
