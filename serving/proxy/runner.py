@@ -7,7 +7,8 @@ Why uvicorn and not an HTTP server of our own: the proxy had one (serving/proxy/
 the same engine, same run, targets interleaved: bench run AP, 2026-11-28, one NVIDIA H200,
 vLLM 0.26.0, a Llama-3.2-1B-shaped model, server cores 0-7, clients 8-15,
 ``python3 -m bench.gpu.remote run --phases bench --uvicorn-proxy --plan
-256:3:2048,1024:2:4096`` (proxy CPU: % of one core, per round):
+256:3:2048,1024:2:4096`` (bench/gpu/remote.py as of 42ca547, whose ``--uvicorn-proxy`` started
+the second proxy on ``--server uvicorn``; proxy CPU: % of one core, per round):
 
     streams  target              TTFT p99 ms  tokens/s  vs direct  proxy CPU
     256      direct                    243.7     19799     1.000x  -
