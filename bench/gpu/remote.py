@@ -653,11 +653,7 @@ class CpuSampler(threading.Thread):
         # the plain `vllm serve` (PLAIN_PORT) and its children: "plain_" roles
         prefix = "plain_" if f"--port {PLAIN_PORT}" in f"{cmd} {family}" else ""
         if "serving.proxy" in f"{cmd} {family}":  # with --workers: the workers too
-            if f"--port {ONE_WORKER_PROXY_PORT}" in f"{cmd} {family}":
-                return "proxy_1w"
-            if f"--port {UVICORN_PROXY_PORT}" in f"{cmd} {family}":
-                return "proxy_uvicorn"
-            return "proxy"
+            return "proxy_1w" if f"--port {ONE_WORKER_PROXY_PORT}" in f"{cmd} {family}" else "proxy"
         if "bench.gpu.load" in cmd:
             return "client"
         if "EngineCore" in name or "EngineCore" in cmd:
@@ -915,24 +911,18 @@ def cpu_table(rows: list[dict[str, Any]]) -> str:
 
 
 ONE_WORKER_PROXY_PORT = 8003
-# Issue 33 item 6: the same proxy command line as serving.engine's, on uvicorn (`--server
-# uvicorn`, httptools parsing, the same head limits) in front of the same engine, same run.
-UVICORN_PROXY_PORT = 8004
 
 
 @contextlib.contextmanager
-def second_proxy(
-    spec: dict[str, Any], log_path: Path, log: Log, port: int, extra: list[str], one_process: bool
-) -> Iterator[dict[str, Any]]:
-    """A second auth proxy in front of the same engine, as serving.engine starts it, on
-    ``port``: with one process (`one_process`, `--workers` dropped: the baseline for the spec's
-    `proxy_workers`) and/or ``extra`` arguments (e.g. `--server uvicorn`), same run."""
+def one_worker_proxy(spec: dict[str, Any], log_path: Path, log: Log) -> Iterator[dict[str, Any]]:
+    """A second auth proxy in front of the same engine, as serving.engine starts it but with
+    one process (`--workers 1`): the baseline for the spec's `proxy_workers`, same run."""
     sys.path[:0] = [str(device.ROOT), str(device.SITE)]
     from serving.render import proxy_command
     from serving.spec import ServingSpec
 
-    cmd = proxy_command(ServingSpec.model_validate(spec), port=port) + extra
-    if one_process and "--workers" in cmd:
+    cmd = proxy_command(ServingSpec.model_validate(spec), port=ONE_WORKER_PROXY_PORT)
+    if "--workers" in cmd:
         at = cmd.index("--workers")
         del cmd[at : at + 2]
     info: dict[str, Any] = {"argv": cmd}
@@ -942,39 +932,12 @@ def second_proxy(
             start_new_session=True, preexec_fn=pinned("server"),
         )  # fmt: skip
         try:
-            url = f"http://127.0.0.1:{port}/ready"
-            wait_http_ok(proc, url, 60, f"the second proxy (:{port})", log_path)
-            log(f"second proxy on :{port}: {' '.join(cmd[3:])}")
+            url = f"http://127.0.0.1:{ONE_WORKER_PROXY_PORT}/ready"
+            wait_http_ok(proc, url, 60, "the one-process proxy", log_path)
+            log(f"one-process proxy on :{ONE_WORKER_PROXY_PORT}: {' '.join(cmd[3:])}")
             yield info
         finally:
             info["exit_code"] = stop_group(proc, 40)
-
-
-def second_proxies(
-    stack: contextlib.ExitStack,
-    spec: dict[str, Any],
-    out: Path,
-    log: Log,
-    result: dict[str, Any],
-    one_worker: bool,
-    uvicorn: bool,
-) -> list[str]:
-    """Start the asked-for second proxies; the load generator's `--proxy-target` arguments."""
-    targets: list[str] = []
-    if one_worker:
-        result["one_worker_proxy"] = stack.enter_context(
-            second_proxy(spec, out / "proxy-1w.log", log, ONE_WORKER_PROXY_PORT, [], True)
-        )
-        targets += ["--proxy-target", f"proxy-1w=http://127.0.0.1:{ONE_WORKER_PROXY_PORT}"]
-    if uvicorn:
-        result["uvicorn_proxy"] = stack.enter_context(
-            second_proxy(
-                spec, out / "proxy-uvicorn.log", log, UVICORN_PROXY_PORT,
-                ["--server", "uvicorn"], False,
-            )
-        )  # fmt: skip
-        targets += ["--proxy-target", f"proxy-uvicorn=http://127.0.0.1:{UVICORN_PROXY_PORT}"]
-    return targets
 
 
 def run_bench(
@@ -984,7 +947,6 @@ def run_bench(
     plain: bool,
     one_worker: bool = False,
     proxy_workers: int | None = None,
-    uvicorn: bool = False,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"proxy_idle": proxy_idle_setting(), "plan": plan}
     log(f"proxy pool idle lifetime: {result['proxy_idle']}")
@@ -997,7 +959,11 @@ def run_bench(
         result["engine"] = info
         log(f"engine keep-alive env seen in the vLLM process: {info['engine_keepalive_env']}")
         cmd = load_cmd(out / "bench.json", plan)
-        cmd += second_proxies(stack, spec, out, log, result, one_worker, uvicorn)
+        if one_worker:
+            result["one_worker_proxy"] = stack.enter_context(
+                one_worker_proxy(spec, out / "proxy-1w.log", log)
+            )
+            cmd += ["--proxy-target", f"proxy-1w=http://127.0.0.1:{ONE_WORKER_PROXY_PORT}"]
         sampler.start()
         if plain:
             cmd += ["--plain", f"http://127.0.0.1:{PLAIN_PORT}"]
@@ -1471,7 +1437,6 @@ def run_sglang_bench(
     workers: int | None = None,
     proxy_workers: int | None = None,
     one_worker: bool = False,
-    uvicorn: bool = False,
 ) -> dict[str, Any]:
     """SGLang 0.5.15 with the shipped SGLang defaults (+ this machine's backends; `workers`:
     api_server_count, i.e. --tokenizer-worker-num) through serving.engine, then bench.gpu.load
@@ -1489,7 +1454,11 @@ def run_sglang_bench(
         result["engine"] = info
         log(f"engine keep-alive env seen in the SGLang process: {info['engine_keepalive_env']}")
         cmd = load_cmd(out / "sglang-bench.json", plan)
-        cmd += second_proxies(stack, spec, out, log, result, one_worker, uvicorn)
+        if one_worker:
+            result["one_worker_proxy"] = stack.enter_context(
+                one_worker_proxy(spec, out / "proxy-1w.log", log)
+            )
+            cmd += ["--proxy-target", f"proxy-1w=http://127.0.0.1:{ONE_WORKER_PROXY_PORT}"]
         sampler.start()
         if plain:
             cmd += ["--plain", f"http://127.0.0.1:{PLAIN_PORT}"]
@@ -1541,9 +1510,8 @@ def run(args: argparse.Namespace) -> int:
             rc |= result["checks"]["rc"]
         if "bench" in phases:
             result["bench"] = run_bench(
-                out, log, args.plan, args.plain, args.one_worker_proxy, args.proxy_workers,
-                args.uvicorn_proxy,
-            )  # fmt: skip
+                out, log, args.plan, args.plain, args.one_worker_proxy, args.proxy_workers
+            )
             rc |= result["bench"]["load_rc"]
         if "tp" in phases:
             result["tp"] = run_tp(out, log, args.tp_plan, methods)
@@ -1561,7 +1529,7 @@ def run(args: argparse.Namespace) -> int:
         if "sglang-bench" in phases:
             result["sglang_bench"] = run_sglang_bench(
                 out, log, args.sglang_plan, args.plain, args.sglang_workers,
-                args.proxy_workers, args.one_worker_proxy, args.uvicorn_proxy,
+                args.proxy_workers, args.one_worker_proxy,
             )  # fmt: skip
             rc |= result["sglang_bench"]["load_rc"]
     except Exception as exc:  # what ran so far still comes back in run.json
@@ -1620,12 +1588,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="bench, sglang-bench: a second proxy with one process (:8003) beside the "
         "spec's, as a target",
-    )
-    r.add_argument(
-        "--uvicorn-proxy",
-        action="store_true",
-        help="bench, sglang-bench: a second proxy, the spec's command line on uvicorn "
-        "(`--server uvicorn`, :8004), as a target",
     )
     r.add_argument(
         "--proxy-workers", type=int, help="bench, sglang-bench: the spec's proxy.workers"

@@ -5,8 +5,8 @@ of a commit, or from a directory (e.g. compiled by ``python -m bench.proxy.compi
 and the proxy with ``--workers N`` (target "proxy xN").
 
 Starts, in separate processes: the stub engine (tests/harness/stub_engine.py, uvicorn +
-uvloop), our proxy (``python -m serving.proxy``, its own HTTP server, access log on, stderr to
-/dev/null) and nginx as a plain reverse proxy (generated config, one worker, keep-alive
+uvloop), our proxy (``python -m serving.proxy``, on uvicorn as deployed, access log on, stderr
+to /dev/null) and nginx as a plain reverse proxy (generated config, one worker, keep-alive
 upstream pool, ``proxy_buffering off``; skipped with a hint when nginx is not installed:
 ``apt-get install -y nginx``), all on loopback. The load generator (bench/proxy/loadgen.py,
 uvloop, our pooled client) runs in its own process.
@@ -138,14 +138,12 @@ def main(argv: list[str] | None = None) -> int:
           f"load avg {info['load_avg_at_start']}", flush=True)  # fmt: skip
     # Non-stream parts use an engine that answers at once; streams a 25 tokens/s one.
     stub = StubEngineProcess(tokens=TOKENS, token_delay_ms=0, record=False).start()
-    proxy = on_uvicorn = nginx = baseline = workers = None
+    proxy = nginx = baseline = workers = None
     results: dict[str, Any] = {"machine": info, "quick": quick, "reps": reps}
     t_start = time.time()
     tmp = tempfile.TemporaryDirectory(prefix="bench-proxy-baseline-")
     try:
         proxy = Proxy(stub.url)
-        # the same proxy on uvicorn (`--server uvicorn`): what the own server changes
-        on_uvicorn = Proxy(stub.url, "--server", "uvicorn")
         nginx = Nginx(stub.port) if use_nginx else None
         targets = {"direct": stub.url, "proxy": proxy.url}
         assert stub.proc is not None
@@ -153,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         if nginx:
             targets["nginx"] = nginx.url
             pids["nginx"] = nginx.proc.pid
-        lat_targets = {**targets, "proxy on uvicorn": on_uvicorn.url}
-        lat_pids = {**pids, "proxy on uvicorn": on_uvicorn.proc.pid}
+        lat_targets = dict(targets)
+        lat_pids = dict(pids)
         if args.proxy_workers:  # CPU is read over the process tree: main + workers
             workers = Proxy(stub.url, "--workers", str(args.proxy_workers))
             lat_targets[f"proxy x{args.proxy_workers}"] = workers.url
@@ -192,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             results["memory_bytes_per_stream"] = measure_memory(stub, 256 if quick else 1024,
                                                                 use_nginx)  # fmt: skip
     finally:
-        for thing in (proxy, on_uvicorn, nginx, baseline, workers):
+        for thing in (proxy, nginx, baseline, workers):
             if thing is not None:
                 thing.stop()
         stub.stop()

@@ -31,9 +31,9 @@ from pathlib import Path
 from bench.standin import PROJECT_ROOT
 
 # The modules every request passes through (the ones compiled in the measurements recorded in
-# docs/proxy.md). Not compiled: __main__ and logs (start-up and the log handler) and server
-# (the uvicorn glue of `--server uvicorn`).
-MODULES = ("app", "httpserver", "upstream", "relay", "exchange", "sse", "keys", "metrics")
+# docs/proxy.md). Not compiled: __main__, runner and logs (start-up and the log handler) and
+# server (a subclass of uvicorn's protocol).
+MODULES = ("app", "upstream", "relay", "exchange", "sse", "keys", "metrics")
 
 
 def build(out: Path) -> Path:

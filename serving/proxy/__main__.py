@@ -1,5 +1,5 @@
-"""CLI: ``python -m serving.proxy --upstream URL --port PORT [options]`` (the proxy's own
-HTTP server on uvloop + httptools, or uvicorn with ``--server uvicorn``; one process, or
+"""CLI: ``python -m serving.proxy --upstream URL --port PORT [options]`` (served by uvicorn on
+uvloop + httptools with the proxy's head limits, serving/proxy/runner.py; one process, or
 ``--workers N`` processes on the port: serving/proxy/workers.py).
 
 Keys come from env ``SERVING_API_KEYS``; without valid keys the proxy refuses to start (exit 2)
@@ -15,19 +15,12 @@ import os
 import sys
 
 from serving.proxy.app import ProxyApp, ProxyConfig
-from serving.proxy.httpserver import bind
 from serving.proxy.keys import ENV_VAR, KeyConfigError, KeyRing
 from serving.proxy.logs import configure_logging
-from serving.proxy.runner import (
-    http_protocol,
-    run_own_server,
-    run_uvicorn,
-    server_limits,
-    tune_gc,
-)
+from serving.proxy.runner import bind, http_protocol, run_uvicorn, tune_gc
 from serving.proxy.workers import run_workers, worker_config
 
-__all__ = ["build_parser", "http_protocol", "main", "server_limits"]
+__all__ = ["build_parser", "http_protocol", "main"]
 
 
 def _key_limit(text: str) -> tuple[str, int]:
@@ -95,9 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-timeout-s", type=float, default=d.head_timeout_s,
                    help="a request head must be complete this long after its first byte "
                    "(or the connection's start) (408)")  # fmt: skip
-    p.add_argument("--server", choices=("own", "uvicorn"), default="own",
-                   help="HTTP server: the proxy's own on httptools (default, needs httptools) "
-                   "or uvicorn with the same head limits")  # fmt: skip
     p.add_argument("--workers", type=int, default=1,
                    help="server processes sharing the port (SO_REUSEPORT), like the engine's "
                    "API servers; --max-in-flight stays the total, --max-buffered-bytes is "
@@ -151,14 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                     "workers": args.workers})
     )  # fmt: skip
     if args.workers > 1:
-        return run_workers(
-            config, args.workers, args.host, args.port, args.server, not args.no_access_log
-        )
+        return run_workers(config, args.workers, args.host, args.port, not args.no_access_log)
     tune_gc()
-    if args.server == "own":
-        run_own_server(app, config, bind(args.host, args.port))
-    else:
-        run_uvicorn(app, config, (args.host, args.port), not args.no_access_log)
+    run_uvicorn(app, config, bind(args.host, args.port), not args.no_access_log)
     return 0
 
 

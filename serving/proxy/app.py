@@ -15,8 +15,9 @@ Request path, in order (each step answers without touching the engine when it sa
 6. send over the pooled client; the answer is relayed by ``relay.Relay`` (streams piece by
    piece with keep-alive comments, other bodies read whole).
 
-The same steps serve both ways in: ``serve_now``/``serve_head`` from the proxy's own server,
-from its callbacks with no coroutine per request, and ``__call__`` as an ASGI app (uvicorn).
+The steps run in ``__call__``, the ASGI entry (served by uvicorn: serving/proxy/runner.py);
+the engine's answer is relayed from the engine connection's callbacks (relay.py) and sent
+through ``_AsgiWriter``.
 
 The access log never holds an unmatched path's text (a client may have put its key in it):
 only ``path_fingerprint`` and the length.
@@ -135,10 +136,10 @@ _HEADER_KINDS = {
     **{name: _FORWARD for name in _FORWARD_HEADERS},
 }
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
-# Bodies announced at this size or more that are still arriving are collected in one anonymous
-# mapping (httpserver._Request.collect): below it a body fits in a read or two anyway.
+# Bodies announced at this size or more are collected in one anonymous mapping as they arrive
+# (``_read_body``): contiguous when complete (no join copy), and the memory goes back to the
+# system when the body is dropped. Below it a body fits in a read or two anyway.
 _COLLECT_FROM = 256 * 1024
-_COLLECT_DIGITS = len(str(_COLLECT_FROM))  # shorter Content-Length values are smaller
 _JSON = (b"content-type", b"application/json")
 
 
@@ -234,10 +235,10 @@ def _access_emitter() -> Callable[[str], None]:
 
 
 class _AsgiWriter:
-    """``relay.ClientWriter`` over an ASGI ``send`` (``--server uvicorn``, or any ASGI
-    server): what the proxy writes is queued as ASGI messages, and the request's coroutine
-    sends them in order (``pump``). More than ``HIGH_WATER`` bytes queued: ``write_piece``
-    says stop, and ``when_drained`` calls back once ``send`` has taken them all.
+    """``relay.ClientWriter`` over an ASGI ``send`` (uvicorn's): what the proxy writes is
+    queued as ASGI messages, and the request's coroutine sends them in order (``pump``). More
+    than ``HIGH_WATER`` bytes queued: ``write_piece`` says stop, and ``when_drained`` calls
+    back once ``send`` has taken them all.
 
     The client leaving is seen by a task blocked in ``receive()``. Quick non-stream exchanges
     (the common case) finish before ``WATCH_AFTER_S`` and never pay for one; streams start it
@@ -485,27 +486,27 @@ WAIT_POLL_S = 0.01
 class _Waiter:
     """A request waiting for an in-flight slot (``ProxyApp._queue``)."""
 
-    __slots__ = ("ex", "key", "seq", "then", "timer", "writer")
+    __slots__ = ("ex", "granted", "key", "seq", "timer", "writer")
 
     def __init__(
         self,
         ex: Exchange,
         key: int,
         writer: ClientWriter,
-        then: Callable[[bool], None],
         seq: int,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.ex = ex
         self.key = key  # its index in the admission
         self.writer = writer
-        self.then = then
         self.seq = seq
         self.timer: asyncio.TimerHandle | None = None
+        # True once it has a slot; False when it was answered 429 or its client left
+        self.granted: asyncio.Future[bool] = loop.create_future()
 
-
-def _settle(future: asyncio.Future[bool], admitted: bool) -> None:
-    if not future.done():
-        future.set_result(admitted)
+    def settle(self, admitted: bool) -> None:
+        if not self.granted.done():
+            self.granted.set_result(admitted)
 
 
 class ProxyApp:
@@ -564,7 +565,6 @@ class ProxyApp:
         self._ready_reason = "engine health not checked yet"
         self._failed_polls = 0  # consecutive failed /health polls
         self._poller: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()  # serve_now's connects to the engine
         self._running: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._emit_access: Callable[[str], None] = _access_emitter()
@@ -589,8 +589,6 @@ class ProxyApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
             self._poller = None
-        for task in list(self._tasks):
-            task.cancel()
         if self._wait_poll is not None:
             self._wait_poll.cancel()
             self._wait_poll = None
@@ -686,147 +684,9 @@ class ProxyApp:
         return False, f"engine /health answered {resp.status}"
 
     # -- requests --------------------------------------------------------------------------
-    # One set of steps serves both ways a request comes in:
-    # - ``serve_now``: the proxy's own server (httpserver.py) hands over a request whose body
-    #   is all here (the usual case). Every step runs at once, in the server's read callback,
-    #   and the engine's answer is relayed from the engine connection's callbacks (relay.py):
-    #   no coroutine, task or future per request (only a new engine connection needs one).
-    # - ``__call__`` (ASGI): a body still arriving (own server), or ``--server uvicorn``.
-    # Each step answers the client itself when it says no and returns False. ``_end`` closes
-    # every request exactly once: in-flight slot and buffer budget back, metrics, access log.
-
-    def serve_now(self, req: Any) -> None:
-        """Serve a whole request from the proxy's own server (``req``: its request object,
-        a ``relay.ClientWriter`` with ``method``, ``raw_path``, ``headers`` and the body)."""
-        ex, auth, auth_count, content_length, forward = self._begin(
-            time.perf_counter(), req.raw_path, req.method, req.headers
-        )
-        try:
-            if self._front(req, ex, auth, auth_count) and self._announced(req, ex, content_length):
-                self._serve_body(req, ex, content_length, forward)
-                return
-        except Exception as exc:
-            self._bug(req, ex, exc)
-            return
-        self._end(ex)
-
-    def _serve_body(
-        self,
-        req: Any,
-        ex: Exchange,
-        content_length: bytes | None,
-        forward: list[tuple[bytes, bytes]],
-    ) -> None:
-        """``serve_now``/``serve_head``: the steps once the whole body is here."""
-        try:
-            if self._body_fits(req, ex, content_length, body := req.take_body()):
-                admitted = self._admit(req, ex)
-                if admitted:
-                    self._send(req, ex, body, forward)
-                    return
-                if admitted is None:  # waits for a slot: sent, or answered 429, later
-                    self._queue(req, ex, functools.partial(self._granted, req, ex, body, forward))
-                    return
-        except Exception as exc:
-            self._bug(req, ex, exc)
-            return
-        self._end(ex)
-
-    def _granted(
-        self,
-        req: Any,
-        ex: Exchange,
-        body: bytes | memoryview,
-        forward: list[tuple[bytes, bytes]],
-        admitted: bool,
-    ) -> None:
-        """A request that waited for a slot: it has one (send it), or it was answered 429 or
-        its client left (end it)."""
-        if not admitted:
-            self._end(ex)
-            return
-        try:
-            self._send(req, ex, body, forward)
-        except Exception as exc:
-            self._bug(req, ex, exc)
-
-    def serve_head(self, req: Any) -> bool:
-        """A request from the proxy's own server whose body is still arriving: the checks
-        that need only the head now (so a wrong key is answered before the body is sent, and
-        ``100 Continue`` goes only to a client that will be served), the rest once the body is
-        here, all from callbacks. False (nothing done): serve it through ASGI instead (a
-        chunked body, whose size is only known as it arrives)."""
-        ex, auth, auth_count, content_length, forward = self._begin(
-            time.perf_counter(), req.raw_path, req.method, req.headers
-        )
-        if content_length is None and ex.route.method == "POST":
-            return False
-        try:
-            if not self._front(req, ex, auth, auth_count):
-                pass
-            elif ex.route.method != "POST":  # a GET route with a body
-                self._unexpected_body(req, ex)
-            elif self._announced(req, ex, content_length):
-                if not self.hold_body(ex, req.buffered):  # what came with the head
-                    self.answer_buffers_full(req, ex)
-                else:
-                    self._await_body(req, ex, content_length, forward)
-                    return True
-        except Exception as exc:
-            self._bug(req, ex, exc)
-            return True
-        self._end(ex)
-        return True
-
-    def _await_body(
-        self,
-        req: Any,
-        ex: Exchange,
-        content_length: bytes | None,
-        forward: list[tuple[bytes, bytes]],
-    ) -> None:
-        """``serve_head``: wait for the rest of the body, charging each piece to the buffer
-        budget as it arrives (a declared size reserves nothing: 64 connections announcing
-        4 MiB and sending one byte held the whole budget, issue 22 item 2), within
-        ``body_timeout_s``; then the remaining steps."""
-        loop = self._loop()
-        timer = loop.call_at(
-            loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0),
-            self._body_timed_out, req, ex,
-        )  # fmt: skip
-
-        def left() -> None:  # the client left while sending its body
-            timer.cancel()
-            req.on_body_piece = None
-            ex.client_gone = True
-            self._end(ex)
-
-        def piece(size: int) -> None:  # a piece arrived: charge it, or refuse the request
-            if not ex.ended and not self.hold_body(ex, size):
-                timer.cancel()
-                req.on_body_piece = req.on_body_complete = req.on_disconnect = None
-                self.answer_buffers_full(req, ex)
-                self._end(ex)
-
-        def arrived() -> None:
-            timer.cancel()
-            req.on_disconnect = req.on_body_piece = None
-            self._serve_body(req, ex, content_length, forward)
-
-        req.on_disconnect = left
-        req.on_body_piece = piece
-        if content_length is not None and len(content_length) >= _COLLECT_DIGITS:
-            size = int(content_length)
-            if size >= _COLLECT_FROM:
-                req.collect(size)
-        req.await_body(arrived)
-
-    def _body_timed_out(self, req: Any, ex: Exchange) -> None:
-        if ex.ended:
-            return
-        req.on_body_complete = req.on_disconnect = req.on_body_piece = None
-        self._body_too_slow(req, ex)
-        self._end(ex)
+    # Each step answers the client itself when it says no and returns False (or None).
+    # ``_end`` closes every request exactly once: in-flight slot and buffer budget back,
+    # metrics, access log.
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
@@ -839,9 +699,7 @@ class ProxyApp:
         ex, auth, auth_count, content_length, forward = self._begin(
             t0, raw_path, scope["method"], scope["headers"]
         )
-        extensions = scope.get("extensions")
-        own = extensions.get("serving.proxy.request") if extensions else None
-        writer: ClientWriter = own if own is not None else _AsgiWriter(send, receive)
+        writer = _AsgiWriter(send, receive)
         done = ex.done = self._loop().create_future()
         try:
             admitted: bool | None = False
@@ -851,20 +709,16 @@ class ProxyApp:
                 and (body := await self._read_body(receive, writer, ex, content_length)) is not None
             ):
                 admitted = self._admit(writer, ex)
-                if admitted is None:  # waits for a slot (a client that leaves meanwhile is
-                    # seen once the request is sent: the wait is at most fair_wait_s)
-                    granted: asyncio.Future[bool] = self._loop().create_future()
-                    self._queue(writer, ex, functools.partial(_settle, granted))
+                if admitted is None:  # waits for a slot; a client that leaves meanwhile
+                    # gives up its place at once (its 499 is logged then)
+                    granted = self._queue(writer, ex)
+                    writer.watch()
                     admitted = await granted
             if admitted and body is not None:
-                if not self._send_now(writer, ex, body, forward):
-                    await self._send_connecting(writer, ex, body, forward)
+                await self._send(writer, ex, body, forward)
             else:
                 self._end(ex)
-            if isinstance(writer, _AsgiWriter):
-                await writer.pump(done)
-            else:
-                await done
+            await writer.pump(done)
         except BaseException as exc:
             relay = ex.relay
             if relay is not None:
@@ -873,8 +727,7 @@ class ProxyApp:
                 self._internal_error(ex, exc)
             raise
         finally:
-            if isinstance(writer, _AsgiWriter):
-                writer.flushed()
+            writer.flushed()
             self._end(ex)
 
     def _begin(
@@ -922,13 +775,6 @@ class ProxyApp:
         ex.status = ex.status or 500  # set only once a response head was handed over
         ex.error = f"proxy_internal_error: {exc.__class__.__name__}"
         event_log.error("proxy internal error", exc_info=exc)
-
-    def _bug(self, writer: ClientWriter, ex: Exchange, exc: Exception) -> None:
-        """A bug of ours on a callback path: logged and counted, the client's answer failed
-        (500 before its head, else a cut connection), the request ended."""
-        self._internal_error(ex, exc)
-        writer.fail()
-        self._end(ex)
 
     def _end(self, ex: Exchange) -> None:
         """The request is over (answered, failed or abandoned): once per request."""
@@ -1049,31 +895,6 @@ class ProxyApp:
             return False
         return True
 
-    def _body_fits(
-        self,
-        writer: ClientWriter,
-        ex: Exchange,
-        content_length: bytes | None,
-        body: bytes | memoryview,
-    ) -> bool:
-        """A body that is all here (its announced size was checked by ``_announced``): its
-        size, the bytes not charged to the budget yet (all of a body that came with its
-        head), then the JSON check (POST routes; a GET route takes none)."""
-        ex.body_unread = False
-        if ex.route.method != "POST":
-            if body:
-                self._unexpected_body(writer, ex)
-                return False
-            return True
-        size = len(body)
-        if size > self.config.max_body_bytes:  # chunked: no length was announced
-            self._body_too_large(writer, ex)
-            return False
-        if size > ex.body_held and not self.hold_body(ex, size - ex.body_held):
-            self.answer_buffers_full(writer, ex)
-            return False
-        return self._validate(writer, ex, body)
-
     async def _read_body(
         self,
         receive: Receive,
@@ -1081,9 +902,10 @@ class ProxyApp:
         ex: Exchange,
         content_length: bytes | None,
     ) -> bytes | memoryview | None:
-        """The body of an ASGI request (``_body_fits``'s checks as the pieces arrive); None:
-        answered (or the client left). The whole body must have arrived by t0 +
-        ``body_timeout_s`` (408)."""
+        """The request's body, checked as its pieces arrive: a GET route takes none (400),
+        the size (413, chunked bodies too), each piece charged to the buffer budget and the
+        key's share of it (503), then the JSON check (400); None: answered (or the client
+        left). The whole body must have arrived by t0 + ``body_timeout_s`` (408)."""
         if ex.route.method != "POST":
             if ex.body_unread:  # not read: the answer closes the connection
                 self._unexpected_body(writer, ex)
@@ -1096,7 +918,7 @@ class ProxyApp:
         limit = self.config.max_body_bytes
         parts: list[bytes] = []
         size = 0
-        # A large announced body is collected in one mapping (see httpserver._Request.collect).
+        # A large announced body is collected in one mapping (see _COLLECT_FROM).
         sink = None
         if content_length is not None and int(content_length) >= _COLLECT_FROM:
             sink = mmap.mmap(-1, int(content_length))
@@ -1185,12 +1007,12 @@ class ProxyApp:
     # fair_wait_s. Slots come free when a request of this process ends (``_end`` serves the
     # waiters at once) or of another worker (a poll every WAIT_POLL_S while any waits here).
 
-    def _queue(self, writer: ClientWriter, ex: Exchange, then: Callable[[bool], None]) -> None:
-        """Wait for a slot (``admission.take`` said QUEUED): ``then(True)`` once it has one
-        (``ex.admitted``), ``then(False)`` when it was answered 429 after fair_wait_s or its
-        client left."""
+    def _queue(self, writer: ClientWriter, ex: Exchange) -> asyncio.Future[bool]:
+        """Wait for a slot (``admission.take`` said QUEUED): the future is True once it has
+        one (``ex.admitted``), False when it was answered 429 after fair_wait_s or its client
+        left."""
         loop = self._loop()
-        waiter = _Waiter(ex, self._key_index[ex.key], writer, then, next(self._waiter_seq))
+        waiter = _Waiter(ex, self._key_index[ex.key], writer, next(self._waiter_seq), loop)
         waiter.timer = loop.call_later(self.config.fair_wait_s, self._wait_timed_out, waiter)
         ex.waiter = waiter
         self._waiters.append(waiter)
@@ -1198,6 +1020,7 @@ class ProxyApp:
             writer.on_disconnect = functools.partial(self._left_waiting, waiter)
         if self._wait_poll is None:
             self._wait_poll = loop.call_later(WAIT_POLL_S, self._poll_waiters)
+        return waiter.granted
 
     def _unqueue(self, waiter: _Waiter) -> None:
         """``waiter`` stops waiting (no slot): its count in the admission goes."""
@@ -1217,7 +1040,7 @@ class ProxyApp:
         if waiter.ex.waiter is waiter:
             waiter.ex.client_gone = True
             self._unqueue(waiter)
-            waiter.then(False)
+            waiter.settle(False)
 
     def _wait_timed_out(self, waiter: _Waiter) -> None:
         ex = waiter.ex
@@ -1234,7 +1057,7 @@ class ProxyApp:
             f"{admission.held(i)}, its fair share is {admission.share(i)}); retry after the "
             "Retry-After delay", "rate_limit_error", "proxy_at_capacity", self._busy_headers,
         )  # fmt: skip
-        waiter.then(False)
+        waiter.settle(False)
 
     def _poll_waiters(self) -> None:
         self._wait_poll = None
@@ -1269,10 +1092,10 @@ class ProxyApp:
             if decided == ADMITTED:
                 self.metrics.in_flight += 1
                 ex.admitted = True
-                waiter.then(True)
+                waiter.settle(True)
             else:
                 self._refuse(writer, ex, waiter.key, decided)
-                waiter.then(False)
+                waiter.settle(False)
 
     @staticmethod
     def _engine_headers(
@@ -1282,48 +1105,16 @@ class ProxyApp:
             return [*forward, _JSON, (b"x-request-id", ex.request_id)]
         return [*forward, (b"x-request-id", ex.request_id)]
 
-    def _send(
+    async def _send(
         self,
         writer: ClientWriter,
         ex: Exchange,
         body: bytes | memoryview,
         forward: list[tuple[bytes, bytes]],
     ) -> None:
-        """Send to the engine and relay its answer, from a callback: at once on an idle
-        engine connection, else in a task that connects (the one wait on this path)."""
-        if not self._send_now(writer, ex, body, forward):
-            task = self._loop().create_task(self._send_connecting(writer, ex, body, forward))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    def _send_now(
-        self,
-        writer: ClientWriter,
-        ex: Exchange,
-        body: bytes | memoryview,
-        forward: list[tuple[bytes, bytes]],
-    ) -> bool:
-        """Send on an idle engine connection and start relaying; False: none is idle (nothing
-        was sent)."""
-        route = ex.route
-        resp = self.client.request_nowait(
-            route.method_bytes, route.path, self._engine_headers(ex, forward), body,
-            head_timeout_s=self.config.upstream_timeout_s,
-        )  # fmt: skip
-        if resp is None:
-            return False
-        self._relay(writer, ex, resp)
-        return True
-
-    async def _send_connecting(
-        self,
-        writer: ClientWriter,
-        ex: Exchange,
-        body: bytes | memoryview,
-        forward: list[tuple[bytes, bytes]],
-    ) -> None:
-        """Send on a new engine connection (retried while the engine refuses to connect:
-        it saw nothing), then relay; answers 503 when it cannot be reached."""
+        """Send to the engine, on an idle pooled connection (no wait) or a new one (retried
+        while the engine refuses to connect: it saw nothing), then relay its answer; answers
+        503 when it cannot be reached."""
         client = self.client
         retries_before = client.retries
         route = ex.route
@@ -1343,9 +1134,6 @@ class ProxyApp:
                 "engine_unreachable", self._not_ready_headers,
             )  # fmt: skip
             self._end(ex)
-            return
-        except Exception as exc:  # a bug of ours (serve_now's task: nobody else would see it)
-            self._bug(writer, ex, exc)
             return
         self._relay(writer, ex, resp)
 

@@ -3,10 +3,10 @@
 Once the proxy has sent a request to the engine (``app.py`` decides whether and how), a
 ``Relay`` is the response's listener (``upstream.ResponseListener``): the engine connection's
 own callbacks hand it the head, each body piece, the end or a failure, and a keep-alive tick
-per silent interval; the relay writes to the client through a ``ClientWriter`` in the same
-callback. No task, coroutine or future is involved per request, and a streamed event costs one
-call from the engine's read to the client's write (issue 13: removing the coroutine stack, the
-task and the futures took ~17 % off a small chat's instructions; docs/proxy.md).
+per silent interval; the relay writes to the client through a ``ClientWriter`` (app.py's
+ASGI adapter) in the same callback. The relay adds no task, coroutine or future per request,
+and a streamed event costs one call from the engine's read to the client's writer (issue 13:
+docs/proxy.md).
 
 What the client gets:
 - a non-stream answer: read whole (so usage can be counted and a broken body becomes a 502),
@@ -69,8 +69,8 @@ _HAS_TOKENS = re.compile(rb'_tokens"').search
 
 
 class ClientWriter(Protocol):
-    """Where a relay writes the answer: the proxy's own server's request object
-    (``httpserver._Request``), or ``app._AsgiWriter`` over an ASGI ``send``."""
+    """Where a relay writes the answer: ``app._AsgiWriter``, over uvicorn's ASGI ``send``
+    (declared here, so that this module needs nothing from app.py, which builds on it)."""
 
     disconnected: bool
     # Called once when the client's connection is lost (set by the relay while it runs).

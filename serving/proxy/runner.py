@@ -1,11 +1,32 @@
-"""How one proxy process serves: the proxy's own HTTP server (serving/proxy/httpserver.py) or
-uvicorn (``--server uvicorn``), until SIGTERM/SIGINT, then a graceful shutdown. Used by the
-CLI in its own process (``--workers 1``) and by each worker process (serving/proxy/workers.py).
+"""How one proxy process serves: uvicorn (httptools with the head limits of server.py, uvloop)
+on a bound socket, until SIGTERM/SIGINT, then a graceful shutdown. Used by the CLI in its own
+process (``--workers 1``) and by each worker process (serving/proxy/workers.py).
+
+Why uvicorn and not an HTTP server of our own: the proxy had one (serving/proxy/httpserver.py,
+~970 lines, no coroutine per request) beside uvicorn until issue 33 measured both in front of
+the same engine, same run, targets interleaved: bench run AP, 2026-11-28, one NVIDIA H200,
+vLLM 0.26.0, a Llama-3.2-1B-shaped model, server cores 0-7, clients 8-15,
+``python3 -m bench.gpu.remote run --phases bench --uvicorn-proxy --plan
+256:3:2048,1024:2:4096`` (bench/gpu/remote.py as of 42ca547, whose ``--uvicorn-proxy`` started
+the second proxy on ``--server uvicorn``; proxy CPU: % of one core, per round):
+
+    streams  target              TTFT p99 ms  tokens/s  vs direct  proxy CPU
+    256      direct                    243.7     19799     1.000x  -
+    256      proxy (own server)        241.2     20713     1.046x  41-44
+    256      proxy on uvicorn          257.7     19469     0.983x  53-62
+    1024     direct                   1014.8     20986     1.000x  -
+    1024     proxy (own server)        870.6     21570     1.028x  45-47
+    1024     proxy on uvicorn          918.0     21243     1.012x  67-76
+
+Tokens/s vary +-10 % from round to round for the same target (19.2k-22.8k), so throughput is
+the same within noise; TTFT p99 is 17 ms (256) and 47 ms (1024) longer on uvicorn, 5-7 %, and
+the proxy uses ~0.15-0.3 of a core more, beside ~3 cores of vLLM's API servers. No user would
+notice that, so the well-kept library serves and our own server is gone (docs/proxy.md, "Why
+uvicorn").
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import signal
 import socket
@@ -15,12 +36,21 @@ from typing import Any
 import uvicorn
 
 from serving.proxy.app import ProxyApp, ProxyConfig
-from serving.proxy.httpserver import ServerLimits, serve
 from serving.proxy.logs import configure_logging
 
 
-def server_limits(config: ProxyConfig) -> ServerLimits:
-    return ServerLimits(max_head_bytes=config.max_head_bytes, head_timeout_s=config.head_timeout_s)
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not listening yet: uvicorn listens on it).
+    ``reuse_port``: with SO_REUSEPORT, so that several processes (``--workers``) can each
+    listen on the port and the kernel spreads new connections across them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
 
 
 def tune_gc() -> None:
@@ -29,27 +59,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-
-
-def run_own_server(app: ProxyApp, config: ProxyConfig, sock: socket.socket) -> None:
-    """The proxy's own server on ``sock`` (bound, not listening yet), on uvloop when
-    installed, until SIGTERM/SIGINT, then a graceful shutdown (open requests get up to 30 s)."""
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(app, sock, server_limits(config), stop)
-
-    with runner:
-        runner.run(main())
 
 
 def http_protocol(config: ProxyConfig) -> Any:
@@ -64,7 +73,7 @@ def http_protocol(config: ProxyConfig) -> Any:
 
 
 def uvicorn_settings(config: ProxyConfig) -> dict[str, Any]:
-    """uvicorn's settings for the proxy (``--server uvicorn``), but where to listen."""
+    """uvicorn's settings for the proxy, but where to listen."""
     return {
         "loop": "auto",  # uvloop when installed
         "http": http_protocol(config),  # httptools + head limits when installed
@@ -83,37 +92,30 @@ def uvicorn_settings(config: ProxyConfig) -> dict[str, Any]:
 def run_uvicorn(
     app: ProxyApp,
     config: ProxyConfig,
-    where: tuple[str, int] | socket.socket,
+    sock: socket.socket,
     access_log: bool,
     shared_stream: bool = False,
 ) -> None:
-    """uvicorn on ``(host, port)`` (it binds; one process) or on a socket (a worker's
-    SO_REUSEPORT one), until SIGTERM/SIGINT, then a graceful shutdown.
+    """uvicorn on ``sock`` (bound by ``bind``, not listening yet), until SIGTERM/SIGINT, then
+    a graceful shutdown (open requests get up to 30 s); returns then, so the process exits 0.
 
     uvicorn's ``Config`` runs ``logging.config.dictConfig``, which closes every handler there
     is, the proxy's batching one included: its flusher stopped, and access lines then waited
     for the next warning or the 512th line. So the proxy's logging is set up again after it.
 
-    On a socket (a worker) it returns after the graceful shutdown instead of dying of the
-    signal: uvicorn re-raises the signal it caught once it has shut down, which here finds
-    the handler set below (so the worker exits 0, like the own server's); that handler also
-    catches a signal that comes before uvicorn's own are in place (uvicorn then stops as soon
-    as it has started). In its own process it dies of the signal, as it always did."""
-    if isinstance(where, socket.socket):
-        settings = uvicorn.Config(app, **uvicorn_settings(config))
-        sockets: list[socket.socket] | None = [where]
-    else:
-        settings = uvicorn.Config(app, host=where[0], port=where[1], **uvicorn_settings(config))
-        sockets = None
+    uvicorn re-raises the signal it caught once it has shut down (uvicorn 0.54.0,
+    ``Server.capture_signals``); that finds the handler set below, so the process returns
+    instead of dying of the signal. The handler also catches a signal that comes before
+    uvicorn's own are in place (uvicorn then stops as soon as it has started)."""
+    settings = uvicorn.Config(app, **uvicorn_settings(config))
     configure_logging(access_log, shared_stream=shared_stream)
     server = uvicorn.Server(settings)
-    if sockets is not None:
 
-        def stop(sig: int, frame: object) -> None:
-            server.should_exit = True
+    def stop(sig: int, frame: object) -> None:
+        server.should_exit = True
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, stop)
-    server.run(sockets=sockets)
-    if not server.started:  # as uvicorn.run: it could not start (e.g. the port is taken)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    server.run(sockets=[sock])
+    if not server.started:  # as uvicorn.run: it could not start
         sys.exit(3)

@@ -1,4 +1,5 @@
-"""uvicorn's httptools protocol with the request-head limits uvicorn lacks.
+"""uvicorn's httptools protocol with the request-head limits uvicorn lacks (the proxy's one HTTP
+server: serving/proxy/runner.py says why uvicorn).
 
 uvicorn 0.54.0's ``HttpToolsProtocol`` bounds neither the size of a request head nor the time a
 client may take to send one: httptools accumulates an unfinished header value in memory (16
@@ -11,32 +12,45 @@ response). This subclass adds, per connection:
   ends. A head that arrives complete in one read is checked on its parsed length too.
 - ``head_timeout_s``: from the connection's start, or from the first byte of a later request,
   the head must be complete within this time, else ``408`` and close (a connection that never
-  sent a byte is just closed). Not applied while a
-  response is in progress (a pipelined head waits for it) nor to an idle keep-alive connection
-  between requests (uvicorn's keep-alive timeout covers that).
-
+  sent a byte is just closed). Not applied while a response is in progress (a pipelined head
+  waits for it) nor to an idle keep-alive connection between requests (uvicorn's keep-alive
+  timeout covers that).
 - read-ahead: at most ``MAX_PIPELINE`` pipelined requests are queued behind the one being
   served (uvicorn queues every request a read holds); past that the queued ones are answered,
   the rest of the input is dropped and the connection closes after the last queued answer
-  (the client retries the rest, RFC 9112 9.3.2), as the proxy's own server does. uvicorn
-  itself serves the next pipelined request only after the previous answer's ``send``, which
-  waits while the socket's buffer is full, so a client that never reads stalls its pipeline.
+  (the client retries the rest, RFC 9112 9.3.2). uvicorn itself serves the next pipelined
+  request only after the previous answer's ``send``, which waits while the socket's buffer is
+  full, so a client that never reads stalls its pipeline.
+- lingering close: a connection closed after its answer (``Connection: close``, HTTP/1.0, or an
+  answer given without reading the body the client announced) is half-closed first (FIN once
+  what was written has gone out), then what the client still sends is read and dropped until
+  it closes too or ``LINGER_S`` passes, as nginx's ``lingering_close`` does. uvicorn closes at
+  once, and a socket closed with unread bytes makes the kernel answer RST, which can destroy
+  the answer before the client read it (a 401 given before a body arrived lost its body ~1 in
+  70 through the emulator's edge under load).
+- HTTP/1.0: a response without ``Content-Length`` (a stream) is close-delimited (RFC 9112 6.3),
+  where uvicorn would chunk-encode it for a client that cannot read chunks.
 
-One periodic sweep per server (every ``head_timeout_s / 2``, at most 1 s) checks the deadlines;
-no timer per connection or request. Request *bodies* are timed by the app (``body_timeout_s``,
-works on any server).
+One periodic sweep per server (every ``head_timeout_s / 2``, at most 1 s) checks the head
+deadlines; no timer per request (a lingering close has one). Request *bodies* are timed by
+the app (``body_timeout_s``, works on any server).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from serving.proxy.httpserver import MAX_PIPELINE
+__all__ = ["LINGER_S", "MAX_PIPELINE", "guarded_httptools_protocol"]
 
-__all__ = ["guarded_httptools_protocol"]
+# Requests parsed ahead of the one being served, at most (their heads and bodies are held).
+MAX_PIPELINE = 16
+# A connection closed after its answer reads (and drops) what the client still sends for at
+# most this long after its FIN (nginx's lingering_close waits 5 s).
+LINGER_S = 2.0
 
 _CLOSE_RESPONSES = {
     408: b"Request Timeout: the request head was not complete in time",
@@ -60,10 +74,13 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_t0: float | None = None  # loop time the current head began
         self._closing = False
         self._read_ahead_full = False  # MAX_PIPELINE queued: the rest of the input is dropped
+        self._lingering: asyncio.TimerHandle | None = None  # half-closed: input is dropped
+        self._cycle_transport: _CycleTransport | None = None
 
     # -- connection lifecycle -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._cycle_transport = _CycleTransport(transport, self._linger)
         self._head_t0 = self.loop.time()
         live = self._live
         live.add(self)
@@ -72,10 +89,12 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._live.discard(self)
+        if self._lingering is not None:
+            self._lingering.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._closing or self._read_ahead_full:
+        if self._closing or self._read_ahead_full or self._lingering is not None:
             return
         if self._in_head:
             if self._head_t0 is None:
@@ -114,7 +133,14 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
             # Not handed to the app; the body callbacks below ignore the rest of this message.
             self._refuse(431)
             return
+        before = self.cycle
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is before:
+            return
+        cycle.transport = self._cycle_transport  # type: ignore[assignment]
+        if cycle.scope["http_version"] == "1.0":
+            cycle.send = _CloseDelimited(cycle, cycle.send)  # type: ignore[method-assign]
 
     def on_body(self, body: bytes) -> None:
         if not self._closing and not self._read_ahead_full:
@@ -127,6 +153,29 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True  # the next bytes start a new head (its clock starts with them)
         self._head_bytes = 0
         self._head_t0 = None
+
+    def on_response_complete(self) -> None:
+        if self._lingering is None:  # else the connection is ending: nothing more is served
+            super().on_response_complete()
+
+    # -- closing after an answer -----------------------------------------------------------------
+    def _linger(self) -> None:
+        """The cycle closes the connection after its answer: FIN once what was written has
+        gone out (``write_eof``), then read and drop what the client still sends until it
+        closes too (``eof_received`` then closes the transport) or ``LINGER_S`` passes."""
+        transport = self.transport
+        if self._lingering is not None or transport.is_closing():
+            return
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:
+            transport.close()
+            return
+        self._lingering = self.loop.call_later(LINGER_S, transport.close)
+        transport.resume_reading()  # reading may be paused (a queued request, a large body)
 
     # -- limits --------------------------------------------------------------------------------
     def _refuse(self, status: int) -> None:
@@ -158,6 +207,50 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _arm_sweeper(self) -> None:
         interval = min(1.0, self.head_timeout_s / 2)
         self._sweeper[0] = self.loop.call_later(interval, _sweep, type(self), self.loop, interval)
+
+
+class _CycleTransport:
+    """The connection as a request's cycle sees it: writes go straight to the transport (bound
+    once per connection, no call in between), ``close`` lingers (``_linger``). uvicorn 0.54.0's
+    ``RequestResponseCycle`` uses only these three."""
+
+    __slots__ = ("close", "is_closing", "write")
+
+    def __init__(self, transport: asyncio.Transport, close: Callable[[], None]) -> None:
+        self.write = transport.write
+        self.is_closing = transport.is_closing
+        self.close = close
+
+
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+
+
+class _CloseDelimited:
+    """An HTTP/1.0 request's ``send``: a response without ``Content-Length`` is sent as it is
+    and ended by the close, where uvicorn 0.54.0 would add ``transfer-encoding: chunked``
+    (its ``RequestResponseCycle.send`` chunk-encodes when ``chunked_encoding`` is None at
+    the head, and checks each body message against ``expected_content_length``)."""
+
+    __slots__ = ("cycle", "send", "until_close")
+
+    def __init__(self, cycle: RequestResponseCycle, send: Callable[[Any], Awaitable[None]]) -> None:
+        self.cycle = cycle
+        self.send = send
+        self.until_close = False
+
+    async def __call__(self, message: Any) -> None:
+        cycle = self.cycle
+        if message["type"] == "http.response.start":
+            self.until_close = (
+                cycle.scope["method"] != "HEAD"
+                and message["status"] not in (204, 304)
+                and not any(name.lower() in _FRAMING for name, _ in message.get("headers", ()))
+            )
+            if self.until_close:
+                cycle.chunked_encoding = False  # no chunked framing; keep_alive is off (1.0)
+        elif self.until_close:
+            cycle.expected_content_length = len(message.get("body", b""))  # this piece's
+        await self.send(message)
 
 
 def _sweep(

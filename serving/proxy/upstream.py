@@ -220,8 +220,7 @@ class UpstreamResponse:
     # -- consumer side (push) ------------------------------------------------------------
     def listen(self, listener: ResponseListener | None) -> None:
         """Push mode: every event of this response goes to ``listener`` (None: no more
-        events). Call it before the event loop runs again after ``request``/
-        ``request_nowait`` returned."""
+        events). Call it before the event loop runs again after ``request`` returned."""
         self._listener = listener
 
     def keepalive_ticks(self, interval: float) -> None:
@@ -852,22 +851,6 @@ class UpstreamClient:
                 waiter.set_result(conn)
                 return True
         return False
-
-    def request_nowait(
-        self,
-        method: bytes,
-        target: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes | memoryview = b"",
-        *,
-        head_timeout_s: float | None = None,
-    ) -> UpstreamResponse | None:
-        """``request`` on an idle pooled connection, without a coroutine; None (nothing was
-        sent) when the pool has none: then ``await request(...)``, which connects."""
-        conn = self._pop_idle()
-        if conn is None:
-            return None
-        return self._send(conn, self._running_loop(), method, target, headers, body, head_timeout_s)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop

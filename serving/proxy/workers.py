@@ -51,11 +51,10 @@ from typing import Any
 
 from serving.proxy.admission import cells_needed
 from serving.proxy.app import ProxyApp, ProxyConfig
-from serving.proxy.httpserver import bind
 from serving.proxy.keys import ENV_VAR, KeyRing
 from serving.proxy.logs import configure_logging
 from serving.proxy.metrics import Metrics
-from serving.proxy.runner import run_own_server, run_uvicorn, tune_gc
+from serving.proxy.runner import bind, run_uvicorn, tune_gc
 
 event_log = logging.getLogger("serving.proxy")
 
@@ -162,7 +161,6 @@ class WorkerPlan:
     config: ProxyConfig  # this worker's: its share of --max-buffered-bytes
     host: str
     port: int
-    server: str  # "own" | "uvicorn"
     access_log: bool
     in_flight: SharedInFlight
     board: str
@@ -206,10 +204,7 @@ def worker_main(plan: WorkerPlan) -> None:
         json.dumps({"event": "proxy_worker_started", "worker": plan.index, "pid": os.getpid()})
     )
     tune_gc()
-    if plan.server == "own":
-        run_own_server(app, plan.config, sock)
-    else:
-        run_uvicorn(app, plan.config, sock, plan.access_log, shared_stream=True)
+    run_uvicorn(app, plan.config, sock, plan.access_log, shared_stream=True)
     logging.shutdown()  # flush the last access lines
 
 
@@ -256,9 +251,7 @@ def sweep_stale_boards(parent: str) -> list[str]:
     return removed
 
 
-def run_workers(
-    config: ProxyConfig, workers: int, host: str, port: int, server: str, access_log: bool
-) -> int:
+def run_workers(config: ProxyConfig, workers: int, host: str, port: int, access_log: bool) -> int:
     """The main process of ``--workers N``: start the workers, supervise them, forward
     SIGTERM/SIGINT; returns the exit status (0: stopped by a signal, every worker exited 0;
     1: a worker died, or did not stop cleanly)."""
@@ -297,8 +290,8 @@ def run_workers(
     codes: dict[str, int | None] = {}
     try:
         for index in range(workers):
-            plan = WorkerPlan(index, workers, per_worker, host, port, server, access_log,
-                              in_flight, board, os.getpid())  # fmt: skip
+            plan = WorkerPlan(index, workers, per_worker, host, port, access_log, in_flight,
+                              board, os.getpid())  # fmt: skip
             proc = ctx.Process(target=worker_main, args=(plan,), name=f"proxy-worker-{index}")
             proc.daemon = True  # terminated by multiprocessing if this process exits early
             proc.start()

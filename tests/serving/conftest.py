@@ -1,10 +1,9 @@
 """Fixtures for the serving proxy tests: a stub engine and the real proxy on loopback ports.
 
 - ``stub_engine``: a fresh ``StubEngine`` (tests/harness/stub_engine.py) in a uvicorn thread.
-- ``start_proxy(**config)``: the real ``ProxyApp`` served by its own HTTP server
-  (serving/proxy/httpserver.py, as deployed; ``server="uvicorn"``: uvicorn with the proxy's
-  head limits, ``--server uvicorn``) in a thread in front of
-  ``stub_engine``; waits until the proxy reports the engine ready (``wait_ready=False`` skips).
+- ``start_proxy(**config)``: the real ``ProxyApp`` served as deployed (uvicorn with the
+  proxy's settings and head limits: ``serve_proxy``) in a thread in front of ``stub_engine``;
+  waits until the proxy reports the engine ready (``wait_ready=False`` skips).
 - ``proxy``: ``start_proxy()`` with the defaults the tests share.
 - ``raw_http(port, request_bytes)``: send bytes as-is over a socket (path tricks must not be
   normalised by a client library) and parse the response.
@@ -16,7 +15,6 @@ Keys: ``alice`` → ``sk-alice-0123456789``, ``bob`` → ``sk-bob-0123456789``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import threading
@@ -27,11 +25,9 @@ from typing import Any
 
 import httpx
 import pytest
-import uvloop
 
 from serving.proxy import KeyRing, ProxyApp, ProxyConfig, digest_of
-from serving.proxy.__main__ import http_protocol, server_limits
-from serving.proxy.httpserver import HttpServer, ServerLimits, bind
+from serving.proxy.runner import uvicorn_settings
 from tests.harness.stub_engine import StubEngine, UvicornThread
 
 ALICE = "sk-alice-0123456789"
@@ -41,75 +37,18 @@ AUTH = {"Authorization": f"Bearer {ALICE}"}
 CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "say three words"}]}
 
 
-class ProxyServerThread:
-    """The proxy's own HTTP server (serving/proxy/httpserver.py, as deployed) in a background
-    thread on uvloop, on a free loopback port; same surface as ``UvicornThread``."""
-
-    def __init__(self, app: ProxyApp, limits: ServerLimits) -> None:
-        self.app = app
-        self.limits = limits
-        self.host = "127.0.0.1"
-        self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self, timeout: float = 10.0) -> ProxyServerThread:
-        sock = bind(self.host, 0)
-        self.port = sock.getsockname()[1]
-
-        async def main() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-            server = HttpServer(self.app, self.limits)
-            await server.start(sock)
-            self._started.set()
-            try:
-                await self._stop.wait()
-            finally:
-                await server.shutdown()
-
-        def run() -> None:
-            try:
-                with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                    runner.run(main())
-            except BaseException as exc:  # surfaced by start()
-                self._error = exc
-                self._started.set()
-            finally:
-                sock.close()
-
-        self._thread = threading.Thread(target=run, daemon=True, name=f"proxy:{self.port}")
-        self._thread.start()
-        if not self._started.wait(timeout) or self._error is not None:
-            raise RuntimeError(f"proxy server on {self.url} did not start: {self._error!r}")
-        return self
-
-    def request_stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                self._loop.call_soon_threadsafe(self._stop.set)
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self._thread = None
-
-    def stop(self) -> None:
-        self.request_stop()
-        self.join()
+def serve_proxy(app: Any, settings: ProxyConfig, **overrides: Any) -> UvicornThread:
+    """``app`` served as the proxy serves (serving/proxy/runner.py's uvicorn settings: httptools
+    with the head limits, keep-alive, no access log) in a thread on a free loopback port;
+    ``overrides``: uvicorn settings changed for a test (shutdown waits 1 s by default)."""
+    kw = {**uvicorn_settings(settings), "log_level": "critical", "timeout_graceful_shutdown": 1}
+    return UvicornThread(app, **{**kw, **overrides}).start()
 
 
 @dataclass
 class RunningProxy:
     app: ProxyApp
-    server: ProxyServerThread | UvicornThread
+    server: UvicornThread
 
     @property
     def url(self) -> str:
@@ -305,18 +244,11 @@ def _proxy_factory(
     stub_engine: StubEngine, started: list[RunningProxy]
 ) -> Iterator[Callable[..., RunningProxy]]:
 
-    def start(
-        wait_ready: bool = True, upstream: str | None = None, server: str = "own", **config: Any
-    ) -> RunningProxy:
+    def start(wait_ready: bool = True, upstream: str | None = None, **config: Any) -> RunningProxy:
         config.setdefault("health_interval_s", 0.05)
         settings = ProxyConfig(upstream=upstream or stub_engine.url, **config)
         app = ProxyApp(settings, KeyRing(KEYS))
-        thread: ProxyServerThread | UvicornThread
-        if server == "own":  # as deployed
-            thread = ProxyServerThread(app, server_limits(settings)).start()
-        else:  # `--server uvicorn`: uvicorn with the same head limits
-            thread = UvicornThread(app, http=http_protocol(settings)).start()
-        running = RunningProxy(app, thread)
+        running = RunningProxy(app, serve_proxy(app, settings))
         started.append(running)
         if wait_ready:
             wait_until(lambda: app.ready, what="the proxy to see the engine ready")

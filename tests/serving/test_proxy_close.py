@@ -7,8 +7,9 @@ the client had not read yet: the answer. Through the emulator's edge this lost ~
 70 under load (the edge sends head and body as two writes): the client saw the 401's head
 and then `IncompleteRead(0 bytes read, 128 more expected)`.
 
-The proxy's own server now closes like nginx's lingering_close: FIN after the answer, then
-it reads and drops what the client still sends until the client closes or LINGER_S passes.
+The proxy's HTTP protocol (serving/proxy/server.py) closes like nginx's lingering_close: FIN
+after the answer, then it reads and drops what the client still sends until the client closes
+or LINGER_S passes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 import pytest
 
-from serving.proxy.httpserver import LINGER_S
+from serving.proxy.server import LINGER_S
 from tests.serving.conftest import RunningProxy
 
 

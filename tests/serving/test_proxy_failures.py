@@ -126,14 +126,13 @@ def test_no_engine_connection_outlives_cancels_timeouts_and_failures(
     assert len(stub_engine.requests()) == len(cases) + 4  # each reached the engine exactly once
 
 
-@pytest.mark.parametrize("server", ["own", "uvicorn"])
 def test_a_bug_while_relaying_an_answer_is_a_500_before_its_head(
     start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine,
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, server: str,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     # The relay runs in the engine connection's callbacks (serving/proxy/relay.py): an
     # exception there must still reach the client as a failure, and end the request.
-    proxy = start_proxy(server=server)
+    proxy = start_proxy()
 
     def broken(*args: object) -> None:
         raise RuntimeError("simulated bug in the relay")
@@ -150,12 +149,11 @@ def test_a_bug_while_relaying_an_answer_is_a_500_before_its_head(
     assert len(stub_engine.requests()) == 2
 
 
-@pytest.mark.parametrize("server", ["own", "uvicorn"])
 def test_a_bug_while_relaying_a_stream_cuts_it_and_cancels_the_engine(
     start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine,
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, server: str,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    proxy = start_proxy(server=server)
+    proxy = start_proxy()
     calls = 0
     real_scan = relay_module._HAS_TOKENS  # the usage scan: runs on every relayed event
 

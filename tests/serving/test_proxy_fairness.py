@@ -89,13 +89,10 @@ def assert_refused_naming(answer: Answer, name: str, secret: str) -> None:
     assert secret not in answer.body.decode()  # ... never its value
 
 
-@pytest.mark.parametrize("server", ["own", "uvicorn"])
 def test_a_key_below_its_share_gets_the_next_free_slot_not_429(
-    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine, server: str
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine
 ) -> None:
-    """On the own server a waiting request is served from callbacks; on uvicorn (the ASGI
-    path) its coroutine waits."""
-    proxy = start_proxy(max_in_flight=4, server=server)
+    proxy = start_proxy(max_in_flight=4)
     # Nobody else wants a slot: alice may take the whole pool.
     held = [hold_stream(proxy.port, ALICE) for _ in range(4)]
     with ThreadPoolExecutor(2) as pool:

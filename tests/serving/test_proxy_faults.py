@@ -9,8 +9,6 @@ import socket
 import time
 from collections.abc import Callable
 
-import pytest
-
 from tests.harness.stub_engine import StubEngine
 from tests.serving.conftest import (
     ALICE,
@@ -25,8 +23,7 @@ from tests.serving.conftest import (
 )
 
 BODY = json.dumps(CHAT).encode()
-# Head limits live in the HTTP server: the proxy's own (deployed) and `--server uvicorn`.
-SERVERS = pytest.mark.parametrize("server", ["own", "uvicorn"])
+# Head limits live in the HTTP server: uvicorn's httptools protocol (serving/proxy/server.py).
 STREAM = {**CHAT, "stream": True}
 
 
@@ -48,12 +45,10 @@ def _read_until_close(sock: socket.socket, timeout: float = 5.0) -> bytes:
 
 
 # -- item 8: request heads are bounded in size and time ------------------------------------------
-@SERVERS
 def test_14_8_unfinished_oversized_head_is_431_and_closed(
     start_proxy: Callable[..., RunningProxy],
-    server: str,
 ) -> None:
-    proxy = start_proxy(max_head_bytes=16 * 1024, server=server)
+    proxy = start_proxy(max_head_bytes=16 * 1024)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
         sent = 0
@@ -69,11 +64,8 @@ def test_14_8_unfinished_oversized_head_is_431_and_closed(
     assert sent < 1024 * 1024 or received  # answered, not buffered without end
 
 
-@SERVERS
-def test_14_8_complete_oversized_head_is_431(
-    start_proxy: Callable[..., RunningProxy], server: str
-) -> None:
-    proxy = start_proxy(max_head_bytes=4096, server=server)
+def test_14_8_complete_oversized_head_is_431(start_proxy: Callable[..., RunningProxy]) -> None:
+    proxy = start_proxy(max_head_bytes=4096)
     request = raw_request("GET", "/health", headers={"X-Big": "b" * 5000})
     assert _status(send_until_close(proxy.port, request)) == 431
     # a head just under the limit is served
@@ -81,12 +73,10 @@ def test_14_8_complete_oversized_head_is_431(
     assert _status(send_until_close(proxy.port, fits)) == 200
 
 
-@SERVERS
 def test_14_8_head_that_never_completes_is_408_after_the_head_timeout(
     start_proxy: Callable[..., RunningProxy],
-    server: str,
 ) -> None:
-    proxy = start_proxy(head_timeout_s=0.3, server=server)
+    proxy = start_proxy(head_timeout_s=0.3)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no blank line, ever
         received = _read_until_close(sock)
@@ -96,12 +86,10 @@ def test_14_8_head_that_never_completes_is_408_after_the_head_timeout(
         assert _read_until_close(sock) == b""
 
 
-@SERVERS
 def test_14_8_head_timeout_does_not_cut_a_keepalive_connection_or_a_stream(
     start_proxy: Callable[..., RunningProxy],
-    server: str,
 ) -> None:
-    proxy = start_proxy(head_timeout_s=0.2, keepalive_s=0.05, server=server)
+    proxy = start_proxy(head_timeout_s=0.2, keepalive_s=0.05)
     held = {**STREAM, "stub": {"fail": "pause", "fail_after_tokens": 1, "pause_s": 0.6}}
     with proxy.client(headers=AUTH) as c:
         raw = c.post("/v1/chat/completions", json=held).content  # lasts 3 head timeouts
@@ -189,11 +177,10 @@ def test_14_11_buffered_request_bodies_have_a_global_cap(
         assert c.post("/v1/chat/completions", json=big).status_code == 200
 
 
-@SERVERS
 def test_a_client_leaving_mid_body_gives_its_budget_back_and_is_a_499(
-    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine, server: str
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine
 ) -> None:
-    proxy = start_proxy(server=server)
+    proxy = start_proxy()
     body = json.dumps({**CHAT, "user": "u" * 3000}).encode()
     head = raw_request("POST", "/v1/chat/completions", body=body, headers=AUTH)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:

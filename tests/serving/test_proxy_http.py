@@ -1,5 +1,5 @@
-"""HTTP-level tricks against the proxy, on its own server (as deployed) and on uvicorn's HTTP
-stacks (httptools with and without the proxy's head limits, and the h11 fallback):
+"""HTTP-level tricks against the proxy, as deployed (uvicorn with the proxy's httptools protocol
+and head limits) and on uvicorn's plain HTTP stacks (httptools, and the h11 fallback):
 request-target forms, pipelining, HTTP/1.0, request smuggling with Transfer-Encoding +
 Content-Length, and header injection. Whatever the stack makes of the bytes, the engine only
 ever sees allowlisted paths and headers, once each."""
@@ -14,16 +14,8 @@ from typing import Any
 import pytest
 
 from serving.proxy import KeyRing, ProxyApp, ProxyConfig
-from serving.proxy.__main__ import http_protocol, server_limits
 from tests.harness.stub_engine import StubEngine, UvicornThread
-from tests.serving.conftest import (
-    ALICE,
-    CHAT,
-    KEYS,
-    ProxyServerThread,
-    send_until_close,
-    wait_until,
-)
+from tests.serving.conftest import ALICE, CHAT, KEYS, send_until_close, serve_proxy, wait_until
 
 AUTH_LINE = f"Authorization: Bearer {ALICE}\r\n".encode()
 BODY = json.dumps(CHAT).encode()
@@ -34,19 +26,17 @@ ENGINE_HEADERS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["httptools", "h11", "uvicorn-limits", "own"])
+@pytest.fixture(scope="module", params=["httptools", "h11", "uvicorn-limits"])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[int, StubEngine]]:
-    # "own": the proxy's own server, as deployed (serving/proxy/httpserver.py);
-    # "uvicorn-limits": `--server uvicorn`, httptools with the head limits (server.py)
+    # "uvicorn-limits": as deployed, httptools with the head limits (server.py) and the
+    # proxy's uvicorn settings (runner.py); the others: uvicorn's own protocols as they are
     engine = StubEngine(tokens=2).start()
     config = ProxyConfig(upstream=engine.url, health_interval_s=0.05)
     app = ProxyApp(config, KeyRing(KEYS))
-    server: UvicornThread | ProxyServerThread
-    if request.param == "own":
-        server = ProxyServerThread(app, server_limits(config)).start()
+    if request.param == "uvicorn-limits":
+        server = serve_proxy(app, config)
     else:
-        http = http_protocol(config) if request.param == "uvicorn-limits" else request.param
-        server = UvicornThread(app, http=http).start()
+        server = UvicornThread(app, http=request.param).start()
     try:
         wait_until(lambda: app.ready, what="readiness")
         yield server.port, engine

@@ -1,6 +1,6 @@
 """Issue 22, items 1-4: no single client exhausts the proxy. One test (or more) per item, named
-after it, over real sockets against the real proxy (both HTTP servers where the server is in
-the path); each failed on the code before the fix (see the commit that added it)."""
+after it, over real sockets against the real proxy as deployed (on uvicorn with the proxy's
+HTTP protocol); each failed on the code before the fix (see the commit that added it)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 
 from serving.proxy import ProxyConfig
 from serving.proxy.__main__ import build_parser
-from serving.proxy.httpserver import MAX_PIPELINE
+from serving.proxy.server import MAX_PIPELINE
 from serving.proxy.upstream import UpstreamBroken, UpstreamClient, UpstreamResponse, _Conn
 from tests.harness.stub_engine import PROJECT_ROOT, StubEngine, StubEngineProcess
 from tests.serving.conftest import (
@@ -36,7 +36,6 @@ from tests.serving.conftest import (
     wait_until,
 )
 
-SERVERS = pytest.mark.parametrize("server", ["own", "uvicorn"])
 ALICE_LINE = f"Authorization: Bearer {ALICE}\r\n".encode()
 BODY = json.dumps(CHAT).encode()
 
@@ -97,11 +96,9 @@ def _settled(count: Callable[[], int], ceiling: int, quiet_s: float = 0.4) -> in
 
 
 # -- item 1: a client that pipelines and never reads ----------------------------------------------
-@SERVERS
 def test_22_1_unread_pipelining_is_bounded(
     start_proxy: Callable[..., RunningProxy],
     scripted_engine: Callable[..., ScriptedEngine],
-    server: str,
 ) -> None:
     """Each answer is 1 MiB (or more); the client pipelines MAX_PIPELINE + 1 requests (the most a
     connection may queue) and reads nothing. The kernel's socket buffers take a few answers;
@@ -114,7 +111,7 @@ def test_22_1_unread_pipelining_is_bounded(
         answer=b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
         % len(answer_body) + answer_body
     )  # fmt: skip
-    proxy = start_proxy(upstream=engine.url, server=server)
+    proxy = start_proxy(upstream=engine.url)
     n = MAX_PIPELINE + 1
     request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + ALICE_LINE + b"\r\n"
     sock = socket.socket()
@@ -139,14 +136,11 @@ def test_22_1_unread_pipelining_is_bounded(
     wait_until(lambda: proxy.app.buffered_bytes == 0, what="the answers' budget to be given back")
 
 
-@SERVERS
-def test_22_1_read_ahead_is_capped_per_connection(
-    start_proxy: Callable[..., RunningProxy], server: str
-) -> None:
+def test_22_1_read_ahead_is_capped_per_connection(start_proxy: Callable[..., RunningProxy]) -> None:
     """Requests pipelined in one burst are queued up to MAX_PIPELINE behind the one being
     served; the queued ones are answered, then the connection closes (the client retries the
     rest, RFC 9112 9.3.2). Before, a single read could queue thousands of requests."""
-    proxy = start_proxy(server=server)
+    proxy = start_proxy()
     request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
         sock.sendall(request * (MAX_PIPELINE * 4))
@@ -159,12 +153,11 @@ def test_22_1_read_ahead_is_capped_per_connection(
 
 
 # -- item 2: one key's uploads never lock out another key -----------------------------------------
-@SERVERS
 def test_22_2_announced_bodies_reserve_nothing_and_keys_get_a_fair_share(
-    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine, server: str
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine
 ) -> None:
     """Budget 32 KiB, bodies up to 8 KiB, two keys: each key's share is 16 KiB."""
-    proxy = start_proxy(max_body_bytes=8192, max_buffered_bytes=32768, server=server)
+    proxy = start_proxy(max_body_bytes=8192, max_buffered_bytes=32768)
     bob = {"Authorization": f"Bearer {BOB}"}
     head = (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + ALICE_LINE
@@ -209,17 +202,15 @@ def test_22_2_announced_bodies_reserve_nothing_and_keys_get_a_fair_share(
 
 
 # -- item 3: the engine is timed until its whole answer is in -------------------------------------
-@SERVERS
 def test_22_3_stalled_non_stream_body_times_out_and_frees_the_slot(
     start_proxy: Callable[..., RunningProxy],
     scripted_engine: Callable[..., ScriptedEngine],
-    server: str,
 ) -> None:
     engine = scripted_engine(
         answer=b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n"
         b'\r\n{"id": "x",'  # then nothing, ever
     )
-    proxy = start_proxy(upstream=engine.url, upstream_timeout_s=0.5, server=server)
+    proxy = start_proxy(upstream=engine.url, upstream_timeout_s=0.5)
     with proxy.client(headers=AUTH, timeout=10) as c:
         r = c.post("/v1/chat/completions", json=CHAT)
     assert r.status_code == 504, r.content
@@ -359,11 +350,10 @@ def test_22_4_slow_large_bodies_stay_within_the_buffer_budget() -> None:
     assert grew_mib < 32 * 1.4, f"peak memory grew by {grew_mib:.0f} MiB for a 32 MiB budget"
 
 
-@SERVERS
 def test_22_4_a_get_body_is_refused_and_never_forwarded(
-    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine, server: str
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine
 ) -> None:
-    proxy = start_proxy(server=server)
+    proxy = start_proxy()
     for body in (b'{"model": "m"}', b"not json at all"):
         request = raw_request("GET", "/v1/models", body=body, headers=AUTH)
         received = send_until_close(proxy.port, request)
@@ -378,14 +368,12 @@ def test_22_4_a_get_body_is_refused_and_never_forwarded(
     assert [r["body"] for r in stub_engine.requests()] == ["", ""]
 
 
-@SERVERS
 def test_22_4_a_stream_broken_midway_is_counted_as_a_502(
     start_proxy: Callable[..., RunningProxy],
     stub_engine: StubEngine,
     caplog: pytest.LogCaptureFixture,
-    server: str,
 ) -> None:
-    proxy = start_proxy(server=server)
+    proxy = start_proxy()
     dying = {**CHAT, "stream": True, "stub": {"fail": "die_mid_stream", "fail_after_tokens": 2}}
     with caplog.at_level("INFO", logger="serving.proxy.access"):
         with proxy.client(headers=AUTH) as c:

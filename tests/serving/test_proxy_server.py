@@ -1,7 +1,8 @@
-"""The proxy's own HTTP server (serving/proxy/httpserver.py): what it owns now that uvicorn is
-not in front of the app: keep-alive, 100-continue, HTTP/1.0 streams, the keep-alive timeout,
-write back-pressure, failures of the app, and graceful shutdown. (Pipelining, framing tricks
-and header injection: test_proxy_http.py; head limits: test_proxy_faults.py.)"""
+"""The proxy's HTTP server as deployed (uvicorn with serving/proxy/server.py's protocol and
+runner.py's settings): keep-alive, 100-continue, HTTP/1.0 streams (close-delimited), the
+keep-alive timeout, write back-pressure, failures of the app, and graceful shutdown.
+(Pipelining, framing tricks and header injection: test_proxy_http.py; head limits:
+test_proxy_faults.py.)"""
 
 from __future__ import annotations
 
@@ -10,21 +11,21 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from serving.proxy import KeyRing, ProxyApp, ProxyConfig
-from serving.proxy.httpserver import ServerLimits
-from tests.harness.stub_engine import Message, Receive, Scope, Send, StubEngine
+from tests.harness.stub_engine import Message, Receive, Scope, Send, StubEngine, UvicornThread
 from tests.serving.conftest import (
     ALICE,
     AUTH,
     CHAT,
     KEYS,
-    ProxyServerThread,
     RunningProxy,
     ScriptedEngine,
+    serve_proxy,
     wait_until,
 )
 
@@ -130,14 +131,21 @@ def test_head_request_gets_no_body(proxy: RunningProxy) -> None:
 
 
 @pytest.fixture
-def own_server(stub_engine: StubEngine) -> Iterator[Callable[..., ProxyServerThread]]:
-    made: list[ProxyServerThread] = []
+def server_of(stub_engine: StubEngine) -> Iterator[Callable[..., UvicornThread]]:
+    """The proxy app (or ``app``) served as deployed, with some of uvicorn's settings and the
+    proxy's head timeout changed for the test."""
+    made: list[UvicornThread] = []
 
-    def make(app: object | None = None, **limits: float) -> ProxyServerThread:
-        proxy_app = ProxyApp(
-            ProxyConfig(upstream=stub_engine.url, health_interval_s=0.05), KeyRing(KEYS)
+    def make(
+        app: object | None = None, head_timeout_s: float = 10.0, **uvicorn: Any
+    ) -> UvicornThread:
+        config = ProxyConfig(
+            upstream=stub_engine.url, health_interval_s=0.05, head_timeout_s=head_timeout_s
         )
-        server = ProxyServerThread(app or proxy_app, ServerLimits(**limits)).start()  # type: ignore[arg-type]
+        proxy_app = ProxyApp(config, KeyRing(KEYS))
+        if app is not None:
+            uvicorn.setdefault("lifespan", "off")  # a bare test app has no lifespan
+        server = serve_proxy(app or proxy_app, config, **uvicorn)
         made.append(server)
         wait_until(lambda: proxy_app.ready if app is None else True, what="readiness")
         return server
@@ -148,9 +156,9 @@ def own_server(stub_engine: StubEngine) -> Iterator[Callable[..., ProxyServerThr
 
 
 def test_idle_keep_alive_connection_is_closed_after_the_keepalive_timeout(
-    own_server: Callable[..., ProxyServerThread],
+    server_of: Callable[..., UvicornThread],
 ) -> None:
-    server = own_server(keepalive_timeout_s=0.3, head_timeout_s=0.2)
+    server = server_of(timeout_keep_alive=0.3, head_timeout_s=0.2)
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         head, _, _ = _recv_response(sock)
@@ -231,12 +239,6 @@ class _Boom:
     def __init__(self, when: str) -> None:
         self.when = when
 
-    async def startup(self) -> None:
-        pass
-
-    async def shutdown(self) -> None:
-        pass
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.when == "after_head":
             start: Message = {"type": "http.response.start", "status": 200, "headers": []}
@@ -247,9 +249,9 @@ class _Boom:
 
 @pytest.mark.parametrize("when", ["before_head", "after_head"])
 def test_an_app_failure_is_a_500_or_a_cut_connection_never_a_clean_end(
-    own_server: Callable[..., ProxyServerThread], when: str
+    server_of: Callable[..., UvicornThread], when: str
 ) -> None:
-    server = own_server(app=_Boom(when))
+    server = server_of(app=_Boom(when))
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         raw = _read_all(sock)
@@ -263,7 +265,7 @@ def test_graceful_shutdown_lets_a_stream_finish_and_refuses_new_connections(
     stub_engine: StubEngine,
 ) -> None:
     app = ProxyApp(ProxyConfig(upstream=stub_engine.url, health_interval_s=0.05), KeyRing(KEYS))
-    server = ProxyServerThread(app, ServerLimits(graceful_s=5)).start()
+    server = serve_proxy(app, app.config, timeout_graceful_shutdown=5)
     try:
         wait_until(lambda: app.ready, what="readiness")
         slow = {**CHAT, "stream": True, "stub": {"tokens": 10, "token_delay_ms": 50}}
@@ -285,14 +287,13 @@ def test_graceful_shutdown_lets_a_stream_finish_and_refuses_new_connections(
         server.stop()
 
 
-@pytest.mark.parametrize("server", ["own", "uvicorn"])
-def test_stream_relay_on_both_servers_keepalives_and_client_leaving(
-    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine, server: str
+def test_stream_relay_keepalives_and_client_leaving(
+    start_proxy: Callable[..., RunningProxy], stub_engine: StubEngine
 ) -> None:
-    # The own server relays from the engine connection's callback; `--server uvicorn` through
-    # the ASGI task: both must send every event, keep-alives at event boundaries only, and
-    # abort the engine when the client leaves.
-    proxy = start_proxy(server=server, keepalive_s=0.1)
+    # The relay runs in the engine connection's callbacks and writes through the ASGI
+    # coroutine: every event is sent, keep-alives at event boundaries only, and the engine
+    # request is aborted when the client leaves.
+    proxy = start_proxy(keepalive_s=0.1)
     quiet = {**CHAT, "stream": True, "stub": {"fail": "pause", "fail_after_tokens": 2,
                                                "pause_s": 0.35}}  # fmt: skip
     with proxy.client(headers=AUTH) as c:

@@ -305,7 +305,7 @@ class _Recorder:
 def test_a_listener_gets_head_pieces_and_end_in_order_from_the_callbacks(piece: int) -> None:
     async def body(url: str) -> None:
         client = UpstreamClient(url)
-        assert client.request_nowait(b"GET", b"/x", []) is None  # no idle connection yet
+        assert client.idle_connections == 0  # none yet
         resp = await client.request(b"GET", b"/x", [])
         listener = _Recorder()
         resp.listen(listener)
@@ -316,8 +316,9 @@ def test_a_listener_gets_head_pieces_and_end_in_order_from_the_callbacks(piece: 
         if piece == 1000:  # all in one read: the body comes with the end, for one write
             assert listener.events == [("head", None), ("end", b"hello world")]
         # the connection went back to the pool before the end was announced: reusable now
-        again = client.request_nowait(b"GET", b"/x", [])
-        assert again is not None
+        assert client.idle_connections == 1
+        again = await client.request(b"GET", b"/x", [])
+        assert client.idle_connections == 0  # the same connection, taken from the pool
         second = _Recorder()
         again.listen(second)
         await second.over

@@ -170,9 +170,8 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
 
 
-@pytest.mark.parametrize("server", ["own", "uvicorn"])
-def test_connections_spread_over_the_workers(start: Any, server: str) -> None:
-    proxy = start("--server", server)
+def test_connections_spread_over_the_workers(start: Any) -> None:
+    proxy = start()
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda _: chat(proxy), range(40)))
     assert [r.status for r in answers] == [200] * 40
