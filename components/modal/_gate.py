@@ -35,7 +35,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -164,11 +164,6 @@ def describe(status: int, body: str) -> str:
     if status == 0:
         return f"got no answer ({text})"
     return f"answered {status} {text}".rstrip()
-
-
-def gate_secrets(props: Mapping[str, Any]) -> list[str]:
-    """The secrets the gate sends (kept out of every message)."""
-    return [str(props[k]) for k in ("gate_token_secret", "gate_api_key") if props.get(k)]
 
 
 class HealthGate:

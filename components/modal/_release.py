@@ -97,7 +97,7 @@ def execute(policy: Policy, fx: Effects, app_id_before: str) -> ReleaseResult:
             observed = dataclasses.replace(observed, published=published)
     if not observed.read_error:
         timeline.published = time.monotonic() - timeline.started
-    return _verify_and_settle(fx, observed, timeline, read_back_error)
+    return _verify_and_settle(fx, policy, observed, timeline, read_back_error)
 
 
 def _after_failed_publish(fx: Effects, observed: Observed, error: ModalProviderError) -> Observed:
@@ -122,14 +122,14 @@ def _stop_words(decision: Decision) -> str:
 
 
 def _verify_and_settle(
-    fx: Effects, observed: Observed, timeline: Timeline, read_back_error: str
+    fx: Effects, policy: Policy, observed: Observed, timeline: Timeline, read_back_error: str
 ) -> ReleaseResult:
     """The one place after the publish: whatever happens (an exception, Ctrl-C), what the
     release made live is committed or undone before anything escapes."""
     published = observed.published
     assert published is not None
     try:
-        outcome = skip_gate(observed) or _verify(fx, observed.policy, published, timeline)
+        outcome = skip_gate(observed) or _verify(fx, policy, published, timeline)
     except BaseException as e:  # an interrupt too: roll back, then stop
         outcome = GateOutcome(False, "error", f"{type(e).__name__}: {e}", 0.0)
         if not isinstance(e, Exception):

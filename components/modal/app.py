@@ -77,7 +77,6 @@ from ._base import (
     check_flag,
     check_name,
     environment_name,
-    flag_changed,
     is_unknown,
     normalize_flag,
     sha256_hex,
@@ -94,7 +93,7 @@ from ._decide import (
     rollback_command,
 )
 from ._effects import Deploy, Effects
-from ._gate import GateTarget, gate_secrets
+from ._gate import GateTarget
 from ._release import execute
 from ._source import shipped_files, source_digest
 from .defaults import GATE_TASK, GATE_TASKS, GATE_TIMEOUT_MAX_S, GATE_TIMEOUT_S
@@ -309,7 +308,7 @@ class AppProvider(ModalProvider):
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
         """A redeploy (`_inputs_changed`) or a recorded-only input (RECORD_ONLY) is due."""
         return self._inputs_changed(olds, news) or any(
-            _record_changed(olds, news, k) for k in RECORD_ONLY
+            is_unknown(news.get(k)) or _record_changed(olds, news, k) for k in RECORD_ONLY
         )
 
     @staticmethod
@@ -335,7 +334,12 @@ class AppProvider(ModalProvider):
             token_secret=creds.token_secret,
             server_url=creds.server_url,
             fallback_url=url,
-            secrets=(creds.token_secret, *extra.values(), *gate_secrets(props)),
+            # The secrets the gate sends too (its proxy token secret and API key).
+            secrets=(
+                creds.token_secret,
+                *extra.values(),
+                *(str(props[k]) for k in ("gate_token_secret", "gate_api_key") if props.get(k)),
+            ),
         )
         gate = GateTarget(
             url="",
@@ -424,11 +428,7 @@ class AppProvider(ModalProvider):
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         adopted = bool(olds.get("adopted") or False)
         digests = self._digests(news)
-        if (
-            any(_record_changed(olds, news, k) for k in RECORD_ONLY)
-            and not self._inputs_changed(olds, news)
-            and olds.get("app_id")
-        ):
+        if olds.get("app_id") and _record_only(olds, news, digests):
             # Only `adopt`, the gate policy or timeouts changed: nothing to deploy.
             return UpdateResult(self._outputs(news, olds, digests, adopted))
         pol, fx = self._release(news, "update", digests, str(olds.get("web_url") or ""))
@@ -555,12 +555,25 @@ class AppProvider(ModalProvider):
 
 
 def _record_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
-    if is_unknown(news.get(key)):
-        return True
+    """A recorded-only input changed (a known value: Diff tests unknown ones first)."""
+    old, new = olds.get(key), news.get(key)
     if key == "health_gate_timeout_s":
-        old, new = olds.get(key), news.get(key)
         return old is not None and new is not None and float(old) != float(new)
-    return flag_changed(olds, news, key)
+    return bool(new or False) != bool(old or False)
+
+
+def _record_only(
+    olds: Mapping[str, Any], news: Mapping[str, Any], digests: Mapping[str, str]
+) -> bool:
+    """An update that only records (nothing to deploy): a recorded-only input changed and
+    what ships did not (the digests taken for this update, the app file, the extra env)."""
+    same = (
+        digests["spec_digest"] == olds.get("spec_digest")
+        and digests["source_digest"] == olds.get("source_digest")
+        and news.get("app_file") == olds.get("app_file")
+        and _extra_env(news) == _extra_env(olds)
+    )
+    return same and any(_record_changed(olds, news, k) for k in RECORD_ONLY)
 
 
 def _or_default(value: Any) -> str:
