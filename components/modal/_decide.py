@@ -181,6 +181,11 @@ class Releases:
         return bool(self.version()) and self.effective_tag(self.version()) == tag
 
 
+def is_new(before: Releases | None, app_id: str, version: int) -> bool:
+    """A publish made something new: nothing served before, another app, or a newer version."""
+    return before is None or app_id != before.app_id or version > before.version()
+
+
 @dataclass(frozen=True)
 class Published:
     """What a publish left live: the app, its newest version, and whether it is new."""

@@ -21,7 +21,7 @@ import pulumi
 
 from . import _rpc
 from ._base import ModalProviderError, ModalUnavailableError, redact
-from ._decide import Policy, Published, Releases, env_flag, with_records
+from ._decide import Policy, Published, Releases, env_flag, is_new, with_records
 from ._deploy_runner import child_env, handover_file, run_runner
 from ._gate import GateTarget, HealthGate
 from .defaults import DEPLOY_ATTEMPTS, DEPLOY_TIMEOUT_S
@@ -134,8 +134,7 @@ class Effects:
             raise ModalProviderError(
                 f"App {self.label}: the deploy reported {app_id}, whose deployment history is empty"
             )
-        pre = before.version() if before else 0
-        new = before is None or app_id != before.app_id or live.version > pre
+        new = is_new(before, app_id, live.version)
         return Published(app_id, live.version, live.deployed_at, url, new, live.tag, live.commit)
 
     def found_after_lost_answer(self, before: Releases | None) -> Published | None:
@@ -143,10 +142,7 @@ class Effects:
         answer lost); None when nothing new is there. Raises when it cannot look."""
         app_id = self.lookup()
         after = self.read(app_id) if app_id else None
-        pre = before.version() if before else 0
-        if after is None or not (
-            before is None or after.app_id != before.app_id or after.version() > pre
-        ):
+        if after is None or not is_new(before, after.app_id, after.version()):
             return None
         live = after.live()
         assert live is not None

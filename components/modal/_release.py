@@ -168,25 +168,14 @@ def _commit(
     outcome: GateOutcome,
     read_back_error: str,
 ) -> ReleaseResult:
+    """Record the version's outcome and say what is live. An ungated release whose history
+    could not be read back records nothing (`decision.record` ""): `read_back_error` says so."""
     p, published = observed.policy, observed.published
     assert published is not None
-    if not decision.record:  # an ungated release whose history could not be read back
-        return ReleaseResult(
-            app_id=published.app_id,
-            version=published.version,
-            previous_version=observed.pre,
-            known_good_version=0,
-            deployment_tag=p.tag,
-            commit="",
-            verdict=decision.verdict,
-            gate_seconds=0.0,
-            rollback_command=rollback_command(p.name, p.env, decision.rollback_to),
-            web_url=published.web_url,
-            read_back_error=read_back_error,
-        )
-    warning = fx.record(published.app_id, {decision.version: decision.record})
-    if warning:
-        fx.warn(warning)
+    if decision.record:
+        warning = fx.record(published.app_id, {decision.version: decision.record})
+        if warning:
+            fx.warn(warning)
     return ReleaseResult(
         app_id=published.app_id,
         version=decision.version,
@@ -198,7 +187,8 @@ def _commit(
         gate_seconds=outcome.seconds,
         rollback_command=rollback_command(p.name, p.env, decision.rollback_to),
         web_url=published.web_url,
-        read_back_error=(
+        read_back_error=read_back_error
+        or (
             ""
             if published.web_url
             else "the endpoint URL could not be read back; `pulumi refresh` fills it in"
@@ -234,7 +224,7 @@ def _apply_failure(
         f"App {p.label}: {p.action} failed: {what} (tag {p.tag}) did not pass the"
         f" health gate: {outcome.reason or outcome.stage} (after {outcome.seconds:.1f} s)."
     )
-    failed = getattr(decision, "failed", 0)
+    failed = 0 if isinstance(decision, Commit) else decision.failed
     if failed:
         note = fx.record(published.app_id, {failed: FAILED})
         head += f" {note}" if note else ""

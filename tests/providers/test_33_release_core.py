@@ -26,6 +26,7 @@ from components.modal._decide import (
     Verdict,
     decide,
     gate_result,
+    is_new,
     policy,
     recheck_record,
     records_of,
@@ -330,3 +331,11 @@ def test_records_keep_their_wire_format_and_bound() -> None:
 )
 def test_the_gate_result_is_rendered_from_its_verdict(verdict: Verdict, sentence: str) -> None:
     assert gate_result(verdict) == sentence
+
+
+def test_a_publish_is_new_unless_the_same_app_kept_its_version() -> None:
+    before = history(1, 2)
+    assert is_new(None, "ap-1", 1)  # nothing served before
+    assert is_new(before, "ap-2", 1)  # another app under the name
+    assert is_new(before, "ap-1", 3)  # a newer version
+    assert not is_new(before, "ap-1", 2)  # the deploy published nothing new
