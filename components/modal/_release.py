@@ -82,9 +82,9 @@ def execute(policy: Policy, fx: Effects, app_id_before: str) -> ReleaseResult:
         except ModalProviderError as e:
             # Modal took the deploy but cannot say what is live: with no gate the release
             # stands (read_back_error says so); with one it is rolled back blind.
-            version = 0 if policy.gate_on else int(result.get("version") or 0)
-            published = Published(app_id, version, 0.0, "" if policy.gate_on else url, True,
-                                  policy.tag, "")  # fmt: skip
+            gated = policy.gate_on
+            version = 0 if gated else int(result.get("version") or 0)
+            published = Published(app_id, version, 0.0, "" if gated else url, True, policy.tag, "")
             observed = dataclasses.replace(observed, published=published, read_error=str(e))
             why = (
                 f"deployed as {app_id}, but what is live could not be read back: {e}"
