@@ -214,9 +214,10 @@ def _apply_failure(
         f"{what} refused after {outcome.seconds:.1f} s ({outcome.stage}); undoing it within"
         f" the rollback margin of {p.rollback_margin:g} s"
     )
+    gate: HealthGate | None = None
+    tail: list[str] = []
     try:
-        gate: HealthGate | None = fx.gate(published.app_id, published.web_url)
-        assert gate is not None
+        gate = fx.gate(published.app_id, published.web_url)
         tail = gate.log_tail(published.deployed_at) if published.deployed_at else []
     except Exception:  # a log tail is context, never decisive
         gate, tail = None, []

@@ -11,10 +11,12 @@
 - Create never deploys over an app that is already deployed under that name: it refuses,
   naming the app, unless `adopt=True`; then it deploys over it, records `adopted`, and
   destroy leaves the app deployed (it existed before Pulumi).
-- Create and update are one release transaction (`_release.py`): publish tagged with the
-  digests, verify with the health gate (`_gate.py`, a collaborator returning an outcome),
-  then commit or roll back to the last version recorded `passed` on the app (its tags) and
-  re-check it; a failed create stops what it made. docs/providers.md has the diagram.
+- Create and update are one release transaction (`_release.py` `execute`): publish tagged
+  with the digests, verify with the health gate (`_gate.py`, a collaborator returning an
+  outcome), then commit or roll back to the last version recorded `passed` on the app (its
+  tags) and re-check it; a failed create stops what it made. What to do is decided without
+  I/O (`_decide.py`); `_effects.py` does it, handed data by `_release` below (never this
+  provider). docs/providers.md has the diagram.
 - Read-back after a successful deploy (web URL, version) is best effort: the runner retries
   it, then the provider retries it; if it still fails, the create/update succeeds anyway
   (Modal completed the deploy) with `read_back_error` saying what failed, and the next
