@@ -399,12 +399,12 @@ class AppProvider(ModalProvider):
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        name, env = str(props["name"]), environment_name(props)
         adopt = bool(props.get("adopt") or False)
         digests = self._digests(props)
         pol, fx = self._release(props, "create", digests)
         found = fx.lookup("look up before deploy")
-        if found and not adopt and fx.runs_release(found):
+        own = bool(found) and not adopt and fx.runs_release(found)
+        if own:
             # An earlier run of this very create was interrupted after Modal published (the
             # provider or Modal killed): the app runs this create's own release (its deployment
             # tag carries the same digests) and no state knows it. It is this create's lost
@@ -413,19 +413,18 @@ class AppProvider(ModalProvider):
                 f"{found} runs this create's own release (tag {pol.tag}), left by an"
                 " interrupted run; verifying it as this create's"
             )
-            out = execute(pol, fx, found).outputs()
-            return CreateResult(str(out["app_id"]), self._outputs(props, out, digests, False))
-        if found and not adopt:
+        elif found and not adopt:
             raise ModalAlreadyExistsError(
-                f"App {self._target(props)}: create refused: an app is already deployed under"
+                f"App {pol.label}: create refused: an app is already deployed under"
                 f" this name ({found}) and Pulumi does not manage it; deploying would take it"
                 f" over and destroy would stop it. To manage it, {ADOPT_HOWTO} (the serving"
                 " stack: `adopt: true` on the service); or stop it (`modal app stop"
-                f" {name} -e {env or '<env>'}`), or choose another name."
+                f" {pol.name} -e {pol.env or '<env>'}`), or choose another name."
             )
         # An adopted app existed before: a failed release is rolled back, never stopped.
-        out = execute(replace(pol, keep_on_failure=bool(found)), fx, found).outputs()
-        return CreateResult(str(out["app_id"]), self._outputs(props, out, digests, bool(found)))
+        adopted = bool(found) and not own
+        out = execute(replace(pol, keep_on_failure=adopted), fx, found).outputs()
+        return CreateResult(str(out["app_id"]), self._outputs(props, out, digests, adopted))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         adopted = bool(olds.get("adopted") or False)
