@@ -105,30 +105,17 @@ TABLE: list[tuple[str, Observed, GateOutcome | None, Decision]] = [
         Commit(0, "", 0, 2, Verdict("off")),
     ),
     # ---- the gate refused an update -> roll back to the last known good ----
-    (
-        "smoke 5xx: roll back to the newest passed version",
-        Observed(knobs(), history(1, 2, records=GOOD), new(3)),
-        REFUSED,
-        RollBack(2, failed=3),
-    ),
-    (
-        "start-up budget spent: roll back",
-        Observed(knobs(), history(1, 2, records=GOOD), new(3)),
-        TIMED_OUT,
-        RollBack(2, failed=3),
-    ),
-    (
-        "crash loop: roll back",
-        Observed(knobs(), history(1, 2, records=GOOD), new(3)),
-        CRASH,
-        RollBack(2, failed=3),
-    ),
-    (
-        "an exception or a Modal error in the gate: roll back",
-        Observed(knobs(), history(1, 2, records=GOOD), new(3)),
-        ERROR,
-        RollBack(2, failed=3),
-    ),
+    # every way the gate refuses (smoke 5xx, start-up budget spent, crash loop, an exception
+    # or a Modal error inside the gate) is the same decision
+    *[
+        (
+            f"refused ({refused.stage}): roll back to the newest passed version",
+            Observed(knobs(), history(1, 2, records=GOOD), new(3)),
+            refused,
+            RollBack(2, failed=3),
+        )
+        for refused in (REFUSED, TIMED_OUT, CRASH, ERROR)
+    ],
     (
         "never to a failed version: back to the last passed, over newer failed ones",
         Observed(knobs(), history(1, 2, 3, records={1: PASSED, 2: FAILED, 3: FAILED}), new(4)),
