@@ -6,6 +6,9 @@ the decision; no emulator, no Modal, no clock. The end-to-end tests of the same 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from components.modal._decide import (
@@ -36,6 +39,7 @@ from components.modal._decide import (
 )
 from components.modal._rpc import Deployment
 from components.modal.defaults import GATE_TIMEOUT_S, MAX_RECORDS, ROLLBACK_MARGIN_S
+from tests.harness.emulator import PROJECT_ROOT
 
 DIGESTS = {"spec_digest": "a" * 64, "source_digest": "b" * 64}
 TAG = "spec.aaaaaaaaaaaa.src.bbbbbbbbbbbb"
@@ -326,3 +330,20 @@ def test_a_publish_is_new_unless_the_same_app_kept_its_version() -> None:
     assert is_new(before, "ap-2", 1)  # another app under the name
     assert is_new(before, "ap-1", 3)  # a newer version
     assert not is_new(before, "ap-1", 2)  # the deploy published nothing new
+
+
+def test_the_core_imports_neither_modal_nor_pulumi_nor_a_clock() -> None:
+    """The core decides from its arguments alone: importing it pulls in no Modal client, no
+    Pulumi, and it names no clock, file or network call."""
+    code = (
+        "import sys, components.modal._decide\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in"
+        " ('modal', 'modal_proto', 'grpclib', 'pulumi', 'urllib3', 'socket', 'subprocess')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+    source = (PROJECT_ROOT / "components" / "modal" / "_decide.py").read_text()
+    for call in ("time.", "open(", "os.", "print(", "_rpc.app_", "sleep("):
+        assert call not in source, call
