@@ -22,6 +22,12 @@ deploy (issue 11 item 5: a create that Modal completed must not fail).
 returns), else the first web endpoint URL (`Function.get_web_url()`), by function tag order.
 `version`: the highest version in `AppDeploymentHistory` for the app.
 
+The parent side lives here too, one for the App and the ModelWeights runner
+(`components.modal.model_weights`): `child_env` (the provider's Modal credentials, nothing of
+its own MODAL_* settings), `handover_file` (a 0600 file in a temp directory the runner
+removes if the parent dies) and `run_runner` (start it, hand each JSON line of its stdout to
+the caller as it comes, kill it at the deadline, keep its stderr tail).
+
 Dies with its parent (issue 32 item 11): the runner holds the Modal token in its environment,
 so it must not outlive whatever started it (a kill -9 of the engine, the stand-in or the
 provider server). `die_with_parent` (also used by the weights runner in model_weights.py)
@@ -33,18 +39,22 @@ weights source) with their temp directory, then exits at once.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import ctypes
 import ctypes.util
 import json
 import os
+import queue
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +157,146 @@ def die_with_parent(paths: Iterable[str]) -> None:
                 die(1)
 
     threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+# ---- the parent's side: start a runner, follow it, end it ------------------------------------
+
+
+def child_env(
+    token_id: str, token_secret: str, server_url: str, environment: str, own: Mapping[str, str]
+) -> dict[str, str]:
+    """The runner's environment: ours without our MODAL_* settings (but the config file and
+    profile), then `own` (what the runner is told), then the provider's Modal credentials."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MODAL_") or k in ("MODAL_CONFIG_PATH", "MODAL_PROFILE")
+    }
+    env.update(own)
+    env.update(
+        {
+            "MODAL_TOKEN_ID": token_id,
+            "MODAL_TOKEN_SECRET": token_secret,
+            "MODAL_SERVER_URL": server_url,
+            "PYTHONUNBUFFERED": "1",
+            # The runner checks it right after PR_SET_PDEATHSIG (a parent that died before
+            # that call sends no signal: man 2 prctl).
+            PARENT_PID_ENV: str(os.getpid()),
+        }
+    )
+    if environment:
+        env["MODAL_ENVIRONMENT"] = environment
+    return env
+
+
+@contextlib.contextmanager
+def handover_file(prefix: str, name: str, text: str) -> Iterator[Path]:
+    """A file only this user can read, holding `text`, in a fresh temp directory named
+    `prefix...` (one of HANDOVER_DIR_PREFIXES). The runner removes it with its directory if
+    this process dies first (`die_with_parent`): the directory may be gone at the end."""
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
+        path = Path(tmp) / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        yield path
+
+
+@dataclass
+class RunnerRun:
+    """What one runner run said and how it ended."""
+
+    result: dict[str, Any] = field(default_factory=dict)  # the last `{"ok": ...}` line
+    stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
+    returncode: int | None = None
+    timed_out: bool = False
+
+
+def _item(line: str) -> dict[str, Any] | None:
+    try:
+        item = json.loads(line)
+    except ValueError:
+        return None
+    return item if isinstance(item, dict) else None
+
+
+def run_runner(
+    cmd: list[str],
+    env: Mapping[str, str],
+    deadline_s: float,
+    on_item: Callable[[dict[str, Any]], None] | None = None,
+    into: RunnerRun | None = None,
+) -> RunnerRun:
+    """Run a runner until it exits or `deadline_s` passes (then it is killed). Each JSON
+    object it prints goes to `on_item` as it arrives; the last one holding "ok" is the
+    result. `into`: the record to fill (a caller's subclass), else a new one."""
+    run = into if into is not None else RunnerRun()
+    lines: queue.Queue[str | None] = queue.Queue()
+    deadline = time.monotonic() + deadline_s
+
+    def take(line: str) -> None:
+        item = _item(line)
+        if item is None:
+            return
+        if on_item is not None:
+            on_item(item)
+        if "ok" in item and "progress" not in item:
+            run.result = item
+
+    with subprocess.Popen(
+        cmd,
+        env=dict(env),
+        cwd=os.getcwd(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        out, err = proc.stdout, proc.stderr
+        assert out is not None and err is not None
+
+        def pump_stdout() -> None:
+            for line in out:
+                lines.put(line)
+            lines.put(None)
+
+        def pump_stderr() -> None:
+            run.stderr.extend(err)
+
+        pumps = [threading.Thread(target=f, daemon=True) for f in (pump_stdout, pump_stderr)]
+        for pump in pumps:
+            pump.start()
+        # Reading stdout to its end before a deadline is checked made the deadline dead
+        # code: lines are read with the time left, and the runner is killed when none is.
+        ended = False
+        while not ended:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                ended = True
+            else:
+                take(line)
+        if ended:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                ended = False
+        if not ended:
+            proc.kill()
+            proc.wait()
+        for pump in pumps:
+            pump.join(timeout=5)
+        while not lines.empty():  # what arrived with the deadline still counts
+            line = lines.get_nowait()
+            if line is not None:
+                take(line)
+        run.returncode = proc.returncode
+    run.timed_out = not ended and not run.result.get("ok")
+    return run
+
+
+# ---- the runner's side ---------------------------------------------------------------------
 
 
 def _transient(exc: BaseException) -> bool:

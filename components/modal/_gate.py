@@ -35,23 +35,23 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import _rpc
 from ._base import redact
+from ._decide import GateOutcome, smoke_words
+from .defaults import GATE_TASK, SMOKE_REQUESTS
 
 T = TypeVar("T")
 
-DEFAULT_GATE_TIMEOUT_S = 2400.0  # ServingSpec defaults: startup 1800 s + request 600 s
 GATE_POLL_S = 0.25  # between two looks (a TaskList, then at most two HTTP requests)
 #: Containers of the new version that ended before it got ready: a crash loop. Three, not
 #: one: a single container may be replaced for reasons of its host (preemption), and modal
 #: restarts a failed container (with a backoff) rather than giving up on the first.
 CRASH_LOOP_CONTAINERS = 3
 CRASH_CHECK_S = 1.0  # how often the logs are asked which containers ran (one AppFetchLogs)
-TASKS = ("chat", "completion", "embedding")
 SMOKE_PROMPT = "ping"
 BODY_CHARS = 300
 
@@ -69,39 +69,25 @@ class GateTarget:
     token_secret: str = field(repr=False)
     api_key: str = field(repr=False)
     model: str
-    task: str = "chat"
+    task: str = GATE_TASK
 
     def secrets(self) -> list[str]:
         return [self.token_secret, self.api_key]
 
 
-@dataclass(frozen=True)
-class GateOutcome:
-    """What the gate found. `stage` names where it stopped: passed, containers, crash-loop,
-    ready, smoke, no-url, error (the gate itself or Modal failed)."""
-
-    ok: bool
-    stage: str
-    reason: str
-    seconds: float
-    #: Refused because a deadline ran out (not because of what the version answered).
-    timed_out: bool = False
-
-
 def smoke_request(task: str, model: str) -> tuple[str, bytes, str]:
-    """(path, JSON body, what it is in words) of the smoke request for the model's task."""
+    """(path, JSON body, what it is in words) of the smoke request for the model's task
+    (defaults.SMOKE_REQUESTS; an unknown task is a chat)."""
+    task = task if task in SMOKE_REQUESTS else GATE_TASK
+    path, words = SMOKE_REQUESTS[task]
+    body: dict[str, Any] = {"model": model}
     if task == "embedding":
-        body: dict[str, Any] = {"model": model, "input": SMOKE_PROMPT}
-        return "/v1/embeddings", json.dumps(body).encode(), "an embedding"
-    if task == "completion":
-        body = {"model": model, "prompt": SMOKE_PROMPT, "max_tokens": 1}
-        return "/v1/completions", json.dumps(body).encode(), "a one-token completion"
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": SMOKE_PROMPT}],
-        "max_tokens": 1,
-    }
-    return "/v1/chat/completions", json.dumps(body).encode(), "a one-token chat completion"
+        body["input"] = SMOKE_PROMPT
+    elif task == "completion":
+        body.update(prompt=SMOKE_PROMPT, max_tokens=1)
+    else:
+        body.update(messages=[{"role": "user", "content": SMOKE_PROMPT}], max_tokens=1)
+    return path, json.dumps(body).encode(), words
 
 
 #: How much of a container's log line one progress line shows.
@@ -136,11 +122,6 @@ def log_line_summary(line: str, limit: int = LOG_LINE_CHARS) -> str:
     cut = text[: limit - 1]
     space = cut.rfind(" ")
     return (cut[:space] if space > limit // 2 else cut) + "…"
-
-
-def smoke_words(task: str) -> str:
-    """The smoke request of `task`, in words."""
-    return smoke_request(task, "")[2]
 
 
 def _request(
@@ -183,11 +164,6 @@ def describe(status: int, body: str) -> str:
     if status == 0:
         return f"got no answer ({text})"
     return f"answered {status} {text}".rstrip()
-
-
-def gate_secrets(props: Mapping[str, Any]) -> list[str]:
-    """The secrets the gate sends (kept out of every message)."""
-    return [str(props[k]) for k in ("gate_token_secret", "gate_api_key") if props.get(k)]
 
 
 class HealthGate:

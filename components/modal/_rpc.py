@@ -389,14 +389,28 @@ async def tokens_of_environment(client: Any, environment: str) -> list[str]:
 # ---- apps ----------------------------------------------------------------------------------
 
 
-async def app_by_name(client: Any, name: str, environment: str) -> str:
-    """Id of the app deployed under that name ("" when none; NotFoundError: no such env)."""
+async def app_id_by_name(client: Any, name: str, environment: str) -> str | None:
+    """Id of the app deployed under that name ("" when none; None when the environment
+    itself does not exist: `AppGetByDeploymentName` answers NotFound)."""
+    from modal import exception as mexc
     from modal_proto import api_pb2
 
-    resp = await client._stub.AppGetByDeploymentName(
-        api_pb2.AppGetByDeploymentNameRequest(name=name, environment_name=environment)
-    )
+    try:
+        resp = await client._stub.AppGetByDeploymentName(
+            api_pb2.AppGetByDeploymentNameRequest(name=name, environment_name=environment)
+        )
+    except mexc.NotFoundError:
+        return None
     return str(resp.app_id)
+
+
+async def app_stop_by_name(client: Any, name: str, environment: str) -> str:
+    """Stop whatever app is deployed under the name; its id ("" when none, or no such
+    environment: the app went with it)."""
+    app_id = await app_id_by_name(client, name, environment)
+    if app_id:
+        await app_stop(client, app_id)
+    return app_id or ""
 
 
 async def app_version(client: Any, app_id: str) -> int:

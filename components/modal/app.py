@@ -11,10 +11,12 @@
 - Create never deploys over an app that is already deployed under that name: it refuses,
   naming the app, unless `adopt=True`; then it deploys over it, records `adopted`, and
   destroy leaves the app deployed (it existed before Pulumi).
-- Create and update are one release transaction (`_release.py`): publish tagged with the
-  digests, verify with the health gate (`_gate.py`, a collaborator returning an outcome),
-  then commit or roll back to the last version recorded `passed` on the app (its tags) and
-  re-check it; a failed create stops what it made. docs/providers.md has the diagram.
+- Create and update are one release transaction (`_release.py` `execute`): publish tagged
+  with the digests, verify with the health gate (`_gate.py`, a collaborator returning an
+  outcome), then commit or roll back to the last version recorded `passed` on the app (its
+  tags) and re-check it; a failed create stops what it made. What to do is decided without
+  I/O (`_decide.py`); `_effects.py` does it, handed data by `_release` below (never this
+  provider). docs/providers.md has the diagram.
 - Read-back after a successful deploy (web URL, version) is best effort: the runner retries
   it, then the provider retries it; if it still fails, the create/update succeeds anyway
   (Modal completed the deploy) with `read_back_error` saying what failed, and the next
@@ -50,12 +52,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,25 +68,26 @@ from ._base import (
     ModalAlreadyExistsError,
     ModalProvider,
     ModalProviderError,
-    ModalUnavailableError,
     environment_name,
     environment_problems,
-    flag_changed,
     is_unknown,
     object_name,
-    redact,
     sha256_hex,
 )
-from ._deploy_runner import PARENT_PID_ENV
-from ._gate import DEFAULT_GATE_TIMEOUT_S, TASKS, gate_secrets
-from ._release import (
-    Release,
+from ._decide import (
+    Policy,
     Releases,
+    Verdict,
     deployment_tag,
     describe_target,
+    gate_result,
     parse_deployment_tag,
+    policy,
     rollback_command,
 )
+from ._effects import Deploy, Effects
+from ._gate import GateTarget
+from ._release import execute
 from ._schema import (
     Schema,
     SchemaResource,
@@ -97,9 +98,9 @@ from ._schema import (
     replaces,
 )
 from ._source import shipped_files, source_digest
+from .defaults import GATE_TASK, GATE_TASKS, GATE_TIMEOUT_MAX_S, GATE_TIMEOUT_S
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:App"  # noqa: S105 (a Pulumi type token)
-DEPLOY_TIMEOUT_S = 1800.0
 # Inputs that never redeploy: a change is recorded (an update without a deploy).
 RECORD_ONLY = ("adopt", "health_gate", "health_gate_timeout_s", "gate_task", "custom_timeouts")
 _ENV_KEY_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
@@ -150,19 +151,19 @@ def _extra_env_problems(env: Any) -> list[str]:
 
 def _timeout_problems(timeout: Any) -> list[str]:
     ok = isinstance(timeout, int | float) and not isinstance(timeout, bool)
-    if ok and 0 < float(timeout) <= 7 * 86_400:
+    if ok and 0 < float(timeout) <= GATE_TIMEOUT_MAX_S:
         return []
     return [
-        f"health_gate_timeout_s {timeout!r} must be seconds in (0, 604800] (the service's"
-        " startup timeout + request timeout)"
+        f"health_gate_timeout_s {timeout!r} must be seconds in (0, {GATE_TIMEOUT_MAX_S:.0f}]"
+        " (the service's startup timeout + request timeout)"
     ]
 
 
 def _task_problems(task: Any) -> list[str]:
-    if task in TASKS:
+    if task in GATE_TASKS:
         return []
     return [
-        f"gate_task {task!r} must be one of {', '.join(TASKS)} (the served model's task: it"
+        f"gate_task {task!r} must be one of {', '.join(GATE_TASKS)} (the served model's task: it"
         " picks the gate's smoke request)"
     ]
 
@@ -260,7 +261,7 @@ class AppArgs(Schema):
     health_gate: pulumi.Input[bool] = flag(default=False, compared=False)
     #: How long the gate waits (the service's startup timeout + request timeout).
     health_gate_timeout_s: pulumi.Input[float] = records(
-        default=DEFAULT_GATE_TIMEOUT_S, check=_timeout_problems
+        default=GATE_TIMEOUT_S, check=_timeout_problems
     )
     #: What the gate sends: the stack's proxy token (Modal-Key/Modal-Secret), one API key and
     #: the served model name. Secrets: never in outputs, logs or errors.
@@ -271,7 +272,7 @@ class AppArgs(Schema):
     gate_api_key: pulumi.Input[str] | None = records(default=None, secret=True, in_outputs=False)
     gate_model: pulumi.Input[str] | None = records(default=None, in_outputs=False)
     #: The served model's task, which picks the smoke request: chat, completion, embedding.
-    gate_task: pulumi.Input[str] = records(default="chat", check=_task_problems)
+    gate_task: pulumi.Input[str] = records(default=GATE_TASK, check=_task_problems)
     #: The resource's customTimeouts option, in seconds (bounds the release).
     custom_timeouts: dict[str, float] = computed(
         initial=_custom_timeouts, check=_custom_timeouts_problems
@@ -330,150 +331,48 @@ class AppProvider(ModalProvider):
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
         """A redeploy (`_inputs_changed`) or a recorded-only input (RECORD_ONLY) is due."""
         return self._inputs_changed(olds, news) or any(
-            _record_changed(olds, news, k) for k in RECORD_ONLY
+            is_unknown(news.get(k)) or _record_changed(olds, news, k) for k in RECORD_ONLY
         )
-
-    def deploy(
-        self, props: Mapping[str, Any], action: str, tag: str, app_tags: Mapping[str, str]
-    ) -> dict[str, Any]:
-        """Publish `props` with deployment tag `tag`, sending `app_tags` along (so Modal keeps
-        the release records whatever a publish does to tags); the read-back completed."""
-        result = self._run_deploy(props, action, tag, app_tags)
-        self._complete_read_back(props, result)
-        if not result.get("web_url") and props.get("_fallback_url"):
-            # Read-back failed (issue 11.5): the gate knocks at the URL the app had (a
-            # redeploy keeps its label, so its URL); the output stays as read back.
-            result = {**result, "gate_url": props.get("_fallback_url")}
-        return result
-
-    def undo_create(self, props: Mapping[str, Any]) -> str:
-        """A failed create must leave nothing behind (it is not in state, so destroy would
-        never stop it): a deploy can fail after Modal published the app (the answer was
-        lost). No app was deployed under this name before the create, so one there now is
-        this create's: stop it. Returns what to add to the error."""
-        from modal import exception as mexc
-
-        name, env = str(props["name"]), environment_name(props)
-
-        async def go(client: Any) -> str:
-            try:
-                app_id = await _rpc.app_by_name(client, name, env)
-            except mexc.NotFoundError:
-                return ""
-            if app_id:
-                await _rpc.app_stop(client, app_id)
-            return app_id
-
-        try:
-            stopped = self.run("clean up after a failed create", describe_target(props), go)
-        except ModalProviderError:
-            return (
-                "The deploy may have reached Modal and the clean-up could not check: look for"
-                f" the app with `modal app list -e {env or '<env>'}` and stop it"
-                f" (`modal app stop {name} -e {env or '<env>'}`) before rerunning."
-            )
-        if stopped:
-            return f"The app this create had deployed ({stopped}) was stopped again."
-        return "Nothing was left deployed."
-
-    def secrets(self, props: Mapping[str, Any]) -> list[str]:
-        """Every secret value a message about `props` must never show."""
-        return [
-            self.credentials().token_secret,
-            *_extra_env(props).values(),
-            *gate_secrets(props),
-        ]
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:
         return describe_target(props)
 
-    def _run_deploy(
-        self, props: Mapping[str, Any], action: str, tag: str, app_tags: Mapping[str, str]
-    ) -> dict[str, Any]:
+    def _release(
+        self, props: Mapping[str, Any], action: str, digests: Mapping[str, str], url: str = ""
+    ) -> tuple[Policy, Effects]:
+        """The release of `props` (its knobs) and its effects, handed what they need as data:
+        what to deploy, the Modal credentials, the gate's target, the values no message may
+        show (`url`: the URL the app had, where the gate knocks if the read-back fails)."""
         creds = self.credentials()
-        name, env, app_file = str(props["name"]), environment_name(props), str(props["app_file"])
         extra = _extra_env(props)
-        # The runner removes this directory itself if this process dies (issue 32 item 11:
-        # _deploy_runner.die_with_parent); then the cleanup here finds it gone.
-        with tempfile.TemporaryDirectory(
-            prefix="modal-app-spec-", ignore_cleanup_errors=True
-        ) as tmp:
-            spec_path = Path(tmp) / "spec.json"
-            fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as spec_file:
-                spec_file.write(str(props["spec_json"]))
-            child_env = {
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith("MODAL_") or k in ("MODAL_CONFIG_PATH", "MODAL_PROFILE")
-            }
-            child_env["SERVING_APP_NAME"] = name  # serving/app.py names its App from this
-            child_env.update(extra)
-            child_env.update(
-                {
-                    "MODAL_TOKEN_ID": creds.token_id,
-                    "MODAL_TOKEN_SECRET": creds.token_secret,
-                    "MODAL_SERVER_URL": creds.server_url,
-                    "SERVING_SPEC": str(spec_path),
-                    "PYTHONUNBUFFERED": "1",
-                    # The runner checks it right after PR_SET_PDEATHSIG (a parent that died
-                    # before that call sends no signal: man 2 prctl).
-                    PARENT_PID_ENV: str(os.getpid()),
-                }
-            )
-            if env:
-                child_env["MODAL_ENVIRONMENT"] = env
-            cmd = [sys.executable, "-m", "components.modal._deploy_runner", "--app-file", app_file]
-            cmd += ["--name", name, "--environment", env, "--tag", tag]
-            cmd += ["--app-tags", json.dumps(dict(app_tags), sort_keys=True)]
-            last: dict[str, Any] = {}
-            for _attempt in range(2):
-                try:
-                    proc = subprocess.run(
-                        cmd,
-                        env=child_env,
-                        cwd=os.getcwd(),
-                        capture_output=True,
-                        text=True,
-                        timeout=DEPLOY_TIMEOUT_S,
-                        check=False,
-                    )
-                except subprocess.TimeoutExpired:
-                    raise ModalUnavailableError(
-                        f"App {self._target(props)}: {action} (deploy of {app_file}) did not"
-                        f" finish within {DEPLOY_TIMEOUT_S:.0f}s and was killed. Check Modal's"
-                        " status and the image build, then rerun `pulumi up`."
-                    ) from None
-                last = _last_json(proc.stdout) or {
-                    "ok": False,
-                    "error": f"deploy runner exited with {proc.returncode} and no result;"
-                    f" stderr tail: {proc.stderr[-1500:]}",
-                    "transient": False,
-                }
-                if last.get("ok") or not last.get("transient"):
-                    break
-        if last.get("ok"):
-            return last
-        secrets = [creds.token_secret, *extra.values(), *gate_secrets(props)]
-        message = redact(
-            f"App {self._target(props)}: {action} (deploy of {app_file}) failed. Modal at"
-            f" {creds.server_url} answered {last.get('error')}. ",
-            secrets,
+        pol = policy(props, action, digests)
+        deploy = Deploy(
+            app_file=str(props["app_file"]),
+            name=pol.name,
+            env=pol.env,
+            spec_json=str(props["spec_json"]),
+            extra_env=extra,
+            token_id=creds.token_id,
+            token_secret=creds.token_secret,
+            server_url=creds.server_url,
+            fallback_url=url,
+            # The secrets the gate sends too (its proxy token secret and API key).
+            secrets=(
+                creds.token_secret,
+                *extra.values(),
+                *(str(props[k]) for k in ("gate_token_secret", "gate_api_key") if props.get(k)),
+            ),
         )
-        if last.get("transient"):
-            raise ModalUnavailableError(
-                message + "Modal is unreachable or failing: check MODAL_SERVER_URL/network and"
-                " rerun `pulumi up`."
-            )
-        if "AuthError" in str(last.get("error")):
-            raise ModalProviderError(
-                message + "Check modal:tokenId/modal:tokenSecret or MODAL_TOKEN_ID/SECRET."
-            )
-        raise ModalProviderError(
-            message + f"Run `modal deploy {app_file} --name {name}` with the same SERVING_SPEC to"
-            " see the full output, fix the app or spec, then rerun `pulumi up`."
+        gate = GateTarget(
+            url="",
+            token_id=str(props.get("gate_token_id") or ""),
+            token_secret=str(props.get("gate_token_secret") or ""),
+            api_key=str(props.get("gate_api_key") or ""),
+            model=str(props.get("gate_model") or ""),
+            task=pol.task,
         )
+        return pol, Effects(self.run, deploy, gate, pol)
 
     @staticmethod
     def _digests(props: Mapping[str, Any]) -> dict[str, str]:
@@ -507,120 +406,52 @@ class AppProvider(ModalProvider):
             read_back_error=str(result.get("read_back_error") or ""),
             # A deploy resets runtime overrides; an update without deploy keeps the recorded.
             autoscaler_override=dict(result.get("autoscaler_override") or {}),
-            health_gate_timeout_s=float(
-                props.get("health_gate_timeout_s") or DEFAULT_GATE_TIMEOUT_S
-            ),
-            gate_task=str(props.get("gate_task") or "chat"),
+            health_gate_timeout_s=float(props.get("health_gate_timeout_s") or GATE_TIMEOUT_S),
+            gate_task=str(props.get("gate_task") or GATE_TASK),
             custom_timeouts=dict(props.get("custom_timeouts") or {}),
             **{k: result.get(k, default) for k, default in RELEASE_OUTPUTS.items()},
             drift=str(result.get("drift") or ""),
         )
 
-    def _complete_read_back(self, props: Mapping[str, Any], result: dict[str, Any]) -> None:
-        """The runner deployed but could not read the URL/version back: try again from here
-        (retried); if that fails too, keep the deploy and report it (issue 11 item 5)."""
-        if not result.get("read_back_error"):
-            return
-        name, env, app_id = str(props["name"]), environment_name(props), str(result["app_id"])
-
-        async def go(client: Any) -> tuple[str, int]:
-            url = await _rpc.app_web_url(client, app_id, name, env)
-            return url, await _rpc.app_version(client, app_id)
-
-        try:
-            result["web_url"], result["version"] = self.run(
-                "read back after deploy", f"{app_id} ({self._target(props)})", go
-            )
-            result["read_back_error"] = ""
-        except ModalProviderError as e:
-            result["read_back_error"] = (
-                f"deployed as {app_id}, but its URL/version could not be read back: {e}"
-                " `pulumi refresh` fills them in."
-            )
-            warning = f"warning: App {self._target(props)}: {result['read_back_error']}"
-            print(warning, file=sys.stderr)
-
-    def _live_by_name(self, props: Mapping[str, Any]) -> str:
-        """The app deployed under the resource's name now ("" when none, or no such
-        environment: the deploy reports that)."""
-        from modal import exception as mexc
-
-        name, env = str(props["name"]), environment_name(props)
-
-        async def go(client: Any) -> str:
-            try:
-                return await _rpc.app_by_name(client, name, env)
-            except mexc.NotFoundError:
-                return ""
-
-        return str(self.run("look up before deploy", self._target(props), go))
-
-    def _is_own_lost_release(
-        self, props: Mapping[str, Any], app_id: str, digests: Mapping[str, str]
-    ) -> bool:
-        """Whether the app deployed under the name runs exactly the release this create
-        would publish (its live version's deployment tag), i.e. a lost earlier attempt."""
-        rel = Release(self, props, "create", digests, app_id, keep_on_failure=False)
-        try:
-            live = rel.read(app_id)
-        except ModalProviderError:
-            return False
-        return bool(live.version()) and live.effective_tag(live.version()) == rel.tag
-
     def create(self, props: dict[str, Any]) -> CreateResult:
-        name, env = str(props["name"]), environment_name(props)
         adopt = bool(props.get("adopt") or False)
-        found = self._live_by_name(props)
         digests = self._digests(props)
-        if found and not adopt and self._is_own_lost_release(props, found, digests):
+        pol, fx = self._release(props, "create", digests)
+        found = fx.lookup("look up before deploy")
+        own = bool(found) and not adopt and fx.runs_release(found)
+        if own:
             # An earlier run of this very create was interrupted after Modal published (the
             # provider or Modal killed): the app runs this create's own release (its deployment
             # tag carries the same digests) and no state knows it. It is this create's lost
             # result: gate it and record it, never refuse it (issue 22 item 6).
-            print(
-                f"App {self._target(props)}: {found} runs this create's own release (tag"
-                f" {deployment_tag(digests['spec_digest'], digests['source_digest'])}), left"
-                " by an interrupted run; verifying it as this create's",
-                file=sys.stderr,
+            fx.warn(
+                f"{found} runs this create's own release (tag {pol.tag}), left by an"
+                " interrupted run; verifying it as this create's"
             )
-            release = Release(self, props, "create", digests, found, keep_on_failure=False)
-            out = release.execute()
-            return CreateResult(str(out["app_id"]), self._outputs(props, out, digests, False))
-        if found and not adopt:
+        elif found and not adopt:
             raise ModalAlreadyExistsError(
-                f"App {self._target(props)}: create refused: an app is already deployed under"
+                f"App {pol.label}: create refused: an app is already deployed under"
                 f" this name ({found}) and Pulumi does not manage it; deploying would take it"
                 f" over and destroy would stop it. To manage it, {ADOPT_HOWTO} (the serving"
                 " stack: `adopt: true` on the service); or stop it (`modal app stop"
-                f" {name} -e {env or '<env>'}`), or choose another name."
+                f" {pol.name} -e {pol.env or '<env>'}`), or choose another name."
             )
         # An adopted app existed before: a failed release is rolled back, never stopped.
-        release = Release(self, props, "create", digests, found, keep_on_failure=bool(found))
-        out = release.execute()
-        return CreateResult(str(out["app_id"]), self._outputs(props, out, digests, bool(found)))
+        adopted = bool(found) and not own
+        out = execute(replace(pol, keep_on_failure=adopted), fx, found).outputs()
+        return CreateResult(str(out["app_id"]), self._outputs(props, out, digests, adopted))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         adopted = bool(olds.get("adopted") or False)
         digests = self._digests(news)
-        if (
-            any(_record_changed(olds, news, k) for k in RECORD_ONLY)
-            and not self._inputs_changed(olds, news)
-            and olds.get("app_id")
-        ):
+        if olds.get("app_id") and _record_only(olds, news, digests):
             # Only `adopt`, the gate policy or timeouts changed: nothing to deploy.
             return UpdateResult(self._outputs(news, olds, digests, adopted))
+        pol, fx = self._release(news, "update", digests, str(olds.get("web_url") or ""))
         # What serves under the name now, read from Modal (not the state): an app stopped by
         # hand leaves none (the release is then a create: a failure stops what it made).
-        live = self._live_by_name(news)
-        release = Release(
-            self,
-            {**news, "_fallback_url": olds.get("web_url") or ""},
-            "update",
-            digests,
-            live,
-            keep_on_failure=True,
-        )
-        out = release.execute()
+        live = fx.lookup("look up before deploy")
+        out = execute(replace(pol, keep_on_failure=bool(live)), fx, live).outputs()
         if out.get("app_id") != _live_id(id_, olds):
             # The app was stopped (or replaced) behind Pulumi's back and the deploy made a
             # new one: the output app_id follows it (read/delete use it).
@@ -644,9 +475,8 @@ class AppProvider(ModalProvider):
         recorded_id = _live_id(id_, props)
 
         async def go(client: Any) -> tuple[Releases, str] | str | None:
-            try:
-                app_id = await _rpc.app_by_name(client, name, env)
-            except mexc.NotFoundError:  # e.g. the environment itself was deleted
+            app_id = await _rpc.app_id_by_name(client, name, env)
+            if app_id is None:  # e.g. the environment itself was deleted
                 return None
             if not app_id:
                 # Nothing deployed under the name: stopped (Modal still knows the state's app
@@ -741,12 +571,25 @@ class AppProvider(ModalProvider):
 
 
 def _record_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
-    if is_unknown(news.get(key)):
-        return True
+    """A recorded-only input changed (a known value: Diff tests unknown ones first)."""
+    old, new = olds.get(key), news.get(key)
     if key == "health_gate_timeout_s":
-        old, new = olds.get(key), news.get(key)
         return old is not None and new is not None and float(old) != float(new)
-    return flag_changed(olds, news, key)
+    return bool(new or False) != bool(old or False)
+
+
+def _record_only(
+    olds: Mapping[str, Any], news: Mapping[str, Any], digests: Mapping[str, str]
+) -> bool:
+    """An update that only records (nothing to deploy): a recorded-only input changed and
+    what ships did not (the digests taken for this update, the app file, the extra env)."""
+    same = (
+        digests["spec_digest"] == olds.get("spec_digest")
+        and digests["source_digest"] == olds.get("source_digest")
+        and news.get("app_file") == olds.get("app_file")
+        and _extra_env(news) == _extra_env(olds)
+    )
+    return same and any(_record_changed(olds, news, k) for k in RECORD_ONLY)
 
 
 def _or_default(value: Any) -> str:
@@ -795,10 +638,8 @@ def _live_outputs(
             " `pulumi up` deploys the state's release again (through the health gate)."
         )
     if not same or int(recorded.get("version") or 0) != version:
-        out["gate_result"] = (
-            f"{outcome}: v{version} (the release record on the app)"
-            if outcome
-            else f"unrecorded: v{version} has no release record (deployed outside Pulumi?)"
+        out["gate_result"] = gate_result(
+            Verdict(outcome or "unrecorded", version, read_by_refresh=True)
         )
     if not same or int(recorded.get("version") or 0) != version:
         good = releases.known_good()
@@ -855,25 +696,12 @@ def _gone_outputs(
         "read_back_error": "",
         "spec_digest": f"live: none ({how})",
         "source_digest": f"live: none ({how})",
-        "gate_result": f"{how}: nothing serves (read by refresh)",
+        "gate_result": gate_result(Verdict(how, read_by_refresh=True)),
         "rollback_command": "",
         "autoscaler_override": {},
         "drift": reason,
         "previous_version": int(recorded.get("version") or 0),
     }
-
-
-def _last_json(stdout: str) -> dict[str, Any] | None:
-    for line in reversed(stdout.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict) and "ok" in value:
-                return value
-    return None
 
 
 class App(SchemaResource[AppArgs], module="modal", name="App"):

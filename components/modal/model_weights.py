@@ -46,14 +46,10 @@ import contextlib
 import json
 import math
 import os
-import queue
 import shlex
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +68,8 @@ from ._base import (
     object_name,
     redact,
 )
-from ._deploy_runner import PARENT_PID_ENV, die_with_parent
+from ._deploy_runner import RunnerRun, die_with_parent, handover_file, run_runner
+from ._deploy_runner import child_env as runner_env
 from ._schema import Schema, SchemaResource, output, replaces, updates
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ModelWeights"  # noqa: S105 (a Pulumi type token)
@@ -182,19 +179,15 @@ def _answer_of(error: BaseException) -> str:
 
 
 @dataclass
-class _Run:
-    """What one runner run said (its JSON lines) and how it ended."""
+class _Run(RunnerRun):
+    """What one weights runner run said (its JSON lines) and how it ended."""
 
-    result: dict[str, Any] = field(default_factory=dict)  # the last `{"ok": ...}` line
     deploy_started: bool = False  # the runner began deploying the weights app
     app_id: str = ""  # the weights app, once its deploy answered
     call_id: str = ""  # the spawned `provision` call
     progress: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES)
     )
-    stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
-    returncode: int | None = None
-    timed_out: bool = False
 
 
 class ModelWeightsProvider(ModalProvider):
@@ -242,37 +235,20 @@ class ModelWeightsProvider(ModalProvider):
         deadline_s = provision_timeout_s()
         app_file = str(props.get("app_file") or DEFAULT_APP_FILE)
         name, env = str(props["app_name"]), environment_name(props)
-        child_env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("MODAL_") or k in ("MODAL_CONFIG_PATH", "MODAL_PROFILE")
+        own = {
+            "WEIGHTS_APP_NAME": name,
+            "WEIGHTS_VOLUME": str(props["volume"]),
+            "WEIGHTS_SECRETS": json.dumps(_secrets(props)),
         }
-        child_env.update(
-            {
-                "MODAL_TOKEN_ID": creds.token_id,
-                "MODAL_TOKEN_SECRET": creds.token_secret,
-                "MODAL_SERVER_URL": creds.server_url,
-                "WEIGHTS_APP_NAME": name,
-                "WEIGHTS_VOLUME": str(props["volume"]),
-                "WEIGHTS_SECRETS": json.dumps(_secrets(props)),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        if env:
-            child_env["MODAL_ENVIRONMENT"] = env
-        child_env[PARENT_PID_ENV] = str(os.getpid())  # the runner dies with this process
+        child_env = runner_env(creds.token_id, creds.token_secret, creds.server_url, env, own)
         # The runner removes the file once read, and with its directory if this process dies
-        # first (issue 32 item 11): the directory may be gone when the `with` ends.
-        with tempfile.TemporaryDirectory(
-            prefix="modal-weights-", ignore_cleanup_errors=True
-        ) as tmp:
-            request = Path(tmp) / "source.json"
-            fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(_source(props)))
+        # first (issue 32 item 11).
+        with handover_file("modal-weights-", "source.json", json.dumps(_source(props))) as path:
             cmd = [sys.executable, "-m", "components.modal.model_weights", "--app-file", app_file]
-            cmd += ["--name", name, "--environment", env, "--source", str(request)]
-            run = self._run_streaming(cmd, child_env, props, deadline_s, [creds.token_secret])
+            cmd += ["--name", name, "--environment", env, "--source", str(path)]
+            run = _Run()
+            take = self._taker(run, props, [creds.token_secret])
+            run_runner(cmd, child_env, deadline_s, take, run)
         if run.result.get("ok"):
             return run.result
         undo, undo_failed = self._undo(props, olds, run)
@@ -371,92 +347,26 @@ class ModelWeightsProvider(ModalProvider):
                 notes.append(f"The weights app '{name}' ({app_id}) {whose} was {done}.")
         return notes, failed
 
-    def _run_streaming(
-        self,
-        cmd: list[str],
-        env: dict[str, str],
-        props: Mapping[str, Any],
-        deadline_s: float,
-        secrets: list[str],
-    ) -> _Run:
-        """Run the runner, logging each progress line as it arrives, until it exits or the
-        deadline passes (then it is killed); what it said and how it ended."""
-        run = _Run()
-        lines: queue.Queue[str | None] = queue.Queue()
-        deadline = time.monotonic() + deadline_s
-        with subprocess.Popen(
-            cmd,
-            env=env,
-            cwd=os.getcwd(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as proc:
-            out, err = proc.stdout, proc.stderr
-            assert out is not None and err is not None
-
-            def pump_stdout() -> None:
-                for line in out:
-                    lines.put(line)
-                lines.put(None)
-
-            def pump_stderr() -> None:
-                run.stderr.extend(err)
-
-            pumps = [threading.Thread(target=f, daemon=True) for f in (pump_stdout, pump_stderr)]
-            for pump in pumps:
-                pump.start()
-            # Reading stdout to its end before a deadline is checked made the deadline dead
-            # code: lines are read with the time left, and the runner is killed when none is.
-            ended = False
-            while not ended:
-                try:
-                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if line is None:
-                    ended = True
-                else:
-                    self._take(run, line, props, secrets)
-            if ended:
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    ended = False
-            if not ended:
-                proc.kill()
-                proc.wait()
-            for pump in pumps:
-                pump.join(timeout=5)
-            while not lines.empty():  # what arrived with the deadline still counts
-                line = lines.get_nowait()
-                if line is not None:
-                    self._take(run, line, props, secrets)
-            run.returncode = proc.returncode
-        run.timed_out = not ended and not run.result.get("ok")
-        return run
-
     @staticmethod
-    def _take(run: _Run, line: str, props: Mapping[str, Any], secrets: list[str]) -> None:
-        """Record one stdout line of the runner (see `main`); progress goes to Pulumi's log."""
-        try:
-            item = json.loads(line)
-        except ValueError:
-            return
-        if not isinstance(item, dict):
-            return
-        if "progress" in item:
-            text = redact(str(item["progress"]), secrets)
-            run.progress.append(text)
-            pulumi.log.info(f"ModelWeights '{props.get('app_name')}': {text}")
-        elif item.get("phase") == "deploy":
-            run.deploy_started = True
-        elif "deployed" in item:
-            run.app_id = str(item["deployed"])
-        elif "call_id" in item:
-            run.call_id = str(item["call_id"])
-        elif "ok" in item:
-            run.result = item
+    def _taker(
+        run: _Run, props: Mapping[str, Any], secrets: list[str]
+    ) -> Callable[[dict[str, Any]], None]:
+        """What each JSON line of the runner (see `main`) records; progress goes to Pulumi's
+        log as it comes."""
+
+        def take(item: dict[str, Any]) -> None:
+            if "progress" in item:
+                text = redact(str(item["progress"]), secrets)
+                run.progress.append(text)
+                pulumi.log.info(f"ModelWeights '{props.get('app_name')}': {text}")
+            elif item.get("phase") == "deploy":
+                run.deploy_started = True
+            elif "deployed" in item:
+                run.app_id = str(item["deployed"])
+            elif "call_id" in item:
+                run.call_id = str(item["call_id"])
+
+        return take
 
     def _outputs(self, props: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
         return self.SCHEMA.outputs(
@@ -501,16 +411,9 @@ class ModelWeightsProvider(ModalProvider):
         "" when none is deployed (or the environment is gone). A failure raises an error
         holding the `modal app stop` command that finishes the job by hand (`rerun`: the
         pulumi command that retries it)."""
-        from modal import exception as mexc
 
         async def go(client: Any) -> str:
-            try:
-                app_id = await _rpc.app_by_name(client, name, env)
-            except mexc.NotFoundError:
-                return ""  # the environment is gone, and the app with it
-            if app_id:
-                await _rpc.app_stop(client, app_id)
-            return app_id
+            return await _rpc.app_stop_by_name(client, name, env)
 
         hint = (
             f"The weights app '{name}' is left deployed: stop it with `{stop_command(name, env)}`"

@@ -5,7 +5,7 @@ tests/providers/test_app_release.py."""
 
 from __future__ import annotations
 
-from components.modal._release import Releases, deployment_tag
+from components.modal._decide import Releases, deployment_tag
 from components.modal._rpc import Deployment
 from components.modal.app import _gone_outputs, drift_reason
 

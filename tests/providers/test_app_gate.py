@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from components.modal import AppProvider, ProxyAuthTokenProvider, SecretProvider, VolumeProvider
-from components.modal._release import deployment_tag
+from components.modal._decide import deployment_tag
 from components.modal._source import source_digest
 from serving.spec import ServingSpec
 from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
@@ -538,8 +538,9 @@ def test_custom_timeouts_bound_the_release() -> None:
     rollback's re-check the rest."""
     import pulumi
 
-    from components.modal._release import ROLLBACK_MARGIN_S, Release
+    from components.modal._decide import Policy, policy
     from components.modal.app import custom_timeouts_s, duration_s
+    from components.modal.defaults import ROLLBACK_MARGIN_S
 
     assert duration_s("30m") == 1800 and duration_s("1h30m") == 5400 and duration_s("45s") == 45
     with pytest.raises(ValueError, match="not a duration"):
@@ -550,10 +551,10 @@ def test_custom_timeouts_bound_the_release() -> None:
     }
     assert custom_timeouts_s(None) == {}
 
-    def release(action: str, **props: Any) -> Release:
+    def release(action: str, **props: Any) -> Policy:
         base = {"name": "gate", "environment": "main", "health_gate": True}
         digests = {"spec_digest": "a" * 64, "source_digest": "b" * 64}
-        return Release(APP, {**base, **props}, action, digests, "", keep_on_failure=False)
+        return policy({**base, **props}, action, digests)
 
     # The rollback (with its re-check of the known-good version) gets the fixed, printed
     # rollback margin, not the gate's budget again (issue 32 item 13)...
