@@ -571,11 +571,22 @@ class AppProvider(ModalProvider):
 
 
 def _record_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
-    """A recorded-only input changed (a known value: Diff tests unknown ones first)."""
+    """A recorded-only input changed (a known value: Diff tests unknown ones first), each
+    compared as what it means: the flags as flags, the gate's timeout as seconds, the task
+    with its default, the custom timeouts as seconds per operation (they were compared as
+    flags: a new task or timeout alone planned no update)."""
     old, new = olds.get(key), news.get(key)
     if key == "health_gate_timeout_s":
         return old is not None and new is not None and float(old) != float(new)
+    if key == "gate_task":
+        return str(new or GATE_TASK) != str(old or GATE_TASK)
+    if key == "custom_timeouts":
+        return _seconds_by_op(new) != _seconds_by_op(old)
     return bool(new or False) != bool(old or False)
+
+
+def _seconds_by_op(timeouts: Any) -> dict[str, float]:
+    return {str(k): float(v) for k, v in dict(timeouts or {}).items()}
 
 
 def _record_only(
