@@ -57,6 +57,7 @@ from components.config_errors import (
     config_error,
     problems_from,
     rule,
+    split_path,
     unknown_key_text,
 )
 from serving.prewarm import ScheduleError, extra_container_hours_per_month, parse_windows
@@ -695,7 +696,8 @@ def _service(settings: StackSettings, ns: str, i: int, entry: ServiceInput) -> S
     try:
         windows = parse_windows(entry.warm_schedule or None, max_containers=scaling.max_containers)
     except ScheduleError as exc:
-        raise _Problems(Problem(at, f": {exc}")) from None
+        path, text = split_path(str(exc))
+        raise _Problems(Problem((*at, *path), text)) from None
     try:
         svc_cost = cost.service_cost(
             cost.ServiceCostInput(

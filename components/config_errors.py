@@ -10,6 +10,7 @@ composed node tree (`yaml.compose`: every node carries `start_mark.line` / `.col
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -127,6 +128,20 @@ def _walk(node: yaml.Node, path: Loc, out: dict[Loc, tuple[int, int]]) -> None:
             here = (*path, i)
             out[here] = (item.start_mark.line + 1, item.start_mark.column + 1)
             _walk(item, here, out)
+
+
+_LEADING_PATH = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*):?\s+(.*)$", re.S)
+
+
+def split_path(text: str) -> tuple[Loc, str]:
+    """A message that starts with its own key path (`warm_schedule[0].cron: bad field`) as
+    (("warm_schedule", 0, "cron"), ": bad field"), so that the path joins the key's."""
+    m = _LEADING_PATH.match(text)
+    if m is None:
+        return (), ": " + text
+    loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"\w+", m.group(1)))
+    rest = m.group(2)
+    return loc, rest if rest.startswith(("must ", "is ", "(")) else ": " + rest
 
 
 # ---- pydantic errors -> Problems ------------------------------------------------------------
