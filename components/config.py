@@ -36,6 +36,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     RootModel,
     StrictBool,
     StrictStr,
@@ -54,6 +55,7 @@ from components.config_errors import (
     Problem,
     RuleError,
     StackFile,
+    allowed_keys,
     config_error,
     problems_from,
     rule,
@@ -61,7 +63,7 @@ from components.config_errors import (
     unknown_key_text,
 )
 from serving.prewarm import ScheduleError, extra_container_hours_per_month, parse_windows
-from serving.spec import ServingSpec
+from serving.spec import GPU_TYPES, ServingSpec
 from serving.weights import source_problems as weights_source_problems
 
 __all__ = ["ConfigError"]  # re-exported: callers catch it from here
@@ -131,11 +133,37 @@ def _unique(value: list[str]) -> list[str]:
     return value
 
 
+def _gpu_name(value: str) -> str:
+    """Modal's spelling of a GPU name (case-insensitive): an unknown name is an error, never
+    a silently unused new row of the price table."""
+    name = cost.canonical_gpu(value)
+    if name is None:
+        hint = unknown_key_text(value, list(GPU_TYPES)).partition("is not a known key")[2]
+        raise ValueError(
+            "is not a Modal GPU type, so this price would never be used"
+            + (
+                hint
+                if "did you mean" in hint
+                else f"; Modal's GPU types are: {', '.join(GPU_TYPES)}"
+            )
+        )
+    return name
+
+
 CliBool = Annotated[StrictBool, BeforeValidator(_cli_bool)]
+GpuName = Annotated[str, AfterValidator(_gpu_name)]
 Present = Annotated[bool, BeforeValidator(_present)]
 Marker = Annotated[StrictStr, BeforeValidator(_marker)]
 Thresholds = Annotated[list[Annotated[int, Field(strict=True)]], AfterValidator(_thresholds)]
-Dollars = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # lax float takes true as 1.0: a price is never a boolean
+        raise ValueError("must be a number, not a boolean")
+    return value
+
+
+Dollars = Annotated[float, Field(ge=0, allow_inf_nan=False), BeforeValidator(_not_bool)]
 
 
 # ---- one service entry ------------------------------------------------------------------------
@@ -182,19 +210,33 @@ class ServiceInput(PassesTo, BaseModel):
         "chat", description="what the model serves: the health gate sends that kind of request"
     )
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _program_fields(cls, data: Any) -> Any:
-        for key in cls.not_passed:
-            if isinstance(data, dict) and key in data:
+    def _every_problem(cls, data: Any, handler: ModelWrapValidatorHandler[ServiceInput]) -> Any:
+        """The entry's own problems and its unknown keys (not its own, not ServingSpec's)
+        together, so one run names them all."""
+        problems: list[Problem] = []
+        allowed = allowed_keys(cls, ()) or []
+        for key in data if isinstance(data, dict) else ():
+            if key in cls.not_passed:
                 pinned = "pinned" in key
-                raise rule(
-                    (key,),
-                    "is set by the program (per service and stack), not in config",
-                    fix="Remove it from the stack file"
-                    + (" and set requirePinnedRevision instead." if pinned else "."),
+                problems.append(
+                    Problem(
+                        (key,),
+                        "is set by the program (per service and stack), not in config",
+                        fix="Remove it from the stack file"
+                        + (" and set requirePinnedRevision instead." if pinned else "."),
+                    )
                 )
-        return data
+            elif key not in allowed:
+                problems.append(Problem((key,), unknown_key_text(key, allowed)))
+        try:
+            entry = handler(data)
+        except ValidationError as exc:
+            raise RuleError(*problems, *problems_from(exc, cls)) from None
+        if problems:
+            raise RuleError(*problems)
+        return entry
 
     @model_validator(mode="after")
     def _weights_source(self) -> ServiceInput:
@@ -274,8 +316,8 @@ class StackSettings(BaseModel):
     cost_overhead_pct: Dollars = Field(0, alias="costOverheadPct", description="percent")
     #: serving/standin_engine.py instead of vLLM/SGLang (local stacks only).
     engine_standin: CliBool = Field(False, alias="engineStandin")
-    gpu_prices: Annotated[dict[str, Any], BeforeValidator(_from_json)] = Field(
-        default_factory=cost.price_table,
+    gpu_prices: Annotated[dict[GpuName, Dollars], BeforeValidator(_from_json)] = Field(
+        default_factory=lambda: dict(cost.GPU_PRICES_USD_PER_HOUR),
         alias="gpuPricesUsdPerHour",
         description="GPU name -> USD per GPU-hour, e.g. {H200: 4.54}",
     )
@@ -312,11 +354,9 @@ class StackSettings(BaseModel):
 
     @field_validator("gpu_prices")
     @classmethod
-    def _price_table(cls, value: dict[str, Any]) -> dict[str, float]:
-        try:
-            return cost.price_table(value)
-        except cost.UnknownGpuPrice as exc:
-            raise ValueError(": " + str(exc)) from None
+    def _price_table(cls, value: dict[str, float]) -> dict[str, float]:
+        """The built-in table (components/cost.py) with the stack's overrides applied."""
+        return {**cost.GPU_PRICES_USD_PER_HOUR, **value}
 
     @property
     def alert_thresholds(self) -> list[float]:

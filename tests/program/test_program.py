@@ -642,8 +642,8 @@ def test_price_override_keys_are_modal_gpu_names() -> None:
     run = run_program("dev", *_with_secrets("dev", gpuPricesUsdPerHour={"l4": 0.7}))
     assert run.output("monthly_cost_worst_usd") == month_usd(0.7, VLLM_DEFAULT)
     message = _error("dev", *_with_secrets("dev", gpuPricesUsdPerHour={"L-4": 1.0}))
-    assert "gpuPricesUsdPerHour['L-4']: 'L-4' is not a Modal GPU type" in message
-    assert "L4" in message
+    assert "gpuPricesUsdPerHour.L-4 = 'L-4' is not a Modal GPU type" in message
+    assert "did you mean 'L4'?" in message
 
 
 def test_region_pinning_and_overhead_are_priced() -> None:
