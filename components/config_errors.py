@@ -172,7 +172,9 @@ _TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def _problem(err: Mapping[str, Any], loc: Loc, model: type[BaseModel]) -> Problem:
-    kind, given, msg = err["type"], err.get("input"), str(err["msg"])
+    kind, given, msg = err["type"], err.get("input", NOT_SHOWN), str(err["msg"])
+    if isinstance(given, dict):  # a whole map (a model-level rule's input): its path says it
+        given = NOT_SHOWN
     info = field_at(model, loc)
     about = f" ({info.description})" if info is not None and info.description else ""
     if kind == "missing":
@@ -196,7 +198,9 @@ def _problem(err: Mapping[str, Any], loc: Loc, model: type[BaseModel]) -> Proble
     if kind == "too_short" and err["ctx"].get("min_length") == 1:
         return Problem(loc, "must not be empty" + about, given)
     if msg.startswith("Input should be "):
-        return Problem(loc, "must be " + msg.removeprefix("Input should be ") + about, given)
+        what = msg.removeprefix("Input should be ")
+        what = "a map" if what in ("an object", "a valid dictionary") else what
+        return Problem(loc, "must be " + what + about, given)
     return Problem(loc, ": " + msg + about, given)
 
 

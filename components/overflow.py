@@ -78,9 +78,9 @@ class OverflowPlan:
     api_keys: pulumi.Output[Any] | None = None  # secret {endpoint name: key}
 
 
-def _fix(ns: str, path: str) -> str:
+def _fix(ns: str, file: str, path: str) -> str:
     return (
-        f"Fix {ns}:{CONFIG_KEY} in Pulumi.<stack>.yaml "
+        f"Fix {ns}:{CONFIG_KEY} in {file} "
         f"(or: pulumi config set --path '{CONFIG_KEY}{path}' <value>)."
     )
 
@@ -92,7 +92,7 @@ def _positive_int(value: Any, where: str, fix: str, *, minimum: int = 1) -> int:
 
 
 def _endpoint(
-    ns: str, service: str, index: int, raw: Any, served: str, request_s: int
+    ns: str, file: str, service: str, index: int, raw: Any, served: str, request_s: int
 ) -> InHouseEndpoint:
     path = f".{service}.in_house[{index}]"
     where = f"{ns}:{CONFIG_KEY}{path}"
@@ -102,36 +102,36 @@ def _endpoint(
     if unknown:
         raise ConfigError(
             f"{where}: unknown field(s) {', '.join(unknown)}; known: "
-            f"{', '.join(sorted(_ENDPOINT_KEYS))}. {_fix(ns, path)}"
+            f"{', '.join(sorted(_ENDPOINT_KEYS))}. {_fix(ns, file, path)}"
         )
     name = raw.get("name")
     if not isinstance(name, str) or not _ENDPOINT_NAME.match(name):
         raise ConfigError(
             f"{where}.name = {name!r}: every in-house endpoint needs a name of lowercase "
             f"letters, digits and dashes (1-40 chars); its API key is {ns}:{SECRET_KEY}.<name>. "
-            + _fix(ns, f"{path}.name")
+            + _fix(ns, file, f"{path}.name")
         )
     base = raw.get("api_base")
     if not isinstance(base, str) or not re.match(r"^https?://[^/\s]+", base):
         raise ConfigError(
             f"{where}.api_base = {base!r} must be the http(s) URL of the in-house "
             f"OpenAI-compatible server, e.g. http://10.0.0.5:8000/v1. "
-            + _fix(ns, f"{path}.api_base")
+            + _fix(ns, file, f"{path}.api_base")
         )
     capacity = _positive_int(
         raw.get("capacity"),
         f"{where}.capacity",
         "Capacity is how many requests the endpoint serves at once before it saturates "
-        "(e.g. its engine's max batch). " + _fix(ns, f"{path}.capacity"),
+        "(e.g. its engine's max batch). " + _fix(ns, file, f"{path}.capacity"),
     )
     model = raw.get("model", served)
     if not isinstance(model, str) or not model.strip():
         raise ConfigError(
             f"{where}.model = {model!r} must be the model name the in-house server serves "
-            f"(omit it to use {served!r}). " + _fix(ns, f"{path}.model")
+            f"(omit it to use {served!r}). " + _fix(ns, file, f"{path}.model")
         )
     timeout_s = _positive_int(
-        raw.get("timeout_s", request_s), f"{where}.timeout_s", _fix(ns, f"{path}.timeout_s")
+        raw.get("timeout_s", request_s), f"{where}.timeout_s", _fix(ns, file, f"{path}.timeout_s")
     )
     return InHouseEndpoint(
         name=name, api_base=api_base(base), capacity=capacity, model=model, timeout_s=timeout_s
@@ -146,7 +146,7 @@ def parse_overflow(
     `key_names`: the endpoint names present in the secret `inHouseApiKeys` map (None: the key
     is not set). Every endpoint needs its key there; a key no endpoint uses is an error too.
     """
-    ns = cfg.project
+    ns, file = cfg.project, f"Pulumi.{cfg.stack}.yaml"
     if raw is None or raw == {}:
         if key_names:
             raise ConfigError(
@@ -158,7 +158,7 @@ def parse_overflow(
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{ns}:{CONFIG_KEY} must be a map of service name -> {{in_house: [...]}}; "
-            f"got {raw!r}. {_fix(ns, '')}"
+            f"got {raw!r}. {_fix(ns, file, '')}"
         )
     services: dict[str, ServiceOverflow] = {}
     seen: set[str] = set()
@@ -167,32 +167,34 @@ def parse_overflow(
         if service not in by_name:
             raise ConfigError(
                 f"{where}: no service named {service!r} in {ns}:services (names: "
-                f"{', '.join(sorted(by_name))}). " + _fix(ns, f".{service}")
+                f"{', '.join(sorted(by_name))}). " + _fix(ns, file, f".{service}")
             )
         settings = by_name[service]
         if not isinstance(entry, dict) or not isinstance(entry.get("in_house"), list):
             raise ConfigError(
                 f"{where} must be a map with a non-empty list in_house: [{{name, api_base, "
-                f"capacity}}]; got {entry!r}. " + _fix(ns, f".{service}.in_house")
+                f"capacity}}]; got {entry!r}. " + _fix(ns, file, f".{service}.in_house")
             )
         unknown = sorted(set(entry) - _ENTRY_KEYS)
         if unknown:
             raise ConfigError(
                 f"{where}: unknown field(s) {', '.join(unknown)}; known: "
-                f"{', '.join(sorted(_ENTRY_KEYS))}. " + _fix(ns, f".{service}")
+                f"{', '.join(sorted(_ENTRY_KEYS))}. " + _fix(ns, file, f".{service}")
             )
         if not entry["in_house"]:
-            raise ConfigError(f"{where}.in_house is empty. " + _fix(ns, f".{service}.in_house"))
+            raise ConfigError(
+                f"{where}.in_house is empty. " + _fix(ns, file, f".{service}.in_house")
+            )
         served = settings.spec.served_model_name
         endpoints = tuple(
-            _endpoint(ns, service, i, e, served, settings.spec.timeouts.request_s)
+            _endpoint(ns, file, service, i, e, served, settings.spec.timeouts.request_s)
             for i, e in enumerate(entry["in_house"])
         )
         for e in endpoints:
             if e.name in seen:
                 raise ConfigError(
                     f"{where}: in-house endpoint name {e.name!r} is used twice; names are "
-                    f"unique in the stack (each has its own key). " + _fix(ns, f".{service}")
+                    f"unique in the stack (each has its own key). " + _fix(ns, file, f".{service}")
                 )
             seen.add(e.name)
         cooldown = entry.get("cooldown_s", DEFAULT_COOLDOWN_S)
@@ -201,12 +203,12 @@ def parse_overflow(
             raise ConfigError(
                 f"{where}.cooldown_s = {cooldown!r} must be a number of seconds >= 1 (0 would "
                 f"disable LiteLLM's cooldown of the in-house endpoint and keep sending it work "
-                f"it refuses). " + _fix(ns, f".{service}.cooldown_s")
+                f"it refuses). " + _fix(ns, file, f".{service}.cooldown_s")
             )
         allowed = _positive_int(
             entry.get("allowed_fails", DEFAULT_ALLOWED_FAILS),
             f"{where}.allowed_fails",
-            _fix(ns, f".{service}.allowed_fails"),
+            _fix(ns, file, f".{service}.allowed_fails"),
             minimum=0,
         )
         services[served] = ServiceOverflow(
@@ -244,7 +246,7 @@ def load_overflow(cfg: StackConfig, config: pulumi.Config | None = None) -> Over
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{ns}:{CONFIG_KEY} is not valid structured config ({exc.msg}). Write it as YAML in "
-            f"Pulumi.<stack>.yaml."
+            f"Pulumi.{pulumi.get_stack()}.yaml."
         ) from exc
     full_key = f"{ns}:{SECRET_KEY}"
     # The CLI hands a map that holds a `--secret --path` value to the program as one secret
