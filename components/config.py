@@ -262,6 +262,70 @@ class ServiceInput(PassesTo, BaseModel):
         return source
 
 
+# ---- gateway overflow (components/overflow.py renders it) -------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class InHouseInput(_Strict):
+    """One in-house OpenAI-compatible server (vLLM, SGLang, ...) in front of a service."""
+
+    name: Annotated[
+        str,
+        Field(
+            pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+            description="lowercase letters, digits and dashes, 1-40 chars, unique in the stack; "
+            "its API key is inHouseApiKeys.<name>",
+        ),
+    ]
+    api_base: Annotated[
+        str,
+        Field(
+            pattern=r"^https?://[^/\s]+",
+            description="the http(s) URL of the in-house OpenAI-compatible server, e.g. "
+            "http://10.0.0.5:8000/v1",
+        ),
+    ]
+    capacity: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="how many requests the endpoint serves at once before it saturates "
+            "(e.g. its engine's max batch)",
+        ),
+    ]
+    model: (
+        Annotated[
+            str, Field(pattern=r"\S", description="omit it for the service's served model name")
+        ]
+        | None
+    ) = None
+    timeout_s: (
+        Annotated[int, Field(ge=1, description="omit it for the service's timeouts.request_s")]
+        | None
+    ) = None
+
+
+class OverflowInput(_Strict):
+    """`gatewayOverflow.<service>`: the in-house tier LiteLLM tries before Modal."""
+
+    in_house: Annotated[list[InHouseInput], Field(min_length=1)]
+    cooldown_s: Annotated[
+        float,
+        Field(
+            ge=1,
+            allow_inf_nan=False,
+            description="seconds a saturated or failing in-house endpoint rests (0 would "
+            "disable LiteLLM's cooldown and keep sending it work it refuses)",
+        ),
+    ] = 5.0
+    allowed_fails: Annotated[
+        int, Field(ge=0, description="5xx/timeouts it may give per cooldown window")
+    ] = 1
+
+
 # ---- the stack's keys -------------------------------------------------------------------------
 
 
@@ -336,8 +400,12 @@ class StackSettings(BaseModel):
         description=f"USD per GiB of memory per hour; unset, it is Modal's rate "
         f"{cost.MEMORY_USD_PER_GIB_HOUR:g} from components/cost.py",
     )
-    # Gateway overflow (a map, and a secret map): validated by components/overflow.py.
-    gateway_overflow: Any = Field(None, alias="gatewayOverflow")
+    gateway_overflow: Annotated[dict[str, OverflowInput], BeforeValidator(_from_json)] = Field(
+        default_factory=dict,
+        alias="gatewayOverflow",
+        description="service name -> {in_house: [{name, api_base, capacity}], cooldown_s, "
+        "allowed_fails}",
+    )
     # Secrets: whether each is set, never its value.
     has_hf_token: Present = Field(False, alias="hfToken", json_schema_extra=_SECRET)
     has_alert_webhook: Present = Field(False, alias="alertWebhookUrl", json_schema_extra=_SECRET)
@@ -372,6 +440,7 @@ class StackSettings(BaseModel):
             *self._managed_rules(ns, stack),
             *self._rotation_rule(ns),
             *self._service_rules(ns),
+            *self._overflow_rules(ns),
         ]
         if problems:
             raise RuleError(*problems)
@@ -501,6 +570,42 @@ class StackSettings(BaseModel):
                 )
         return out
 
+    def _overflow_rules(self, ns: str) -> list[Problem]:
+        """Each overflow names a service of the stack; endpoint names are unique in the stack
+        (each has its own key); in-house keys only with endpoints to use them."""
+        out: list[Problem] = []
+        names = [e.name for e in self.service_entries]
+        if self.has_in_house_keys and not self.gateway_overflow:
+            out.append(
+                Problem(
+                    ("inHouseApiKeys",),
+                    f"is set but {ns}:gatewayOverflow declares no in-house endpoint",
+                    fix=f"Remove it (pulumi config rm {ns}:inHouseApiKeys) or add the endpoints.",
+                )
+            )
+        seen: set[str] = set()
+        for service, overflow in self.gateway_overflow.items():
+            if service not in names:
+                hint = unknown_key_text(service, names).partition("is not a known key")[2]
+                out.append(
+                    Problem(
+                        ("gatewayOverflow", service),
+                        f": no service named {service!r} in {ns}:services (names: "
+                        f"{', '.join(sorted(names))}){hint if 'did you' in hint else ''}",
+                    )
+                )
+            for i, endpoint in enumerate(overflow.in_house):
+                if endpoint.name in seen:
+                    out.append(
+                        Problem(
+                            ("gatewayOverflow", service, "in_house", i, "name"),
+                            "is used twice; names are unique in the stack (each has its own key)",
+                            endpoint.name,
+                        )
+                    )
+                seen.add(endpoint.name)
+        return out
+
 
 def _aliases(pick: Callable[[Any], bool]) -> tuple[str, ...]:
     return tuple(
@@ -559,6 +664,8 @@ class StackConfig(StackSettings):
     services: list[ServiceSettings]
     cost: cost.StackCost
     budget_warning: str | None = None
+    #: Where the values came from: later checks (the in-house keys) name its lines too.
+    stack_file: StackFile | None = None
 
 
 @dataclass(frozen=True)
@@ -650,7 +757,7 @@ def parse_stack_config(
             problems, stack_file=where, namespace=ns, fix=_fix(ns, stack, hint)
         ) from None
     try:
-        return _resolve(settings, ns, stack)
+        return _resolve(settings, ns, stack).model_copy(update={"stack_file": where})
     except _Problems as exc:
         raise config_error(
             exc.problems, stack_file=where, namespace=ns, fix=_fix(ns, stack, None)

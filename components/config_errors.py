@@ -195,6 +195,8 @@ def _problem(err: Mapping[str, Any], loc: Loc, model: type[BaseModel]) -> Proble
         text = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
         predicate = text.startswith((":", "must ", "is ", "names "))
         return Problem(loc, text if predicate else ": " + text, given)
+    if kind == "string_pattern_mismatch":
+        return Problem(loc, f"must match {err['ctx']['pattern']}" + about, given)
     if kind == "too_short" and err["ctx"].get("min_length") == 1:
         return Problem(loc, "must not be empty" + about, given)
     if msg.startswith("Input should be "):
