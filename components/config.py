@@ -616,11 +616,18 @@ def _aliases(pick: Callable[[Any], bool]) -> tuple[str, ...]:
 #: Keys whose value stays a secret Output (only their presence is validated).
 SECRET_KEYS = _aliases(lambda f: f.json_schema_extra == _SECRET)
 KNOWN_KEYS = frozenset(_aliases(lambda f: True))
-OVERFLOW_KEY = "gatewayOverflow"
-OVERFLOW_SECRET_KEY = "inHouseApiKeys"  # noqa: S105 (a config key name)
-WEIGHTS_STORE_KEY = "weightsStoreCredentials"
-MANAGED_KEY = "managedByAccessStack"
-PROXY_TOKEN_KEY = "proxyToken"  # noqa: S105 (a config key name)
+
+
+def _alias(name: str) -> str:
+    return str(StackSettings.model_fields[name].alias)
+
+
+# Stack-file names of keys that other modules name in their messages (from the fields above).
+OVERFLOW_KEY = _alias("gateway_overflow")
+OVERFLOW_SECRET_KEY = _alias("has_in_house_keys")
+WEIGHTS_STORE_KEY = _alias("has_weights_store")
+MANAGED_KEY = _alias("managed_by_access_stack")
+PROXY_TOKEN_KEY = _alias("has_proxy_token")
 #: The CPU / memory rate keys: key -> (default, unit), from the fields above.
 RATE_KEYS: dict[str, tuple[float, str]] = {
     f.alias: (float(f.default), str(f.description).partition(";")[0])
