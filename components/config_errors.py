@@ -184,7 +184,10 @@ def _problem(err: Mapping[str, Any], loc: Loc, model: type[BaseModel]) -> Proble
     if kind in ("bool_type", "bool_parsing"):
         return Problem(loc, "must be true or false" + about, given)
     if kind == "literal_error":
-        return Problem(loc, f"must be one of {err['ctx']['expected']}" + about, given)
+        expected = str(err["ctx"]["expected"])
+        close = difflib.get_close_matches(str(given), re.findall(r"'([^']*)'", expected), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return Problem(loc, f"must be one of {expected}{about}{hint}", given)
     if kind in _NUMBER_ERRORS:
         boolean = isinstance(given, str) and given.strip().lower() in ("true", "false")
         text = _number_text(info, kind, err.get("ctx") or {}) + (
@@ -195,6 +198,8 @@ def _problem(err: Mapping[str, Any], loc: Loc, model: type[BaseModel]) -> Proble
         text = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
         predicate = text.startswith((":", "must ", "is ", "names "))
         return Problem(loc, text if predicate else ": " + text, given)
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return Problem(loc, "must be a map" + about, given)
     if kind == "string_pattern_mismatch":
         return Problem(loc, f"must match {err['ctx']['pattern']}" + about, given)
     if kind == "too_short" and err["ctx"].get("min_length") == 1:

@@ -107,6 +107,9 @@ def test_a_literal_violation_names_the_allowed_values(tmp_path: Path) -> None:
         " 'never'"
     )
     assert "pulumi config set --path 'services[0].health_gate' <value> --stack mine" in message
+    assert "did you mean" not in message  # nothing close to 'sometimes'
+    message, where = _error(tmp_path, "health_gate: auto", "health_gate: alwys")
+    assert message.startswith(where) and "; did you mean 'always'?" in message
 
 
 def test_a_constrained_number_names_its_bound(tmp_path: Path) -> None:
