@@ -8,6 +8,8 @@ alert) and one `LLMService` per entry of `modal-llm:services`. Outputs: docs/pro
 (environment, proxy token, gateway configs, cost totals) cover every service.
 """
 
+from pathlib import Path
+
 import pulumi
 
 from components.config import ConfigError, load_stack_config
@@ -16,7 +18,9 @@ from components.llm_service import LLMService, ServingEnvironment
 from components.overflow import gateway_document, load_overflow
 
 try:
-    cfg, secrets = load_stack_config()
+    cfg, secrets = load_stack_config(
+        stack_file=Path(__file__).with_name(f"Pulumi.{pulumi.get_stack()}.yaml")
+    )
     overflow = load_overflow(cfg)  # in-house endpoints the gateway tries before Modal
 except ConfigError as exc:
     raise pulumi.RunError(f"invalid stack config: {exc}") from None

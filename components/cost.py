@@ -211,32 +211,6 @@ def canonical_gpu(name: str) -> str | None:
     return _GPU_BY_UPPER.get(str(name).strip().upper())
 
 
-def price_table(overrides: Mapping[str, float] | None = None) -> dict[str, float]:
-    """The built-in table with the stack's overrides applied.
-
-    Override keys are matched case-insensitively against Modal's GPU names (serving.spec
-    GPU_TYPES); an unknown name is an error, never a silently unused new row.
-    """
-    table = dict(GPU_PRICES_USD_PER_HOUR)
-    for gpu, price in (overrides or {}).items():
-        name = canonical_gpu(gpu)
-        if name is None:
-            raise UnknownGpuPrice(
-                f"gpuPricesUsdPerHour[{gpu!r}]: {gpu!r} is not a Modal GPU type, so this "
-                f"price would never be used. Modal's GPU types are: {', '.join(GPU_TYPES)}. "
-                f"Fix the key with: pulumi config rm --path 'gpuPricesUsdPerHour.{gpu}' && "
-                f"pulumi config set --path 'gpuPricesUsdPerHour.<GPU>' {price}"
-            )
-        if not isinstance(price, int | float) or isinstance(price, bool) or price < 0:
-            raise UnknownGpuPrice(
-                f"gpuPricesUsdPerHour[{gpu!r}] = {price!r}: a price must be a number >= 0 "
-                f"(USD per GPU per hour). Fix it with: pulumi config set --path "
-                f"'gpuPricesUsdPerHour.{name}' 4.54"
-            )
-        table[name] = float(price)
-    return table
-
-
 def gpu_price(gpu: str, table: Mapping[str, float]) -> float:
     """Price of one GPU per hour; raises UnknownGpuPrice naming the known GPUs."""
     if gpu in table:

@@ -15,8 +15,10 @@ Config (namespace `modal-llm:`, reference in docs/program.md "Gateway overflow")
     inHouseApiKeys:   # SECRET: pulumi config set --secret --path 'inHouseApiKeys.rack-a' KEY
                       # (or one secret JSON string: the program receives both forms as JSON)
 
-`parse_overflow()` validates the map against the stack's services (pure, testable alone);
-`load_overflow()` reads both keys inside a Pulumi program, the keys only as a secret Output
+The map is declared and validated with the rest of the stack config (components/config.py
+OverflowInput: its keys, bounds and rules, one error formatter); `parse_overflow()` turns it
+into plans and checks them against the in-house keys' names (pure, testable alone);
+`load_overflow()` reads the secret keys inside a Pulumi program, only as a secret Output
 (their names, which are endpoint names, are checked at once; values are never looked at).
 `overflow_document()` renders the LiteLLM proxy config. What each LiteLLM setting does is the
 behaviour of litellm 1.106.12 (the version the Makefile installs and the test runs), read in its
@@ -26,8 +28,6 @@ source; the module and function are named beside each setting below.
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,17 +35,13 @@ from typing import Any
 import pulumi
 
 from components.config import OVERFLOW_KEY, OVERFLOW_SECRET_KEY, ConfigError, StackConfig
+from components.config_errors import Problem, StackFile, config_error
 from components.gateway import GatewayTarget, api_base, litellm_entry
 
 CONFIG_KEY = OVERFLOW_KEY
 SECRET_KEY = OVERFLOW_SECRET_KEY
-DEFAULT_COOLDOWN_S = 5.0
-DEFAULT_ALLOWED_FAILS = 1
 IN_HOUSE_ORDER = 1
 MODAL_ORDER = 2
-_ENDPOINT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
-_ENTRY_KEYS = {"in_house", "cooldown_s", "allowed_fails"}
-_ENDPOINT_KEYS = {"name", "api_base", "capacity", "model", "timeout_s"}
 
 
 @dataclass(frozen=True)
@@ -78,194 +74,75 @@ class OverflowPlan:
     api_keys: pulumi.Output[Any] | None = None  # secret {endpoint name: key}
 
 
-def _fix(ns: str, path: str) -> str:
-    return (
-        f"Fix {ns}:{CONFIG_KEY} in Pulumi.<stack>.yaml "
-        f"(or: pulumi config set --path '{CONFIG_KEY}{path}' <value>)."
-    )
-
-
-def _positive_int(value: Any, where: str, fix: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where} = {value!r} must be a whole number >= {minimum}. {fix}")
-    return value
-
-
-def _endpoint(
-    ns: str, service: str, index: int, raw: Any, served: str, request_s: int
-) -> InHouseEndpoint:
-    path = f".{service}.in_house[{index}]"
-    where = f"{ns}:{CONFIG_KEY}{path}"
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a map {{name, api_base, capacity}}; got {raw!r}")
-    unknown = sorted(set(raw) - _ENDPOINT_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown field(s) {', '.join(unknown)}; known: "
-            f"{', '.join(sorted(_ENDPOINT_KEYS))}. {_fix(ns, path)}"
-        )
-    name = raw.get("name")
-    if not isinstance(name, str) or not _ENDPOINT_NAME.match(name):
-        raise ConfigError(
-            f"{where}.name = {name!r}: every in-house endpoint needs a name of lowercase "
-            f"letters, digits and dashes (1-40 chars); its API key is {ns}:{SECRET_KEY}.<name>. "
-            + _fix(ns, f"{path}.name")
-        )
-    base = raw.get("api_base")
-    if not isinstance(base, str) or not re.match(r"^https?://[^/\s]+", base):
-        raise ConfigError(
-            f"{where}.api_base = {base!r} must be the http(s) URL of the in-house "
-            f"OpenAI-compatible server, e.g. http://10.0.0.5:8000/v1. "
-            + _fix(ns, f"{path}.api_base")
-        )
-    capacity = _positive_int(
-        raw.get("capacity"),
-        f"{where}.capacity",
-        "Capacity is how many requests the endpoint serves at once before it saturates "
-        "(e.g. its engine's max batch). " + _fix(ns, f"{path}.capacity"),
-    )
-    model = raw.get("model", served)
-    if not isinstance(model, str) or not model.strip():
-        raise ConfigError(
-            f"{where}.model = {model!r} must be the model name the in-house server serves "
-            f"(omit it to use {served!r}). " + _fix(ns, f"{path}.model")
-        )
-    timeout_s = _positive_int(
-        raw.get("timeout_s", request_s), f"{where}.timeout_s", _fix(ns, f"{path}.timeout_s")
-    )
-    return InHouseEndpoint(
-        name=name, api_base=api_base(base), capacity=capacity, model=model, timeout_s=timeout_s
-    )
-
-
-def parse_overflow(
-    raw: Any, cfg: StackConfig, *, key_names: Sequence[str] | None = None
-) -> OverflowPlan:
-    """Validate the `gatewayOverflow` map against the stack's services.
+def parse_overflow(cfg: StackConfig, *, key_names: Sequence[str] | None = None) -> OverflowPlan:
+    """The stack's validated `gatewayOverflow` (components/config.py OverflowInput) as plans,
+    checked against the in-house keys.
 
     `key_names`: the endpoint names present in the secret `inHouseApiKeys` map (None: the key
     is not set). Every endpoint needs its key there; a key no endpoint uses is an error too.
     """
-    ns = cfg.project
-    if raw is None or raw == {}:
-        if key_names:
-            raise ConfigError(
-                f"{ns}:{SECRET_KEY} is set but {ns}:{CONFIG_KEY} declares no in-house endpoint. "
-                f"Remove it (pulumi config rm {ns}:{SECRET_KEY}) or add the endpoints."
-            )
-        return OverflowPlan(services={})
-    by_name = {s.name: s for s in cfg.services}
-    if not isinstance(raw, dict):
-        raise ConfigError(
-            f"{ns}:{CONFIG_KEY} must be a map of service name -> {{in_house: [...]}}; "
-            f"got {raw!r}. {_fix(ns, '')}"
-        )
+    ns, by_name = cfg.project, {s.name: s for s in cfg.services}
     services: dict[str, ServiceOverflow] = {}
-    seen: set[str] = set()
-    for service, entry in raw.items():
-        where = f"{ns}:{CONFIG_KEY}.{service}"
-        if service not in by_name:
-            raise ConfigError(
-                f"{where}: no service named {service!r} in {ns}:services (names: "
-                f"{', '.join(sorted(by_name))}). " + _fix(ns, f".{service}")
-            )
-        settings = by_name[service]
-        if not isinstance(entry, dict) or not isinstance(entry.get("in_house"), list):
-            raise ConfigError(
-                f"{where} must be a map with a non-empty list in_house: [{{name, api_base, "
-                f"capacity}}]; got {entry!r}. " + _fix(ns, f".{service}.in_house")
-            )
-        unknown = sorted(set(entry) - _ENTRY_KEYS)
-        if unknown:
-            raise ConfigError(
-                f"{where}: unknown field(s) {', '.join(unknown)}; known: "
-                f"{', '.join(sorted(_ENTRY_KEYS))}. " + _fix(ns, f".{service}")
-            )
-        if not entry["in_house"]:
-            raise ConfigError(f"{where}.in_house is empty. " + _fix(ns, f".{service}.in_house"))
-        served = settings.spec.served_model_name
+    for service, entry in cfg.gateway_overflow.items():
+        spec = by_name[service].spec  # the model's rule: every overflow names a service
+        served = spec.served_model_name
         endpoints = tuple(
-            _endpoint(ns, service, i, e, served, settings.spec.timeouts.request_s)
-            for i, e in enumerate(entry["in_house"])
-        )
-        for e in endpoints:
-            if e.name in seen:
-                raise ConfigError(
-                    f"{where}: in-house endpoint name {e.name!r} is used twice; names are "
-                    f"unique in the stack (each has its own key). " + _fix(ns, f".{service}")
-                )
-            seen.add(e.name)
-        cooldown = entry.get("cooldown_s", DEFAULT_COOLDOWN_S)
-        ok = isinstance(cooldown, int | float) and not isinstance(cooldown, bool)
-        if not ok or not math.isfinite(cooldown) or cooldown < 1:
-            raise ConfigError(
-                f"{where}.cooldown_s = {cooldown!r} must be a number of seconds >= 1 (0 would "
-                f"disable LiteLLM's cooldown of the in-house endpoint and keep sending it work "
-                f"it refuses). " + _fix(ns, f".{service}.cooldown_s")
+            InHouseEndpoint(
+                name=e.name,
+                api_base=api_base(e.api_base),
+                capacity=e.capacity,
+                model=e.model or served,
+                timeout_s=e.timeout_s or spec.timeouts.request_s,
             )
-        allowed = _positive_int(
-            entry.get("allowed_fails", DEFAULT_ALLOWED_FAILS),
-            f"{where}.allowed_fails",
-            _fix(ns, f".{service}.allowed_fails"),
-            minimum=0,
+            for e in entry.in_house
         )
         services[served] = ServiceOverflow(
             service=service,
             served_model_name=served,
             in_house=endpoints,
-            cooldown_s=float(cooldown),
-            allowed_fails=allowed,
+            cooldown_s=entry.cooldown_s,
+            allowed_fails=entry.allowed_fails,
         )
+    seen = {e.name for o in services.values() for e in o.in_house}
     present = set(key_names or ())
-    missing = [n for n in sorted(seen) if n not in present]
-    if missing:
-        raise ConfigError(
-            f"in-house endpoint(s) {', '.join(map(repr, missing))} of {ns}:{CONFIG_KEY} have no "
-            f"API key. Set each one encrypted (a keyless server accepts any value): "
-            f"pulumi config set --secret --path '{SECRET_KEY}.{missing[0]}' <key>"
+    problems = [
+        Problem(
+            ("inHouseApiKeys", name),
+            f": in-house endpoint {name!r} of {ns}:{CONFIG_KEY} has no API key",
+            fix=f"Set each one encrypted (a keyless server accepts any value): pulumi config "
+            f"set --secret --path '{SECRET_KEY}.{name}' <key>",
         )
-    extra = sorted(present - seen)
-    if extra:
-        raise ConfigError(
-            f"{ns}:{SECRET_KEY} holds key(s) for {', '.join(map(repr, extra))}, which no "
-            f"in-house endpoint of {ns}:{CONFIG_KEY} is named. Remove them: "
-            f"pulumi config rm --path '{SECRET_KEY}.{extra[0]}'"
+        for name in sorted(seen - present)
+    ] + [
+        Problem(
+            ("inHouseApiKeys", name),
+            f": {ns}:{SECRET_KEY} holds a key for {name!r}, which no in-house endpoint of "
+            f"{ns}:{CONFIG_KEY} is named",
+            fix=f"Remove it: pulumi config rm --path '{SECRET_KEY}.{name}'",
         )
+        for name in sorted(present - seen)
+    ]
+    if problems:
+        where = cfg.stack_file or StackFile.of(cfg.stack)
+        raise config_error(problems, stack_file=where, namespace=ns)
     return OverflowPlan(services=services)
 
 
 def load_overflow(cfg: StackConfig, config: pulumi.Config | None = None) -> OverflowPlan:
-    """Read `gatewayOverflow` and the secret `inHouseApiKeys` of the current stack."""
+    """The stack's overflow plan, with the secret `inHouseApiKeys` as a secret Output.
+
+    load_stack_config has validated `gatewayOverflow` and refused a clear-text
+    `inHouseApiKeys`. The CLI hands a map that holds a `--secret --path` value to the program
+    as one secret key, decrypted (pulumi sdk/go/common/resource/config/value.go,
+    unmarshalValue: an object is secure when any leaf is, `c.secure = hasSecureValue(obj)`;
+    Map.SecureKeys lists it). So a leaf set WITHOUT --secret next to one set with it cannot be
+    told apart here: the docs say to set every key with --secret. Only the map's names are
+    read here, never its values."""
     conf = config or pulumi.Config(cfg.project)
-    ns = conf.name
-    raw_text = conf.get(CONFIG_KEY)
-    try:
-        raw = json.loads(raw_text) if raw_text else None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{ns}:{CONFIG_KEY} is not valid structured config ({exc.msg}). Write it as YAML in "
-            f"Pulumi.<stack>.yaml."
-        ) from exc
-    full_key = f"{ns}:{SECRET_KEY}"
-    # The CLI hands a map that holds a `--secret --path` value to the program as one secret
-    # key, decrypted (pulumi sdk/go/common/resource/config/value.go, unmarshalValue: an object
-    # is secure when any leaf is, `c.secure = hasSecureValue(obj)`; Map.SecureKeys lists it).
-    # So a leaf set WITHOUT --secret next to one set with it cannot be told apart here: the
-    # docs say to set every key with --secret. Only the map's names are read here.
+    full_key = f"{conf.name}:{SECRET_KEY}"
     secret_text = pulumi.runtime.get_config(full_key)
     key_names: list[str] | None = None
     if secret_text:
-        # Same check as components/config.py does for its secret keys.
-        is_secret = (
-            pulumi.runtime.is_config_secret(full_key)
-            or full_key in pulumi.runtime.get_config_secret_keys_env()
-        )
-        if not is_secret:
-            raise ConfigError(
-                f"{full_key} is stored in clear in Pulumi.{pulumi.get_stack()}.yaml. Remove it "
-                f"(pulumi config rm {full_key}) and set each key encrypted: "
-                f"pulumi config set --secret --path '{SECRET_KEY}.<endpoint name>' <key>"
-            )
         try:
             names = json.loads(secret_text)
         except json.JSONDecodeError:
@@ -277,7 +154,7 @@ def load_overflow(cfg: StackConfig, config: pulumi.Config | None = None) -> Over
             )
         key_names = sorted(names)
         del names
-    plan = parse_overflow(raw, cfg, key_names=key_names)
+    plan = parse_overflow(cfg, key_names=key_names)
     if not plan.services:
         return plan
     return OverflowPlan(services=plan.services, api_keys=conf.require_secret_object(SECRET_KEY))

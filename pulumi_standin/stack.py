@@ -752,10 +752,13 @@ def _stopped(
     if apply:
         kept = len(engine.states) + len(engine.pending_deletes)
         noun = "resource" if kept == 1 else "resources"
-        out.write(
-            f"The state file keeps what was applied ({kept} {noun}); run up again to"
-            " continue from there.\n"
-        )
+        if any(s.op not in ("same", "skip") for s in mocks.steps):
+            out.write(
+                f"The state file keeps what was applied ({kept} {noun}); run up again to"
+                " continue from there.\n"
+            )
+        else:  # e.g. a config error: the program stopped before its first resource
+            out.write(f"Nothing was applied; the state file is as it was ({kept} {noun}).\n")
     return 130 if interrupted else 1
 
 

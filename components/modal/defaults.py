@@ -14,6 +14,8 @@ that default start-up plus the default request time.
 
 from __future__ import annotations
 
+from typing import Final
+
 #: What a served model does, and the gate's smoke request for it: task -> (path, in words).
 SMOKE_REQUESTS: dict[str, tuple[str, str]] = {
     "chat": ("/v1/chat/completions", "a one-token chat completion"),
@@ -23,7 +25,7 @@ SMOKE_REQUESTS: dict[str, tuple[str, str]] = {
 #: The tasks a service (and the App's `gate_task`) may name.
 GATE_TASKS: tuple[str, ...] = tuple(SMOKE_REQUESTS)
 #: The task of a service (and an App) that names none.
-GATE_TASK = "chat"
+GATE_TASK: Final = "chat"
 
 #: The gate's whole budget when `health_gate_timeout_s` is not given (an App built without a
 #: service; `LLMService` always passes its spec's start-up + request): serving/spec.py's

@@ -20,6 +20,7 @@ def stack_costs(project: Path, stack: str, server_url: str | None) -> dict[str, 
             f"costs of {project} must be computed by that checkout's own scripts/review_stack.py"
         )
     from components.config import ConfigError, parse_stack_config
+    from components.config_errors import StackFile
     from pulumi_standin.program import stack_config
 
     config, _ = stack_config(stack)
@@ -28,9 +29,14 @@ def stack_costs(project: Path, stack: str, server_url: str | None) -> dict[str, 
     }
     values["allowOverBudget"] = "true"  # figures even when the budget guard would refuse
     try:
-        cfg = parse_stack_config(values, stack=stack, modal_server_url=server_url)
-    except ConfigError as exc:
-        raise ReviewError(f"Pulumi.{stack}.yaml: {exc}") from None
+        cfg = parse_stack_config(
+            values,
+            stack=stack,
+            modal_server_url=server_url,
+            stack_file=StackFile.of(stack, project),
+        )
+    except ConfigError as exc:  # it names the file, the key's line and column
+        raise ReviewError(str(exc)) from None
     return {
         "monthly_cost_idle_usd": cfg.cost.idle_usd,
         "monthly_cost_baseline_usd": cfg.cost.baseline_usd,

@@ -159,46 +159,44 @@ def test_local_stack_file_budgets_are_the_service_stacks() -> None:
         (
             "role: viewer",
             "role: admin",
-            "modal-llm-access:environments[0].identities[1].role (Pulumi.local.yaml line {line}):"
-            " 'admin' must be one of contributor, viewer, none",
+            "modal-llm-access:environments[0].identities[1].role = 'admin' must be one of"
+            " 'contributor', 'viewer' or 'none'",
         ),
         (
             "- name: dev-deploy",
             "- name: local-deploy",
-            "environments[1].identities[0].name (Pulumi.local.yaml line {line}): 'local-deploy'"
-            " is already environments[0].identities[0]: service users are workspace-wide",
+            "environments[1].identities[0].name = 'local-deploy' is already"
+            " environments[0].identities[0]: service users are workspace-wide",
         ),
         (
             "monthly_budget_usd: 900",
             "monthly_budget_usd: -1",
-            "environments[1].monthly_budget_usd (Pulumi.local.yaml line {line}): -1 must be a"
-            " number of dollars >= 0",
+            "environments[1].monthly_budget_usd = -1 must be a number >= 0",
         ),
         (
             "alert_thresholds_pct: [50, 80, 100]",
             "alert_thresholds_pct: [0, 80]",
-            "environments[0].alert_thresholds_pct (Pulumi.local.yaml line {line}): [0, 80] must"
-            " be a non-empty list of whole percentages",
+            "environments[0].alert_thresholds_pct = [0, 80] must be a non-empty list of whole"
+            " percentages",
         ),
         (
             "role: none",
             "role: none\n          colour: red",
-            "environments[0].identities[2].colour (Pulumi.local.yaml line {line}): unknown"
-            " field(s) colour",
+            "environments[0].identities[2].colour is not a known key; the keys here are"
+            " expires_in_days, name, role, rotation",
         ),
         (
             "- name: dev\n",
             "- name: en-dev\n",
-            "environments[1].name (Pulumi.local.yaml line {line}): 'en-dev' is not a valid"
-            " Modal environment name",
+            "environments[1].name = 'en-dev' must not start with 'en-'",
         ),
     ],
 )
 def test_access_config_errors_name_the_path_and_line(
     tmp_path: Path, old: str, new: str, expected: str
 ) -> None:
-    """Each error names the path and the line of the stack file it is on (the committed file,
-    one value changed), so it can be fixed where it is wrong."""
+    """Each error starts with `file:line:col` of the key in the stack file (the committed file,
+    one value changed), then names the path, the value and what is allowed."""
     text = (ACCESS / "Pulumi.local.yaml").read_text()
     assert old in text
     edited = text.replace(old, new, 1)
@@ -209,13 +207,15 @@ def test_access_config_errors_name_the_path_and_line(
     envs = yaml.safe_load(edited)["config"]["modal-llm-access:environments"]
     with pytest.raises(ConfigError) as ei:
         parse_access_config(json.dumps(envs), stack="local", stack_file=stack_file)
-    assert expected.format(line=line) in str(ei.value), str(ei.value)
+    message = str(ei.value)
+    assert message.startswith(f"Pulumi.local.yaml:{line}:"), message
+    assert expected in message, message
 
 
 def test_access_config_without_environments() -> None:
     with pytest.raises(ConfigError, match="modal-llm-access:environments is not set"):
         parse_access_config(None, stack="x")
-    with pytest.raises(ConfigError, match=r"must be a non-empty list"):
+    with pytest.raises(ConfigError, match=r"environments = \[\] must not be empty"):
         parse_access_config("[]", stack="x")
 
 
@@ -269,7 +269,7 @@ def test_managed_mode_spend_watcher_reads_the_environment_id() -> None:
             {"managedByAccessStack": True, "proxyToken": "SECRET", "proxyTokenRotation": "x"},
             "proxyTokenRotation has no effect with modal-llm:managedByAccessStack",
         ),
-        ({"managedByAccessStack": "yes"}, "is not a boolean"),
+        ({"managedByAccessStack": "yes"}, "managedByAccessStack = 'yes' must be true or false"),
     ],
 )
 def test_managed_mode_config_errors(overrides: dict[str, Any], expected: str) -> None:

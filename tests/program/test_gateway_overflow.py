@@ -422,13 +422,16 @@ def test_a_stack_without_overflow_keeps_one_entry_per_service_and_never_probes_m
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        ({"in_house": []}, "gatewayOverflow.tiny.in_house is empty"),
-        ({"cooldown_s": 0}, "gatewayOverflow.tiny.cooldown_s = 0 must be a number of seconds >= 1"),
-        ({"retries": 3}, "gatewayOverflow.tiny: unknown field(s) retries"),
-        ({"allowed_fails": -1}, "gatewayOverflow.tiny.allowed_fails = -1 must be a whole number"),
+        ({"in_house": []}, "gatewayOverflow.tiny.in_house = [] must not be empty"),
+        ({"cooldown_s": 0}, "gatewayOverflow.tiny.cooldown_s = 0 must be a number >= 1"),
+        ({"retries": 3}, "gatewayOverflow.tiny.retries is not a known key; the keys here are"),
+        (
+            {"allowed_fails": -1},
+            "gatewayOverflow.tiny.allowed_fails = -1 must be a whole number >= 0",
+        ),
         (
             {"in_house": [{"name": "rack-a", "api_base": "10.0.0.5:8000", "capacity": 2}]},
-            "in_house[0].api_base = '10.0.0.5:8000' must be the http(s) URL",
+            "in_house[0].api_base = '10.0.0.5:8000' must match ^https?://[^/\\s]+ (the http(s) URL",
         ),
         (
             {"in_house": [{"name": "rack-a", "api_base": "http://h/v1", "capacity": True}]},
@@ -440,7 +443,7 @@ def test_a_stack_without_overflow_keeps_one_entry_per_service_and_never_probes_m
         ),
         (
             {"in_house": [{"name": "rack-a", "api_base": "http://h", "capacity": 2}] * 2},
-            "in-house endpoint name 'rack-a' is used twice",
+            "in_house[1].name = 'rack-a' is used twice",
         ),
     ],
 )
@@ -448,19 +451,20 @@ def test_overflow_config_errors_name_the_key(change: dict[str, Any], expected: s
     config, keys = overflow_config(**change)
     message = _error(config, keys)
     assert expected in message, message
-    assert "pulumi config set --path 'gatewayOverflow" in message or "is used twice" in message
+    fix = "pulumi config set --path 'gatewayOverflow"
+    assert fix in message or "is used twice" in message or "not a known key" in message
 
 
 def test_in_house_keys_must_match_the_endpoints_and_be_secret() -> None:
     config, keys = overflow_config()
     config[NS + "inHouseApiKeys"] = json.dumps({"rack-a": IN_HOUSE_KEYS["rack-a"]})
     message = _error(config, keys)
-    assert "in-house endpoint(s) 'rack-b' of modal-llm:gatewayOverflow have no API key" in message
+    assert "in-house endpoint 'rack-b' of modal-llm:gatewayOverflow has no API key" in message
     assert "pulumi config set --secret --path 'inHouseApiKeys.rack-b' <key>" in message
 
     config[NS + "inHouseApiKeys"] = json.dumps({**IN_HOUSE_KEYS, "rack-c": "ihk-c"})
     message = _error(config, keys)
-    assert "holds key(s) for 'rack-c', which no in-house endpoint" in message
+    assert "holds a key for 'rack-c', which no in-house endpoint" in message
 
     config, keys = overflow_config()
     message = _error(config, [k for k in keys if not k.endswith("inHouseApiKeys")])
@@ -475,13 +479,14 @@ def test_in_house_keys_must_match_the_endpoints_and_be_secret() -> None:
 
     config, keys = overflow_config()
     config[NS + "gatewayOverflow"] = json.dumps([{"tiny": {}}])
-    assert "modal-llm:gatewayOverflow must be a map of service name" in _error(config, keys)
+    assert "modal-llm:gatewayOverflow = [{'tiny': {}}] must be a map" in _error(config, keys)
 
     config, keys = overflow_config()
-    config[NS + "gatewayOverflow"] = json.dumps({"chat": {"in_house": []}})
-    assert "gatewayOverflow.chat: no service named 'chat' in modal-llm:services" in _error(
-        config, keys
-    )
+    rack = {"name": "rack-a", "api_base": "http://h/v1", "capacity": 2}
+    config[NS + "gatewayOverflow"] = json.dumps({"tin": {"in_house": [rack]}})
+    message = _error(config, keys)
+    assert "gatewayOverflow.tin: no service named 'tin' in modal-llm:services" in message
+    assert "did you mean 'tiny'?" in message
 
 
 ROUTER_CHECK = """

@@ -288,7 +288,8 @@ def test_22_11_the_program_refuses_a_bad_server_url_under_the_cli() -> None:
         with pytest.raises(pulumi.RunError, match=why) as info:
             run_program("local", config, secret_keys)
         message = str(info.value)
-        assert message.startswith(f"invalid stack config: modal:serverUrl = {url!r}: ")
+        assert message.startswith("invalid stack config: Pulumi.local.yaml:12:3: ")  # its line
+        assert f" modal:serverUrl = {url!r}: " in message
         assert "pulumi config set modal:serverUrl http://127.0.0.1:8790" in message
     assert server_url_problem("https://api.modal.com,https://api.modal2.com") is None
     assert server_url_problem("unix:/run/modal.sock") is None

@@ -216,7 +216,7 @@ def test_windows_rules_and_cost() -> None:
             name="chat", gpus=("H100",), gpu_count=1, min_containers=1, max_containers=4,
             overhead_pct=0, warm_extra_hours=extra_container_hours_per_month(windows, 1),
         ),
-        cost.price_table(),
+        dict(cost.GPU_PRICES_USD_PER_HOUR),
     )  # fmt: skip
     assert svc.warm_usd == pytest.approx(3.95 * 52.5 * 730 / 168, abs=0.01)
     assert svc.idle_usd == pytest.approx(3.95 * 730 + svc.warm_usd, abs=0.01)

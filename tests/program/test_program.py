@@ -16,7 +16,7 @@ import yaml
 from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
-from components.config import DEFAULTS, HF_TOKEN_SECRET_NAME, PROJECT
+from components.config import DEFAULTS, HF_TOKEN_SECRET_NAME, PROJECT, StackSettings
 from components.llm_service import (
     SPEND_WATCH_APP_FILE,
     SPEND_WATCH_APP_NAME,
@@ -146,8 +146,18 @@ def test_project_file_declares_every_scalar_setting_as_the_cli_requires() -> Non
             assert decl["items"]["type"] in {"string", "integer", "boolean"}, key
         if "default" in decl:
             assert isinstance(decl["default"], python_types[decl["type"]]), key
+    # Pulumi.yaml's defaults, as the CLI hands them over, make the same settings as the model's
+    # own defaults (components/config.py StackSettings): one set of defaults, stated twice only
+    # because the CLI needs them in Pulumi.yaml.
     defaults = {k: d["default"] for k, d in schema.items() if "default" in d}
-    assert defaults == DEFAULTS, "Pulumi.yaml defaults and components/config.py DEFAULTS differ"
+    assert set(defaults) <= set(DEFAULTS)
+    least = {"environment": "x", "services": [{"name": "a", "engine": "vllm", "model": "o/m"}]}
+    cli = {k: v if isinstance(v, str) else json.dumps(v) for k, v in defaults.items()}
+    keys = {StackSettings.model_fields[n].alias or n: n for n in StackSettings.model_fields}
+    with_project = StackSettings.model_validate({**least, **cli})
+    without = StackSettings.model_validate(least)
+    for key in defaults:
+        assert getattr(with_project, keys[key]) == getattr(without, keys[key]), key
     assert "default" not in schema["environment"], "every stack must name its environment"
     assert "type" not in schema["services"] and "default" not in schema["services"]
 
@@ -502,7 +512,11 @@ def test_secret_in_clear_is_refused() -> None:
 
 def test_unknown_key_and_missing_environment() -> None:
     config, keys = _with_secrets("dev", monthlyBudgetUSD=5)
-    assert "unknown config key(s) modal-llm:monthlyBudgetUSD" in _error("dev", config, keys)
+    message = _error("dev", config, keys)
+    assert (
+        "modal-llm:monthlyBudgetUSD is not a known key; did you mean 'monthlyBudgetUsd'?" in message
+    )
+    assert "pulumi config rm modal-llm:monthlyBudgetUSD" in message
     config, keys = _with_secrets("dev")
     del config[NS + "environment"]
     message = _error("dev", config, keys)
@@ -520,7 +534,7 @@ def test_config_delivered_the_way_the_cli_does(monkeypatch: pytest.MonkeyPatch) 
     (hf,) = [s for s in run.of_type("modal:Secret") if s.inputs["name"] == HF_TOKEN_SECRET_NAME]
     assert rpc.is_rpc_secret(hf.inputs["values"])
     monkeypatch.setenv("PULUMI_CONFIG", json.dumps({**config, NS + "typoKey": "1"}))
-    assert "unknown config key(s) modal-llm:typoKey" in _error("dev", {}, [])
+    assert "modal-llm:typoKey is not a known key" in _error("dev", {}, [])
     monkeypatch.setenv("PULUMI_CONFIG_SECRET_KEYS", "[]")
     assert "modal-llm:hfToken is stored in clear" in _error("dev", {}, [])
 
@@ -616,7 +630,8 @@ def test_api_key_rotation_from_config() -> None:
     rotation = {k.inputs["name"]: k.inputs["rotation"] for k in run.of_type("llm:ApiKey")}
     assert rotation == {"gateway": "", "ci": "2026-12-01"}
     message = _error("dev", *_with_secrets("dev", apiKeyRotation={"gatewy": "x"}))
-    assert "modal-llm:apiKeyRotation names key(s) 'gatewy'" in message
+    assert "modal-llm:apiKeyRotation names key 'gatewy'" in message
+    assert "did you mean 'gateway'?" in message
     assert "['gateway', 'ci']" in message
 
 
@@ -627,8 +642,8 @@ def test_price_override_keys_are_modal_gpu_names() -> None:
     run = run_program("dev", *_with_secrets("dev", gpuPricesUsdPerHour={"l4": 0.7}))
     assert run.output("monthly_cost_worst_usd") == month_usd(0.7, VLLM_DEFAULT)
     message = _error("dev", *_with_secrets("dev", gpuPricesUsdPerHour={"L-4": 1.0}))
-    assert "gpuPricesUsdPerHour['L-4']: 'L-4' is not a Modal GPU type" in message
-    assert "L4" in message
+    assert "gpuPricesUsdPerHour.L-4 = 'L-4' is not a Modal GPU type" in message
+    assert "did you mean 'L4'?" in message
 
 
 def test_region_pinning_and_overhead_are_priced() -> None:

@@ -63,7 +63,7 @@ def test_without_key_limits_the_spec_and_its_digest_are_unchanged() -> None:
     ("limits", "expect"),
     [
         ({"nobody": 4}, "names key 'nobody', which is not in modal-llm:apiKeyNames"),
-        ({"ci": 0}, "greater than or equal to 1"),
+        ({"ci": 0}, "key_max_in_flight.ci = 0 must be a number >= 1"),
         ({"ci": 65}, "ci (65) is above proxy.max_in_flight (64)"),
     ],
 )

@@ -116,6 +116,13 @@ def test_failed_and_interrupted_up_one_message_and_a_rerun_continues(
     names = [r["name"] for r in json.loads(state.read_text())["resources"]]
     assert len(names) == 9 and "tiny-app" in names
 
+    # A config error stops the program before its first resource: nothing was applied, and
+    # the message says so (issue 34.7: it said "keeps what was applied (9 resources)").
+    bad = _cli(emulator, *args, "--config", "modal-llm:monthlyBudgetUsd=-5", rc=1)
+    assert "modal-llm:monthlyBudgetUsd = '-5' must be a number >= 0" in bad.stdout
+    assert "Nothing was applied; the state file is as it was (9 resources)." in bad.stdout
+    assert "keeps what was applied" not in bad.stdout
+
     again = _cli(emulator, *args, rc=0)
     assert "Resources: 9 unchanged" in again.stdout
     assert len([a for a in emulator.state()["apps"] if a.get("state") != "stopped"]) == 1
