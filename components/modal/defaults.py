@@ -2,7 +2,7 @@
 
 Everything else imports them: the App's inputs and `check`, the release core (`_decide.py`),
 its effects (`_effects.py`), the health gate (`_gate.py`) and the stack config
-(`components/config.py`, the service's `task`). Nothing here imports anything: the deploy
+(`components/config.py`, the service's `task`). Nothing here imports the project: the deploy
 runner's process and the stack config may import it cheaply.
 
 `timeouts.startup_s` itself has its one default where the stack key is declared: the
