@@ -8,7 +8,7 @@ What it does, in order (`Container`):
 1. start the proxy at once (`python -m serving.proxy --upstream http://127.0.0.1:ENGINE_PORT`),
    so Modal's port answers while the engine loads (the proxy says 503 + Retry-After until ready);
 2. start the engine beside it on 127.0.0.1 (command and env rendered by the spec: vLLM or
-   SGLang, or serving/standin_engine.py given their command line when the spec has
+   SGLang, or dev/standin_engine.py given their command line when the spec has
    `engine_standin`), in its own process group, its output forwarded line by line and the
    last lines kept;
 3. poll the engine's /health until 200, then send the warm-up prompts (chat completions;

@@ -959,7 +959,7 @@ class ServingSpec(_Model):
         """serving/standin_engine.py given the real engine command line after `--` (it checks
         that line's flags against the pinned parser and serves on its host/port/model name)."""
         standin = self.engine_standin or EngineStandin()
-        cmd = [python, "-m", "serving.standin_engine"]
+        cmd = [python, "-m", "standin_engine"]
         if standin.fail is not None:
             cmd += ["--fail", standin.fail]
         if standin.startup_delay_s:

@@ -41,7 +41,7 @@ def test_standin_on_a_local_modal_goes_into_every_spec(url: str) -> None:
     assert cfg.engine_standin is True
     spec = cfg.services[0].spec
     assert spec.engine_standin is not None and spec.engine_standin.fail is None
-    assert spec.launch_command(8001)[:4] == ["python3", "-m", "serving.standin_engine", "--"]
+    assert spec.launch_command(8001)[:4] == ["python3", "-m", "standin_engine", "--"]
     assert spec.launch_command(8001)[4:] == spec.engine_command(8001)  # the real line, checked
 
 

@@ -583,12 +583,12 @@ def test_standin_command_wraps_the_real_engine_command(engine: str) -> None:
     spec = make(engine=engine, engine_standin={"fail": "never-ready", "startup_delay_s": 2})
     real = spec.engine_command(8001)
     assert spec.launch_command(8001, python="py") == [
-        "py", "-m", "serving.standin_engine", "--fail", "never-ready",
+        "py", "-m", "standin_engine", "--fail", "never-ready",
         "--startup-delay-s", "2.0", "--", *real,
     ]  # fmt: skip
     assert make(engine=engine).launch_command(8001) == real  # no stand-in: the engine itself
     assert make(engine=engine, engine_standin={}).launch_command(8001, python="py") == [
-        "py", "-m", "serving.standin_engine", "--", *real,
+        "py", "-m", "standin_engine", "--", *real,
     ]  # fmt: skip
 
 
