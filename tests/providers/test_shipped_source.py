@@ -333,10 +333,12 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         tmp_path / "serving",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
-    # The stand-in engine is a dev tool, found by import (as modal finds it): the copy first.
+    # The stand-in engine is a dev tool, found by import (as modal finds it): the copy first,
+    # and not the module another test imported (find_spec answers from sys.modules first).
     (tmp_path / "dev").mkdir()
     shutil.copy2(PROJECT_ROOT / "dev" / "standin_engine.py", tmp_path / "dev")
     monkeypatch.syspath_prepend(tmp_path / "dev")
+    monkeypatch.delitem(sys.modules, "standin_engine", raising=False)
     return tmp_path
 
 
