@@ -12,11 +12,14 @@ setup: $(STAMP)
 
 # pip runs quietly: a line before each long step says what it does and how long it takes
 # (issue 34 item 8: a fresh machine's first `make up` was silent for minutes).
-$(STAMP): pyproject.toml
+# Two editable installs: the product (pyproject.toml) and the dev tools beside it (dev/: the
+# emulator, the Pulumi engine stand-in, the stand-in serving engine, the benches, the test and
+# lint tools), which the tests, `make up` and CI need and the product's wheel does not ship.
+$(STAMP): pyproject.toml dev/pyproject.toml
 	@echo "setup: installing the pinned dependencies into $(VENV) (a fresh machine: 30 s to 2 min; pip is quiet meanwhile)..."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e . -e ./dev
 	touch $(STAMP)
 	@echo "setup: $(VENV) ready."
 
@@ -44,7 +47,7 @@ test: setup $(LITELLM_STAMP) lint
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy emulator components serving watchers pulumi_standin bench tests scripts __main__.py
+	$(VENV)/bin/mypy dev/emulator dev/pulumi_standin dev/bench dev/standin_engine.py components serving watchers tests scripts __main__.py
 	$(VENV)/bin/mypy access  # its own run: a second __main__.py cannot share one with the root's
 
 # This checkout's Modal control plane + runtime on loopback, in the foreground (Ctrl-C stops it).
@@ -68,7 +71,7 @@ down: setup
 	./scripts/down.sh $(STACK)
 
 # Offline stand-in for `pulumi preview --diff` / `pulumi up` on machines without the Pulumi CLI:
-# the pulumi_standin package: program under mocks + the SDK's provider server + the emulator (docs/offline.md).
+# the pulumi_standin package (dev/pulumi_standin): program under mocks + the SDK's provider server + the emulator (docs/offline.md).
 # NOT the Pulumi engine. Pulumi.yaml's `options: refresh: always` makes every preview, up and
 # destroy read each resource back from Modal first (both engines), so `plan` shows drift and
 # why (e.g. "live app stopped by hand") and `up` heals it; `plan` then needs this checkout's

@@ -381,7 +381,7 @@ class StackSettings(BaseModel):
     app_file: StrictStr = Field(DEFAULT_APP_FILE, alias="appFile")
     #: CPU and memory are priced from the spec's requests (cost.py); this adds an allowance.
     cost_overhead_pct: Dollars = Field(0, alias="costOverheadPct", description="percent")
-    #: serving/standin_engine.py instead of vLLM/SGLang (local stacks only).
+    #: dev/standin_engine.py instead of vLLM/SGLang (local stacks only).
     engine_standin: CliBool = Field(False, alias="engineStandin")
     gpu_prices: Annotated[dict[GpuName, Dollars], BeforeValidator(_from_json)] = Field(
         default_factory=lambda: dict(cost.GPU_PRICES_USD_PER_HOUR),
@@ -462,7 +462,7 @@ class StackSettings(BaseModel):
             Problem(
                 ("engineStandin",),
                 f": stack {stack!r}: {ns}:engineStandin is true, but this stack's Modal server "
-                f"is {where}, not a local one. The stand-in engine (serving/standin_engine.py) "
+                f"is {where}, not a local one. The stand-in engine (dev/standin_engine.py) "
                 "runs no model and answers with fixed text: it is only for a stack on the "
                 "local emulator (modal:serverUrl: http://127.0.0.1:PORT, e.g. the local stack)",
                 fix=f"To deploy the real engine here: pulumi config rm {ns}:engineStandin "

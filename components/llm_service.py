@@ -38,7 +38,9 @@ No Modal calls here: only resources (components/modal/).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +74,9 @@ API_KEYS_ENV_VAR = "SERVING_API_KEYS"
 API_KEYS_VERSION_ENV_VAR = KEY_VERSION_ENV
 HF_TOKEN_ENV_VAR = "HF_TOKEN"  # noqa: S105 (an env var name)
 PREWARM_APP_FILE = "serving/prewarm_app.py"
+# The stand-in engine (`modal-llm:engineStandin`): dev/standin_engine.py, one of the dev tools
+# (`make setup` installs them), not part of the product. serving/app.py ships it by this name.
+STANDIN_ENGINE_MODULE = "standin_engine"
 
 # The spend watcher (watchers/spend_alerts.py, which must not import components/: the names it
 # reads are repeated here, and tests/providers/test_spend_watch.py deploys it with these).
@@ -302,6 +307,19 @@ def _weights_store_env(text: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in values.items()}
 
 
+def require_standin_engine(service: str) -> None:
+    """A stack that runs the stand-in engine needs the dev tools installed: serving/app.py
+    ships the module from this Python (modal's add_local_python_source finds it by import)."""
+    if importlib.util.find_spec(STANDIN_ENGINE_MODULE) is None:
+        raise pulumi.RunError(
+            f"service {service!r}: modal-llm:engineStandin is true (the stand-in engine in "
+            f"vLLM's/SGLang's place), but its module {STANDIN_ENGINE_MODULE!r} is not installed "
+            f"in this Python ({sys.executable}): it is one of the dev tools (dev/), not part of "
+            "the product. Run `make setup` (or `pip install -e ./dev`), or set "
+            "modal-llm:engineStandin to false."
+        )
+
+
 class LLMService(pulumi.ComponentResource):
     """One served model: keys, key-digest secret, cache volumes and the deployed App."""
 
@@ -323,8 +341,10 @@ class LLMService(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         name = settings.name
-        super().__init__(SERVICE_TYPE, name, None, opts)
         spec = settings.spec
+        if spec.engine_standin is not None:
+            require_standin_engine(name)
+        super().__init__(SERVICE_TYPE, name, None, opts)
         env = shared.environment_name
         self.settings = settings
         self.shared = shared
@@ -496,7 +516,7 @@ class LLMService(pulumi.ComponentResource):
             "endpoint_url": self.endpoint_url,
             "served_model_name": self.served_model_name,
             "app_id": self.app.app_id,
-            # True: serving/standin_engine.py answers (fixed text, no model), local stacks only
+            # True: dev/standin_engine.py answers (fixed text, no model), local stacks only
             "engine_standin": self.settings.spec.engine_standin is not None,
             # The engine release and how far this project has verified it (serving/spec.py
             # ENGINE_RELEASES): "gpu" = served on a real GPU (docs/gpu.md), "parser" = only

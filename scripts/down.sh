@@ -54,7 +54,7 @@ if [ -n "$WATCHER" ]; then
 fi
 stop_emulator
 # Container processes a killed emulator left behind (only where containers run without their
-# own pid namespace: emulator/runtime, `python -m emulator sweep`); one line says what it did.
+# own pid namespace: dev/emulator/runtime, `python -m emulator sweep`); one line says what it did.
 "$PY" -m emulator sweep
 remove_emulator_state
 echo "Emulator state removed ($EMULATOR_DIR/state.sqlite3*); its log stays in $EMULATOR_LOG."

@@ -39,10 +39,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # pulumi_standin, when run as `python scripts/local_stack.py`
+# scripts/ (this file's folder, on sys.path when run as a script); pulumi_standin, which
+# gateway_config uses, is the dev tools', installed by `make setup`.
+from gateway_config import GatewayConfigError, stack_outputs, standin_outputs
 
-from gateway_config import GatewayConfigError, stack_outputs, standin_outputs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPT = "Say hello in five words."
 MAX_TOKENS = 16

@@ -4,7 +4,7 @@
 - `preview`: the `pulumi preview --json` document of the PR's code against the dev stack, as the
   real CLI prints it (pulumi/pulumi pkg/backend/display/json.go `ShowPreviewDigest`) or as
   `python -m pulumi_standin preview --json` prints it (the same shape,
-  pulumi_standin/preview_json.py);
+  dev/pulumi_standin/preview_json.py);
 - `dev_outputs`: dev's current stack outputs (`pulumi stack output --json --stack dev`; secret
   ones read `[secret]`): the OLD costs `monthly_cost_idle_usd`, `monthly_cost_worst_usd` and
   `services`. Without them, the old outputs the preview document carries (its root Stack

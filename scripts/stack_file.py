@@ -26,10 +26,10 @@ from urllib.parse import urlsplit
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # pulumi_standin, when run as `python scripts/stack_file.py`
+# The dev tools (dev/pulumi_standin), installed beside the product by `make setup`.
+from pulumi_standin.program import StackFileError, load_stack_file, server_url_problem
 
-from pulumi_standin.program import StackFileError, load_stack_file, server_url_problem  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 KEY = "modal:serverUrl"
 

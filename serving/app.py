@@ -117,7 +117,7 @@ SHIPPED_MODULES = (
     "serving.proxy",  # the auth proxy, run as `python -m serving.proxy`
 )
 SHIPPED_IF_SPEC = {
-    "engine_standin": ("serving.standin_engine",),  # the local stack's engine, no GPU
+    "engine_standin": ("standin_engine",),  # the local stack's engine, no GPU (dev tools)
     # the pinned release's recorded flags (serving/engine_flags/), read by spec validation
     "engine=vllm": ("serving.engine_flags.vllm_0_33_0",),
     "engine=sglang": ("serving.engine_flags.sglang_0_5_23",),

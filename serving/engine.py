@@ -10,7 +10,7 @@ What it does, in order (`Container`):
 2. read the weights into the page cache in the background, where they are files already
    (serving/prefetch.py), so that the engine's load finds them there after its imports;
    start the engine beside it on 127.0.0.1 (command and env rendered from the spec by
-   serving/render: vLLM or SGLang, or serving/standin_engine.py given their command line when
+   serving/render: vLLM or SGLang, or dev/standin_engine.py given their command line when
    the spec has `engine_standin`), in its own process group, its output forwarded line by line
    and the last lines kept;
 3. poll the engine's /health until 200, then send the warm-up prompts (chat completions;

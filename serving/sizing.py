@@ -45,14 +45,14 @@ SGLANG_DETOKENIZER_CPUS = 1
 # (`memory_request_mib`), overridable (the spec's `memory_gib`). The figures are the resident
 # memory (psutil RSS, sampled each second under 256-1024 streams) of each process on one H100
 # with a 1B-shaped model:
-# - vLLM 0.26.0 (docs/gpu.md runs C/D; raw: bench/gpu/runs/2026-11-27-h100-api-servers/
+# - vLLM 0.26.0 (docs/gpu.md runs C/D; raw: data/gpu-runs/2026-11-27-h100-api-servers/
 #   cpu-c.jsonl, cpu-d.jsonl): the 4 API servers and their parent together 6387-6441 MiB
 #   (~1.57 GiB a server); a default single API server 1352-1384 MiB; the engine core
 #   1936-2024 MiB; the proxy 33-94 MiB.
-# - SGLang 0.5.15 (run K; raw: bench/gpu/runs/2026-11-27-h100-sglang/cpu-k.jsonl): the HTTP
+# - SGLang 0.5.15 (run K; raw: data/gpu-runs/2026-11-27-h100-sglang/cpu-k.jsonl): the HTTP
 #   server with its tokenizer manager 1268-1292 MiB, the detokenizer 1234-1236 MiB, the
 #   scheduler 2165-2226 MiB.
-# With an 8B-shaped model (runs Q/R; raw: bench/gpu/runs/2026-11-27-h100-8b/cpu-q.jsonl,
+# With an 8B-shaped model (runs Q/R; raw: data/gpu-runs/2026-11-27-h100-8b/cpu-q.jsonl,
 # cpu-r.jsonl), the same under 1-1024 streams: the 4 API servers and their parent 6424-6435
 # MiB, the engine core 2112-2141 MiB, the proxy 66-67 MiB.
 # The request is a reservation, not a limit: Modal bills max(request, usage) and lets a container

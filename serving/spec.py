@@ -364,7 +364,7 @@ class Timeouts(_Model):
 
 
 class EngineStandin(_Model):
-    """Run serving/standin_engine.py in the engine's place (the local stack: no GPU there).
+    """Run dev/standin_engine.py in the engine's place (the local stack: no GPU there).
 
     The real engine's command line is still rendered and checked (serving/render
     `engine_command`); the stand-in is started with it (`standin_command`) and serves on its

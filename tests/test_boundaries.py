@@ -2,10 +2,15 @@
 every import statement of the product code, so a newcomer's shortcut fails here, not in review.
 
 - Nothing outside tests/ imports tests/ (test infrastructure products need is a package).
-- emulator/ imports no pulumi, components, serving, watchers or pulumi_standin.
+- The product (components/, serving/, watchers/, access/, the program) imports none of the
+  dev tools (dev/: emulator, pulumi_standin, bench, standin_engine): its wheel ships without
+  them (tests/program/test_wheel.py).
+- dev/emulator/ imports no pulumi, components, serving, watchers or pulumi_standin.
 - serving/ and watchers/ (code that runs in Modal containers) import neither pulumi nor
   components/ nor pulumi_standin.
 - components/modal/ (the provider library) imports nothing from serving/.
+- dev/standin_engine.py runs in the serving container beside serving/ alone: it imports only
+  serving/ of ours.
 """
 
 from __future__ import annotations
@@ -16,17 +21,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ["emulator", "components", "serving", "watchers", "pulumi_standin", "bench", "scripts"]
+DEV_TOOLS = ("emulator", "pulumi_standin", "bench", "standin_engine")
+PRODUCT = ["components", "serving", "watchers", "access", "__main__.py"]
+DEV = ["dev/emulator", "dev/pulumi_standin", "dev/bench", "dev/standin_engine.py", "scripts"]
 FORBIDDEN = {
-    "emulator": ("pulumi", "components", "serving", "watchers", "pulumi_standin", "tests"),
-    "serving": ("pulumi", "components", "pulumi_standin", "watchers", "tests"),
-    "watchers": ("pulumi", "components", "pulumi_standin", "serving", "tests"),
+    "dev/emulator": ("pulumi", "components", "serving", "watchers", "pulumi_standin", "tests"),
+    "serving": ("pulumi", "components", "watchers", "tests", *DEV_TOOLS),
+    "watchers": ("pulumi", "components", "serving", "tests", *DEV_TOOLS),
     "components/modal": ("serving", "watchers", "tests"),
-    "components": ("tests", "pulumi_standin"),
-    "pulumi_standin": ("tests",),
-    "bench": ("tests",),
+    "components": ("tests", *DEV_TOOLS),
+    "access": ("tests", *DEV_TOOLS),
+    "__main__.py": ("tests", *DEV_TOOLS),
+    "dev/standin_engine.py": ("components", "watchers", "tests", *DEV_TOOLS),
+    "dev/pulumi_standin": ("tests",),
+    "dev/bench": ("tests",),
     "scripts": ("tests",),
 }
+
+
+def files_of(part: str) -> list[Path]:
+    path = ROOT / part
+    return [path] if path.is_file() else sorted(path.rglob("*.py"))
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -42,10 +57,7 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
 
 
 def product_files() -> list[Path]:
-    files = [ROOT / "__main__.py"]
-    for part in PRODUCT:
-        files += sorted((ROOT / part).rglob("*.py"))
-    return files
+    return [f for part in PRODUCT + DEV for f in files_of(part)]
 
 
 @pytest.mark.parametrize("part", sorted(FORBIDDEN))
@@ -53,7 +65,7 @@ def test_part_imports_only_what_its_boundary_allows(part: str) -> None:
     banned = FORBIDDEN[part]
     offenders = [
         f"{path.relative_to(ROOT)}:{line}: imports {module}"
-        for path in sorted((ROOT / part).rglob("*.py"))
+        for path in files_of(part)
         for line, module in imported_modules(path)
         if module in banned
     ]

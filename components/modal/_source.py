@@ -25,6 +25,7 @@ of any other file does not. The parsed app file and file hashes are cached per
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -210,7 +211,8 @@ def shipped_files(
                 app_p,
                 line,
                 f"the manifest ships module {module!r}, which is neither a .py file nor a "
-                f"package directory under {' or '.join(str(b) for b in search)}",
+                f"package directory under {' or '.join(str(b) for b in search)}, nor a "
+                "top-level module this Python imports",
             )
         files.update(found)
     for method, args, has_ignore in app.directives:
@@ -245,6 +247,14 @@ def _module_files(module: str, search: list[Path], py_only: bool) -> Iterator[Pa
         if (base / rel).with_suffix(".py").is_file():
             yield (base / rel).with_suffix(".py").resolve()
             return
+    # Not in the project: a top-level module where the import system finds it, as modal does
+    # (find_spec in get_module_mount_info), e.g. the dev tools' `standin_engine`. Top-level
+    # only: find_spec of a dotted name imports its parents.
+    spec = importlib.util.find_spec(module) if "." not in module else None
+    if spec is not None and spec.submodule_search_locations:
+        yield from _dir_files(Path(next(iter(spec.submodule_search_locations))), py_only)
+    elif spec is not None and spec.origin and Path(spec.origin).is_file():
+        yield Path(spec.origin).resolve()
 
 
 def _dir_files(d: Path, py_only: bool) -> Iterator[Path]:

@@ -23,7 +23,7 @@ def stack_costs(project: Path, stack: str, server_url: str | None) -> dict[str, 
     from components.config_errors import StackFile
     from pulumi_standin.program import stack_config
 
-    config, _ = stack_config(stack)
+    config, _ = stack_config(stack, project_dir=project)  # the PR checkout's, not the tools'
     values: dict[str, str | None] = {
         k.removeprefix(f"{NS}:"): v for k, v in config.items() if k.startswith(f"{NS}:")
     }

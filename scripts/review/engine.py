@@ -90,7 +90,7 @@ class Engine:
             env["PULUMI_BACKEND_URL"] = self.backend_url
             env.pop("PULUMI_ACCESS_TOKEN", None)  # a file:// backend needs no login
         if self.passphrase and not access:
-            # The stand-in reads OFFLINE_STACK_PASSPHRASE first (pulumi_standin/statefile.py):
+            # The stand-in reads OFFLINE_STACK_PASSPHRASE first (dev/pulumi_standin/statefile.py):
             # both name this stack's own passphrase, whatever the caller's environment held.
             env["PULUMI_CONFIG_PASSPHRASE"] = env["OFFLINE_STACK_PASSPHRASE"] = self.passphrase
         if access:

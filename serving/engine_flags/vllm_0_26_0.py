@@ -3,7 +3,7 @@
 Recorded by scripts/record_engine_flags.py vllm with python 3.12.1; the parser was built with
 vllm.entrypoints.openai.cli_args.make_arg_parser(vllm.utils.argparse_utils.FlexibleArgumentParser()),
 the current platform set to vllm.platforms.cpu.CpuPlatform (no GPU) (via
-bench/gpu/flags_shim.py).
+dev/bench/gpu/flags_shim.py).
 Regenerate where the engine is installed (see that script's docstring):
     python -m bench.gpu.flags_shim vllm > serving/engine_flags/vllm_0_26_0.py
 """

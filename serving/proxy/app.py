@@ -386,7 +386,7 @@ def _loads_stdlib(body: bytes | memoryview) -> Any:
     return _DECODER.decode(bytes(body).decode("utf-8"))
 
 
-# orjson (Rust, ~2 GB/s on string-heavy bodies vs ~0.1 GB/s for the stdlib here: bench/proxy)
+# orjson (Rust, ~2 GB/s on string-heavy bodies vs ~0.1 GB/s for the stdlib here: dev/bench/proxy)
 # refuses the same inputs: invalid UTF-8, NaN/Infinity, numbers that overflow to infinity,
 # nesting deeper than 1024; it also refuses lone surrogate escapes ("\ud800"), which the
 # stdlib accepts and no engine needs. Its errors are ValueErrors. The stdlib is the fallback.
@@ -399,7 +399,7 @@ except ImportError:  # pragma: no cover - orjson is pinned in pyproject.toml
 
 # simdjson (pysimdjson) validates a whole document without building Python objects: ~1-2 GB/s
 # on a long chat history of many small messages, where orjson, which builds every dict and
-# string, manages ~0.3-0.6 (bench/proxy, issue 13). It is used for bodies of at least
+# string, manages ~0.3-0.6 (dev/bench/proxy, issue 13). It is used for bodies of at least
 # _SIMDJSON_FROM bytes (below that its per-call cost, ~9 us, is more than orjson's parse), and
 # only to say yes: when it refuses a body, orjson's verdict is taken instead, so a body is
 # refused only if orjson refuses it too (simdjson alone refuses integers beyond 64 bits and

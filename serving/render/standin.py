@@ -1,4 +1,4 @@
-"""The stand-in engine's command line (serving/standin_engine.py, the local stack's engine)."""
+"""The stand-in engine's command line (dev/standin_engine.py, the local stack's engine)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from serving.spec import EngineStandin, ServingSpec
 
 
 def command(spec: ServingSpec, engine_argv: Sequence[str], *, python: str) -> list[str]:
-    """serving/standin_engine.py given the real engine command line after `--` (it checks that
+    """dev/standin_engine.py given the real engine command line after `--` (it checks that
     line's flags against the pinned parser and serves on its host/port/model name)."""
     standin = spec.engine_standin or EngineStandin()
-    cmd = [python, "-m", "serving.standin_engine"]
+    cmd = [python, "-m", "standin_engine"]
     if standin.fail is not None:
         cmd += ["--fail", standin.fail]
     if standin.startup_delay_s:

@@ -1,5 +1,5 @@
 """The GPU harness's own logic, on this machine (no GPU): what it reads from vLLM's real start
-lines and from a real run's files (bench/gpu/runs/), the page-cache eviction before a cold
+lines and from a real run's files (data/gpu-runs/), the page-cache eviction before a cold
 start, the model's shape, and the refusal of an unknown engine-core start method."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from bench.gpu import remote
 
-RUNS = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "runs"
+RUNS = Path(__file__).resolve().parents[2] / "data" / "gpu-runs"
 RUN_8B = RUNS / "2026-11-27-h100-8b"
 LINE = re.compile(r"^\s*([\d.]+) (.*)$")
 

@@ -2,7 +2,7 @@
 
 - Each PR's passphrase is derived by the admin step, HMAC-SHA256(REVIEW_STATE_KEY, pr-N), and
   reaches the deploy only in pr-N's hand-over: the state of one PR, encrypted by the stand-in
-  (pulumi_standin/statefile.py: PBKDF2 + encrypt-then-MAC, as the CLI's passphrase secrets
+  (dev/pulumi_standin/statefile.py: PBKDF2 + encrypt-then-MAC, as the CLI's passphrase secrets
   manager is AES-256-GCM), does not open with another PR's passphrase.
 - `up --handoff` runs the engine under the hand-over's passphrase, never the one in its own
   environment (a real child process records what it was given).

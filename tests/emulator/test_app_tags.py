@@ -1,7 +1,7 @@
 """App tags (AppSetTags/AppGetTags, AppCreate/AppPublish `tags`) and the release record a
 deployment history carries, through the real modal 1.6.4 client against the emulator.
 
-Semantics under test (the stricter reading, emulator/models/apps.py and docs/emulator.md):
+Semantics under test (the stricter reading, dev/emulator/models/apps.py and docs/emulator.md):
 `App.set_tags` replaces the whole set; every AppPublish replaces it with the deploy's own tags
 (none: cleared); each version keeps the set it was published with and a rollback restores it.
 """

@@ -1,4 +1,4 @@
-"""Modal's roles for service-user tokens (emulator/models/rbac.py), through the real CLI/SDK.
+"""Modal's roles for service-user tokens (dev/emulator/models/rbac.py), through the real CLI/SDK.
 
 A contributor of `dev` deploys, lists, stops and creates secrets and volumes there and nowhere
 else; a viewer of `dev` reads (apps, logs, budget) and writes nothing; a service user with no
@@ -60,7 +60,7 @@ def test_every_registered_rpc_is_classified() -> None:
 
 
 class _FakeRuntime:
-    """Function calls and containers, as emulator/runtime/manager.py keeps them."""
+    """Function calls and containers, as dev/emulator/runtime/manager.py keeps them."""
 
     def __init__(self, call_id: str, function_id: str, task_id: str, app_id: str) -> None:
         self._call = type("Call", (), {"function_id": function_id})()

@@ -60,7 +60,7 @@ def test_a_failing_endpoint_answers_500(rt: EmulatorProcess) -> None:
     bad = httpx.post(url, json={"a": 1}, headers=auth_headers(token), timeout=60)  # KeyError
     assert (bad.status_code, bad.text) == (500, "Internal Server Error")
     # The traceback reaches the app's logs. The emulator reads the container's stderr pipe line
-    # by line on its own task (emulator/runtime/containers.py), independently of the 500 the
+    # by line on its own task (dev/emulator/runtime/containers.py), independently of the 500 the
     # edge relays, so on a busy machine the lines may land a moment later: ask for up to 30 s.
     deadline = time.monotonic() + 30
     logs = modal_cli(rt, "app", "logs", "rt-endpoints").stdout

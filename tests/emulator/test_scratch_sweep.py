@@ -1,5 +1,5 @@
 """Scratch directories of killed emulators are removed by the next runtime that starts; live
-owners', foreign and unmarked ones are kept (emulator/runtime/scratch.py)."""
+owners', foreign and unmarked ones are kept (dev/emulator/runtime/scratch.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Test-facing name of the emulator launcher; the code lives in `emulator/process.py` (products
-such as bench/ and scripts/ use it too, and they import nothing from tests/)."""
+"""Test-facing name of the emulator launcher; the code lives in `dev/emulator/process.py` (products
+such as dev/bench/ and scripts/ use it too, and they import nothing from tests/)."""
 
 from __future__ import annotations
 

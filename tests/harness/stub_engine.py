@@ -1,5 +1,5 @@
 """A stub OpenAI-compatible engine for tests and benchmarks: the product's stand-in engine
-(serving/standin_engine.py) plus test-only knobs.
+(dev/standin_engine.py) plus test-only knobs.
 
 What it adds to the stand-in:
 - any model name is accepted, and completions are ``tokens`` (default 8) pieces ``tok0 tok1 ...``;
@@ -56,7 +56,7 @@ from typing import Any
 
 import uvicorn
 
-from serving.standin_engine import (
+from standin_engine import (
     PROJECT_ROOT,
     Exchange,
     Message,

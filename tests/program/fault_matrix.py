@@ -7,7 +7,7 @@ engine) in a sandbox of its own: its own emulator directory, stand-in state file
 file and ports, and a marker variable (FAULT_MATRIX_RUN) that every process the scripts start
 inherits, so the test can find them in /proc and prove none is left behind.
 
-The step is made a window with the emulator's fault injection (emulator/faults.py): the RPC
+The step is made a window with the emulator's fault injection (dev/emulator/faults.py): the RPC
 that step sends is applied, then its answer is held back for a few seconds ("after", status
 NONE, delay_s), and the target is killed inside that window: the create (or delete) happened
 on Modal, and its answer never reached the engine. For the container's proxy and engine the

@@ -1,5 +1,6 @@
 """Access as code (issue 23 part 1): the access stack (access/) and service stacks in managed
-mode, under mocks and live against an emulator enforcing roles (`--rbac`, emulator/models/rbac.py).
+mode, under mocks and live against an emulator enforcing roles (`--rbac`,
+dev/emulator/models/rbac.py).
 
 Under mocks: what the access program registers per environment (an identity with role `none`
 gets a service user and no role), its outputs (credentials secret, next_steps without a

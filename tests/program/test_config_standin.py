@@ -45,7 +45,7 @@ def test_standin_on_a_local_modal_goes_into_every_spec(url: str) -> None:
     assert render.launch_command(spec, 8001)[:4] == [
         "python3",
         "-m",
-        "serving.standin_engine",
+        "standin_engine",
         "--",
     ]
     assert render.launch_command(spec, 8001)[4:] == render.engine_command(

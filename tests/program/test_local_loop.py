@@ -180,14 +180,14 @@ def test_22_10_plan_of_dev_needs_no_emulator_and_no_url(tmp_path: Path) -> None:
 @pytest.fixture
 def checkout_copy(tmp_path: Path) -> Path:
     """The parts of this checkout that `make up` reads before it starts anything (scripts, the
-    stand-in, the stack files), with the venv linked in: a checkout whose stack file a test
+    stack files), with the venv linked in (the stand-in comes with the dev tools installed
+    there and runs the project of its current directory): a checkout whose stack file a test
     may break without touching the real one."""
     root = tmp_path / "checkout"
     root.mkdir()
-    for part in ("scripts", "pulumi_standin"):
-        shutil.copytree(
-            PROJECT_ROOT / part, root / part, ignore=shutil.ignore_patterns("__pycache__")
-        )
+    shutil.copytree(
+        PROJECT_ROOT / "scripts", root / "scripts", ignore=shutil.ignore_patterns("__pycache__")
+    )
     for name in ("Pulumi.yaml", "Pulumi.local.yaml", "Pulumi.dev.yaml"):
         shutil.copy2(PROJECT_ROOT / name, root / name)
     (root / ".venv").symlink_to(PROJECT_ROOT / ".venv")
@@ -490,13 +490,15 @@ def test_22_14_the_endpoint_check_runs_curl_without_secrets_on_its_command_line(
 
 def _clone(tmp_path: Path, name: str) -> Path:
     """A clone of this repository's HEAD with this checkout's venv linked in (pip would install
-    the same pinned packages again); its pyproject.toml is dated like ours, so `make setup`
-    sees the venv as up to date and leaves it alone."""
+    the same pinned packages again); its pyproject.toml files (the product's, the dev tools')
+    are dated like ours, so `make setup` sees the venv as up to date and leaves it alone (a
+    reinstall would point the shared venv's editable installs at the clone)."""
     root = tmp_path / name
     subprocess.run(["git", "clone", "-q", str(PROJECT_ROOT), str(root)], check=True, timeout=120)
     (root / ".venv").symlink_to(PROJECT_ROOT / ".venv")
-    ours = (PROJECT_ROOT / "pyproject.toml").stat()
-    os.utime(root / "pyproject.toml", ns=(ours.st_atime_ns, ours.st_mtime_ns))
+    for rel in ("pyproject.toml", "dev/pyproject.toml"):
+        ours = (PROJECT_ROOT / rel).stat()
+        os.utime(root / rel, ns=(ours.st_atime_ns, ours.st_mtime_ns))
     return root
 
 

@@ -4,7 +4,7 @@ A kill -9 of the engine (or the stand-in, the emulator, the network) after Modal
 create and before the state recorded it left an object the next `up` refused ("already
 exists") and `make down` could not get past ("environment still holds secrets"). Here the
 emulator applies each resource kind's create RPC and loses its answer (a fault armed "after"
-the handler, emulator/faults.py), with the provider allowed one attempt only: the create
+the handler, dev/emulator/faults.py), with the provider allowed one attempt only: the create
 fails, as the killed run did. Then a second create, what the next `up` sends, must take the
 object as this resource's own (the same id where Modal can hand it over); an object of that
 name made by someone else (the real `modal` client, no mark) is still refused; and a delete

@@ -4,7 +4,7 @@ two bad releases in a row, and drift a refresh must see.
 After every failure the live version is the last known-good one (or what served before),
 the release records on the app (its tags) say which version passed and which failed, a
 refresh reads the truth from Modal, and nothing is left deployed that no state knows of.
-Faults are armed in the emulator (emulator/faults.py): `after` = Modal applied the call and
+Faults are armed in the emulator (dev/emulator/faults.py): `after` = Modal applied the call and
 the answer was lost; `before` = Modal never saw it.
 """
 

@@ -4,7 +4,7 @@ Create/read/diff/update/delete of a service user's role in one environment; the 
 ServiceUser through a rotation (both names hold it, then the retired one leaves the list);
 drift by hand (role changed, revoked, service user deleted); what each role lets the token do
 (the emulator's role matrix: `EnvironmentGetBudget` for viewer and contributor now; the writes
-wait on the emulator's full matrix, emulator/models/rbac.py, and are skipped until it exists).
+wait on the emulator's full matrix, dev/emulator/models/rbac.py, and are skipped until it exists).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from tests.providers.helpers import rpc_delta, server_env
 
 P = EnvironmentRoleProvider()
 SU = ServiceUserProvider()
-RBAC_MATRIX = (PROJECT_ROOT / "emulator" / "models" / "rbac.py").exists()
+RBAC_MATRIX = (PROJECT_ROOT / "dev" / "emulator" / "models" / "rbac.py").exists()
 needs_matrix = pytest.mark.skipif(
     not RBAC_MATRIX,
-    reason="waits on the emulator's role matrix (emulator/models/rbac.py, a parallel change)",
+    reason="waits on the emulator's role matrix (dev/emulator/models/rbac.py, a parallel change)",
 )
 
 

@@ -1,7 +1,7 @@
 """Issue 14 "How we will know": every state-changing RPC of every resource step, faulted.
 
 For each resource step (create / update / delete) and the RPC that changes Modal in that
-step, the emulator injects (emulator/faults.py):
+step, the emulator injects (dev/emulator/faults.py):
 
 - `lost`: the RPC is applied, then its answer is lost once (UNAVAILABLE after the handler).
   The step must succeed, and Modal must hold exactly what a clean run holds: no duplicate,

@@ -160,7 +160,7 @@ def test_14_4_environment_update_acts_on_the_id_not_the_name(
 
 
 def _arm(emu: EmulatorProcess, method: str, **kw: object) -> None:
-    """Arm an injected fault (emulator/faults.py) through the control port."""
+    """Arm an injected fault (dev/emulator/faults.py) through the control port."""
     emu._request("POST", "/_emulator/faults", {"method": method, **kw})
 
 

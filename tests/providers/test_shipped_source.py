@@ -118,6 +118,7 @@ import importlib, importlib.util, json, sys, traceback
 from pathlib import Path
 
 root, entry, targets = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+OURS = ("serving", "standin_engine")
 problems = []
 try:
     spec = importlib.util.spec_from_file_location(Path(entry).stem, root / entry)
@@ -127,11 +128,12 @@ try:
 except BaseException:
     problems.append(f"import of {entry}: " + traceback.format_exc(limit=3))
 # What the serving container starts beside the app (serving/app.py `_container`): the proxy's
-# and the engine's command lines; a `-m serving...` module must import from the shipped files.
+# and the engine's command lines; a `-m` module of ours (serving, the dev tools' stand-in
+# engine) must import from the shipped files.
 if hasattr(module, "_container"):
     container = module._container()
     for argv in (container._proxy_argv, container.engine.process.argv):
-        if "-m" in argv and argv[argv.index("-m") + 1].split(".")[0] == "serving":
+        if "-m" in argv and argv[argv.index("-m") + 1].split(".")[0] in OURS:
             run = argv[argv.index("-m") + 1]
             targets.append([run, []])
             found = importlib.util.find_spec(run)
@@ -151,7 +153,7 @@ for name, attrs in targets:
         except ModuleNotFoundError as exc:
             problems.append(f"from {name} import {attr}: {exc}")
 for name, mod in sorted(sys.modules.items()):
-    if name == "serving" or name.startswith("serving."):
+    if name.split(".")[0] in OURS:
         file = getattr(mod, "__file__", None)
         if not file or not Path(file).resolve().is_relative_to(root.resolve()):
             problems.append(f"{name} loaded from {file}, not from the shipped files")
@@ -227,6 +229,13 @@ def run_container_imports(
     return problems
 
 
+def remote_path(local: Path) -> str:
+    """Where Modal puts a shipped module's file: under /root by its import path. The dev
+    tools' modules (the stand-in engine) are imported from dev/, the product's from the root."""
+    rel = local.relative_to(PROJECT_ROOT)
+    return f"/root/{rel.relative_to('dev') if rel.parts[0] == 'dev' else rel}"
+
+
 def lay_out(mounts: list[tuple[Path, str]], root: Path) -> None:
     """The mounted files at their remote paths, `/root` being `root`."""
     for local, remote in mounts:
@@ -247,7 +256,7 @@ def test_modal_mounts_what_the_digest_covers_and_the_container_imports_from_it(
     # the app file is the module Modal runs at /root; the rest keeps its path under /root
     app_p = PROJECT_ROOT / app_file
     want = {(app_p, f"/root/{app_p.name}")}
-    want |= {(p, f"/root/{p.relative_to(PROJECT_ROOT)}") for p in shipped if p != app_p}
+    want |= {(p, remote_path(p)) for p in shipped if p != app_p}
     assert set(mounts) == want
 
     root = tmp_path / "root"
@@ -270,14 +279,14 @@ def test_the_container_check_sees_a_missing_module(tmp_path: Path) -> None:
 
 
 def test_the_container_check_sees_a_missing_engine_module(tmp_path: Path) -> None:
-    """The stand-in engine is started with `-m serving.standin_engine`, which no import
+    """The stand-in engine is started with `-m standin_engine`, which no import
     statement names: the check reads the container's command lines too."""
     spec_file = _spec_file(tmp_path, serving_spec(standin=True))
     mounts = modal_mounts(SERVING_APP, spec_file)
     root = tmp_path / "root"
     lay_out([m for m in mounts if m[0].name != "standin_engine.py"], root)
     problems = run_container_imports(root, "app.py", [], spec_file)
-    assert problems == ["import serving.standin_engine: No module named 'serving.standin_engine'"]
+    assert problems == ["import standin_engine: No module named 'standin_engine'"]
 
 
 def rel_shipped(app_file: str, spec_json: str | None = None) -> set[str]:
@@ -292,7 +301,7 @@ def test_each_app_ships_only_its_own_file_and_what_it_runs() -> None:
         rel_shipped(SERVING_APP, serving_spec()),
         rel_shipped(SERVING_APP, serving_spec(standin=True)),
     )
-    assert standin - real == {"serving/standin_engine.py"}
+    assert standin - real == {"dev/standin_engine.py"}
     assert "serving/engine_flags/sglang_0_5_23.py" not in real
     for other in (WEIGHTS_APP, PREWARM_APP, "serving/prewarm.py", "serving/engine_flags/x.py"):
         assert other not in standin
@@ -318,12 +327,18 @@ def test_the_manifest_ships_the_pinned_engines_flag_module(engine: str) -> None:
 
 
 @pytest.fixture
-def tree(tmp_path: Path) -> Path:
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(
         PROJECT_ROOT / "serving",
         tmp_path / "serving",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
+    # The stand-in engine is a dev tool, found by import (as modal finds it): the copy first,
+    # and not the module another test imported (find_spec answers from sys.modules first).
+    (tmp_path / "dev").mkdir()
+    shutil.copy2(PROJECT_ROOT / "dev" / "standin_engine.py", tmp_path / "dev")
+    monkeypatch.syspath_prepend(tmp_path / "dev")
+    monkeypatch.delitem(sys.modules, "standin_engine", raising=False)
     return tmp_path
 
 
@@ -345,7 +360,7 @@ def edit(path: Path) -> None:
     ("rel", "changed"),
     [
         # the test double: only the service that runs it
-        ("serving/standin_engine.py", {"standin"}),
+        ("dev/standin_engine.py", {"standin"}),
         # another app's file: never a service
         (WEIGHTS_APP, {"weights"}),
         (PREWARM_APP, {"prewarm"}),

@@ -177,7 +177,7 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
     assert {f for f in shipped if f.startswith("/root/")} == {"/root/app.py"} | {
         f"/root/{p.relative_to(ROOT)}" for p in digested if p != ROOT / "serving/app.py"
     }
-    assert "/root/serving/standin_engine.py" not in shipped  # a real engine: no stand-in
+    assert "/root/standin_engine.py" not in shipped  # a real engine: no stand-in
     assert {"/root/serving/engine.py", "/root/serving/spec.py"} <= shipped
     assert "/root/serving/proxy/__main__.py" in shipped
     # the recorded flag lists the spec checks extra_args against, read again in the container

@@ -2,7 +2,7 @@
 
 The parsers' option strings are recorded in serving/engine_flags/<engine>_<version>.py by
 scripts/record_engine_flags.py (run with a venv where that release is installed; releases
-older than the script through bench/gpu/flags_shim.py). Every release in ENGINE_RELEASES is
+older than the script through dev/bench/gpu/flags_shim.py). Every release in ENGINE_RELEASES is
 checked; when a pin moves, re-record and these tests say which rendered flag no longer exists.
 
 When a venv with a release is present (env SERVING_VLLM_PYTHON / SERVING_SGLANG_PYTHON or

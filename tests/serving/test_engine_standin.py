@@ -2,7 +2,7 @@
 engine the spec asks for (`engine_standin`), over real loopback HTTP, without the emulator.
 
 Nothing replaces the engine command here: the Container starts what the spec's
-`launch_command` renders (`python -m serving.standin_engine -- vllm serve ...`), the real auth
+`launch_command` renders (`python -m standin_engine -- vllm serve ...`), the real auth
 proxy in front of it with key digests from the environment, as the Modal Secret provides them.
 """
 
@@ -84,7 +84,7 @@ def test_the_lifecycle_runs_the_standin_the_spec_names(
 ) -> None:
     spec = make_spec(engine, snapshot)
     c, proxy_port = containers(spec)
-    assert c.engine.process.argv[1:4] == ["-m", "serving.standin_engine", "--"]
+    assert c.engine.process.argv[1:4] == ["-m", "standin_engine", "--"]
     assert c.engine.process.argv[4:] == render.engine_command(spec, c.engine.port)  # the real line
     c.start()
     c.ready()  # health, warm-up prompts, proxy /ready

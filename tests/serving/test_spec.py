@@ -613,14 +613,14 @@ def test_standin_command_wraps_the_real_engine_command(engine: str) -> None:
     spec = make(engine=engine, engine_standin={"fail": "never-ready", "startup_delay_s": 2})
     real = render.engine_command(spec, 8001)
     assert render.launch_command(spec, 8001, python="py") == [
-        "py", "-m", "serving.standin_engine", "--fail", "never-ready",
+        "py", "-m", "standin_engine", "--fail", "never-ready",
         "--startup-delay-s", "2.0", "--", *real,
     ]  # fmt: skip
     assert (
         render.launch_command(make(engine=engine), 8001) == real
     )  # no stand-in: the engine itself
     assert render.launch_command(make(engine=engine, engine_standin={}), 8001, python="py") == [
-        "py", "-m", "serving.standin_engine", "--", *real,
+        "py", "-m", "standin_engine", "--", *real,
     ]  # fmt: skip
 
 

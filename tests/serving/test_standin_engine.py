@@ -1,6 +1,6 @@
-"""The product's stand-in engine (serving/standin_engine.py), run as the container runs it.
+"""The product's stand-in engine (dev/standin_engine.py), run as the container runs it.
 
-Each test starts `python -m serving.standin_engine -- <the spec's real engine command line>`
+Each test starts `python -m standin_engine -- <the spec's real engine command line>`
 as a process on a free loopback port and talks HTTP to it: what the lifecycle and the proxy
 rely on (models, completions, streams with usage, errors in each engine's shape, the snapshot
 routes) and the failure knobs the deploy health gate is tested with.
@@ -22,7 +22,7 @@ import pytest
 
 from serving import render
 from serving.spec import ServingSpec
-from serving.standin_engine import FAIL_ENV, StandinEngineProcess
+from standin_engine import FAIL_ENV, StandinEngineProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -250,7 +250,7 @@ def test_an_engine_command_line_the_pinned_engine_refuses_exits_2(
     """argparse's answers: exit 2 on an unknown flag or an ambiguous prefix (a unique prefix,
     e.g. SGLang's `--tp 2`, is accepted, as the real parser does)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "serving.standin_engine", "--", *argv],
+        [sys.executable, "-m", "standin_engine", "--", *argv],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr

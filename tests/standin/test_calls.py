@@ -1,6 +1,6 @@
 """Long provider calls, what a provider prints while one runs, and how a failed one is shown,
 each against what the engine does (pulumi/pulumi v3.272.0, read with the search tool; the
-paths are in pulumi_standin/server.py's and engine.py's docstrings and docs/offline.md):
+paths are in dev/pulumi_standin/server.py's and engine.py's docstrings and docs/offline.md):
 
 - no provider call has a deadline (provider_plugin.go: every call under requestContext(), no
   deadline); `customTimeouts` only travel in the request's `timeout` field (step.go
