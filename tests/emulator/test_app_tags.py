@@ -4,6 +4,10 @@ deployment history carries, through the real modal 1.6.4 client against the emul
 Semantics under test (the stricter reading, dev/emulator/models/apps.py and docs/emulator.md):
 `App.set_tags` replaces the whole set; every AppPublish replaces it with the deploy's own tags
 (none: cleared); each version keeps the set it was published with and a rollback restores it.
+
+Kept (issue 33 item 7): the App release finds its own release by the tags it publishes
+(components/modal/_effects.py, _decide.py); modal 1.6.4 modal/app.py `_App.set_tags` ("replaces
+previous tags").
 """
 
 from __future__ import annotations

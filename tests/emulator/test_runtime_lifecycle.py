@@ -1,5 +1,10 @@
 """Deploy semantics and hygiene with real containers: no-op redeploy, rolling replace,
-rollback, stop, crash and replace, volumes across containers, logs, SIGTERM, the cap."""
+rollback, stop, crash and replace, volumes across containers, logs, SIGTERM, the cap.
+
+Kept (issue 33 item 7): the release's rolling update, rollback and stop, and serving/app.py's
+exit hook, run in these containers in the providers' and program's tests; modal 1.6.4
+modal/runner.py `_deploy_app`, modal/cli/app.py `rollback`.
+"""
 
 from __future__ import annotations
 
