@@ -11,7 +11,6 @@ import asyncio
 import json
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import urllib.error
@@ -24,7 +23,7 @@ import pytest
 from modal.exception import AuthError
 from modal_proto import api_pb2
 
-from emulator.store import SCHEMA_VERSION, TABLES
+from emulator.store import TABLES
 from tests.emulator.helpers import APPS_DIR, modal_cli, raw_rpc
 from tests.harness.emulator import PROJECT_ROOT, EmulatorProcess
 from tests.harness.fixtures import modal_env_for
@@ -188,19 +187,6 @@ def test_second_process_on_one_state_file_is_refused(tmp_path: Path) -> None:
         assert f"State file {state} is in use by emulator pid {first.pid}" in proc.stderr
         assert "--memory" in proc.stderr
         assert first.state()["environments"]  # the first one still answers
-
-
-def test_state_file_of_another_schema_version_is_refused(tmp_path: Path) -> None:
-    state = tmp_path / "old.sqlite3"
-    with sqlite3.connect(state) as db:
-        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
-    db.close()
-    proc = _serve("--port", "0", "--state", str(state), cwd=tmp_path)
-    assert proc.returncode == 1
-    assert f"has schema version 1, this emulator uses {SCHEMA_VERSION}" in proc.stderr
-    tables = sqlite3.connect(state).execute("SELECT name FROM sqlite_master").fetchall()
-    assert tables == [("meta",), ("sqlite_autoindex_meta_1",)]  # untouched
 
 
 def test_missing_token_is_refused(emulator: EmulatorProcess) -> None:
