@@ -7,8 +7,8 @@ test_runtime_server.py). Here the runtime's loop is never started: only what the
 do themselves can make the edge route the URL.
 
 Kept (issue 33 item 7): the release gate probes the URL right after the deploy
-(components/modal/_gate.py); modal 1.6.4 modal/runner.py `_deploy_app` prints the URL after
-AppPublish.
+(components/modal/_gate.py); modal 1.6.4 modal/runner.py `_deploy_app` returns once
+`_publish_app` (AppPublish) has answered.
 """
 
 from __future__ import annotations
