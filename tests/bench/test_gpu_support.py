@@ -1,6 +1,12 @@
 """The GPU tests' own helpers (tests/gpu/support.py), on this machine (no GPU): a client that
 reads the first events of a stream stays connected until it closes, and the gauge polls
-read what a scripted gauge gives them."""
+read what a scripted gauge gives them.
+
+Kept (issue 33 item 7): the product's GPU tests (tests/gpu/test_vllm_serving.py and
+test_sglang_serving.py: the proxy passes a client's disconnect on to the engine) rely on these
+helpers; a client that left at a `for ... break` would make those checks pass without testing
+the disconnect (httpx's stream closes on the generator's exit: httpcore 1.0.9
+httpcore/_sync/connection_pool.py `PoolByteStream.__iter__`; docs/gpu.md run AE)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,10 @@ tmpfs with the machine's top-level entries bound in): a new top-level mount poin
 that tmpfs, a deeper one in an overlay of its deepest existing parent. Checked on both
 networks, with paths unique to the test run: nothing appears on the machine, and the
 container still sees its volumes and files at their paths, and writes reach the volumes.
+
+Kept (issue 33 item 7): the serving container reads ModelWeights' volume at its mount path
+(components/modal/model_weights.py); `make up` and CI must leave the machine untouched, and
+`make up` may start the emulator without /usr/sbin on PATH.
 """
 
 from __future__ import annotations

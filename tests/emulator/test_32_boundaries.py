@@ -5,6 +5,10 @@ A workspace with RBAC and two environments, `dev` and `prod`; prod holds a Secre
 Volume. `dev-deployer` is a service user with the contributor role in dev only (what a
 review stack's identity or a developer's CI token gets). Each test is one item of the issue:
 the attack as the security review ran it, and what must come back instead.
+
+Kept (issue 33 item 7): review stacks run a PR's code in CI against the emulator
+(tests/ci/test_review_isolation.py); each boundary is Modal's, with its source in
+docs/emulator.md's boundary table.
 """
 
 from __future__ import annotations

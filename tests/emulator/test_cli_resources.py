@@ -1,4 +1,9 @@
-"""The real `modal` CLI against the emulator: secrets, volumes, environments."""
+"""The real `modal` CLI against the emulator: secrets, volumes, environments.
+
+Kept (issue 33 item 7): as the developer flow (docs/emulator.md's walkthrough uses the `modal`
+CLI), and the Secret provider writes whole as `modal secret create --force` does (modal 1.6.4
+modal/cli/secret.py `create`; docs/providers.md).
+"""
 
 from __future__ import annotations
 

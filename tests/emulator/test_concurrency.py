@@ -3,6 +3,10 @@
 Separate processes, not threads: the emulator must serialize writes from independent
 connections whose calls really interleave, the way 8 CI jobs or Pulumi's parallel resource
 operations hit it.
+
+Kept (issue 33 item 7): Pulumi runs independent steps in parallel, and the providers' creates
+rely on Modal applying each write once (the client sends `x-idempotency-key`: modal 1.6.4
+modal/_utils/grpc_utils.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """`modal deploy` (CLI and in process) against the emulator: both app styles, blobs, cache
-hits on redeploy, app list, history, rollback, stop."""
+hits on redeploy, app list, history, rollback, stop.
+
+Kept (issue 33 item 7): the App provider deploys, reads history, rolls back and stops through
+these (components/modal/_deploy_runner.py, _effects.py); modal 1.6.4 modal/runner.py
+`_deploy_app`, modal/cli/app.py `rollback`, `stop`, `history`.
+"""
 
 from __future__ import annotations
 

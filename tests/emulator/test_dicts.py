@@ -1,4 +1,8 @@
-"""modal.Dict through the real SDK: the minimal Dict RPCs the spend watcher uses."""
+"""modal.Dict through the real SDK: the minimal Dict RPCs the spend watcher uses.
+
+Kept (issue 33 item 7): the spend watcher keeps its state in a named Dict
+(watchers/spend_alerts.py); modal 1.6.4 modal/dict.py `_Dict.from_name`, `get`, `put`.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""FunctionCreate / AppPublish / FunctionGetById rules through raw RPCs over the socket."""
+"""FunctionCreate / AppPublish / FunctionGetById rules through raw RPCs over the socket.
+
+Kept (issue 33 item 7): the serving App's GPU and resource requests and its web URL
+(serving/app.py, the release gate's probe) must be refused or routed as Modal does, or the
+providers' tests would pass on a request Modal refuses (modal 1.6.4 modal/_functions.py,
+modal/app.py `_App.function`/`server` arguments).
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ else; a viewer of `dev` reads (apps, logs, budget) and writes nothing; a service
 role (the CI "preview" identity) may call nothing but ClientHello; no service user manages the
 workspace (environments, budgets, service users, roles, proxy tokens); the workspace token
 (the Owner) still does everything. The role table covers every RPC the emulator serves.
+
+Kept (issue 33 item 7): the access stack grants these roles (access/__main__.py,
+components/modal/environment_role.py, service_user.py); modal 1.6.4 modal/cli/environment.py
+`_apply_role_update`, modal/_workspace.py service users.
 """
 
 from __future__ import annotations

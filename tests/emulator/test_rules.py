@@ -1,4 +1,9 @@
-"""Name and environment rules through raw RPCs (the CLI/SDK check some of them first)."""
+"""Name and environment rules through raw RPCs (the CLI/SDK check some of them first).
+
+Kept (issue 33 item 7): the providers check names with the client's own rules
+(components/modal/_base.py); modal 1.6.4 modal/_utils/name_utils.py `check_object_name`,
+`is_valid_environment_name`.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ On Modal a web URL answers as soon as `modal deploy` returns and stops answering
 request sent right after `modal deploy` could get 404 (CI saw it once in
 test_runtime_server.py). Here the runtime's loop is never started: only what the handlers
 do themselves can make the edge route the URL.
+
+Kept (issue 33 item 7): the release gate probes the URL right after the deploy
+(components/modal/_gate.py); modal 1.6.4 modal/runner.py `_deploy_app` returns once
+`_publish_app` (AppPublish) has answered.
 """
 
 from __future__ import annotations

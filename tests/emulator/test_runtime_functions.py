@@ -1,5 +1,10 @@
 """Plain functions with real containers, through the in-process SDK: `.remote()`, `.map()`,
-`.spawn()`, classes, secrets, errors, volumes, nested calls, schedules; idempotent retries."""
+`.spawn()`, classes, secrets, errors, volumes, nested calls, schedules; idempotent retries.
+
+Kept (issue 33 item 7): ModelWeights spawns its download and writes the volume the serving
+container reads (components/modal/model_weights.py, serving/weights_app.py); modal 1.6.4
+modal/_functions.py `_Function.remote`, `spawn`.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,10 @@
 printed, with Modal's proxy-auth headers: no DNS, no hosts file, no rewriting.
 
 LiteLLM lives in its own venv (`.venv/litellm`, as `make test` installs it); skipped without.
+
+Kept (issue 33 item 7): the gateway (components/gateway.py) calls the printed URL with Modal's
+proxy-auth headers; modal 1.6.4 modal/_partial_function.py `requires_proxy_auth` (Modal-Key /
+Modal-Secret).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ period from the deploy and a `Cron` at its wall-clock times (modal 1.6.4 `modal.
 `modal.Cron` docstrings). The pause switch (`POST /_emulator/schedules/pause`) has no Modal
 counterpart: it exists so a test that drives a scheduled function by hand (test_prewarm) is
 not raced by the function's real runs; the control route still fires a paused function.
+
+Kept (issue 33 item 7): the spend watcher and the prewarm run on schedules
+(watchers/spend_alerts.py, serving/prewarm_app.py); tests/program/test_prewarm.py uses the pause
+switch.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 The app (apps/rt_server.py, no project code) starts a stdlib web server on the fixed port
 8000 in `@modal.enter`; every container gets its own network namespace, so two containers (and
 a service of the machine's own on 8000) never collide.
+
+Kept (issue 33 item 7): the serving container is an `@app.server` (serving/app.py) behind
+Modal's proxy auth; modal 1.6.4 modal/app.py `_App.server`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""Edge rules through raw RPCs: versions/rollback, name clashes, cascades, mounts, URLs."""
+"""Edge rules through raw RPCs: versions/rollback, name clashes, cascades, mounts, URLs.
+
+Kept (issue 33 item 7): the App's web URL output, the release core's versions and rollback, and
+the Environment's delete (components/modal/app.py, _decide.py, environment.py); modal 1.6.4
+modal/cli/app.py `rollback`.
+"""
 
 from __future__ import annotations
-
-import hashlib
 
 import modal
 import pytest
@@ -143,31 +146,3 @@ def test_deleting_an_environment_drops_what_it_scopes(modal_env: EmulatorProcess
     assert state["proxy_token_envs"] == [] and len(state["proxy_tokens"]) == 1
     with pytest.raises(NotFoundError, match="Environment 'tmp' not found"):
         modal.Secret.objects.list(environment_name="tmp")
-
-
-def test_mounts_need_uploaded_files_with_matching_hashes(modal_env: EmulatorProcess) -> None:
-    data = b"print('hi')\n"
-    sha = hashlib.sha256(data).hexdigest()
-    missing = raw_rpc(
-        "MountBatchedCheckExistence",
-        api_pb2.MountBatchedCheckExistenceRequest(sha256_hex_hashes=[sha]),
-    )
-    assert list(missing.missing_sha256_hex_hashes) == [sha]
-    mount_req = api_pb2.MountGetOrCreateRequest(
-        object_creation_type=api_pb2.OBJECT_CREATION_TYPE_ANONYMOUS_OWNED_BY_APP,
-        files=[api_pb2.MountFile(filename="/root/a.py", sha256_hex=sha, mode=0o644)],
-    )
-    with pytest.raises(ConflictError, match="never uploaded"):
-        raw_rpc("MountGetOrCreate", mount_req)
-    with pytest.raises(InvalidError, match="hashes to"):
-        raw_rpc("MountPutFile", api_pb2.MountPutFileRequest(sha256_hex=sha, data=b"other"))
-    put = raw_rpc("MountPutFile", api_pb2.MountPutFileRequest(sha256_hex=sha, data=data))
-    assert put.exists
-    first = raw_rpc("MountGetOrCreate", mount_req)
-    again = raw_rpc("MountGetOrCreate", mount_req)
-    assert first.mount_id == again.mount_id  # content-addressed
-    assert first.handle_metadata.content_checksum_sha256_hex
-    renamed = api_pb2.MountGetOrCreateRequest()
-    renamed.CopyFrom(mount_req)
-    renamed.files[0].filename = "/root/b.py"
-    assert raw_rpc("MountGetOrCreate", renamed).mount_id != first.mount_id

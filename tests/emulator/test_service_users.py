@@ -1,6 +1,10 @@
 """Service users through the real SDK and CLI: a token with the viewer role in one environment
 reads that environment's budget, not another's, and cannot set it (what the spend watcher's
-token needs). The whole role matrix: tests/emulator/test_rbac_roles.py."""
+token needs). The whole role matrix: tests/emulator/test_rbac_roles.py.
+
+Kept (issue 33 item 7): the spend watcher's token (components/modal/service_user.py,
+watchers/spend_alerts.py); modal 1.6.4 modal/_workspace.py service users.
+"""
 
 from __future__ import annotations
 

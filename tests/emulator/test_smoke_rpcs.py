@@ -1,4 +1,9 @@
-"""RPCs of the required set that no CLI/SDK flow in the other tests sends, over the socket."""
+"""RPCs of the required set that no CLI/SDK flow in the other tests sends, over the socket.
+
+Kept (issue 33 item 7): the release gate calls TaskList (components/modal/_gate.py; modal 1.6.4
+modal/runner.py does too), the Volume provider VolumeGetById and a volume's version
+(components/modal/volume.py; modal/volume.py `_Volume.from_name(version=)`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""Proxy-auth tokens through `modal.Workspace.proxy_tokens`, budgets through raw RPCs."""
+"""Proxy-auth tokens through `modal.Workspace.proxy_tokens`, budgets through raw RPCs.
+
+Kept (issue 33 item 7): the ProxyAuthToken and SpendAlert providers
+(components/modal/proxy_auth_token.py, spend_alert.py); modal 1.6.4 modal/_workspace.py
+`_WorkspaceProxyTokenManager`; budgets have no client wrapper, only modal_proto/api.proto
+`EnvironmentGetBudget`/`EnvironmentSetBudget`.
+"""
 
 from __future__ import annotations
 

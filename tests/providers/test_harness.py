@@ -1,4 +1,11 @@
-"""The engine-protocol harness itself: it must behave like the engine where providers can tell."""
+"""The engine-protocol harness itself: it must behave like the engine where providers can tell.
+
+Kept (issue 33 item 7): every test under tests/providers drives the product's providers through
+this harness. What they can tell is the SDK's dynamic-provider server (pulumi 3.272.0
+pulumi/dynamic/__main__.py): `Configure` answers acceptSecrets=False, so secrets arrive
+stripped; `Diff`/`Create` see the engine's unknown sentinel (`rpc.UNKNOWN`); a provider's
+exception aborts with UNKNOWN and the traceback as details.
+"""
 
 from __future__ import annotations
 

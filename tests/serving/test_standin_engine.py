@@ -4,6 +4,20 @@ Each test starts `python -m standin_engine -- <the spec's real engine command li
 as a process on a free loopback port and talks HTTP to it: what the lifecycle and the proxy
 rely on (models, completions, streams with usage, errors in each engine's shape, the snapshot
 routes) and the failure knobs the deploy health gate is tested with.
+
+Kept (issue 33 item 7): the product's tests run it in vLLM's and SGLang's place
+(tests/serving/test_engine_standin.py, test_app_deploy.py; tests/providers/test_app_gate.py,
+test_serving_app.py; the local stack), so where it diverged they would pass falsely: the
+proxy's token accounting reads the usage chunk (docs/proxy.md: vLLM `should_include_usage`
+under `--enable-force-include-usage`, SGLang `--stream-response-default-include-usage`); the
+snapshot hooks call the sleep routes (vLLM vllm/entrypoints/serve/dev/sleep/api_router.py,
+mounted only with VLLM_SERVER_DEV_MODE; SGLang python/sglang/srt/entrypoints/http_server.py
+`release_memory_occupation`); errors keep each engine's shape (vLLM
+.../exception_handling/error_response.py, SGLang .../openai/protocol.py `ErrorResponse`); a
+flag the pinned parser lacks exits 2 (argparse `ArgumentParser.error`); idle keep-alive
+follows vllm/envs.py VLLM_HTTP_TIMEOUT_KEEP_ALIVE and sglang/srt/environ.py
+SGLANG_TIMEOUT_KEEP_ALIVE (default 5 s), which the proxy's upstream pool relies on. The
+failure knobs have no engine counterpart: the gate's tests use them (docs/serving.md).
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ endpoint answers again (make up's own check: a chat completion through the edge)
 `make up` changes nothing; `make refresh` exists and finds nothing more to change.
 Before: `make plan` said `9 unchanged`, `make up` `9 unchanged` and then failed with HTTP 404
 ("app ... is stopped").
+
+Kept (issue 33 item 7): the subject is the product's drift healing (the App provider's `read`
+and the plan's reason), end to end as `make up` runs it; the stand-in only carries it.
 """
 
 from __future__ import annotations

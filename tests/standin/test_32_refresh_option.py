@@ -1,6 +1,10 @@
 """Issue 32 item 12: whether an operation refreshes first, decided as the Pulumi CLI decides it
 (pulumi/pulumi pkg/cmd/pulumi/operations/io.go getRefreshOption): an explicit `--refresh[=BOOL]`
-wins, else the project's `options: refresh: always`, else no refresh."""
+wins, else the project's `options: refresh: always`, else no refresh.
+
+Kept (issue 33 item 7): the product heals drift only through that refresh (Pulumi.yaml sets
+`refresh: always`; each provider's `read`), and tests/standin/test_32_drift.py checks the
+healing through this decision."""
 
 from __future__ import annotations
 

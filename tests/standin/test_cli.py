@@ -1,6 +1,9 @@
 """`python -m pulumi_standin` as an operator runs it (scripts/offline_stack.py and the Makefile
 targets run the same `main`): one clear message per failure, never asyncio noise.
 
+Kept (issue 33 item 7) as the developer flow: README's quick start (`make up` / `make down`
+without the Pulumi CLI, `make offline-up`) and scripts that read `output` run this `main`.
+
 - The issue's repro: `make offline-up STACK=dev` without a passphrase created `dev` in the
   emulator and wrote no state. Now the passphrase is resolved before anything runs.
 - A clear-text `modal-llm:hfToken` is refused where the CLI refuses it (the program's own

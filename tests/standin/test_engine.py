@@ -3,6 +3,12 @@ mirrors (pulumi/pulumi v3.272.0, read with the search tool; the paths are in eac
 
 The provider is tests/standin/fileprov.py served by the SDK's real dynamic-provider server; its
 "cloud" is a directory whose `log` records every call in order.
+
+Kept (issue 33 item 7): the program's offline tests (tests/program/test_offline_stack.py: a
+rotated key replaced create-before-delete, protectCaches refusing replace and delete, secrets
+in the state only encrypted) and `make up` without the Pulumi CLI run the product's providers
+through this stand-in; a step decided or ordered unlike the engine's would let them pass on a
+sequence Pulumi never runs.
 """
 
 from __future__ import annotations

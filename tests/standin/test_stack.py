@@ -9,6 +9,10 @@ program under mocks, its resources through the SDK's provider server.
 - refresh drops what is gone (step.go RefreshStep: Read answering no id), `--target` leaves
   the other resources alone, `output` prints the last up's outputs, secrets only on request.
 Command-line behaviour (messages, Ctrl-C, passphrase) is in test_cli.py.
+
+Kept (issue 33 item 7): the product's providers must leave no orphan and no duplicate when a
+run stops between steps and make no call on a no-op `up`; the program's tests check that
+through this stand-in, so it must persist and skip as the engine does (the sources above).
 """
 
 from __future__ import annotations
