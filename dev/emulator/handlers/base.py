@@ -320,7 +320,7 @@ class ServicerBase(ModalClientBase):
         `max_message_bytes` is answered HTTP 413 before its body is read (what Modal's front
         end answers, see MAX_MESSAGE_BYTES), and every malformed request is INVALID_ARGUMENT
         naming the RPC. Uses grpclib's stream internals (`_stream`, `_codec`, `_recv_type`),
-        pinned with grpclib 0.4.x; tests/emulator/test_14_12_grpc_messages.py covers them.
+        pinned with grpclib 0.4.x (no test since issue 33 item 7: no real client sends these).
         """
         raw = stream._stream
 
