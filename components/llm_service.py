@@ -351,7 +351,7 @@ def check_model_name(settings: ServiceSettings, cfg: StackConfig) -> str | None:
     )
     if spec.engine_standin is not None:  # nothing loads the model here; a real stack would
         return text + " (The stand-in engine does not load it, so this stack still deploys.)"
-    if cfg.has_hf_token:  # the stack's token may see a private repo this machine cannot
+    if answer.verdict == "no-repo" and cfg.has_hf_token:  # may be private: the stack's token
         return text + f" If it is private, check that {cfg.project}:hfToken can read it."
     raise pulumi.RunError(
         text + f" Correct services[{index}].model (or its revision) in the stack file; the"

@@ -10,8 +10,9 @@ revision, with a short timeout, unless `HF_HUB_OFFLINE` is set. The hub's answer
 - no such repo (`RepositoryNotFoundError`: 404 `X-Error-Code: RepoNotFound`, or 401 for a
   repo this machine's token cannot see) or no such revision (`RevisionNotFoundError`): an
   error, since the deploy would fail when the engine (or ModelWeights) downloads the model.
-  Only a warning where the name may still be right: the stack has an HF token that may see a
-  private repo this machine cannot, or the stand-in engine runs (it never loads the model);
+  Only a warning where the name may still be right: no such repo, but the stack has an HF
+  token that may see a private repo this machine cannot; or the stand-in engine runs (it never
+  loads the model);
 - no answer (no network, HF_HUB_OFFLINE, a timeout, a 5xx): one line saying the name is not
   checked and where a real deploy would fail.
 
@@ -34,10 +35,10 @@ _TRUE = {"1", "ON", "YES", "TRUE"}
 
 @dataclass(frozen=True)
 class HubAnswer:
-    """What the hub said about one model: `found`, `missing` (with what is missing in
-    `detail`) or `unchecked` (with why in `detail`)."""
+    """What the hub said about one model: `found`, `no-repo` / `no-revision` (what is missing
+    in `detail`) or `unchecked` (why in `detail`)."""
 
-    verdict: Literal["found", "missing", "unchecked"]
+    verdict: Literal["found", "no-repo", "no-revision", "unchecked"]
     endpoint: str
     detail: str = ""
 
@@ -72,9 +73,9 @@ def ask_hub(
     except GatedRepoError:  # a RepositoryNotFoundError, but the repo exists
         return HubAnswer("found", where)
     except RevisionNotFoundError:
-        return HubAnswer("missing", where, f"it has no revision {revision!r}")
+        return HubAnswer("no-revision", where, f"it has no revision {revision!r}")
     except RepositoryNotFoundError:
-        return HubAnswer("missing", where, "it has no model of that name visible to this machine")
+        return HubAnswer("no-repo", where, "it has no model of that name visible to this machine")
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "?"
         return HubAnswer("unchecked", where, f"the hub answered HTTP {status}")

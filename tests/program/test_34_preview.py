@@ -219,8 +219,10 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Hub]:
     fake.server.server_close()
 
 
-def _local(model: str, revision: str | None = None) -> tuple[dict[str, str], list[str]]:
-    config, keys = stack_config("dev")
+def _local(
+    model: str, revision: str | None = None, *, hf_token: bool = False
+) -> tuple[dict[str, str], list[str]]:
+    config, keys = stack_config("dev", {NS + "hfToken": {"secure": "x"}} if hf_token else None)
     services = json.loads(config[NS + "services"])
     services[0]["model"] = model
     if revision is not None:
@@ -240,6 +242,20 @@ def test_a_model_the_hub_does_not_know_is_refused(hub: _Hub) -> None:
     assert "revision" in message and "b" * 40 in message
     run_program("dev", *_local(SMOL, SHA), mocks=ProgramMocks(_inputs_only), preview=True)
     assert any(SMOL in p for p in hub.asked)
+
+
+def test_a_missing_repo_is_a_warning_where_the_stacks_token_may_see_it(
+    hub: _Hub, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A private repo answers "not found" to a machine whose token cannot read it; the stack's
+    HF token may. A missing revision of a repo the hub shows is an error all the same."""
+    caplog.set_level(logging.WARNING)
+    typo = SMOL[:-1]
+    run_program("dev", *_local(typo, hf_token=True))
+    (line,) = [w for w in _warnings(caplog) if f"'{typo}'" in w]
+    assert "is not on the Hugging Face hub" in line and "hfToken can read it" in line
+    message = _error("dev", *_local(SMOL, "b" * 40, hf_token=True), preview=False)
+    assert "revision" in message and "b" * 40 in message
 
 
 def test_unreachable_hub_says_the_name_is_not_checked(
