@@ -57,6 +57,7 @@ from components.config_errors import (
     StackFile,
     allowed_keys,
     config_error,
+    problem_line,
     problems_from,
     rule,
     split_path,
@@ -442,7 +443,7 @@ class StackSettings(BaseModel):
             *self._standin_rule(ns, stack, ctx.get("modal_server_url")),
             *self._managed_rules(ns, stack),
             *self._rotation_rule(ns),
-            *self._service_rules(ns),
+            *self._service_rules(ns, stack),
             *self._overflow_rules(ns),
         ]
         if problems:
@@ -482,6 +483,7 @@ class StackSettings(BaseModel):
                     f"pulumi -C access stack output credentials --show-secrets --stack <access "
                     f"stack> | jq -r '.<environment>.proxy_token' | pulumi config set --secret "
                     f"{ns}:proxyToken --stack {stack}",
+                    secret=PROXY_TOKEN_KEY,
                 )
             ]
         if self.has_proxy_token and not managed:
@@ -517,7 +519,8 @@ class StackSettings(BaseModel):
             for name in sorted(set(self.api_key_rotation) - set(self.api_key_names))
         ]
 
-    def _service_rules(self, ns: str) -> list[Problem]:
+    def _service_rules(self, ns: str, stack: str) -> list[Problem]:
+        on = f" --stack {stack}" if stack else ""
         out: list[Problem] = []
         seen: set[str] = set()
         for i, entry in enumerate(self.service_entries):
@@ -534,7 +537,8 @@ class StackSettings(BaseModel):
                         "is not set",
                         fix="Accept the model's license on its Hugging Face page with the "
                         "account the token belongs to, then: pulumi config set --secret "
-                        f"{ns}:hfToken hf_...",
+                        f"{ns}:hfToken hf_...{on}",
+                        secret=HF_TOKEN_KEY,
                     )
                 )
             revision = fields.get("revision")
@@ -559,6 +563,19 @@ class StackSettings(BaseModel):
                     )
                 )
             source = entry.source()
+            repo = (entry.weights or {}).get("repo")
+            model = fields.get("model")
+            if source is not None and source["kind"] == "hf" and repo not in (None, model):
+                out.append(
+                    Problem(
+                        ("services", i, "model"),
+                        f"is {model!r}, but the service's weights volume is provisioned from "
+                        f"{repo!r} (services[{i}].weights.repo): the engine would load "
+                        f"{repo!r}'s files and report them as {model!r}",
+                        fix="Name one model in both: correct the typo, or remove weights.repo "
+                        "(it defaults to the model).",
+                    )
+                )
             if source is not None and source["kind"] == "s3" and not self.has_weights_store:
                 out.append(
                     Problem(
@@ -568,7 +585,9 @@ class StackSettings(BaseModel):
                         fix=f"Set the store's credentials (kept in the Modal secret "
                         f"{WEIGHTS_STORE_SECRET_NAME!r}): pulumi config set --secret "
                         f"{ns}:weightsStoreCredentials "
-                        '\'{"AWS_ACCESS_KEY_ID": "...", "AWS_SECRET_ACCESS_KEY": "..."}\'',
+                        '\'{"AWS_ACCESS_KEY_ID": "...", "AWS_SECRET_ACCESS_KEY": "..."}\''
+                        f"{on}",
+                        secret=WEIGHTS_STORE_KEY,
                     )
                 )
         return out
@@ -627,6 +646,7 @@ def _alias(name: str) -> str:
 
 # Stack-file names of keys that other modules name in their messages (from the fields above).
 OVERFLOW_KEY = _alias("gateway_overflow")
+HF_TOKEN_KEY = _alias("has_hf_token")
 OVERFLOW_SECRET_KEY = _alias("has_in_house_keys")
 WEIGHTS_STORE_KEY = _alias("has_weights_store")
 MANAGED_KEY = _alias("managed_by_access_stack")
@@ -676,6 +696,11 @@ class StackConfig(StackSettings):
     budget_warning: str | None = None
     #: Where the values came from: later checks (the in-house keys) name its lines too.
     stack_file: StackFile | None = None
+    #: Preview only: secret keys a rule needs that are not set. The preview goes on with each
+    #: one unknown (`unknown_secret()`); `up` refuses (`parse_stack_config(preview=False)`).
+    unknown_secrets: tuple[str, ...] = ()
+    #: One warning per key of `unknown_secrets`: what needs it and the command that sets it.
+    secret_warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -743,6 +768,7 @@ def parse_stack_config(
     namespace: str = PROJECT,
     modal_server_url: str | None = None,
     stack_file: StackFile | None = None,
+    preview: bool = False,
 ) -> StackConfig:
     """Validate raw config strings (keys without namespace) into a StackConfig.
 
@@ -751,13 +777,29 @@ def parse_stack_config(
     `modal_server_url` is the Modal server the providers will talk to (modal:serverUrl, else
     env MODAL_SERVER_URL); `engineStandin` is refused unless it is local. `stack_file` is where
     the values came from, for the error's `file:line:col` (default: the name alone).
+
+    `preview` (a `pulumi preview`): a secret that a rule needs but that is not set (the HF
+    token of a gated model, ...: the problems marked `secret`) is no error: the config is
+    validated as if it were set, and the result lists it in `unknown_secrets` with one warning
+    per key in `secret_warnings`. Without `preview` (`up`) those problems are errors.
     """
     ns = namespace
     where = stack_file or StackFile.of(stack)
     data = {k: v for k, v in values.items() if v is not None}
     ctx = {"namespace": ns, "stack": stack, "modal_server_url": modal_server_url}
+    unknown: dict[str, list[Problem]] = {}
     try:
-        settings = StackSettings.model_validate(data, context=ctx)
+        try:
+            settings = StackSettings.model_validate(data, context=ctx)
+        except ValidationError as exc:
+            needed = [p for p in problems_from(exc, StackSettings) if p.secret]
+            if not preview or not needed:
+                raise
+            for p in needed:
+                unknown.setdefault(p.secret, []).append(p)
+            # As if each were set (only presence is validated); a problem left is an error.
+            data = {**data, **{key: "<unknown>" for key in unknown}}
+            settings = StackSettings.model_validate(data, context=ctx)
     except ValidationError as exc:
         problems = problems_from(exc, StackSettings)
         hint = None
@@ -766,8 +808,20 @@ def parse_stack_config(
         raise config_error(
             problems, stack_file=where, namespace=ns, fix=_fix(ns, stack, hint)
         ) from None
+    warnings = tuple(
+        f"{ns}:{key} is not set: this preview goes on with it as an unknown secret (the plan "
+        "is what `up` does once it is set), and `pulumi up` refuses until it is set. Needed by: "
+        + " ".join(problem_line(p, stack_file=where, namespace=ns) for p in needs)
+        for key, needs in unknown.items()
+    )
     try:
-        return _resolve(settings, ns, stack).model_copy(update={"stack_file": where})
+        return _resolve(settings, ns, stack).model_copy(
+            update={
+                "stack_file": where,
+                "unknown_secrets": tuple(unknown),
+                "secret_warnings": warnings,
+            }
+        )
     except _Problems as exc:
         raise config_error(
             exc.problems, stack_file=where, namespace=ns, fix=_fix(ns, stack, None)
@@ -975,6 +1029,20 @@ def proxy_token_part(token: str, index: int) -> str:
     return (token_id, token_secret)[index]
 
 
+def unknown_secret() -> pulumi.Output[str]:
+    """A secret whose value this preview does not know, as Pulumi's own unknown: an Output
+    with is_known False (pulumi 3.272.0 pulumi/output.py `Output.__init__`: `apply` callbacks
+    do not run on it; `_OutputData` holds is_known) and is_secret True, which
+    pulumi/runtime/rpc.py `serialize_property` sends as `rpc.UNKNOWN` inside the secret
+    signature (`{sig: secret, value: UNKNOWN}`), so the engine plans it as an unknown secret
+    input (shown `[secret]` / `output<unknown>`)."""
+
+    async def resolved(value: Any) -> Any:
+        return value
+
+    return pulumi.Output(set(), resolved(None), resolved(False), resolved(True))
+
+
 def _is_secret(full_key: str) -> bool:
     # Under `pulumi up` the secret keys arrive in env PULUMI_CONFIG_SECRET_KEYS; under mocks
     # (and the automation API) through set_all_config.
@@ -1068,11 +1136,19 @@ def load_stack_config(
         namespace=ns,
         modal_server_url=server_url,
         stack_file=where,
+        # pulumi/runtime/settings.py is_dry_run: true under `pulumi preview` and under mocks
+        # set with preview=True (the stand-in's preview, pulumi/runtime/mocks.py set_mocks).
+        preview=pulumi.runtime.is_dry_run(),
     )
+    warn = on_warning or pulumi.log.warn
     if parsed.budget_warning:
-        (on_warning or pulumi.log.warn)(parsed.budget_warning)
+        warn(parsed.budget_warning)
+    for text in parsed.secret_warnings:
+        warn(text)
 
     def secret(key: str) -> pulumi.Output[str] | None:
+        if key in parsed.unknown_secrets:
+            return unknown_secret()
         return cfg.require_secret(key) if present[key] else None
 
     return parsed, StackSecrets(

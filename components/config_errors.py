@@ -37,12 +37,15 @@ class Problem:
     """One thing wrong with the config: where (`loc`, top key first), what, and the value.
 
     `text` is a predicate ("must be true or false", "is not set") or, starting with ":", a
-    sentence of its own; `fix` is the next step, when there is one."""
+    sentence of its own; `fix` is the next step, when there is one. `secret`: the secret key
+    whose absence is the whole problem (a rule that needs it): a preview goes on with that
+    secret unknown and warns; `up` refuses."""
 
     loc: Loc
     text: str
     given: Any = NOT_SHOWN
     fix: str = ""
+    secret: str = ""
 
 
 class ConfigError(ValueError):
@@ -157,7 +160,9 @@ def problems_from(
         loc = (*prefix, *_clean(err["loc"]))
         error = (err.get("ctx") or {}).get("error")
         if isinstance(error, RuleError):
-            out += [Problem((*loc, *p.loc), p.text, p.given, p.fix) for p in error.problems]
+            out += [
+                Problem((*loc, *p.loc), p.text, p.given, p.fix, p.secret) for p in error.problems
+            ]
             continue
         out.append(_problem(err, loc, model))
     return out
@@ -355,23 +360,32 @@ def render(
     fix: Callable[[Problem], str] | None = None,
 ) -> str:
     """One line per problem: `file[:line:col]: key = given predicate. fix`, then what to do."""
-    lines = []
-    for p in problems:
-        path = (_top(str(p.loc[0]), namespace), *p.loc[1:]) if p.loc else ()
-        where = stack_file.where(path)
-        what = loc_text(p.loc, namespace)
-        if p.given is not NOT_SHOWN:
-            what += f" = {_given(p.given)}"
-        sep = "" if p.text.startswith(":") else " "
-        step = p.fix or (fix(p) if fix is not None else "")
-        line = f"{where}: {what}{sep}{p.text}".rstrip(". ")
-        line += "" if line.endswith(("?", "!")) else "."
-        lines.append(line + (f" {step}" if step else ""))
+    lines = [problem_line(p, stack_file=stack_file, namespace=namespace, fix=fix) for p in problems]
     lines.append(
         f"Nothing was applied: the program stops before it registers any resource. Fix "
         f"{stack_file.name} (every key: docs/program.md) and run again."
     )
     return "\n".join(lines)
+
+
+def problem_line(
+    p: Problem,
+    *,
+    stack_file: StackFile,
+    namespace: str,
+    fix: Callable[[Problem], str] | None = None,
+) -> str:
+    """`file[:line:col]: key = given predicate. fix` (one line of `render`)."""
+    path = (_top(str(p.loc[0]), namespace), *p.loc[1:]) if p.loc else ()
+    where = stack_file.where(path)
+    what = loc_text(p.loc, namespace)
+    if p.given is not NOT_SHOWN:
+        what += f" = {_given(p.given)}"
+    sep = "" if p.text.startswith(":") else " "
+    step = p.fix or (fix(p) if fix is not None else "")
+    line = f"{where}: {what}{sep}{p.text}".rstrip(". ")
+    line += "" if line.endswith(("?", "!")) else "."
+    return line + (f" {step}" if step else "")
 
 
 def config_error(

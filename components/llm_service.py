@@ -65,6 +65,7 @@ from components.modal.proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs
 from components.modal.secret import Secret, SecretArgs
 from components.modal.spend_alert import SpendAlert, SpendAlertArgs, SpendWatch
 from components.modal.volume import Volume, VolumeArgs
+from components.model_name import ask_hub
 from serving.spec import KEY_VERSION_ENV, SERVER_NAME
 
 ENVIRONMENT_TYPE = "modal-llm:serving:ServingEnvironment"
@@ -320,6 +321,44 @@ def require_standin_engine(service: str) -> None:
         )
 
 
+def check_model_name(settings: ServiceSettings, cfg: StackConfig) -> str | None:
+    """Ask the hub about the service's model (components/model_name.py): raise
+    pulumi.RunError when it definitely does not exist there; return the line to show when
+    it is not checked (or only doubtful), else None."""
+    source = settings.weights_source
+    if source is not None and source.get("kind") == "s3":
+        return None  # the weights come from a private store: the name is no hub id
+    spec, name = settings.spec, settings.name
+    index = [s.name for s in cfg.services].index(name)
+    where = (
+        "when ModelWeights provisions the weights volume at `up`"
+        if source is not None
+        else "when the engine downloads the model at its first start (the health gate, or"
+        " the first request, shows it)"
+    )
+    answer = ask_hub(spec.model, spec.revision, endpoint=source.get("endpoint") if source else None)
+    if answer.verdict == "found":
+        return None
+    if answer.verdict == "unchecked":
+        return (
+            f"service {name}: model name not checked: {answer.detail}. A wrong name"
+            f" ({spec.model!r}) fails a real deploy {where}."
+        )
+    text = (
+        f"service {name}: {cfg.project}:services[{index}].model {spec.model!r}"
+        f"{f' at revision {spec.revision!r}' if spec.revision else ''} is not on the Hugging"
+        f" Face hub: {answer.endpoint} says {answer.detail}. A deploy would fail {where}."
+    )
+    if spec.engine_standin is not None:  # nothing loads the model here; a real stack would
+        return text + " (The stand-in engine does not load it, so this stack still deploys.)"
+    if answer.verdict == "no-repo" and cfg.has_hf_token:  # may be private: the stack's token
+        return text + f" If it is private, check that {cfg.project}:hfToken can read it."
+    raise pulumi.RunError(
+        text + f" Correct services[{index}].model (or its revision) in the stack file; the"
+        " model's page is " + f"{answer.endpoint}/{spec.model}."
+    )
+
+
 class LLMService(pulumi.ComponentResource):
     """One served model: keys, key-digest secret, cache volumes and the deployed App."""
 
@@ -344,7 +383,11 @@ class LLMService(pulumi.ComponentResource):
         spec = settings.spec
         if spec.engine_standin is not None:
             require_standin_engine(name)
+        unchecked = check_model_name(settings, cfg)
         super().__init__(SERVICE_TYPE, name, None, opts)
+        if unchecked is not None:  # shown by `pulumi preview` and `up`
+            log = pulumi.log.info if spec.engine_standin is not None else pulumi.log.warn
+            log(unchecked, resource=self)
         env = shared.environment_name
         self.settings = settings
         self.shared = shared
