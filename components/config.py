@@ -1169,11 +1169,7 @@ ACCESS_KEY = "environments"
 IdentityRole = Literal["contributor", "viewer", "none"]
 
 
-class _AccessModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class Identity(_AccessModel):
+class Identity(_Strict):
     """One service user of an environment and its role there."""
 
     name: Annotated[
@@ -1197,7 +1193,7 @@ def _environment_name(value: str) -> str:
     return value
 
 
-class AccessEnvironment(_AccessModel):
+class AccessEnvironment(_Strict):
     """One environment the access stack owns: budget, gateway token, identities."""
 
     name: Annotated[
