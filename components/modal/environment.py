@@ -153,8 +153,9 @@ class EnvironmentProvider(ModalProvider):
                 mexc.AlreadyExistsError: (
                     "An environment with this name (or this web suffix) already exists and it"
                     " is not this resource's (no pending create of this resource names it): set"
-                    " adopt=True to manage the existing environment (stack config"
-                    " `modal-llm:adoptEnvironment: true`; destroy then leaves it in place),"
+                    " adopt=True to manage the existing environment (a service stack:"
+                    " `modal-llm:adoptEnvironment: true`; the access stack: `adopt: true` in"
+                    f" its `environments` entry {name!r}; destroy then leaves it in place),"
                     f" delete it (`modal environment delete {name}`: everything in it goes"
                     " with it), or pick another name/suffix."
                 )

@@ -58,6 +58,12 @@ def test_adopt_flag(engine: Engine, modal_env: EmulatorProcess) -> None:
         engine.up("e", P, inputs("shared"))
     assert "Environment 'shared': create failed" in ei.value.details
     assert "adopt=True" in ei.value.details
+    # Issue 34 finding 3: the access stack's way to adopt is named too (it named only the
+    # service stack's `modal-llm:adoptEnvironment`, a key the access stack does not have).
+    assert "`modal-llm:adoptEnvironment: true`" in ei.value.details
+    assert "the access stack: `adopt: true` in its `environments` entry 'shared'" in (
+        " ".join(ei.value.details.split())
+    )
     assert engine.up("e", P, inputs("shared", adopt=True)) == "create"
     assert engine.states["e"].outputs["adopted"] is True
     engine.destroy("e")
