@@ -13,12 +13,16 @@ A resource declares its fields once, as a class body (the `...Args` class its us
 Each field says what it is:
 
 - `replaces(...)`: an input whose change replaces the object; `updates(...)`: one whose change
-  updates it in place; `records(...)`: an input that is recorded but never compared (e.g. a
-  value only `extra_changes` reads; `in_outputs=False`: not echoed in the outputs either);
-  `flag(default=False)`: a true/false update input (absent = False; `compared=False`: only
-  recorded); `owner()`: the ownership mark (`_base.owner_mark`) and `computed(initial=...)`:
-  inputs the resource class fills in, not constructor arguments; `output()`: a value only
-  the provider computes (`default`: what a state written before it existed stands for).
+  updates it in place; `records(...)`: an input that is recorded but never compared by the
+  declared diff (`in_outputs=False`: not echoed in the outputs either). A recorded input may
+  say what its change does: `redeploys=True`, the object is made again from it (the
+  provider's `extra_changes` tells how, e.g. from a digest); `noted=changed(old, new)`, the
+  change is recorded by an update that leaves the object as it is. `flag(default=False)`: a
+  true/false update input (absent = False; `noted=True`: a noted one instead); `owner()`:
+  the ownership mark (`_base.owner_mark`) and `computed(initial=...)`: inputs the resource
+  class fills in, not constructor arguments; `output()`: a value only the provider computes
+  (`default`: what a state written before it existed stands for; `group`: a name for
+  outputs that come together, e.g. what one call returns).
 - `default` (or `default_factory`): the constructor default, also what `check` fills in when
   the engine sends the input as null (nothing is filled in for a default of None).
 - `view`: how `diff` reads the value before comparing (see `_base.DiffSpec`); `unset_keeps`:
@@ -67,6 +71,8 @@ Check = Callable[[Any], Iterable[str]]
 Initial = Callable[[str, str, "pulumi.ResourceOptions | None"], Any]
 #: A check of several inputs together: (property, problem) pairs.
 Rule = Callable[[Mapping[str, Any]], Iterable[tuple[str, str]]]
+#: Whether a noted input changed: (old, new) -> bool, for known values.
+Changed = Callable[[Any, Any], bool]
 _KEY = "modal_llm_field"
 
 
@@ -95,6 +101,12 @@ class FieldSpec:
     echo: Callable[[Mapping[str, Any]], Any] | None = None
     #: Left out of a refresh's inputs when null (the owner mark of a resource without one).
     omit_none: bool = False
+    #: A recorded input from which the object is made again when it changes.
+    redeploys: bool = False
+    #: A recorded input whose change is recorded by an update that leaves the object as it is.
+    noted: Changed | None = None
+    #: Outputs that come together (e.g. what one call returns): `ResourceSchema.group`.
+    group: str = ""
 
     @property
     def is_input(self) -> bool:
@@ -172,9 +184,11 @@ def records(
     normalize: Callable[[Any], Any] | None = None,
     fill: Callable[[Mapping[str, Any]], Any] | None = None,
     in_outputs: bool = True,
+    redeploys: bool = False,
+    noted: Changed | None = None,
 ) -> Any:
     """An input that is recorded but never compared by the declared diff (`extra_changes`
-    may read it)."""
+    may read it; `redeploys`, `noted`: what its change does)."""
     spec = FieldSpec(
         "record",
         secret=secret,
@@ -182,21 +196,36 @@ def records(
         normalize=normalize,
         fill=fill,
         in_outputs=in_outputs,
+        redeploys=redeploys,
+        noted=noted,
     )
     return _field(spec, init=True, default=default, default_factory=default_factory)
 
 
-def flag(*, default: bool, compared: bool = True) -> Any:
+def _flag_changed(old: Any, new: Any) -> bool:
+    return bool(new or False) != bool(old or False)
+
+
+def flag(*, default: bool, noted: bool = False) -> Any:
     """A true/false input (absent, null and False compare equal) that updates in place, or
-    with `compared=False` is only recorded. `default` is spelled out (`flag(default=False)`):
-    type checkers read it from the call."""
-    spec = FieldSpec("update" if compared else "record", flag=True, normalize=bool)
+    with `noted=True` is recorded by an update that leaves the object as it is. `default` is
+    spelled out (`flag(default=False)`): type checkers read it from the call."""
+    if noted:
+        spec = FieldSpec("record", flag=True, normalize=bool, noted=_flag_changed)
+    else:
+        spec = FieldSpec("update", flag=True, normalize=bool)
     return _field(spec, init=True, default=default, default_factory=None)
 
 
-def computed(*, initial: Initial, check: Check | None = None, init: Literal[False] = False) -> Any:
+def computed(
+    *,
+    initial: Initial,
+    check: Check | None = None,
+    noted: Changed | None = None,
+    init: Literal[False] = False,
+) -> Any:
     """A recorded input the resource class computes (`initial`), not a constructor argument."""
-    spec = FieldSpec("record", check=check, initial=initial)
+    spec = FieldSpec("record", check=check, initial=initial, noted=noted)
     return _field(spec, init=init, default=None, default_factory=None)
 
 
@@ -214,11 +243,16 @@ def owner(*, init: Literal[False] = False) -> Any:
 
 
 def output(
-    *, init: Literal[False] = False, secret: bool = False, default: Any = dataclasses.MISSING
+    *,
+    init: Literal[False] = False,
+    secret: bool = False,
+    default: Any = dataclasses.MISSING,
+    group: str = "",
 ) -> Any:
     """A value only the provider computes (None in the props the resource registers);
-    `default`: what a state written before it existed stands for (`output_defaults`)."""
-    spec = FieldSpec("output", secret=secret)
+    `default`: what a state written before it existed stands for (`output_defaults`);
+    `group`: outputs that come together (`ResourceSchema.group`)."""
+    spec = FieldSpec("output", secret=secret, group=group)
     if default is not dataclasses.MISSING:
         spec = dataclasses.replace(spec, default=default, has_default=True)
     return _field(spec, init=init, default=dataclasses.MISSING, default_factory=None)
@@ -243,6 +277,20 @@ class ResourceSchema:
             update_on=tuple(f.name for f in self.fields if f.role == "update"),
             views=views,
             unset_keeps=tuple(f.name for f in self.fields if f.unset_keeps),
+        )
+        #: The recorded inputs from which the object is made again.
+        self.redeploys = tuple(f.name for f in self.fields if f.redeploys)
+
+    def group(self, name: str) -> tuple[str, ...]:
+        """The outputs declared with `group=name`, in declaration order."""
+        return tuple(f.name for f in self.fields if f.role == "output" and f.group == name)
+
+    def noted_changed(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+        """Whether a `noted` input changed (an unknown new value counts as a change)."""
+        return any(
+            is_unknown(news.get(f.name)) or f.noted(olds.get(f.name), news.get(f.name))
+            for f in self.fields
+            if f.noted is not None
         )
 
     # ---- the program side --------------------------------------------------------------

@@ -314,3 +314,30 @@ def test_providers_take_check_and_diff_from_their_schema(cls: type[Any]) -> None
     assert "check" not in cls.__dict__ and "diff" not in cls.__dict__, cls.__name__
     if issubclass(cls, ModalProvider):
         assert cls.__dict__["DIFF"] is cls.SCHEMA.diff
+
+
+# ---- what a recorded input's change does; groups of outputs ---------------------------------
+
+
+class Released(Schema):
+    source: pulumi.Input[str] = records(redeploys=True)
+    gate: pulumi.Input[bool] = flag(default=False, noted=True)
+    wait_s: pulumi.Input[float] = records(default=5.0, noted=lambda o, n: float(o) != float(n))
+    token: pulumi.Input[str] | None = records(default=None)
+    run_id: str = output()
+    rows: int = output(group="run")
+    size: int = output(group="run")
+
+
+def test_redeploys_noted_and_groups_come_from_the_declaration() -> None:
+    r = Released.SCHEMA
+    assert r.redeploys == ("source",)
+    assert r.group("run") == ("rows", "size") and r.group("other") == ()
+    assert r.diff.update_on == () and r.diff.replace_on == ()
+    old = {"source": "a", "gate": None, "wait_s": 5, "token": "t"}
+    # Neither a redeploy input nor an uncompared one is noted; a noted one compares as declared.
+    assert not r.noted_changed(old, {**old, "source": "b", "token": "u", "gate": False})
+    assert r.noted_changed(old, {**old, "gate": True})
+    assert not r.noted_changed(old, {**old, "wait_s": 5.0})
+    assert r.noted_changed(old, {**old, "wait_s": 6})
+    assert r.noted_changed(old, {**old, "wait_s": UNKNOWN})
