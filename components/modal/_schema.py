@@ -49,7 +49,17 @@ import copy
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, dataclass_transform
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Generic,
+    Literal,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    dataclass_transform,
+)
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvider
@@ -139,67 +149,56 @@ def _field(
     return dataclasses.field(metadata={_KEY: spec})
 
 
-def replaces(
-    *,
-    default: Any = dataclasses.MISSING,
-    default_factory: Callable[[], Any] | None = None,
-    view: View | None = None,
-    secret: bool = False,
-    check: Check | None = None,
-    normalize: Callable[[Any], Any] | None = None,
-) -> Any:
-    """An input whose change replaces the object."""
-    spec = FieldSpec("replace", view=view, secret=secret, check=check, normalize=normalize)
-    return _field(spec, init=True, default=default, default_factory=default_factory)
+class _Input(TypedDict, total=False):
+    """What every declared input may say (see the module docstring). `default` and
+    `default_factory` are read from the call by type checkers (PEP 681), as dataclasses'."""
+
+    default: Any
+    default_factory: Callable[[], Any]
+    secret: bool
+    check: Check | None
+    normalize: Callable[[Any], Any] | None
 
 
-def updates(
-    *,
-    default: Any = dataclasses.MISSING,
-    default_factory: Callable[[], Any] | None = None,
-    view: View | None = None,
-    unset_keeps: bool = False,
-    secret: bool = False,
-    check: Check | None = None,
-    normalize: Callable[[Any], Any] | None = None,
-) -> Any:
-    """An input whose change updates the object in place."""
-    spec = FieldSpec(
-        "update",
-        view=view,
-        unset_keeps=unset_keeps,
-        secret=secret,
-        check=check,
-        normalize=normalize,
+class _Compared(_Input, total=False):
+    view: View | None
+
+
+class _Updated(_Compared, total=False):
+    unset_keeps: bool
+
+
+class _Recorded(_Input, total=False):
+    fill: Callable[[Mapping[str, Any]], Any] | None
+    in_outputs: bool
+    redeploys: bool
+    noted: Changed | None
+
+
+def _input(role: Role, options: Mapping[str, Any]) -> Any:
+    spec = {k: v for k, v in options.items() if k not in ("default", "default_factory")}
+    return _field(
+        FieldSpec(role, **spec),
+        init=True,
+        default=options.get("default", dataclasses.MISSING),
+        default_factory=options.get("default_factory"),
     )
-    return _field(spec, init=True, default=default, default_factory=default_factory)
 
 
-def records(
-    *,
-    default: Any = dataclasses.MISSING,
-    default_factory: Callable[[], Any] | None = None,
-    secret: bool = False,
-    check: Check | None = None,
-    normalize: Callable[[Any], Any] | None = None,
-    fill: Callable[[Mapping[str, Any]], Any] | None = None,
-    in_outputs: bool = True,
-    redeploys: bool = False,
-    noted: Changed | None = None,
-) -> Any:
+def replaces(**options: Unpack[_Compared]) -> Any:
+    """An input whose change replaces the object."""
+    return _input("replace", options)
+
+
+def updates(**options: Unpack[_Updated]) -> Any:
+    """An input whose change updates the object in place."""
+    return _input("update", options)
+
+
+def records(**options: Unpack[_Recorded]) -> Any:
     """An input that is recorded but never compared by the declared diff (`extra_changes`
     may read it; `redeploys`, `noted`: what its change does)."""
-    spec = FieldSpec(
-        "record",
-        secret=secret,
-        check=check,
-        normalize=normalize,
-        fill=fill,
-        in_outputs=in_outputs,
-        redeploys=redeploys,
-        noted=noted,
-    )
-    return _field(spec, init=True, default=default, default_factory=default_factory)
+    return _input("record", options)
 
 
 def _flag_changed(old: Any, new: Any) -> bool:

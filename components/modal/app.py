@@ -325,9 +325,7 @@ def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
 
 
 class AppProvider(ModalProvider):
-    kind = "App"
     type_token = TYPE_TOKEN
-    adoptable = True
     SCHEMA = AppArgs.SCHEMA
 
     @staticmethod

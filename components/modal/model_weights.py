@@ -194,7 +194,6 @@ class _Run(RunnerRun):
 
 
 class ModelWeightsProvider(ModalProvider):
-    kind = "ModelWeights"
     type_token = TYPE_TOKEN
     SCHEMA = ModelWeightsArgs.SCHEMA
 
