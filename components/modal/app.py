@@ -333,15 +333,8 @@ class AppProvider(ModalProvider):
         """True when a redeploy is due: spec, shipped source, app file or extra env changed."""
         if any(is_unknown(news.get(k)) for k in AppArgs.SCHEMA.redeploys):
             return True
-        if _extra_env(news) != _extra_env(olds) or news.get("app_file") != olds.get("app_file"):
-            return True
         try:
-            new_spec = news.get("spec_digest") or spec_digest(str(news["spec_json"]))
-            return bool(
-                new_spec != olds.get("spec_digest")
-                or source_digest(str(news["app_file"]), spec_json=str(news["spec_json"]))
-                != olds.get("source_digest")
-            )
+            return _ships_changed(olds, news, AppProvider._digests(news))
         except (OSError, ValueError, SyntaxError):
             return True  # check() reports the problem; never hide a change
 
@@ -590,13 +583,20 @@ def _record_only(
 ) -> bool:
     """An update that only records (nothing to deploy): a noted input changed and
     what ships did not (the digests taken for this update, the app file, the extra env)."""
-    same = (
-        digests["spec_digest"] == olds.get("spec_digest")
-        and digests["source_digest"] == olds.get("source_digest")
-        and news.get("app_file") == olds.get("app_file")
-        and _extra_env(news) == _extra_env(olds)
+    return not _ships_changed(olds, news, digests) and AppArgs.SCHEMA.noted_changed(olds, news)
+
+
+def _ships_changed(
+    olds: Mapping[str, Any], news: Mapping[str, Any], digests: Mapping[str, str]
+) -> bool:
+    """What ships differs from the state's: the digests taken for this change (`_digests`:
+    spec and shipped source), the app file or the extra env."""
+    return (
+        digests["spec_digest"] != olds.get("spec_digest")
+        or digests["source_digest"] != olds.get("source_digest")
+        or news.get("app_file") != olds.get("app_file")
+        or _extra_env(news) != _extra_env(olds)
     )
-    return same and AppArgs.SCHEMA.noted_changed(olds, news)
 
 
 def _or_default(value: Any) -> str:
