@@ -356,15 +356,16 @@ def _answer(exc: BaseException) -> str:
 class ModalProvider(ResourceProvider):
     """Base of every Modal dynamic provider: credentials at call time, retries, error mapping.
 
-    Subclasses set `kind` (e.g. "Secret") and implement the ResourceProvider methods, calling
-    Modal only through `self.run(...)`.
+    Subclasses set `type_token` (their `kind`, e.g. "Secret", is its last part) and implement
+    the ResourceProvider methods, calling Modal only through `self.run(...)`.
     """
 
     kind: ClassVar[str] = "Modal resource"
     #: `pulumi-python:dynamic/modal:<Name>`; the harness reads it to build URNs.
     type_token: ClassVar[str] = ""
     serialize_as_secret_always = True
-    #: Has an `adopt` input (an existing object can be taken over): named in error hints.
+    #: Has an `adopt` input (an existing object can be taken over): named in error hints. From
+    #: the `SCHEMA`.
     adoptable: ClassVar[bool] = False
 
     #: What `diff` compares; every provider declares its own (see `DiffSpec`), or a `SCHEMA`
@@ -384,8 +385,11 @@ class ModalProvider(ResourceProvider):
         the PR preview job holds no Modal token by design (.github/workflows/preview.yml).
         Half a pair of credentials, or a wrong one, still fails as before."""
         super().__init_subclass__(**kwargs)
+        if "type_token" in cls.__dict__ and "kind" not in cls.__dict__:
+            cls.kind = cls.type_token.rpartition(":")[2]
         if "SCHEMA" in cls.__dict__:
             cls.DIFF = cls.SCHEMA.diff
+            cls.adoptable = "adopt" in cls.SCHEMA.by_name
         read = cls.__dict__.get("read")
         if read is None or getattr(read, "_keeps_state_without_credentials", False):
             return

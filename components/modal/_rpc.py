@@ -158,39 +158,50 @@ async def deployed_apps(client: Any, environment: str) -> list[str]:
 # ---- secrets -------------------------------------------------------------------------------
 
 
+async def _get_or_create(
+    client: Any,
+    kind: str,
+    name: str,
+    environment: str,
+    key: str | None,
+    **create: Any,
+) -> str | None:
+    """`<kind>GetOrCreate` (kind: Secret or Volume) of `name` in the environment, as the
+    SDK's `from_name` sends it: with `key`, a create that fails if it exists (the `create`
+    fields sent with it), sent once (`_once`); without, a lookup: the id, or None (also: no
+    such environment). Returns `<kind>_id`."""
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    request = getattr(api_pb2, f"{kind}GetOrCreateRequest")(
+        deployment_name=name,
+        environment_name=environment,
+        object_creation_type=(
+            api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED
+            if key is None
+            else api_pb2.OBJECT_CREATION_TYPE_CREATE_FAIL_IF_EXISTS
+        ),
+        **create,
+    )
+    method = getattr(client._stub, f"{kind}GetOrCreate")
+    try:
+        resp = await (method(request) if key is None else method(request, **_once(key)))
+    except mexc.NotFoundError:
+        if key is not None:
+            raise
+        return None
+    return str(getattr(resp, f"{kind.lower()}_id"))
+
+
 async def secret_create(
     client: Any, name: str, environment: str, values: dict[str, str], key: str
 ) -> str:
-    from modal_proto import api_pb2
-
-    resp = await client._stub.SecretGetOrCreate(
-        api_pb2.SecretGetOrCreateRequest(
-            deployment_name=name,
-            environment_name=environment,
-            object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_FAIL_IF_EXISTS,
-            env_dict=values,
-        ),
-        **_once(key),
-    )
-    return str(resp.secret_id)
+    return str(await _get_or_create(client, "Secret", name, environment, key, env_dict=values))
 
 
 async def secret_lookup(client: Any, name: str, environment: str) -> str | None:
     """Id of the secret of that name in the environment (as `Secret.from_name` hydrates)."""
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    try:
-        resp = await client._stub.SecretGetOrCreate(
-            api_pb2.SecretGetOrCreateRequest(
-                deployment_name=name,
-                environment_name=environment,
-                object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED,
-            )
-        )
-    except mexc.NotFoundError:
-        return None
-    return str(resp.secret_id)
+    return await _get_or_create(client, "Secret", name, environment, None)
 
 
 async def secret_info(client: Any, secret_id: str) -> Any:
@@ -244,34 +255,13 @@ async def secret_names(client: Any, environment: str) -> list[str]:
 async def volume_create(client: Any, name: str, environment: str, key: str) -> str:
     from modal_proto import api_pb2
 
-    resp = await client._stub.VolumeGetOrCreate(
-        api_pb2.VolumeGetOrCreateRequest(
-            deployment_name=name,
-            environment_name=environment,
-            object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_FAIL_IF_EXISTS,
-            version=api_pb2.VOLUME_FS_VERSION_UNSPECIFIED,
-        ),
-        **_once(key),
-    )
-    return str(resp.volume_id)
+    version = api_pb2.VOLUME_FS_VERSION_UNSPECIFIED
+    return str(await _get_or_create(client, "Volume", name, environment, key, version=version))
 
 
 async def volume_lookup(client: Any, name: str, environment: str) -> str | None:
     """Id of the volume of that name in the environment, or None (also: no such env)."""
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    try:
-        resp = await client._stub.VolumeGetOrCreate(
-            api_pb2.VolumeGetOrCreateRequest(
-                deployment_name=name,
-                environment_name=environment,
-                object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED,
-            )
-        )
-    except mexc.NotFoundError:
-        return None
-    return str(resp.volume_id)
+    return await _get_or_create(client, "Volume", name, environment, None)
 
 
 async def volume_get(client: Any, volume_id: str) -> Any:

@@ -13,12 +13,16 @@ A resource declares its fields once, as a class body (the `...Args` class its us
 Each field says what it is:
 
 - `replaces(...)`: an input whose change replaces the object; `updates(...)`: one whose change
-  updates it in place; `records(...)`: an input that is recorded but never compared (e.g. a
-  value only `extra_changes` reads; `in_outputs=False`: not echoed in the outputs either);
-  `flag(default=False)`: a true/false update input (absent = False; `compared=False`: only
-  recorded); `owner()`: the ownership mark (`_base.owner_mark`) and `computed(initial=...)`:
-  inputs the resource class fills in, not constructor arguments; `output()`: a value only
-  the provider computes (`default`: what a state written before it existed stands for).
+  updates it in place; `records(...)`: an input that is recorded but never compared by the
+  declared diff (`in_outputs=False`: not echoed in the outputs either). A recorded input may
+  say what its change does: `redeploys=True`, the object is made again from it (the
+  provider's `extra_changes` tells how, e.g. from a digest); `noted=changed(old, new)`, the
+  change is recorded by an update that leaves the object as it is. `flag(default=False)`: a
+  true/false update input (absent = False; `noted=True`: a noted one instead); `owner()`:
+  the ownership mark (`_base.owner_mark`) and `computed(initial=...)`: inputs the resource
+  class fills in, not constructor arguments; `output()`: a value only the provider computes
+  (`default`: what a state written before it existed stands for; `group`: a name for
+  outputs that come together, e.g. what one call returns).
 - `default` (or `default_factory`): the constructor default, also what `check` fills in when
   the engine sends the input as null (nothing is filled in for a default of None).
 - `view`: how `diff` reads the value before comparing (see `_base.DiffSpec`); `unset_keeps`:
@@ -45,7 +49,17 @@ import copy
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, dataclass_transform
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Generic,
+    Literal,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    dataclass_transform,
+)
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvider
@@ -67,6 +81,8 @@ Check = Callable[[Any], Iterable[str]]
 Initial = Callable[[str, str, "pulumi.ResourceOptions | None"], Any]
 #: A check of several inputs together: (property, problem) pairs.
 Rule = Callable[[Mapping[str, Any]], Iterable[tuple[str, str]]]
+#: Whether a noted input changed: (old, new) -> bool, for known values.
+Changed = Callable[[Any, Any], bool]
 _KEY = "modal_llm_field"
 
 
@@ -95,6 +111,12 @@ class FieldSpec:
     echo: Callable[[Mapping[str, Any]], Any] | None = None
     #: Left out of a refresh's inputs when null (the owner mark of a resource without one).
     omit_none: bool = False
+    #: A recorded input from which the object is made again when it changes.
+    redeploys: bool = False
+    #: A recorded input whose change is recorded by an update that leaves the object as it is.
+    noted: Changed | None = None
+    #: Outputs that come together (e.g. what one call returns): `ResourceSchema.group`.
+    group: str = ""
 
     @property
     def is_input(self) -> bool:
@@ -127,76 +149,82 @@ def _field(
     return dataclasses.field(metadata={_KEY: spec})
 
 
-def replaces(
-    *,
-    default: Any = dataclasses.MISSING,
-    default_factory: Callable[[], Any] | None = None,
-    view: View | None = None,
-    secret: bool = False,
-    check: Check | None = None,
-    normalize: Callable[[Any], Any] | None = None,
-) -> Any:
+class _Input(TypedDict, total=False):
+    """What every declared input may say (see the module docstring). `default` and
+    `default_factory` are read from the call by type checkers (PEP 681), as dataclasses'."""
+
+    default: Any
+    default_factory: Callable[[], Any]
+    secret: bool
+    check: Check | None
+    normalize: Callable[[Any], Any] | None
+
+
+class _Compared(_Input, total=False):
+    view: View | None
+
+
+class _Updated(_Compared, total=False):
+    unset_keeps: bool
+
+
+class _Recorded(_Input, total=False):
+    fill: Callable[[Mapping[str, Any]], Any] | None
+    in_outputs: bool
+    redeploys: bool
+    noted: Changed | None
+
+
+def _input(role: Role, options: Mapping[str, Any]) -> Any:
+    spec = {k: v for k, v in options.items() if k not in ("default", "default_factory")}
+    return _field(
+        FieldSpec(role, **spec),
+        init=True,
+        default=options.get("default", dataclasses.MISSING),
+        default_factory=options.get("default_factory"),
+    )
+
+
+def replaces(**options: Unpack[_Compared]) -> Any:
     """An input whose change replaces the object."""
-    spec = FieldSpec("replace", view=view, secret=secret, check=check, normalize=normalize)
-    return _field(spec, init=True, default=default, default_factory=default_factory)
+    return _input("replace", options)
 
 
-def updates(
-    *,
-    default: Any = dataclasses.MISSING,
-    default_factory: Callable[[], Any] | None = None,
-    view: View | None = None,
-    unset_keeps: bool = False,
-    secret: bool = False,
-    check: Check | None = None,
-    normalize: Callable[[Any], Any] | None = None,
-) -> Any:
+def updates(**options: Unpack[_Updated]) -> Any:
     """An input whose change updates the object in place."""
-    spec = FieldSpec(
-        "update",
-        view=view,
-        unset_keeps=unset_keeps,
-        secret=secret,
-        check=check,
-        normalize=normalize,
-    )
-    return _field(spec, init=True, default=default, default_factory=default_factory)
+    return _input("update", options)
 
 
-def records(
-    *,
-    default: Any = dataclasses.MISSING,
-    default_factory: Callable[[], Any] | None = None,
-    secret: bool = False,
-    check: Check | None = None,
-    normalize: Callable[[Any], Any] | None = None,
-    fill: Callable[[Mapping[str, Any]], Any] | None = None,
-    in_outputs: bool = True,
-) -> Any:
+def records(**options: Unpack[_Recorded]) -> Any:
     """An input that is recorded but never compared by the declared diff (`extra_changes`
-    may read it)."""
-    spec = FieldSpec(
-        "record",
-        secret=secret,
-        check=check,
-        normalize=normalize,
-        fill=fill,
-        in_outputs=in_outputs,
-    )
-    return _field(spec, init=True, default=default, default_factory=default_factory)
+    may read it; `redeploys`, `noted`: what its change does)."""
+    return _input("record", options)
 
 
-def flag(*, default: bool, compared: bool = True) -> Any:
+def _flag_changed(old: Any, new: Any) -> bool:
+    return bool(new or False) != bool(old or False)
+
+
+def flag(*, default: bool, noted: bool = False) -> Any:
     """A true/false input (absent, null and False compare equal) that updates in place, or
-    with `compared=False` is only recorded. `default` is spelled out (`flag(default=False)`):
-    type checkers read it from the call."""
-    spec = FieldSpec("update" if compared else "record", flag=True, normalize=bool)
+    with `noted=True` is recorded by an update that leaves the object as it is. `default` is
+    spelled out (`flag(default=False)`): type checkers read it from the call."""
+    if noted:
+        spec = FieldSpec("record", flag=True, normalize=bool, noted=_flag_changed)
+    else:
+        spec = FieldSpec("update", flag=True, normalize=bool)
     return _field(spec, init=True, default=default, default_factory=None)
 
 
-def computed(*, initial: Initial, check: Check | None = None, init: Literal[False] = False) -> Any:
+def computed(
+    *,
+    initial: Initial,
+    check: Check | None = None,
+    noted: Changed | None = None,
+    init: Literal[False] = False,
+) -> Any:
     """A recorded input the resource class computes (`initial`), not a constructor argument."""
-    spec = FieldSpec("record", check=check, initial=initial)
+    spec = FieldSpec("record", check=check, initial=initial, noted=noted)
     return _field(spec, init=init, default=None, default_factory=None)
 
 
@@ -214,11 +242,16 @@ def owner(*, init: Literal[False] = False) -> Any:
 
 
 def output(
-    *, init: Literal[False] = False, secret: bool = False, default: Any = dataclasses.MISSING
+    *,
+    init: Literal[False] = False,
+    secret: bool = False,
+    default: Any = dataclasses.MISSING,
+    group: str = "",
 ) -> Any:
     """A value only the provider computes (None in the props the resource registers);
-    `default`: what a state written before it existed stands for (`output_defaults`)."""
-    spec = FieldSpec("output", secret=secret)
+    `default`: what a state written before it existed stands for (`output_defaults`);
+    `group`: outputs that come together (`ResourceSchema.group`)."""
+    spec = FieldSpec("output", secret=secret, group=group)
     if default is not dataclasses.MISSING:
         spec = dataclasses.replace(spec, default=default, has_default=True)
     return _field(spec, init=init, default=dataclasses.MISSING, default_factory=None)
@@ -243,6 +276,20 @@ class ResourceSchema:
             update_on=tuple(f.name for f in self.fields if f.role == "update"),
             views=views,
             unset_keeps=tuple(f.name for f in self.fields if f.unset_keeps),
+        )
+        #: The recorded inputs from which the object is made again.
+        self.redeploys = tuple(f.name for f in self.fields if f.redeploys)
+
+    def group(self, name: str) -> tuple[str, ...]:
+        """The outputs declared with `group=name`, in declaration order."""
+        return tuple(f.name for f in self.fields if f.role == "output" and f.group == name)
+
+    def noted_changed(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+        """Whether a `noted` input changed (an unknown new value counts as a change)."""
+        return any(
+            is_unknown(news.get(f.name)) or f.noted(olds.get(f.name), news.get(f.name))
+            for f in self.fields
+            if f.noted is not None
         )
 
     # ---- the program side --------------------------------------------------------------

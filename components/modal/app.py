@@ -101,8 +101,6 @@ from ._source import shipped_files, source_digest
 from .defaults import GATE_TASK, GATE_TASKS, GATE_TIMEOUT_MAX_S, GATE_TIMEOUT_S
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:App"  # noqa: S105 (a Pulumi type token)
-# Inputs that never redeploy: a change is recorded (an update without a deploy).
-RECORD_ONLY = ("adopt", "health_gate", "health_gate_timeout_s", "gate_task", "custom_timeouts")
 _ENV_KEY_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -234,34 +232,54 @@ def _custom_timeouts(
     return custom_timeouts_s(opts.custom_timeouts if opts else None)
 
 
+def _seconds_changed(old: Any, new: Any) -> bool:
+    """The gate's timeout, as seconds (a state without one: no change)."""
+    return old is not None and new is not None and float(old) != float(new)
+
+
+def _task_changed(old: Any, new: Any) -> bool:
+    return str(new or GATE_TASK) != str(old or GATE_TASK)
+
+
+def _seconds_by_op(timeouts: Any) -> dict[str, float]:
+    return {str(k): float(v) for k, v in dict(timeouts or {}).items()}
+
+
+def _timeouts_changed(old: Any, new: Any) -> bool:
+    return _seconds_by_op(new) != _seconds_by_op(old)
+
+
 class AppArgs(Schema):
     """Inputs of an `App` (keywords), then what it outputs. A changed name or environment
-    replaces; a changed spec, app source or extra env redeploys, a changed recorded-only
-    input (RECORD_ONLY) is recorded without a deploy (`extra_changes`)."""
+    replaces; a changed spec, app source or extra env redeploys (`redeploys`), a changed
+    `noted` input is recorded without a deploy (`extra_changes`)."""
 
     RULES = (_source_parses, _digest_matches, _gate_can_call)
 
     name: pulumi.Input[str] = replaces(check=object_name("App"))
     environment: pulumi.Input[str] = replaces(check=environment_problems)
-    app_file: pulumi.Input[str] = records(check=_app_file_problems)
-    spec_json: pulumi.Input[str] = records(check=_spec_problems)
+    app_file: pulumi.Input[str] = records(check=_app_file_problems, redeploys=True)
+    spec_json: pulumi.Input[str] = records(check=_spec_problems, redeploys=True)
     extra_env: pulumi.Input[Mapping[str, pulumi.Input[str]]] = records(
-        default_factory=dict, check=_extra_env_problems
+        default_factory=dict, check=_extra_env_problems, redeploys=True
     )
     #: sha256 of `spec_json` (`ServingSpec.digest()`); computed from `spec_json` when None.
     spec_digest: pulumi.Input[str] | None = records(
         default=None,
+        redeploys=True,
         fill=lambda news: (
             spec_digest(news["spec_json"]) if isinstance(news.get("spec_json"), str) else None
         ),
     )
-    adopt: pulumi.Input[bool] = flag(default=False, compared=False)
+    # The noted inputs, each compared as what it means (a new task or timeout alone is a
+    # change); none of them redeploys.
+    adopt: pulumi.Input[bool] = flag(default=False, noted=True)
     #: Health gate (issue 11): after a deploy, wait until the endpoint answers through the edge
     #: (`/ready` 200, then a one-token completion), else roll back (update) or stop (create).
-    health_gate: pulumi.Input[bool] = flag(default=False, compared=False)
+    health_gate: pulumi.Input[bool] = flag(default=False, noted=True)
     #: How long the gate waits (the service's startup timeout + request timeout).
     health_gate_timeout_s: pulumi.Input[float] = records(
-        default=GATE_TIMEOUT_S, check=_timeout_problems
+        default=GATE_TIMEOUT_S, check=_timeout_problems, noted=_seconds_changed
     )
     #: What the gate sends: the stack's proxy token (Modal-Key/Modal-Secret), one API key and
     #: the served model name. Secrets: never in outputs, logs or errors.
@@ -272,10 +290,12 @@ class AppArgs(Schema):
     gate_api_key: pulumi.Input[str] | None = records(default=None, secret=True, in_outputs=False)
     gate_model: pulumi.Input[str] | None = records(default=None, in_outputs=False)
     #: The served model's task, which picks the smoke request: chat, completion, embedding.
-    gate_task: pulumi.Input[str] = records(default=GATE_TASK, check=_task_problems)
+    gate_task: pulumi.Input[str] = records(
+        default=GATE_TASK, check=_task_problems, noted=_task_changed
+    )
     #: The resource's customTimeouts option, in seconds (bounds the release).
     custom_timeouts: dict[str, float] = computed(
-        initial=_custom_timeouts, check=_custom_timeouts_problems
+        initial=_custom_timeouts, check=_custom_timeouts_problems, noted=_timeouts_changed
     )
     app_id: str = output()
     web_url: str = output()
@@ -305,34 +325,22 @@ def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
 
 
 class AppProvider(ModalProvider):
-    kind = "App"
     type_token = TYPE_TOKEN
-    adoptable = True
     SCHEMA = AppArgs.SCHEMA
 
     @staticmethod
     def _inputs_changed(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
         """True when a redeploy is due: spec, shipped source, app file or extra env changed."""
-        keys = ("spec_json", "spec_digest", "app_file", "extra_env")
-        if any(is_unknown(news.get(k)) for k in keys):
-            return True
-        if _extra_env(news) != _extra_env(olds) or news.get("app_file") != olds.get("app_file"):
+        if any(is_unknown(news.get(k)) for k in AppArgs.SCHEMA.redeploys):
             return True
         try:
-            new_spec = news.get("spec_digest") or spec_digest(str(news["spec_json"]))
-            return bool(
-                new_spec != olds.get("spec_digest")
-                or source_digest(str(news["app_file"]), spec_json=str(news["spec_json"]))
-                != olds.get("source_digest")
-            )
+            return _ships_changed(olds, news, AppProvider._digests(news))
         except (OSError, ValueError, SyntaxError):
             return True  # check() reports the problem; never hide a change
 
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
-        """A redeploy (`_inputs_changed`) or a recorded-only input (RECORD_ONLY) is due."""
-        return self._inputs_changed(olds, news) or any(
-            is_unknown(news.get(k)) or _record_changed(olds, news, k) for k in RECORD_ONLY
-        )
+        """A redeploy (`_inputs_changed`) or a noted input's record is due."""
+        return self._inputs_changed(olds, news) or self.SCHEMA.noted_changed(olds, news)
 
     @staticmethod
     def _target(props: Mapping[str, Any]) -> str:
@@ -570,37 +578,25 @@ class AppProvider(ModalProvider):
         self.run("stop", f"{' and '.join(ids)} ({self._target(props)})", go)
 
 
-def _record_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
-    """A recorded-only input changed (a known value: Diff tests unknown ones first), each
-    compared as what it means: the flags as flags, the gate's timeout as seconds, the task
-    with its default, the custom timeouts as seconds per operation (they were compared as
-    flags: a new task or timeout alone planned no update)."""
-    old, new = olds.get(key), news.get(key)
-    if key == "health_gate_timeout_s":
-        return old is not None and new is not None and float(old) != float(new)
-    if key == "gate_task":
-        return str(new or GATE_TASK) != str(old or GATE_TASK)
-    if key == "custom_timeouts":
-        return _seconds_by_op(new) != _seconds_by_op(old)
-    return bool(new or False) != bool(old or False)
-
-
-def _seconds_by_op(timeouts: Any) -> dict[str, float]:
-    return {str(k): float(v) for k, v in dict(timeouts or {}).items()}
-
-
 def _record_only(
     olds: Mapping[str, Any], news: Mapping[str, Any], digests: Mapping[str, str]
 ) -> bool:
-    """An update that only records (nothing to deploy): a recorded-only input changed and
+    """An update that only records (nothing to deploy): a noted input changed and
     what ships did not (the digests taken for this update, the app file, the extra env)."""
-    same = (
-        digests["spec_digest"] == olds.get("spec_digest")
-        and digests["source_digest"] == olds.get("source_digest")
-        and news.get("app_file") == olds.get("app_file")
-        and _extra_env(news) == _extra_env(olds)
+    return not _ships_changed(olds, news, digests) and AppArgs.SCHEMA.noted_changed(olds, news)
+
+
+def _ships_changed(
+    olds: Mapping[str, Any], news: Mapping[str, Any], digests: Mapping[str, str]
+) -> bool:
+    """What ships differs from the state's: the digests taken for this change (`_digests`:
+    spec and shipped source), the app file or the extra env."""
+    return (
+        digests["spec_digest"] != olds.get("spec_digest")
+        or digests["source_digest"] != olds.get("source_digest")
+        or news.get("app_file") != olds.get("app_file")
+        or _extra_env(news) != _extra_env(olds)
     )
-    return same and any(_record_changed(olds, news, k) for k in RECORD_ONLY)
 
 
 def _or_default(value: Any) -> str:

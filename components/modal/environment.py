@@ -77,9 +77,7 @@ class EnvironmentArgs(Schema):
 
 
 class EnvironmentProvider(ModalProvider):
-    kind = "Environment"
     type_token = TYPE_TOKEN
-    adoptable = True
     SCHEMA = EnvironmentArgs.SCHEMA
 
     @staticmethod

@@ -92,7 +92,6 @@ class EnvironmentRoleArgs(Schema):
 
 
 class EnvironmentRoleProvider(ModalProvider):
-    kind = "EnvironmentRole"
     type_token = TYPE_TOKEN
     SCHEMA = EnvironmentRoleArgs.SCHEMA
 

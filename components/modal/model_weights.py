@@ -83,7 +83,7 @@ TIMEOUT_ENV = "MODAL_WEIGHTS_PROVISION_TIMEOUT_S"
 LOG_TAIL_LINES = 20
 STDERR_TAIL_LINES = 10
 _KINDS = ("hf", "s3")
-_RESULT_KEYS = ("revision", "path", "file_count", "bytes", "digest", "downloaded_bytes")
+RESULT = "provision"  # the outputs' group that `provision` returns
 
 
 def _source_problems(source: Any) -> list[str]:
@@ -130,13 +130,16 @@ class ModelWeightsArgs(Schema):
     )
     app_id: str = output()  # the weights app of the last successful run
     source_digest: str = output()  # of the weights app, compared by `extra_changes`
-    # What `provision` returned (_RESULT_KEYS):
-    revision: str = output()
-    path: str = output()  # the revision's directory on the volume
-    file_count: int = output()
-    bytes: int = output()
-    digest: str = output()
-    downloaded_bytes: int = output()
+    # What `provision` returned (the group RESULT):
+    revision: str = output(group=RESULT)
+    path: str = output(group=RESULT)  # the revision's directory on the volume
+    file_count: int = output(group=RESULT)
+    bytes: int = output(group=RESULT)
+    digest: str = output(group=RESULT)
+    downloaded_bytes: int = output(group=RESULT)
+
+
+_RESULT_KEYS = ModelWeightsArgs.SCHEMA.group(RESULT)
 
 
 def _source(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -191,7 +194,6 @@ class _Run(RunnerRun):
 
 
 class ModelWeightsProvider(ModalProvider):
-    kind = "ModelWeights"
     type_token = TYPE_TOKEN
     SCHEMA = ModelWeightsArgs.SCHEMA
 

@@ -93,7 +93,6 @@ class ProxyAuthTokenArgs(Schema):
 
 
 class ProxyAuthTokenProvider(ModalProvider):
-    kind = "ProxyAuthToken"
     type_token = TYPE_TOKEN
     SCHEMA = ProxyAuthTokenArgs.SCHEMA
 

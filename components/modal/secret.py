@@ -120,9 +120,7 @@ def _declared_keys(keys: list[str]) -> list[str]:
 
 
 class SecretProvider(ModalProvider):
-    kind = "Secret"
     type_token = TYPE_TOKEN
-    adoptable = True
     SCHEMA = SecretArgs.SCHEMA
 
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:

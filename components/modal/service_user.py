@@ -142,7 +142,6 @@ def _in_use(props: Mapping[str, Any]) -> bool:
 
 
 class ServiceUserProvider(ModalProvider):
-    kind = "ServiceUser"
     type_token = TYPE_TOKEN
     SCHEMA = ServiceUserArgs.SCHEMA  # rotation and retirement: extra_changes
 

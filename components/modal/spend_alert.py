@@ -128,7 +128,6 @@ class SpendAlertArgs(Schema):
 
 
 class SpendAlertProvider(ModalProvider):
-    kind = "SpendAlert"
     type_token = TYPE_TOKEN
     SCHEMA = SpendAlertArgs.SCHEMA
 
@@ -280,7 +279,6 @@ class SpendWatchProvider(AppProvider):
     path, diff on spec/source, stop on delete), under its own type so it is never counted or
     mistaken for a serving app."""
 
-    kind = "SpendWatch"
     type_token = WATCH_TYPE_TOKEN
 
 

@@ -64,9 +64,7 @@ class VolumeArgs(Schema):
 
 
 class VolumeProvider(ModalProvider):
-    kind = "Volume"
     type_token = TYPE_TOKEN
-    adoptable = True
     SCHEMA = VolumeArgs.SCHEMA
 
     @staticmethod

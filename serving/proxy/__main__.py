@@ -20,7 +20,7 @@ from serving.proxy.logs import configure_logging
 from serving.proxy.runner import bind, http_protocol, run_uvicorn, tune_gc
 from serving.proxy.workers import run_workers, worker_config
 
-__all__ = ["build_parser", "http_protocol", "main"]
+__all__ = ["TUNABLES", "build_parser", "http_protocol", "main"]
 
 
 def _key_limit(text: str) -> tuple[str, int]:
@@ -33,6 +33,37 @@ def _key_limit(text: str) -> tuple[str, int]:
     return name, int(value)
 
 
+#: The ProxyConfig fields set by a flag of the same name (`--max-in-flight` sets max_in_flight,
+#: of the field's type, defaulting to the field's default), with the flag's help.
+TUNABLES: dict[str, str] = {
+    "max_in_flight": "engine requests in progress before answering 429 (streams count until"
+    " they end)",
+    "fair_wait_s": "when every slot is taken, a request of a key below its fair share"
+    " (--max-in-flight / keys active) waits this long at most for a slot (429 after; 0: at"
+    " once)",
+    "max_body_bytes": "largest request body accepted (413 above)",
+    "keepalive_s": "SSE keep-alive comment after this many silent seconds",
+    "health_interval_s": "how often to poll the engine's /health",
+    "health_timeout_s": "a /health poll slower than this counts as a failed poll",
+    "unready_after_failures": "failed /health polls in a row before a ready engine is marked"
+    " not ready",
+    "upstream_timeout_s": "how long to wait for the engine's response head, or for a whole"
+    " non-stream answer (504 after); also a stream's longest silence",
+    "upstream_idle_s": "how long an idle engine connection is kept for reuse; the engine's"
+    " keep-alive must be longer (vLLM: env VLLM_HTTP_TIMEOUT_KEEP_ALIVE, SGLang: env"
+    " SGLANG_TIMEOUT_KEEP_ALIVE)",
+    "upstream_max_connecting": "new engine connections being made at once, at most (a burst"
+    " ramps up; requests past it wait for a slot or a freed connection)",
+    "connect_retries": "retries on connect refused (nothing was sent)",
+    "max_buffered_bytes": "request + non-stream response bodies held at once, all requests"
+    " together (503 proxy_buffers_full above)",
+    "body_timeout_s": "a request body must be complete this long after the request started (408)",
+    "max_head_bytes": "largest request head, request line + headers (431 above)",
+    "head_timeout_s": "a request head must be complete this long after its first byte (or the"
+    " connection's start) (408)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = ProxyConfig(upstream="")
     p = argparse.ArgumentParser(
@@ -42,52 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", required=True, help="engine base URL, e.g. http://127.0.0.1:8001")
     p.add_argument("--port", type=int, required=True, help="port to listen on")
     p.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
-    p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
-                   help="engine requests in progress before answering 429 (streams count "
-                   "until they end)")  # fmt: skip
+    for name, help_text in TUNABLES.items():
+        default = getattr(d, name)
+        p.add_argument(
+            "--" + name.replace("_", "-"), type=type(default), default=default, help=help_text
+        )
     p.add_argument("--key-max-in-flight", action="append", default=[], metavar="NAME=N",
                    type=_key_limit,
                    help="a key's own limit on its requests in flight (429 key_at_limit above), "
                    "NAME as in SERVING_API_KEYS; repeat for more keys; keys not named share "
                    "--max-in-flight fairly")  # fmt: skip
-    p.add_argument("--fair-wait-s", type=float, default=d.fair_wait_s,
-                   help="when every slot is taken, a request of a key below its fair share "
-                   "(--max-in-flight / keys active) waits this long at most for a slot (429 "
-                   "after; 0: at once)")  # fmt: skip
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
-                   help="largest request body accepted (413 above)")  # fmt: skip
-    p.add_argument("--keepalive-s", type=float, default=d.keepalive_s,
-                   help="SSE keep-alive comment after this many silent seconds")  # fmt: skip
-    p.add_argument("--health-interval-s", type=float, default=d.health_interval_s,
-                   help="how often to poll the engine's /health")  # fmt: skip
-    p.add_argument("--health-timeout-s", type=float, default=d.health_timeout_s,
-                   help="a /health poll slower than this counts as a failed poll")  # fmt: skip
-    p.add_argument("--unready-after-failures", type=int, default=d.unready_after_failures,
-                   help="failed /health polls in a row before a ready engine is marked not "
-                   "ready")  # fmt: skip
-    p.add_argument("--upstream-timeout-s", type=float, default=d.upstream_timeout_s,
-                   help="how long to wait for the engine's response head, or for a whole "
-                   "non-stream answer (504 after); also a stream's longest silence")  # fmt: skip
-    p.add_argument("--upstream-idle-s", type=float, default=d.upstream_idle_s,
-                   help="how long an idle engine connection is kept for reuse; the engine's "
-                   "keep-alive must be longer (vLLM: env VLLM_HTTP_TIMEOUT_KEEP_ALIVE, SGLang: "
-                   "env SGLANG_TIMEOUT_KEEP_ALIVE)")  # fmt: skip
-    p.add_argument("--upstream-max-connecting", type=int, default=d.upstream_max_connecting,
-                   help="new engine connections being made at once, at most (a burst ramps "
-                   "up; requests past it wait for a slot or a freed connection)")  # fmt: skip
-    p.add_argument("--connect-retries", type=int, default=d.connect_retries,
-                   help="retries on connect refused (nothing was sent)")  # fmt: skip
-    p.add_argument("--max-buffered-bytes", type=int, default=d.max_buffered_bytes,
-                   help="request + non-stream response bodies held at once, all requests "
-                   "together (503 proxy_buffers_full above)")  # fmt: skip
-    p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
-                   help="a request body must be complete this long after the request "
-                   "started (408)")  # fmt: skip
-    p.add_argument("--max-head-bytes", type=int, default=d.max_head_bytes,
-                   help="largest request head, request line + headers (431 above)")  # fmt: skip
-    p.add_argument("--head-timeout-s", type=float, default=d.head_timeout_s,
-                   help="a request head must be complete this long after its first byte "
-                   "(or the connection's start) (408)")  # fmt: skip
     p.add_argument("--workers", type=int, default=1,
                    help="server processes sharing the port (SO_REUSEPORT), like the engine's "
                    "API servers; --max-in-flight stays the total, --max-buffered-bytes is "
@@ -106,21 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = ProxyConfig(
             upstream=args.upstream,
-            max_in_flight=args.max_in_flight,
-            max_body_bytes=args.max_body_bytes,
-            keepalive_s=args.keepalive_s,
-            health_interval_s=args.health_interval_s,
-            health_timeout_s=args.health_timeout_s,
-            unready_after_failures=args.unready_after_failures,
-            upstream_timeout_s=args.upstream_timeout_s,
-            upstream_idle_s=args.upstream_idle_s,
-            upstream_max_connecting=args.upstream_max_connecting,
-            connect_retries=args.connect_retries,
-            max_buffered_bytes=args.max_buffered_bytes,
-            body_timeout_s=args.body_timeout_s,
-            max_head_bytes=args.max_head_bytes,
-            head_timeout_s=args.head_timeout_s,
-            fair_wait_s=args.fair_wait_s,
+            **{name: getattr(args, name) for name in TUNABLES},
             key_max_in_flight=dict(args.key_max_in_flight),
         )
         if args.workers < 1:

@@ -553,11 +553,7 @@ class _Conn(asyncio.Protocol):
                     self._complete(resp, pieces)
                     return
             elif state == _LENGTH:
-                take = min(self._remaining, len(buf))
-                pieces.append(bytes(buf[:take]))
-                del buf[:take]
-                self._remaining -= take
-                if not self._remaining:
+                if self._take_counted(buf, pieces):
                     self._complete(resp, pieces)
                     return
             elif state == _CHUNK_SIZE:
@@ -568,11 +564,7 @@ class _Conn(asyncio.Protocol):
                 if self._state == _CHUNK_SIZE:
                     break  # all taken, or a size line is cut: wait for the next read
             elif state == _CHUNK_DATA:
-                take = min(self._remaining, len(buf))
-                pieces.append(bytes(buf[:take]))
-                del buf[:take]
-                self._remaining -= take
-                if not self._remaining:
+                if self._take_counted(buf, pieces):
                     self._state = _CHUNK_CRLF
             elif state == _CHUNK_CRLF:
                 if len(buf) < 2:
@@ -596,6 +588,15 @@ class _Conn(asyncio.Protocol):
                 raise UpstreamBroken("engine sent bytes after a complete response")
         if pieces:
             resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+
+    def _take_counted(self, buf: bytearray, pieces: list[bytes]) -> bool:
+        """Move up to `_remaining` body bytes (of a Content-Length body or of one chunk) from
+        `buf` to `pieces`; True when all of them have come."""
+        take = min(self._remaining, len(buf))
+        pieces.append(bytes(buf[:take]))
+        del buf[:take]
+        self._remaining -= take
+        return not self._remaining
 
     def _take_chunks(self, data: bytes, pieces: list[bytes]) -> int:
         """Take the whole chunks at the start of ``data`` (state ``_CHUNK_SIZE``) into
@@ -899,14 +900,20 @@ class UpstreamClient:
             now = time.monotonic()
             while idle:
                 conn = idle.pop()
-                transport = conn.transport
-                if conn.closed or transport is None or transport.is_closing():
-                    continue
-                if now - conn.idle_since > self.idle_ttl_s:
-                    conn.abort()
-                    continue
-                return conn
+                if self._reusable(conn, now):
+                    return conn
         return None
+
+    def _reusable(self, conn: _Conn, now: float) -> bool:
+        """An idle connection that is still open and young enough (one idle past
+        ``idle_ttl_s`` is aborted)."""
+        transport = conn.transport
+        if conn.closed or transport is None or transport.is_closing():
+            return False
+        if now - conn.idle_since > self.idle_ttl_s:
+            conn.abort()
+            return False
+        return True
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Conn:
         try:
@@ -939,16 +946,7 @@ class UpstreamClient:
         """Drop idle connections that are closed or past ``idle_ttl_s`` (called periodically;
         ``_acquire`` also skips them, but only from the top of the stack)."""
         now = time.monotonic()
-        keep: list[_Conn] = []
-        for conn in self._idle:
-            transport = conn.transport
-            if conn.closed or transport is None or transport.is_closing():
-                continue
-            if now - conn.idle_since > self.idle_ttl_s:
-                conn.abort()
-                continue
-            keep.append(conn)
-        self._idle = keep
+        self._idle = [conn for conn in self._idle if self._reusable(conn, now)]
 
     @property
     def idle_connections(self) -> int:

@@ -4,10 +4,9 @@ the flag (serving/engine_flags/)."""
 
 from __future__ import annotations
 
-from serving.render._common import default_wanted, fmt_float, gpu_memory_fraction, model_source
-from serving.render._common import revision as engine_revision
+from serving.render._common import default_wanted, model_source, serve_args
 from serving.sizing import api_servers
-from serving.spec import HF_HUB_PATH, ServingSpec
+from serving.spec import ServingSpec
 
 # The engine default the seeds' learnings call for (docs/serving.md explains it).
 DEFAULT_GPU_MEMORY_FRACTION = 0.88
@@ -49,18 +48,13 @@ def command(spec: ServingSpec, port: int) -> list[str]:
         return default_wanted(spec, OVERRIDABLE_DEFAULTS[flag])
 
     cmd = ["python3", "-m", "sglang.launch_server", "--model-path", model_source(spec)]
-    revision = engine_revision(spec)
-    if revision is not None:
-        cmd += ["--revision", revision]
-    cmd += [
-        "--served-model-name", spec.served_model_name,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--tp-size", str(spec.gpu_count),
-        "--mem-fraction-static",
-        fmt_float(gpu_memory_fraction(spec, DEFAULT_GPU_MEMORY_FRACTION)),
-        "--download-dir", HF_HUB_PATH,
-    ]  # fmt: skip
+    cmd += serve_args(
+        spec,
+        port,
+        tp_flag="--tp-size",
+        memory_flag="--mem-fraction-static",
+        memory_default=DEFAULT_GPU_MEMORY_FRACTION,
+    )
     if wanted("--enable-metrics"):
         cmd += ["--enable-metrics"]  # Prometheus /metrics (the proxy guards it)
     if wanted("--stream-response-default-include-usage"):

@@ -7,10 +7,9 @@ left out when extra_args set any spelling the spec's release parses (serving/eng
 
 from __future__ import annotations
 
-from serving.render._common import default_wanted, fmt_float, gpu_memory_fraction, model_source
-from serving.render._common import revision as engine_revision
+from serving.render._common import default_wanted, model_source, serve_args
 from serving.sizing import api_servers
-from serving.spec import HF_HUB_PATH, ServingSpec
+from serving.spec import ServingSpec
 
 # The engine default the seeds' learnings call for (docs/serving.md explains it).
 DEFAULT_GPU_MEMORY_FRACTION = 0.92
@@ -75,18 +74,13 @@ def command(spec: ServingSpec, port: int) -> list[str]:
         return default_wanted(spec, OVERRIDABLE_DEFAULTS[flag])
 
     cmd = ["vllm", "serve", model_source(spec)]
-    revision = engine_revision(spec)
-    if revision is not None:
-        cmd += ["--revision", revision]
-    cmd += [
-        "--served-model-name", spec.served_model_name,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--tensor-parallel-size", str(spec.gpu_count),
-        "--gpu-memory-utilization",
-        fmt_float(gpu_memory_fraction(spec, DEFAULT_GPU_MEMORY_FRACTION)),
-        "--download-dir", HF_HUB_PATH,
-    ]  # fmt: skip
+    cmd += serve_args(
+        spec,
+        port,
+        tp_flag="--tensor-parallel-size",
+        memory_flag="--gpu-memory-utilization",
+        memory_default=DEFAULT_GPU_MEMORY_FRACTION,
+    )
     if wanted("--enable-prefix-caching"):
         cmd += ["--enable-prefix-caching"]  # shared system prompts skip prefill
     if wanted("--async-scheduling"):
