@@ -256,8 +256,9 @@ class Demo:
             for wanted, _cwd, args, owner in todo:
                 if not wanted:
                     continue
+                note = "" if owner else "no Modal token but the hand-over's"
                 try:
-                    self.review(*args, owner=owner)
+                    self.review(*args, owner=owner, note=note)
                 except (DemoError, subprocess.TimeoutExpired) as exc:
                     print(f"  teardown: {exc}; going on")
                     ok = False
