@@ -56,6 +56,15 @@ PR_GPU_FROM, PR_GPU_TO = "L4", "T4"
 STANDIN_LINE = "  modal-llm:engineStandin: true  # review-demo: no GPU here, no vLLM"
 
 
+def say(*parts: object, flush: bool = False) -> None:
+    """print(), but a closed stdout (`make review-demo | head`) never stops the teardown:
+    the rest of the output is dropped instead."""
+    try:
+        print(*parts, flush=flush)
+    except BrokenPipeError:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the run)
+
+
 class DemoError(RuntimeError):
     """A step failed: the message says which, with its output."""
 
@@ -83,7 +92,7 @@ class Demo:
             self.tree.update(descendants(self.emulator.pid))  # its containers, so far
         self.step_no += 1
         est = f" (~{estimate_s:.0f} s)" if estimate_s else ""
-        print(f"\n[{self.step_no}/{STEPS}] {text}{est}", flush=True)
+        say(f"\n[{self.step_no}/{STEPS}] {text}{est}", flush=True)
 
     def env(self, *, owner: bool) -> dict[str, str]:
         """The steps' environment: the emulator's URL, the stand-in engine, this demo's
@@ -120,15 +129,17 @@ class Demo:
         shown = [os.path.relpath(a, cwd) if a.startswith(str(self.dir)) else a for a in shown]
         where = os.path.relpath(cwd, ROOT)
         note = note or ("" if owner else "no Modal token")
-        print(f"  ({where}) $ {shlex.join(shown)}{'   # ' + note if note else ''}", flush=True)
+        say(f"  ({where}) $ {shlex.join(shown)}{'   # ' + note if note else ''}", flush=True)
         began = time.monotonic()
         done = run_child(list(args), cwd, self.env(owner=owner), timeout, merge=not quiet)
         if not quiet or done.returncode != 0:
             for line in trimmed(done.stdout + (done.stderr or "")):
-                print(f"    {line}")
-        print(f"    ({time.monotonic() - began:.1f} s, exit {done.returncode})", flush=True)
+                say(f"    {line}")
+        say(f"    ({time.monotonic() - began:.1f} s, exit {done.returncode})", flush=True)
         if done.returncode != 0:
-            raise DemoError(f"`{shlex.join(shown)}` in {where} exited {done.returncode}")
+            raise DemoError(
+                f"`{shlex.join(shown)}` in {where} exited {done.returncode} (its output: above)"
+            )
         return done.stdout
 
     def review(self, *args: str, owner: bool = True, quiet: bool = False, note: str = "") -> str:
@@ -152,7 +163,7 @@ class Demo:
         self.dir.mkdir(parents=True)
         self.emulator = EmulatorProcess(rbac=True, cwd=ROOT).start(timeout=60)
         (self.dir / "emulator.pid").write_text(f"{self.emulator.pid}\n")
-        print(f"  emulator pid {self.emulator.pid} at {self.emulator.url}")
+        say(f"  emulator pid {self.emulator.pid} at {self.emulator.url}")
 
     def deploy_dev(self) -> None:
         self.step("dev: the base stack, from a copy of this checkout (.review-demo/dev/)", 5)
@@ -163,7 +174,7 @@ class Demo:
         if anchor not in text:
             raise DemoError(f"Pulumi.dev.yaml has no line {anchor.strip()!r} to add to")
         stack_file.write_text(text.replace(anchor, anchor + STANDIN_LINE + "\n", 1))
-        print(
+        say(
             "  note: the committed Pulumi.dev.yaml serves real vLLM, which cannot run here (its"
             " curl would answer HTTP 503 `cannot start vllm`); this demo's copy adds"
             " `modal-llm:engineStandin: true` (dev/standin_engine.py answers in vLLM's place)"
@@ -187,7 +198,7 @@ class Demo:
             )
         stack_file.write_text(re.sub(r"(?m)^( +gpu: )\S+$", rf"\g<1>{PR_GPU_TO}", text, count=1))
         changed = f"gpu: {PR_GPU_FROM} -> {PR_GPU_TO}"
-        print(f"  Pulumi.dev.yaml of the PR, one line: {changed}")
+        say(f"  Pulumi.dev.yaml of the PR, one line: {changed}")
         return changed
 
     def plan(self) -> None:
@@ -215,10 +226,10 @@ class Demo:
     def comment(self) -> str:
         self.step("comment: rendered from what plan and up wrote", 1)
         text = self.review("comment", "--pr", str(PR), "--in-dir", str(self.out), quiet=True)
-        print("  ---- the comment, as CI would post it ----")
+        say("  ---- the comment, as CI would post it ----")
         for line in text.rstrip().splitlines():
-            print(f"  | {line}")
-        print("  ---- end of the comment ----")
+            say(f"  | {line}")
+        say("  ---- end of the comment ----")
         return text
 
     def curl(self, comment: str) -> str:
@@ -226,7 +237,7 @@ class Demo:
         found = re.search(r"```bash\n(.*?)```", comment, re.S)
         if not found:
             raise DemoError("the comment has no ```bash block (its curl)")
-        print(
+        say(
             f"  (.review-demo/pr-{PR}) $ bash <the block above>   # with"
             " PULUMI_CONFIG_PASSPHRASE (the stand-in's) exported"
         )
@@ -234,8 +245,8 @@ class Demo:
         done = run_child(["bash", "-c", found.group(1)], self.pr, self.env(owner=False), 900)
         answer = (done.stdout + done.stderr).rstrip()
         for line in answer.splitlines():
-            print(f"    {line}")
-        print(f"    ({time.monotonic() - began:.1f} s, exit {done.returncode})", flush=True)
+            say(f"    {line}")
+        say(f"    ({time.monotonic() - began:.1f} s, exit {done.returncode})", flush=True)
         status = re.findall(r"^HTTP (\d{3})$", answer, re.M)
         if done.returncode != 0 or status != ["200"]:
             raise DemoError(f"the comment's curl: exit {done.returncode}, HTTP {status or '?'}")
@@ -260,16 +271,16 @@ class Demo:
                 try:
                     self.review(*args, owner=owner, note=note)
                 except (DemoError, subprocess.TimeoutExpired) as exc:
-                    print(f"  teardown: {exc}; going on")
+                    say(f"  teardown: {exc}; going on")
                     ok = False
             if self.dev_up:
                 try:
                     self.standin("destroy", "dev")
                 except (DemoError, subprocess.TimeoutExpired) as exc:
-                    print(f"  teardown: {exc}; going on")
+                    say(f"  teardown: {exc}; going on")
                     ok = False
         elif interrupted:
-            print(
+            say(
                 "  interrupted: the destroys are skipped (all they would delete lives in this"
                 " demo's emulator, which stops now)"
             )
@@ -279,26 +290,26 @@ class Demo:
         if self.emulator is not None:
             try:
                 code = self.emulator.stop()
-                print(f"  emulator pid {pid} stopped (exit {code}) with its containers")
+                say(f"  emulator pid {pid} stopped (exit {code}) with its containers")
             except EmulatorError as exc:
-                print(f"  emulator: {exc}")
+                say(f"  emulator: {exc}")
                 ok = False
             finally:
                 self.emulator.close()
         shutil.rmtree(self.dir, ignore_errors=True)
-        print(f"  removed {os.path.relpath(self.dir, ROOT)}/")
+        say(f"  removed {os.path.relpath(self.dir, ROOT)}/")
         left = processes_of(self.dir, self.tree)
         if left:  # this demo's own (same pid and start time): stopped by their pids
-            print(f"  still running, stopping them: {'; '.join(c for _, c in left)}")
+            say(f"  still running, stopping them: {'; '.join(c for _, c in left)}")
             for found_pid, _ in left:
                 with contextlib.suppress(OSError):
                     os.kill(found_pid, signal.SIGKILL)
             time.sleep(0.5)
             left = processes_of(self.dir, self.tree)
         if left:
-            print(f"  still running: {'; '.join(c for _, c in left)}")
+            say(f"  still running: {'; '.join(c for _, c in left)}")
             return False
-        print("  no process left")
+        say("  no process left")
         return ok
 
 
@@ -391,7 +402,7 @@ def stale_run(demo_dir: Path) -> str:
         os.kill(pid, 0)
     except (OSError, ValueError, IndexError):
         shutil.rmtree(demo_dir, ignore_errors=True)
-        print(f"removed {demo_dir.name}/ of an earlier run that did not end (no process of it)")
+        say(f"removed {demo_dir.name}/ of an earlier run that did not end (no process of it)")
         return ""
     return (
         f"{demo_dir} is in use: its emulator (pid {pid}) is running; wait for that demo to end,"
@@ -412,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     signal.signal(signal.SIGTERM, _terminate)
     demo = Demo(DEMO)
-    print(
+    say(
         "review-demo: a review stack's life on this machine (docs/review-stacks.md), with the"
         " Pulumi stand-in (NOT the Pulumi engine) and its own Modal emulator: 15 s on a quiet"
         " machine, up to a minute on a busy one."
@@ -435,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed = f"the emulator: {exc}"
     except KeyboardInterrupt:
         interrupted = True
-        print("\ninterrupted (Ctrl-C): tearing down", flush=True)
+        say("\ninterrupted (Ctrl-C): tearing down", flush=True)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the teardown runs to its end
         clean = demo.teardown(interrupted=interrupted)
@@ -453,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     status = re.findall(r"^HTTP \d{3}$", answer, re.M)[-1]
-    print(f"\nreview-demo: done in {took:.0f} s: plan, up, comment, curl {status}, teardown.")
+    say(f"\nreview-demo: done in {took:.0f} s: plan, up, comment, curl {status}, teardown.")
     return 0
 
 
