@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STACK ?= local
 
-.PHONY: setup test lint emulator up down plan refresh offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config gateway gateway-stop clean
+.PHONY: setup test lint emulator up down plan refresh offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config gateway gateway-stop review-demo clean
 
 setup: $(STAMP)
 
@@ -114,6 +114,12 @@ gateway: setup $(LITELLM_STAMP)
 
 gateway-stop:
 	./scripts/gateway.sh stop $(STACK)
+
+# A review stack's whole life on this machine (docs/review-stacks.md, "Try it locally"): its
+# own emulator, the dev stack from a copy of this checkout, PR 42's plan, up and comment, the
+# comment's curl, then every stack destroyed, the emulator stopped and .review-demo/ removed.
+review-demo: setup
+	$(PY) scripts/review_demo.py
 
 # ---- Benchmarks (print a table; compare against a baseline in the same run) ----
 bench-proxy: setup

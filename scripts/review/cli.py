@@ -174,8 +174,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--head-sha", default="")
     p.add_argument(
         "--reader-python",
-        default=".venv/bin/python",
-        help="stand-in: the python the comment's commands use",
+        default=sys.executable,
+        help=(
+            "stand-in: the python the comment's commands use (default: this one, by its"
+            " absolute path: a PR's checkout has no .venv of its own)"
+        ),
     )
 
     p = sub.add_parser("destroy", help="destroy the PR's review stack (and its access stack)")

@@ -215,10 +215,12 @@ def test_plan_against_the_copy_shows_the_same_diff_without_any_passphrase_of_dev
     Modal token in its environment (the emulator's URL only: the local stack's engine
     stand-in needs one), gives the diff that `plan` with dev's own state and
     passphrase gives, and nothing it wrote holds a secret of dev."""
-    from tests.harness.emulator import EmulatorProcess
-    from tests.program.test_review_stacks import DEV_CONFIG, copy_checkout, with_service, write_dev
+    from review.checkout import copy_checkout
 
-    checkout = copy_checkout(tmp_path / "checkout")
+    from tests.harness.emulator import EmulatorProcess
+    from tests.program.test_review_stacks import DEV_CONFIG, with_service, write_dev
+
+    checkout = copy_checkout(ROOT, tmp_path / "checkout")
     write_dev(checkout, DEV_CONFIG)
     state = tmp_path / "state"
     emulator = EmulatorProcess().start()

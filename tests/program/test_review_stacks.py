@@ -45,6 +45,7 @@ from tests.program.runner import PROJECT_ROOT
 
 sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
 import review_comment
+from review.checkout import copy_checkout
 
 PY = sys.executable
 PASSPHRASE = "review-test"  # emulator-only state
@@ -77,27 +78,6 @@ def expected_cost(gpu: str, containers: int) -> float:
     containers (costOverheadPct defaults to 0)."""
     hourly = GPU_PRICES_USD_PER_HOUR[gpu] + CPU_MEMORY_USD_PER_HOUR
     return round(hourly * HOURS_PER_MONTH * containers, 2)
-
-
-def copy_checkout(dest: Path) -> Path:
-    """This checkout's files (tracked and new, not ignored), as a PR's checkout would hold."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for raw in listed:
-        if not raw:
-            continue
-        rel = raw.decode()
-        src = PROJECT_ROOT / rel
-        if not src.is_file() or rel.startswith("Pulumi.pr-"):
-            continue
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target)
-    return dest
 
 
 def write_dev(checkout: Path, config: dict[str, Any]) -> None:
@@ -173,7 +153,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("review")
-    base = copy_checkout(tmp / "base")
+    base = copy_checkout(PROJECT_ROOT, tmp / "base")
     write_dev(base, DEV_CONFIG)
     emulator = EmulatorProcess().start()
     saved = os.environ.get("OFFLINE_STACK_PASSPHRASE")
@@ -706,7 +686,7 @@ def _fake_cli(tmp_path: Path, stacks: list[dict[str, Any]]) -> dict[str, str]:
 def test_cli_up_sets_the_proxy_token_from_stdin_and_deploys_as_the_handoff(
     tmp_path: Path,
 ) -> None:
-    checkout = copy_checkout(tmp_path / "checkout")
+    checkout = copy_checkout(PROJECT_ROOT, tmp_path / "checkout")
     handoff = tmp_path / "handoff.json"
     handoff.write_text(json.dumps({"environment": "pr-5", "deploy_token": "ak-dep5:as-dep5secret",
                                    "proxy_token": "wk-abc:ws-proxy5secret"}))  # fmt: skip
