@@ -42,11 +42,7 @@ def stack(tmp_path: Path) -> Iterator[LiveStack]:
 
 
 class _Stack(LiveStack):
-    """The live local stack with its access stack's state in the temporary directory too."""
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**super().env, "ACCESS_STATE": str(self.home / "access.json")}
+    """The live local stack (its access stack's state, ACCESS_STATE, in its directory too)."""
 
     def access(self, *args: str) -> subprocess.CompletedProcess[str]:
         """`python -m pulumi_standin ARGS --cwd access --stack local` (the docs' command), with
@@ -170,3 +166,15 @@ def test_34_3_managed_mode_errors(tmp_path: Path) -> None:
     plain = _offline(tmp_path, "0", "preview")
     assert plain.returncode == 0, plain.stderr
     assert MANAGED_LINE not in plain.stderr and "local-spend-alert" in plain.stdout
+
+
+def test_34_3_every_run_config_is_not_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in warns that a --config/--secret lasts one run, except for the keys a wrapper
+    passes on every run (scripts/offline_stack.py's managed mode names them)."""
+    from pulumi_standin.cli import EVERY_RUN_VAR, one_run_warnings, parse_overrides
+
+    overrides = parse_overrides(["managedByAccessStack=true"], ["proxyToken=wk-a:ws-b"])
+    monkeypatch.delenv(EVERY_RUN_VAR, raising=False)
+    assert len(one_run_warnings("local", overrides)) == 2
+    monkeypatch.setenv(EVERY_RUN_VAR, "managedByAccessStack,proxyToken")
+    assert one_run_warnings("local", overrides) == []
