@@ -212,7 +212,7 @@ watch_emulator() {
         fi
     } >&2
     # The main shell's children that talk to Modal ($$ stays the main shell's pid here).
-    pkill -TERM -P $$ -f 'pulumi|local_stack\.py' 2>/dev/null || true
+    pkill -TERM -P $$ -f 'pulumi|offline_stack\.py|local_stack\.py' 2>/dev/null || true
 }
 
 # Holds the stand-in's state file any resource (what `make down` must destroy)?

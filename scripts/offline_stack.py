@@ -127,11 +127,14 @@ def managed_args(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    import runpy
-
     try:
-        sys.argv[1:] = sys.argv[1:] + managed_args(sys.argv[1:])
+        extra = managed_args(sys.argv[1:])
     except ManagedModeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    runpy.run_module("pulumi_standin", run_name="__main__", alter_sys=True)
+    # exec, not runpy: the same process becomes `python -m pulumi_standin ...`, as the scripts
+    # and the fault matrix know it (scripts/local-env.sh's watcher stops it by that name)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = [sys.executable, "-m", "pulumi_standin", *sys.argv[1:], *extra]
+    os.execv(sys.executable, argv)  # noqa: S606 (our own interpreter, no shell)
