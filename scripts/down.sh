@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make down`: stop the LiteLLM gateway `make gateway` started (scripts/gateway.sh), destroy
 # what `make up` made in the emulator (with whichever engine holds it:
-# the Pulumi CLI's stack in .pulumi-state/, the stand-in's in .pulumi-offline/local.json),
+# the Pulumi CLI's stack in .pulumi-state/, the stand-in's in .pulumi-offline/local.json), then
+# the access stack 'local' if it was deployed with the stand-in ($ACCESS_STATE, docs/program.md
+# Access: service stack first, then access stack),
 # stop THIS checkout's emulator (started by `make up` or `make emulator`; known by its pid
 # file and state file, never by its port: another checkout's emulator keeps serving), and
 # remove the emulator's state. The stacks themselves stay (empty); remove .pulumi-state/ and
@@ -46,6 +48,16 @@ if [ -d .pulumi-state ]; then
         echo "warning: .pulumi-state/ may hold a '$STACK' stack made with the Pulumi CLI, which" \
             "is $PULUMI_MISSING_WHY; its resources die with the emulator's state below." >&2
     fi
+fi
+# The access stack 'local', after the service stack that uses its environment and token: the
+# emulator's state goes below, and a state file still listing its resources would make its
+# next `up` believe they exist (and the next `make up` run in managed mode without them).
+if access_has_resources; then
+    start_emulator
+    watch_during
+    echo "The access stack 'local' ($ACCESS_STATE), after the local stack that used it:"
+    access_standin destroy
+    destroyed=1
 fi
 [ "$destroyed" = 1 ] || echo "Nothing deployed locally to destroy."
 if [ -n "$WATCHER" ]; then

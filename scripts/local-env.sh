@@ -43,6 +43,10 @@ EMULATOR_RUN_CONFIG="$EMULATOR_DIR/Pulumi.local.run.yaml"
 CLI_CONFIG_ARGS=() # (--config-file FILE) when the CLI must be told the emulator's actual URL
 PY=".venv/bin/python"
 STANDIN_STATE="${STANDIN_STATE:-.pulumi-offline/local.json}"
+# The access stack 'local' (`python -m pulumi_standin up --cwd access --stack local`): its
+# stand-in state. While it holds resources the local stack runs in managed mode (MANAGED=0:
+# not; scripts/offline_stack.py) and `make down` destroys it after the local stack.
+export ACCESS_STATE="${ACCESS_STATE:-access/.pulumi-offline/local.json}"
 # The LiteLLM file `make gateway-config` writes; `make up` rewrites it when it exists.
 GATEWAY_FILE="${GATEWAY_FILE:-.gateway/litellm-local.yaml}"
 LOCAL_ENGINE="" # cli | standin, set by choose_engine
@@ -166,9 +170,24 @@ choose_engine() {
     esac
 }
 
+# The stand-in on the root project's stack, through scripts/offline_stack.py: in managed mode
+# (the access stack 'local' deployed, MANAGED unset or 1) every run gets managedByAccessStack
+# and the access stack's proxy token, so that up, plan, refresh and down agree.
 standin() {
-    "$PY" -m pulumi_standin "$@" --stack "$STACK" --state "$STANDIN_STATE" \
+    "$PY" scripts/offline_stack.py "$@" --stack "$STACK" --state "$STANDIN_STATE" \
         --server-url "$MODAL_SERVER_URL"
+}
+
+# The access stack 'local' (access/, run by hand: docs/program.md, Access) with the stand-in.
+access_standin() {
+    "$PY" -m pulumi_standin "$@" --cwd access --stack "$STACK" --state "$ACCESS_STATE" \
+        --server-url "$MODAL_SERVER_URL"
+}
+
+# Holds the access stack's stand-in state any resource?
+access_has_resources() {
+    [ -f "$ACCESS_STATE" ] && "$PY" -c 'import json, sys
+sys.exit(0 if json.load(open(sys.argv[1])).get("resources") else 1)' "$ACCESS_STATE" 2>/dev/null
 }
 
 # Run in the background while a command talks to this checkout's emulator: once the emulator
@@ -193,7 +212,7 @@ watch_emulator() {
         fi
     } >&2
     # The main shell's children that talk to Modal ($$ stays the main shell's pid here).
-    pkill -TERM -P $$ -f 'pulumi|local_stack\.py' 2>/dev/null || true
+    pkill -TERM -P $$ -f 'pulumi|offline_stack\.py|local_stack\.py' 2>/dev/null || true
 }
 
 # Holds the stand-in's state file any resource (what `make down` must destroy)?

@@ -16,6 +16,9 @@
 #   5. rewrites the LiteLLM gateway file ($GATEWAY_FILE, .gateway/litellm-local.yaml) when it
 #      exists, so it never keeps a rotated (revoked) key, and restarts the gateway `make
 #      gateway` started if it runs (scripts/gateway.sh), so that it serves the new keys
+# Managed mode: while the access stack 'local' is deployed (access/, with the stand-in), the
+# stand-in runs the stack with managedByAccessStack and its proxy token (scripts/offline_stack.py;
+# MANAGED=0 turns that off, MANAGED=1 insists).
 # Re-running it changes nothing (both engines diff against their state; the emulator skips a
 # deploy whose definition did not change). The venv is set up by `make setup` before this
 # runs. Environment (backend, passphrase, emulator credentials): scripts/local-env.sh.
@@ -34,6 +37,12 @@ watch_emulator &
 WATCHER=$!
 trap 'kill "$WATCHER" 2>/dev/null || true' EXIT
 
+if [ "$LOCAL_ENGINE" = cli ] && access_has_resources && [ "${MANAGED:-auto}" != 0 ]; then
+    echo "warning: the access stack 'local' is deployed with the stand-in ($ACCESS_STATE), but" \
+        "the Pulumi CLI keeps managed mode in the stack's config: pulumi config set" \
+        "modal-llm:managedByAccessStack true --stack local, and the access stack's proxy token" \
+        "with pulumi config set --secret modal-llm:proxyToken (docs/program.md, Access)." >&2
+fi
 if [ "$LOCAL_ENGINE" = cli ]; then
     mkdir -p .pulumi-state
     pulumi stack select --create --non-interactive "$STACK"

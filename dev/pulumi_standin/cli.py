@@ -141,12 +141,19 @@ def server_url(
     return resolve_server_url(args.stack, args.server_url, project_dir)
 
 
+#: Config keys a wrapper passes on every run (no "for this run only" warning for them).
+EVERY_RUN_VAR = "PULUMI_STANDIN_EVERY_RUN"
+
+
 def one_run_warnings(
     stack: str, overrides: dict[str, Any], project_dir: Path = PROJECT_ROOT
 ) -> list[str]:
     """A warning per `--config`/`--secret` value of an `up` that differs from the stack file:
     it is never saved, so the next `up` without it (`make up`) goes back to the file's value
-    and undoes this run's change (a rotated key is rotated back)."""
+    and undoes this run's change (a rotated key is rotated back). None for the keys a wrapper
+    passes on every run and names in PULUMI_STANDIN_EVERY_RUN (comma-separated; e.g.
+    scripts/offline_stack.py's managed mode of the local stack)."""
+    every_run = {k.strip() for k in os.environ.get(EVERY_RUN_VAR, "").split(",") if k.strip()}
     try:
         saved = dict(load_stack_file(project_dir / f"Pulumi.{stack}.yaml").get("config") or {})
     except StackFileError:
@@ -161,8 +168,10 @@ def one_run_warnings(
             parsed = text
         if key in saved and saved[key] in (parsed, text):
             continue
-        flag = "--secret" if secret else "--config"
         ns_key = key.removeprefix(f"{PROJECT}:") if key.startswith(f"{PROJECT}:") else key
+        if key in every_run or ns_key in every_run:
+            continue
+        flag = "--secret" if secret else "--config"
         if isinstance(parsed, dict) and parsed and not secret:
             keep = "; ".join(
                 f"pulumi config set --path {shlex.quote(f'{ns_key}.{k}')}"

@@ -63,6 +63,9 @@ class LiveStack:
             "EMULATOR_DIR": str(self.home / "emulator"),
             "STANDIN_STATE": str(self.home / "standin.json"),
             "GATEWAY_FILE": str(self.home / "gateway" / "litellm-local.yaml"),
+            # the access stack 'local' of this stack only (never the checkout's own, whose
+            # presence would put this stack in managed mode: scripts/offline_stack.py)
+            "ACCESS_STATE": str(self.home / "access.json"),
             "LANG": "C.UTF-8",
         }
 
