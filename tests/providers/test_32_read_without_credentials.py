@@ -30,7 +30,9 @@ def _without_token(emu: EmulatorProcess, **extra: str) -> dict[str, str]:
 def test_a_refresh_without_any_credentials_keeps_the_recorded_state_and_warns(
     engine: Engine, emulator: EmulatorProcess
 ) -> None:
-    secret = {"name": "keys", "environment": "main", "values": Secret({"A": "a1"})}
+    # A value no random object id can contain by chance ("a1" was in "st-...UHa1" once).
+    value = "secret-value-7c1e-NOT-IN-IDS"
+    secret = {"name": "keys", "environment": "main", "values": Secret({"A": value})}
     assert engine.up("s", SecretProvider(), secret) == "create"
     assert engine.up("v", VolumeProvider(), {"name": "cache", "environment": "main"}) == "create"
     lines: list[str] = []
@@ -44,14 +46,16 @@ def test_a_refresh_without_any_credentials_keeps_the_recorded_state_and_warns(
         assert other.states["s"].id == engine.states["s"].id
     said = "\n".join(lines)
     assert "not refreshed: no Modal credentials" in said, said
-    assert "a1" not in said
+    assert value not in said
 
 
 @pytest.mark.parametrize("missing", ["MODAL_TOKEN_SECRET", "MODAL_TOKEN_ID"])
 def test_half_a_pair_still_fails_the_read(
     engine: Engine, emulator: EmulatorProcess, missing: str
 ) -> None:
-    secret = {"name": "keys", "environment": "main", "values": Secret({"A": "a1"})}
+    # A value no random object id can contain by chance ("a1" was in "st-...UHa1" once).
+    value = "secret-value-7c1e-NOT-IN-IDS"
+    secret = {"name": "keys", "environment": "main", "values": Secret({"A": value})}
     assert engine.up("s", SecretProvider(), secret) == "create"
     env = server_env(emulator)
     env.pop(missing)
