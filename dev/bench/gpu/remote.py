@@ -260,13 +260,18 @@ def prepare(args: argparse.Namespace) -> int:
     link.symlink_to(device.MODEL_DIR)
     result["bytecode"] = compile_site(log)
     result["site"] = versions(with_site=True)
-    result["imports"] = probe_imports()
-    bad = {m: e for m, e in result["imports"].items() if e != "ok"}
-    log(f"imports: {len(result['imports']) - len(bad)} ok, failed: {bad or 'none'}")
-    result["flags"] = check_flags(out, log)
+    if args.skip_checks:  # the imports probe and the flag check (~40 s): serving/render unchanged
+        result["imports"] = result["flags"] = "skipped (--skip-checks)"
+        bad: dict[str, str] = {}
+    else:
+        result["imports"] = probe_imports()
+        bad = {m: e for m, e in result["imports"].items() if e != "ok"}
+        log(f"imports: {len(result['imports']) - len(bad)} ok, failed: {bad or 'none'}")
+        result["flags"] = check_flags(out, log)
     (out / "prepare.json").write_text(json.dumps(result, indent=1) + "\n")
     log("prepare done; now `run` (within ~30 s, before the machine goes back)")
-    return 0 if not bad and result["flags"].get("rc") == 0 else 1
+    flags_ok = args.skip_checks or result["flags"].get("rc") == 0
+    return 0 if not bad and flags_ok else 1
 
 
 # `vllm serve` up to its argument parsing: the API server's imports and its parser, what the
@@ -328,37 +333,59 @@ def parse_importtime(stderr: str, top: int = 20) -> dict[str, Any]:
     }
 
 
+def bytecode_share(root: Path) -> dict[str, int]:
+    """How many .py files under root have a .pyc of this Python beside them (__pycache__)."""
+    tag = sys.implementation.cache_tag
+    sources = compiled = 0
+    for py in root.rglob("*.py"):
+        sources += 1
+        compiled += (py.parent / "__pycache__" / f"{py.stem}.{tag}.pyc").exists()
+    return {"py_files": sources, "with_pyc": compiled}
+
+
 def compile_site(log: Log) -> dict[str, Any]:
-    """Bytecode for /tmp/site as an image build leaves it (issue 36): the payload is unpacked
-    without .pyc files (bench.gpu.payload: pip --no-compile), so a first start compiles every
-    module it imports. Modal's `uv_pip_install` compiles at build time (modal/_image.py passes
-    --compile-bytecode), so the proxy's packages have theirs in the image; the harness does
-    the same for the whole site with `python -m compileall`. Times `vllm serve` to its
-    argument parsing before (sources only, nothing written: PYTHONDONTWRITEBYTECODE) and after,
-    twice each, in this call."""
+    """Bytecode for /tmp/site as the image build leaves it (issue 36): the payload is unpacked
+    without .pyc files (bench.gpu.payload: pip --no-compile); serving/app.py's build step
+    compiles the image's packages with serving/bake.py, and the harness runs the same function
+    on /tmp/site. Times `vllm serve` to its argument parsing with no bytecode for any module
+    (a fresh pycache prefix that nothing is written to: what a container of an image without
+    bytecode compiles at every start, the image's own torch included) and after, twice each,
+    then `-X importtime` of the same start."""
+    from serving import bake
+
     env = device.run_env()
-    before = time_cli_start({**env, "PYTHONDONTWRITEBYTECODE": "1"})
-    t = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", "-j", "0", str(device.SITE)],
+    image_site = Path(sys.modules["json"].__file__ or "").parent  # the stdlib, for its share
+    shares = {"image_stdlib": bytecode_share(image_site)}
+    torch_dir = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('torch').origin)"],
         capture_output=True, text=True, env=env,
-    )  # fmt: skip
+    ).stdout.strip()  # fmt: skip
+    if torch_dir:
+        shares["image_torch"] = bytecode_share(Path(torch_dir).parent)
+    nowhere = Path("/tmp/no-pycache")
+    shutil.rmtree(nowhere, ignore_errors=True)
+    nowhere.mkdir()
+    no_pyc = {**env, "PYTHONPYCACHEPREFIX": str(nowhere), "PYTHONDONTWRITEBYTECODE": "1"}
+    before = time_cli_start(no_pyc)
+    t = time.monotonic()
+    compiled_ok = bake.compile_bytecode([device.SITE])
     compile_s = round(time.monotonic() - t, 1)
     after = time_cli_start(env)
-    pycs = sum(1 for _ in device.SITE.rglob("*.pyc"))
+    shares["site_after"] = bytecode_share(device.SITE)
     profile = import_profile(env)
     found = {
-        "compileall_s": compile_s,
-        "compileall_rc": done.returncode,
-        "pyc_files": pycs,
-        "cli_to_args_s_without_pyc": before,
+        "compile_s": compile_s,
+        "compile_ok": compiled_ok,
+        "bytecode_share": shares,
+        "cli_to_args_s_no_bytecode_anywhere": before,
         "cli_to_args_s_with_pyc": after,
         "import_profile_with_pyc": profile,
     }
     log(
-        f"bytecode: compileall {compile_s} s (rc {done.returncode}, {pycs} .pyc); `vllm serve` "
-        f"to its argument parsing {before} s without .pyc, {after} s with; imports "
-        f"{profile['imports_total_s']} s, own time by package: {profile['self_by_package'][:8]}"
+        f"bytecode: {shares}; serving/bake.py compile_bytecode on {device.SITE} {compile_s} s "
+        f"(all ok: {compiled_ok}); `vllm serve` to its argument parsing {before} s with no "
+        f"bytecode for any module, {after} s with; imports {profile['imports_total_s']} s, own "
+        f"time by package: {profile['self_by_package'][:10]}"
     )
     return found
 
@@ -1007,6 +1034,7 @@ PHASE_LINES = {
 # torch.compile finished, CUDA graphs were captured, the engine was initialised (kernel JIT
 # warm-up included), the server listens; then our own lines (serving.engine).
 MILESTONES = {
+    "seeded_at_s": "model-inspection files:",
     "api_args_at_s": "non-default args",
     "architecture_at_s": "Resolved architecture",
     "engine_core_at_s": "Initializing a V1 LLM engine",
@@ -1151,13 +1179,15 @@ def run_coldstart(out: Path, log: Log, methods: list[str]) -> dict[str, Any]:
 # the page cache before it. The step's cache: "cold" an empty engine cache; "warm" what the
 # last start of the same variant left (a variant's torch.compile cache is its own: the
 # CUDA-graph sizes are part of vLLM's compile hash); "baked" an empty cache holding only the
-# model-inspection file that a bake step made beforehand, as an image build would. Its levers,
+# model-inspection files that serving/bake.py made beforehand, as the image build does, copied
+# in by serving.engine itself (serving/bake.py seed_modelinfos). Its levers,
 # each on its own: "graphs" (the spec's `cudagraph_sizes: max_concurrency`), "prefetch" (the
 # weights read into the page cache from the launch on, while Python imports: WeightsPrefetch).
 PLAN_CACHES = ("cold", "warm", "baked")
 PLAN_LEVERS = ("graphs", "prefetch")
 STASH = Path("/root/.cache/vllm-stash")  # each variant's engine cache between its starts
 BAKED = Path("/tmp/baked-vllm-cache")  # VLLM_CACHE_ROOT of the bake step (modelinfos/)
+BAKE_ALL_TIMEOUT_S = 150  # every architecture; past this only the served one is baked
 # What a step may take (s), so that a call stops before its limit: an 8B-shaped start on one
 # H100 took 114-140 s from an empty cache and 52-75 s with a kept one (runs P, S).
 STEP_ESTIMATE_S = {"cold": 150, "baked": 130, "warm": 80}
@@ -1178,46 +1208,56 @@ def parse_plan(text: str) -> list[tuple[str, frozenset[str]]]:
 
 
 def bake_modelinfo(log: Log) -> dict[str, Any]:
-    """What an image build step could run (no GPU needed: vLLM inspects the class in a
-    subprocess so as not to touch CUDA): the model-inspection file for the served architecture
-    into BAKED/modelinfos. vLLM 0.26.0 model_executor/models/registry.py
-    `_LazyRegisteredModel.inspect_model_cls`: VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json,
-    keyed by a hash of the model's module source, so it holds for any checkpoint of that
-    architecture under the same vLLM."""
-    shutil.rmtree(BAKED, ignore_errors=True)
+    """The image build's step (serving/bake.py, its bytecode part left out: prepare did that)
+    into BAKED: every architecture vLLM registers, in one process; if that does not end within
+    BAKE_ALL_TIMEOUT_S or leaves the served architecture out, the served one alone."""
     arch = json.loads((device.MODEL_DIR / "config.json").read_text())["architectures"][0]
-    code = (
-        "from vllm.model_executor.models.registry import ModelRegistry\n"
-        f"print(ModelRegistry.models[{arch!r}].inspect_model_cls())\n"
-    )
-    t = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-        env={**device.run_env(), "VLLM_CACHE_ROOT": str(BAKED)},
-    )  # fmt: skip
-    files = sorted(str(f.relative_to(BAKED)) for f in BAKED.rglob("*") if f.is_file())
-    found = {
-        "rc": done.returncode,
-        "seconds": round(time.monotonic() - t, 1),
-        "files": files,
-        "said": (done.stdout + done.stderr)[-400:],
-    }
-    log(f"bake modelinfo: rc {done.returncode} in {found['seconds']} s: {files}")
+    # run as the image runs it: a lone file (its folder first on sys.path, not serving/'s)
+    script = Path("/tmp/bake-script/bake.py")
+    script.parent.mkdir(exist_ok=True)
+    shutil.copyfile(device.ROOT / "serving" / "bake.py", script)
+    found: dict[str, Any] = {"arch": arch}
+    tries: list[tuple[str, list[str], float]] = [
+        ("all", [], BAKE_ALL_TIMEOUT_S),
+        ("served", ["--arch", arch], 300),
+    ]
+    for label, extra, timeout in tries:
+        shutil.rmtree(BAKED, ignore_errors=True)
+        cmd = [sys.executable, str(script), "--no-bytecode", "--vllm-cache", str(BAKED), *extra]
+        t = time.monotonic()
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout, env=device.run_env()
+            )
+            said, rc = (done.stdout + done.stderr)[-1500:], done.returncode
+        except subprocess.TimeoutExpired:
+            said, rc = f"not done within {timeout} s", -1
+        files = sorted(f.name for f in (BAKED / "modelinfos").glob("*.json"))
+        found[label] = {"rc": rc, "seconds": round(time.monotonic() - t, 1), "files": len(files),
+                        "said": said}  # fmt: skip
+        log(f"bake modelinfo ({label}): rc {rc} in {found[label]['seconds']} s, {len(files)} files")
+        if rc == 0 and any(f.endswith(f"-{arch}.json") for f in files):
+            break
     return found
 
 
-def run_coldstart_plan(out: Path, log: Log, plan: str, budget_s: float) -> dict[str, Any]:
+def run_coldstart_plan(
+    out: Path, log: Log, plan: str, budget_s: float, cli_timing: bool = True
+) -> dict[str, Any]:
     """Issue 36: the steps of `plan` (parse_plan) in order, each a start of the snapshot spec
     through serving.engine; stops before a step that would not end within budget_s of the
     phase's start. The engines' logs go to $OUT/coldstart-logs.tar.gz."""
     import httpx
 
+    from serving import bake
+
     t_phase = time.monotonic()
     steps = parse_plan(plan)
     env = device.run_env()
     result: dict[str, Any] = {"plan": plan, "engine_cache": str(ENGINE_CACHE), "steps": []}
-    result["cli_to_args_s"] = time_cli_start(env)
-    log(f"`vllm serve` to its argument parsing (kernel library placed): {result['cli_to_args_s']}")
+    if cli_timing:
+        result["cli_to_args_s"] = time_cli_start(env)
+        log(f"`vllm serve` to its argument parsing (library placed): {result['cli_to_args_s']}")
     if any(cache == "baked" for cache, _ in steps):
         result["bake"] = bake_modelinfo(log)
     logs = Path("/tmp/coldstart-logs")
@@ -1241,9 +1281,12 @@ def run_coldstart_plan(out: Path, log: Log, plan: str, budget_s: float) -> dict[
             ENGINE_CACHE.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(stash, ENGINE_CACHE)
             cache_had = "kept"
-        elif cache == "baked" and (BAKED / "modelinfos").exists():
-            shutil.copytree(BAKED / "modelinfos", ENGINE_CACHE / "modelinfos")
-            cache_had = "modelinfos only"
+        # what the image holds (serving/bake.py BAKED_VLLM_CACHE): the bake's files for the
+        # baked steps, nothing for the others; serving.engine copies them in itself.
+        shutil.rmtree(bake.BAKED_VLLM_CACHE, ignore_errors=True)
+        if cache == "baked" and (BAKED / "modelinfos").exists():
+            shutil.copytree(BAKED, bake.BAKED_VLLM_CACHE)
+            cache_had = "empty, modelinfos baked"
         spec = device.spec_dict(snapshot=True)
         if "graphs" in levers:
             spec["cudagraph_sizes"] = "max_concurrency"
@@ -1518,7 +1561,9 @@ def run(args: argparse.Namespace) -> int:
         if "start" in phases:
             result["start"] = run_start(out, log)
         if "coldstart" in phases and args.coldstart_plan:
-            result["coldstart"] = run_coldstart_plan(out, log, args.coldstart_plan, args.budget_s)
+            result["coldstart"] = run_coldstart_plan(
+                out, log, args.coldstart_plan, args.budget_s, not args.skip_cli_timing
+            )
         elif "coldstart" in phases:
             result["coldstart"] = run_coldstart(out, log, methods)
         if "long" in phases:
@@ -1553,6 +1598,11 @@ def main(argv: list[str] | None = None) -> int:
         default="llama-1b",
         choices=sorted(SHAPES),
         help="the model's shape (bench.gpu.mkmodel SHAPES): 1B- or 8B-shaped random weights",
+    )
+    p.add_argument(
+        "--skip-checks",
+        action="store_true",
+        help="leave out the imports probe and vLLM's parser on the spec's flags (~40 s)",
     )
     sub.add_parser(
         "prepare-sglang",
@@ -1612,6 +1662,11 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=540,
         help="coldstart plan: skip a step that would not end within this many seconds",
+    )
+    r.add_argument(
+        "--skip-cli-timing",
+        action="store_true",
+        help="coldstart plan: leave out timing `vllm serve` to its argument parsing (~40 s)",
     )
     r.add_argument("--checks-k", default="", help="checks, sglang: pytest -k expression")
     r.add_argument("--server-cpus", help="cores for the engine and the proxy, e.g. 0-7")
