@@ -23,8 +23,9 @@ the recorded serving/engine_flags/vllm_0_26_0.py. Writes prepare.json and prepar
 run.json holds the card, the versions, the proxy's and the engine's keep-alive settings and
 each phase's time; run.log what was printed. The table is printed last.
 
-``prepare`` also compiles /tmp/site's bytecode as an image build does, timing ``vllm serve``
-to its argument parsing before and after (``compile_site``).
+``prepare`` also compiles every module's bytecode as serving/app.py's image build does
+(serving/bake.py, into device.PYCACHE), timing ``vllm serve`` to its argument parsing with no
+bytecode at all and after (``compile_site``).
 
 SGLang 0.5.15 (it pins torch 2.11.0 too), after ``prepare`` (whose /tmp/site and model it uses):
 ``prepare-sglang`` (carry ``.gpu-payload/sglang``) unpacks SGLang's part into /tmp/site-sglang
@@ -344,48 +345,52 @@ def bytecode_share(root: Path) -> dict[str, int]:
 
 
 def compile_site(log: Log) -> dict[str, Any]:
-    """Bytecode for /tmp/site as the image build leaves it (issue 36): the payload is unpacked
-    without .pyc files (bench.gpu.payload: pip --no-compile); serving/app.py's build step
-    compiles the image's packages with serving/bake.py, and the harness runs the same function
-    on /tmp/site. Times `vllm serve` to its argument parsing with no bytecode for any module
-    (a fresh pycache prefix that nothing is written to: what a container of an image without
-    bytecode compiles at every start, the image's own torch included) and after, twice each,
+    """Every module's bytecode, as serving/app.py's image build leaves it (issue 36): the
+    payload is unpacked without .pyc files (bench.gpu.payload: pip --no-compile) and the
+    machine's image has none for its torch, so a start compiled them all. serving/bake.py's
+    compile_bytecode runs here on the image's stdlib and site-packages and on /tmp/site, into
+    device.PYCACHE (PYTHONPYCACHEPREFIX, which run_env sets: the image's folders stay as they
+    are). Times `vllm serve` to its argument parsing with no bytecode for any module (an empty
+    prefix, nothing written: a container of an image without bytecode) and after, twice each,
     then `-X importtime` of the same start."""
-    from serving import bake
-
     env = device.run_env()
-    image_site = Path(sys.modules["json"].__file__ or "").parent  # the stdlib, for its share
-    shares = {"image_stdlib": bytecode_share(image_site)}
+    shares: dict[str, Any] = {}
     torch_dir = subprocess.run(
         [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('torch').origin)"],
         capture_output=True, text=True, env=env,
     ).stdout.strip()  # fmt: skip
-    if torch_dir:
+    if torch_dir:  # beside the sources, as the image has them
         shares["image_torch"] = bytecode_share(Path(torch_dir).parent)
     nowhere = Path("/tmp/no-pycache")
     shutil.rmtree(nowhere, ignore_errors=True)
     nowhere.mkdir()
     no_pyc = {**env, "PYTHONPYCACHEPREFIX": str(nowhere), "PYTHONDONTWRITEBYTECODE": "1"}
     before = time_cli_start(no_pyc)
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom serving import bake\n"
+        "bake.compile_bytecode([*bake.package_dirs(), *map(Path, sys.argv[1:])])\n"
+    )
     t = time.monotonic()
-    compiled_ok = bake.compile_bytecode([device.SITE])
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(device.SITE)], capture_output=True, text=True, env=env
+    )
     compile_s = round(time.monotonic() - t, 1)
+    shares["pycache_files"] = sum(1 for _ in device.PYCACHE.rglob("*.pyc"))
     after = time_cli_start(env)
-    shares["site_after"] = bytecode_share(device.SITE)
     profile = import_profile(env)
     found = {
         "compile_s": compile_s,
-        "compile_ok": compiled_ok,
-        "bytecode_share": shares,
+        "compile_rc": done.returncode,
+        "bytecode": shares,
         "cli_to_args_s_no_bytecode_anywhere": before,
         "cli_to_args_s_with_pyc": after,
         "import_profile_with_pyc": profile,
     }
     log(
-        f"bytecode: {shares}; serving/bake.py compile_bytecode on {device.SITE} {compile_s} s "
-        f"(all ok: {compiled_ok}); `vllm serve` to its argument parsing {before} s with no "
-        f"bytecode for any module, {after} s with; imports {profile['imports_total_s']} s, own "
-        f"time by package: {profile['self_by_package'][:10]}"
+        f"bytecode: {shares}; serving/bake.py compile_bytecode into {device.PYCACHE} in "
+        f"{compile_s} s (rc {done.returncode}); `vllm serve` to its argument parsing {before} s "
+        f"with no bytecode for any module, {after} s with; imports {profile['imports_total_s']}"
+        f" s, own time by package: {profile['self_by_package'][:10]}"
     )
     return found
 
