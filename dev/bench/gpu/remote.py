@@ -1252,8 +1252,6 @@ def run_coldstart_plan(
     """Issue 36: the steps of `plan` (parse_plan) in order, each a start of the snapshot spec
     through serving.engine; stops before a step that would not end within budget_s of the
     phase's start. The engines' logs go to $OUT/coldstart-logs.tar.gz."""
-    import httpx
-
     from serving import bake
 
     t_phase = time.monotonic()
@@ -1309,16 +1307,7 @@ def run_coldstart_plan(
             if "prefetch" in levers:
                 row["prefetch"] = {"done_at_s": prefetch_done_at(info["start_lines"])}
             if cache == "warm" and not levers:
-                wakes = []
-                for _ in range(2):
-                    r = httpx.post("http://127.0.0.1:8001/sleep?level=1", timeout=120)
-                    r.raise_for_status()
-                    t = time.perf_counter()
-                    httpx.post("http://127.0.0.1:8001/wake_up", timeout=120).raise_for_status()
-                    woke = time.perf_counter() - t
-                    token = woke + first_token_s(device.API_KEY)
-                    wakes.append({"wake_s": round(woke, 3), "to_first_token_s": round(token, 3)})
-                row["wake"] = wakes
+                row["wake"] = [timed_wake(split) for split in (False, False, True, True)]
             row["start_lines"] = info["start_lines"]
         files = [f for f in ENGINE_CACHE.rglob("*") if f.is_file()]
         row["cache_mib_after"] = round(sum(f.stat().st_size for f in files) / 2**20, 1)
@@ -1333,6 +1322,35 @@ def run_coldstart_plan(
         tar.add(logs, arcname="coldstart-logs")
     result["table"] = plan_table(result["steps"])
     return result
+
+
+# What a wake waits on (issue 36 (d)): vLLM 0.26.0's /wake_up takes `tags`
+# (entrypoints/serve/dev/sleep/api_router.py); its allocator maps each allocation of a tag again
+# and copies what sleep level 1 offloaded to pinned host memory back (device_allocator/cumem.py
+# `wake_up`): the weights (~15 GiB for the 8B shape) are copied, the KV cache (~112 GiB on an
+# H200) only mapped, then its layout is rebuilt (v1/worker/gpu_worker.py `wake_up`).
+WAKE_TAGS = ("weights", "kv_cache")
+
+
+def timed_wake(split: bool) -> dict[str, float]:
+    """Sleep (level 1), wake, stream the first token through the proxy; `split` wakes each
+    of WAKE_TAGS in turn and times each."""
+    import httpx
+
+    engine = f"http://127.0.0.1:{device.ENGINE_PORT}"
+    httpx.post(f"{engine}/sleep?level=1", timeout=120).raise_for_status()
+    found: dict[str, float] = {}
+    t = time.perf_counter()
+    for tag in WAKE_TAGS if split else (None,):
+        t_tag = time.perf_counter()
+        query = f"?tags={tag}" if tag else ""
+        httpx.post(f"{engine}/wake_up{query}", timeout=120).raise_for_status()
+        if tag:
+            found[f"{tag}_s"] = round(time.perf_counter() - t_tag, 3)
+    woke = time.perf_counter() - t
+    found["wake_s"] = round(woke, 3)
+    found["to_first_token_s"] = round(woke + first_token_s(device.API_KEY), 3)
+    return found
 
 
 def prefetch_done_at(lines: list[tuple[float, str]]) -> float | None:
