@@ -34,7 +34,16 @@ FLOW_TIMEOUT_S = 420.0
 
 # The flows the docs mark (docs/docs-check.md lists them and the ones left unmarked): a marker
 # lost in an edit fails here rather than silently dropping its flow from CI.
-MARKED = {"quickstart", "rotation-preview", "drift", "gateway", "prod-preview", "review-demo"}
+MARKED = {
+    "quickstart",
+    "rotation-preview",
+    "drift",
+    "gateway",
+    "prod-preview",
+    "review-demo",
+    "release",
+    "access-stack",
+}
 
 
 def fresh_copy(dest: Path) -> Path:
