@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"release-demo: `up` with '{name}''s stand-in engine set to crash at start "
         "(engine_standin: {fail: start}, this run only): the health gate should refuse it and "
-        "roll back (~15 s; its progress every 5 s)...",
+        "roll back (10-30 s; the gate prints its progress every 5 s)...",
         flush=True,
     )
     traffic.start()
