@@ -242,7 +242,8 @@ def test_a_process_a_flow_leaves_running_fails_the_check(
     teardown does not stop) is reported with the process, which the check then kills."""
     monkeypatch.setattr(sys.modules[__name__], "LEFT_GRACE_S", 1.0)
     doc = tmp_path / "doc.md"
-    doc.write_text("<!-- docs-check: flow=leak -->\n```\n$ sleep 300 >/dev/null 2>&1 &\n$ make down\n```\n")
+    leak = "$ sleep 300 >/dev/null 2>&1 &\n$ make down\n"  # no pipe held: the flow ends
+    doc.write_text(f"<!-- docs-check: flow=leak -->\n```\n{leak}```\n")
     (tmp_path / "Makefile").write_text("down:\n\t@echo stopped nothing\n")
     env = {**flow_env(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
     found = check_flow(docs_check.flows([doc], tmp_path)["leak"], tmp_path, env)
