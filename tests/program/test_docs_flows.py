@@ -110,10 +110,15 @@ def left_running(env: dict[str, str]) -> list[str]:
 
 
 def kill_left(env: dict[str, str]) -> None:
-    for proc in processes(env[MARKER]).values():
-        if proc.marked:
+    """SIGKILL what the flow left, and wait (5 s at most) until it is gone."""
+    deadline = time.monotonic() + 5
+    while (left := [p for p in processes(env[MARKER]).values() if p.marked]) and (
+        time.monotonic() < deadline
+    ):
+        for proc in left:
             with contextlib.suppress(OSError):  # gone already
                 os.kill(proc.pid, signal.SIGKILL)
+        time.sleep(0.1)
 
 
 def check_flow(flow: docs_check.Flow, root: Path, env: dict[str, str]) -> list[str]:
