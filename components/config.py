@@ -66,7 +66,7 @@ from components.config_errors import (
 from components.modal.defaults import GATE_TASK
 from serving.prewarm import ScheduleError, extra_container_hours_per_month, parse_windows
 from serving.sizing import cpu_request, memory_request_mib
-from serving.spec import GPU_TYPES, ServingSpec
+from serving.spec import GPU_TYPES, ServingSpec, canonical_gpu
 from serving.weights import source_problems as weights_source_problems
 
 __all__ = ["ConfigError"]  # re-exported: callers catch it from here
@@ -139,7 +139,7 @@ def _unique(value: list[str]) -> list[str]:
 def _gpu_name(value: str) -> str:
     """Modal's spelling of a GPU name (case-insensitive): an unknown name is an error, never
     a silently unused new row of the price table."""
-    name = cost.canonical_gpu(value)
+    name = canonical_gpu(value)
     if name is None:
         hint = unknown_key_text(value, list(GPU_TYPES)).partition("is not a known key")[2]
         raise ValueError(
@@ -681,10 +681,6 @@ class ServiceSettings(ServiceInput):
     #: Upper bound of what one gated deploy costs (0 unless it cold-starts a container).
     gated_deploy_usd: float = 0.0
 
-    @property
-    def gpus(self) -> tuple[str, ...]:
-        return _gpu_tuple(self.spec.gpu)
-
 
 class StackConfig(StackSettings):
     """The validated configuration of one stack."""
@@ -715,10 +711,6 @@ class StackSecrets:
     weights_store_credentials: pulumi.Output[str] | None = None
     #: "<token id>:<token secret>" of the gateway's proxy token (managed mode only), or None.
     proxy_token: pulumi.Output[str] | None = None
-
-
-def _gpu_tuple(gpu: str | list[str]) -> tuple[str, ...]:
-    return (gpu,) if isinstance(gpu, str) else tuple(gpu)
 
 
 def _fix(ns: str, stack: str, budget_hint: float | None) -> Callable[[Problem], str]:
@@ -913,7 +905,7 @@ def _service(settings: StackSettings, ns: str, i: int, entry: ServiceInput) -> S
         svc_cost = cost.service_cost(
             cost.ServiceCostInput(
                 name=name,
-                gpus=_gpu_tuple(spec.gpu),
+                gpus=tuple(spec.gpu_types),
                 gpu_count=spec.gpu_count,
                 min_containers=scaling.min_containers,
                 max_containers=scaling.max_containers,

@@ -19,10 +19,12 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -232,6 +234,23 @@ class SpecError(ValueError):
     """A spec file could not be read or is invalid; the message lists every problem."""
 
 
+def _modal_name(kind: str) -> AfterValidator:
+    """A Modal object's name (modal/_utils/name_utils.py), never one of its ids."""
+
+    def check(value: str) -> str:
+        if not _MODAL_NAME_RE.match(value) or value.startswith(("ap-", "sc-", "vo-", "st-")):
+            raise ValueError(
+                f"{value!r} is not a valid Modal {kind} name: 1-64 letters, digits, '.', '_' or '-'"
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+VolumeName = Annotated[str, _modal_name("volume")]
+SecretName = Annotated[str, _modal_name("secret")]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -249,47 +268,45 @@ class Scaling(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Scaling:
-        problems: list[tuple[str, str]] = []
+        _raise_problems("Scaling", self._problems(), self)
+        return self
+
+    def _problems(self) -> Iterator[tuple[str, str]]:
         if self.min_containers > self.max_containers:
-            problems.append(
-                (
-                    "min_containers",
-                    f"min_containers ({self.min_containers}) is above max_containers "
-                    f"({self.max_containers}); raise max_containers or lower min_containers",
-                )
+            yield (
+                "min_containers",
+                f"min_containers ({self.min_containers}) is above max_containers "
+                f"({self.max_containers}); raise max_containers or lower min_containers",
             )
         elif self.min_containers + self.buffer_containers > self.max_containers:
-            problems.append(
-                (
-                    "buffer_containers",
-                    f"min_containers + buffer_containers ({self.min_containers} + "
-                    f"{self.buffer_containers}) exceeds max_containers ({self.max_containers}): "
-                    "the buffer could never be kept",
-                )
+            yield (
+                "buffer_containers",
+                f"min_containers + buffer_containers ({self.min_containers} + "
+                f"{self.buffer_containers}) exceeds max_containers ({self.max_containers}): "
+                "the buffer could never be kept",
             )
         if self.target_concurrency > self.max_concurrency:
-            problems.append(
-                (
-                    "target_concurrency",
-                    f"target_concurrency ({self.target_concurrency}) is above max_concurrency "
-                    f"({self.max_concurrency}); Modal rejects that",
-                )
+            yield (
+                "target_concurrency",
+                f"target_concurrency ({self.target_concurrency}) is above max_concurrency "
+                f"({self.max_concurrency}); Modal rejects that",
             )
-        _raise_problems("Scaling", problems, self)
-        return self
 
 
 class Volumes(_Model):
     """Names of the Modal volumes mounted in the container (they must exist: the Pulumi
     component's Volume resources create them; serving/app.py only looks them up)."""
 
-    hf_cache: str = "huggingface-cache"
-    engine_cache: str = "vllm-cache"
+    hf_cache: VolumeName = "huggingface-cache"
+    engine_cache: VolumeName = "vllm-cache"
 
-    @field_validator("hf_cache", "engine_cache")
-    @classmethod
-    def _modal_name(cls, value: str) -> str:
-        return _check_modal_name(value, "volume")
+
+def _revision_dir(value: str) -> str:
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", value):
+        raise ValueError(
+            f"{value!r} is not a revision directory: 1-64 letters, digits, '.', '_', '-'"
+        )
+    return value
 
 
 class WeightsVolume(_Model):
@@ -298,37 +315,18 @@ class WeightsVolume(_Model):
     cold start reads only the volume, and the model needs no Hugging Face id (a closed model
     from a private store)."""
 
-    volume: str
+    volume: VolumeName
     #: The revision's directory on the volume (the ModelWeights output `path`).
-    path: str
-
-    @field_validator("volume")
-    @classmethod
-    def _modal_name(cls, value: str) -> str:
-        return _check_modal_name(value, "volume")
-
-    @field_validator("path")
-    @classmethod
-    def _relative_dir(cls, value: str) -> str:
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", value):
-            raise ValueError(
-                f"{value!r} is not a revision directory: 1-64 letters, digits, '.', '_', '-'"
-            )
-        return value
+    path: Annotated[str, AfterValidator(_revision_dir)]
 
 
 class Secrets(_Model):
     """Names of the Modal secrets mounted as environment variables."""
 
     # Holds HF_TOKEN for gated models; None for public models.
-    hf_token: str | None = None
+    hf_token: SecretName | None = None
     # Holds SERVING_API_KEYS = JSON {name: "sha256:<hex>"}, what the proxy checks keys against.
-    api_keys: str = "serving-api-keys"
-
-    @field_validator("hf_token", "api_keys")
-    @classmethod
-    def _modal_name(cls, value: str | None) -> str | None:
-        return None if value is None else _check_modal_name(value, "secret")
+    api_keys: SecretName = "serving-api-keys"
 
 
 class Timeouts(_Model):
@@ -572,129 +570,108 @@ class ServingSpec(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> ServingSpec:
-        problems: list[tuple[str, str]] = []
+        _raise_problems("ServingSpec", self._problems(), self)
+        return self
+
+    def _problems(self) -> Iterator[tuple[str, str]]:
         releases = ENGINE_RELEASES[self.engine]
         if self.engine_version not in releases:
             known = ", ".join(
                 f"{v} ({'verified on a GPU' if r.verified == 'gpu' else 'parser only'})"
                 for v, r in sorted(releases.items())
             )
-            problems.append(
-                (
-                    "engine_version",
-                    f"{self.engine} {self.engine_version!r} is not a release the project knows; "
-                    f"known: {known}. A new one needs its parser recorded "
-                    "(scripts/record_engine_flags.py) and an entry in ENGINE_RELEASES",
-                )
+            yield (
+                "engine_version",
+                f"{self.engine} {self.engine_version!r} is not a release the project knows; "
+                f"known: {known}. A new one needs its parser recorded "
+                "(scripts/record_engine_flags.py) and an entry in ENGINE_RELEASES",
             )
-            _raise_problems("ServingSpec", problems, self)  # nothing else can be checked
+            return  # nothing else can be checked without the release's parser
         n = self.gpu_count
         if n & (n - 1):
-            problems.append(
-                (
-                    "gpu_count",
-                    f"gpu_count={n} is not a power of two; tensor parallelism splits attention "
-                    "heads evenly, so use 1, 2, 4 or 8",
-                )
+            yield (
+                "gpu_count",
+                f"gpu_count={n} is not a power of two; tensor parallelism splits attention "
+                "heads evenly, so use 1, 2, 4 or 8",
             )
         for name in self.gpu_types:
             limit = GPU_TYPES[name].max_count
             if n > limit:
-                problems.append(
-                    ("gpu_count", f"gpu_count={n} but Modal attaches at most {limit} x {name}")
-                )
+                yield "gpu_count", f"gpu_count={n} but Modal attaches at most {limit} x {name}"
         if self.snapshot and n > 1:
-            problems.append(
-                (
-                    "snapshot",
-                    f"GPU memory snapshots support one GPU per container; gpu_count={n}. "
-                    "Set snapshot=false or gpu_count=1",
-                )
+            yield (
+                "snapshot",
+                f"GPU memory snapshots support one GPU per container; gpu_count={n}. "
+                "Set snapshot=false or gpu_count=1",
             )
         if self.snapshot and self.context_length is None:
-            problems.append(
-                (
-                    "context_length",
-                    "snapshot=true needs an explicit context_length so the engine's memory "
-                    "plan is identical at snapshot and restore",
-                )
+            yield (
+                "context_length",
+                "snapshot=true needs an explicit context_length so the engine's memory "
+                "plan is identical at snapshot and restore",
             )
         if self.require_pinned_revision and self.revision is None:
-            problems.append(
-                (
-                    "revision",
-                    "require_pinned_revision=true but no revision is set; pin the model to a "
-                    "40-character commit sha from its Hugging Face page",
-                )
+            yield (
+                "revision",
+                "require_pinned_revision=true but no revision is set; pin the model to a "
+                "40-character commit sha from its Hugging Face page",
             )
         elif self.require_pinned_revision and not _SHA_RE.match(self.revision or ""):
-            problems.append(
-                (
-                    "revision",
-                    f"require_pinned_revision=true but revision {self.revision!r} is a tag, and "
-                    "tags can be moved; use the 40-character commit sha it points to (Hugging "
-                    "Face: Files and versions -> History)",
-                )
+            yield (
+                "revision",
+                f"require_pinned_revision=true but revision {self.revision!r} is a tag, and "
+                "tags can be moved; use the 40-character commit sha it points to (Hugging "
+                "Face: Files and versions -> History)",
             )
-        problems += extra_args_problems(self.engine, self.extra_args, self.engine_version)
-        problems += self._cudagraph_sizes_problems()
+        yield from extra_args_problems(self.engine, self.extra_args, self.engine_version)
+        yield from self._cudagraph_sizes_problems()
         non_api = sizing.non_api_cpus(self)
         if (
             self.cpu is not None
             and self.api_server_count is not None
             and self.cpu < self.api_server_count + non_api
         ):
-            problems.append(
-                (
-                    "cpu",
-                    f"cpu={self.cpu:g} is below what api_server_count={self.api_server_count} "
-                    f"needs: {self.api_server_count + non_api} (one core per API "
-                    f"server, {non_api} for the engine core, its GPU workers"
-                    + (", SGLang's detokenizer" if self.engine == "sglang" else "")
-                    + " and the proxy). Raise cpu, lower api_server_count, or leave one unset",
-                )
+            yield (
+                "cpu",
+                f"cpu={self.cpu:g} is below what api_server_count={self.api_server_count} "
+                f"needs: {self.api_server_count + non_api} (one core per API "
+                f"server, {non_api} for the engine core, its GPU workers"
+                + (", SGLang's detokenizer" if self.engine == "sglang" else "")
+                + " and the proxy). Raise cpu, lower api_server_count, or leave one unset",
             )
         floor = sizing.memory_floor_gib(self)
         if self.memory_gib is not None and self.memory_gib < floor:
-            problems.append(
-                (
-                    "memory_gib",
-                    f"memory_gib={self.memory_gib:g} is below what the engine's processes "
-                    f"need: {floor:g} GiB ({sizing.memory_breakdown(self)}; measured "
-                    f"RSS, serving/sizing.py). Raise memory_gib to at least "
-                    f"{math.ceil(floor)}, or leave it unset (derived: "
-                    f"{sizing.derived_memory_gib(self)} GiB, with "
-                    f"{sizing.MEMORY_HEADROOM:.0%} headroom)",
-                )
+            yield (
+                "memory_gib",
+                f"memory_gib={self.memory_gib:g} is below what the engine's processes "
+                f"need: {floor:g} GiB ({sizing.memory_breakdown(self)}; measured "
+                f"RSS, serving/sizing.py). Raise memory_gib to at least "
+                f"{math.ceil(floor)}, or leave it unset (derived: "
+                f"{sizing.derived_memory_gib(self)} GiB, with "
+                f"{sizing.MEMORY_HEADROOM:.0%} headroom)",
             )
         if self.proxy.max_in_flight < self.scaling.max_concurrency:
-            problems.append(
-                (
-                    "proxy.max_in_flight",
-                    f"proxy.max_in_flight ({self.proxy.max_in_flight}) is below "
-                    f"scaling.max_concurrency ({self.scaling.max_concurrency}): Modal would "
-                    "send requests the proxy must refuse",
-                )
+            yield (
+                "proxy.max_in_flight",
+                f"proxy.max_in_flight ({self.proxy.max_in_flight}) is below "
+                f"scaling.max_concurrency ({self.scaling.max_concurrency}): Modal would "
+                "send requests the proxy must refuse",
             )
-        _raise_problems("ServingSpec", problems, self)
-        return self
 
-    def _cudagraph_sizes_problems(self) -> list[tuple[str, str]]:
+    def _cudagraph_sizes_problems(self) -> Iterator[tuple[str, str]]:
         if self.cudagraph_sizes == "engine":
-            return []
+            return
         if self.engine != "vllm":
-            return [("cudagraph_sizes", f'{self.cudagraph_sizes!r} is for vLLM; use "engine"')]
+            yield "cudagraph_sizes", f'{self.cudagraph_sizes!r} is for vLLM; use "engine"'
+            return
         found = flag_set_in(self.engine, self.engine_version, self.extra_args, CUDAGRAPH_SIZE_FLAGS)
-        if found is None:
-            return []
-        i, token = found
-        return [
-            (
+        if found is not None:
+            i, token = found
+            yield (
                 f"extra_args[{i}]",
                 f"{token} sets the CUDA-graph sizes, and so does cudagraph_sizes="
                 f'{self.cudagraph_sizes!r}; keep one (cudagraph_sizes: "engine")',
             )
-        ]
 
     # ---- derived values --------------------------------------------------------------------
 
@@ -767,16 +744,6 @@ class ServingSpec(_Model):
         return cls.load(path)
 
 
-def load(path: str | os.PathLike[str]) -> ServingSpec:
-    """Module-level alias of `ServingSpec.load`."""
-    return ServingSpec.load(path)
-
-
-def from_env() -> ServingSpec:
-    """Module-level alias of `ServingSpec.from_env`."""
-    return ServingSpec.from_env()
-
-
 def check_app_name(name: str) -> str:
     """A Modal app name (SERVING_APP_NAME or derived), or SpecError saying what is allowed."""
     if not _MODAL_NAME_RE.match(name) or name.startswith("ap-"):
@@ -802,6 +769,11 @@ def format_validation_error(exc: ValidationError, source: str = "spec") -> str:
 # ---- helpers ----------------------------------------------------------------------------------
 
 
+def canonical_gpu(name: str) -> str | None:
+    """Modal's spelling of a GPU name (case-insensitive), or None when Modal has no such GPU."""
+    return _GPU_BY_UPPER.get(name.strip().upper())
+
+
 def _canonical_gpu(value: str) -> str:
     if ":" in value:
         base, count = value.split(":", 1)
@@ -809,18 +781,10 @@ def _canonical_gpu(value: str) -> str:
             f"{value!r}: put the count in gpu_count, not in the GPU name "
             f"(gpu={base!r}, gpu_count={count})"
         )
-    name = _GPU_BY_UPPER.get(value.strip().upper())
+    name = canonical_gpu(value)
     if name is None:
         raise ValueError(f"unknown GPU {value!r}; Modal's GPU types are: {', '.join(GPU_TYPES)}")
     return name
-
-
-def _check_modal_name(value: str, kind: str) -> str:
-    if not _MODAL_NAME_RE.match(value) or value.startswith(("ap-", "sc-", "vo-", "st-")):
-        raise ValueError(
-            f"{value!r} is not a valid Modal {kind} name: 1-64 letters, digits, '.', '_' or '-'"
-        )
-    return value
 
 
 def _flags_in(args: list[str]) -> list[tuple[int, str]]:
@@ -839,7 +803,7 @@ def engine_flags(engine: str, version: str | None = None) -> FlagList:
 
 def extra_args_problems(
     engine: str, args: list[str], version: str | None = None
-) -> list[tuple[str, str]]:
+) -> Iterator[tuple[str, str]]:
     """(field, why) for each flag in `args` that engine release (default: the pinned one)
     would reject or that the spec renders itself, however it is spelled: aliases of the same
     parser action, vLLM's `_` for `-` and `--flag.key` forms, and argparse's unique-prefix
@@ -854,7 +818,6 @@ def extra_args_problems(
         field = next((f for f in flags.aliases(option) if f in reserved), None)
         return None if field is None else reserved[field]
 
-    problems: list[tuple[str, str]] = []
     for i, token in _flags_in(args):
         where = f"extra_args[{i}]"
         name = parser_name(engine, token)
@@ -863,43 +826,32 @@ def extra_args_problems(
         if option is not None:
             field = reserved_by(option)
             if option in refused:
-                problems.append((where, f"{said} is not allowed in extra_args: {refused[option]}"))
+                yield where, f"{said} is not allowed in extra_args: {refused[option]}"
             elif field is not None:
                 alias = "" if option in reserved else f", an alias of {flags.aliases(option)[0]}"
-                problems.append(
-                    (where, f"{said}{alias} is already rendered by the spec; set {field}")
-                )
+                yield where, f"{said}{alias} is already rendered by the spec; set {field}"
             continue
         actions = {flags.aliases(m) for m in matches}
         field = reserved_by(matches[0]) if len(actions) == 1 else None
         if field is not None:  # a unique prefix: the engine would take it as the full flag
-            problems.append(
-                (
-                    where,
-                    f"{said} abbreviates {matches[0]} (argparse accepts unique prefixes), "
-                    f"which the spec renders; set {field}",
-                )
+            yield (
+                where,
+                f"{said} abbreviates {matches[0]} (argparse accepts unique prefixes), "
+                f"which the spec renders; set {field}",
             )
         elif not name.startswith("--") and matches == [name[:2]]:
-            problems.append(
-                (where, f"{said} is {name[:2]} with its value attached; write them as two items")
-            )
+            yield where, f"{said} is {name[:2]} with its value attached; write them as two items"
         elif matches:
             shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
-            problems.append(
-                (where, f"{said} is an abbreviation of {shown}; write the full flag name")
-            )
+            yield where, f"{said} is an abbreviation of {shown}; write the full flag name"
         else:
             close = difflib.get_close_matches(name, sorted(flags.options), n=3, cutoff=0.6)
             hint = f"did you mean {' or '.join(close)}? " if close else ""
-            problems.append(
-                (
-                    where,
-                    f"{said} is not a flag of {engine}=={flags.version}; {hint}"
-                    f"the pinned parser's flags are listed in {flags.source}",
-                )
+            yield (
+                where,
+                f"{said} is not a flag of {engine}=={flags.version}; {hint}"
+                f"the pinned parser's flags are listed in {flags.source}",
             )
-    return problems
 
 
 def flag_set_in(
@@ -920,9 +872,7 @@ def flags_in(args: list[str]) -> list[str]:
     return [flag for _, flag in _flags_in(args)]
 
 
-def _raise_problems(title: str, problems: list[tuple[str, str]], model: BaseModel) -> None:
-    if not problems:
-        return
+def _raise_problems(title: str, problems: Iterable[tuple[str, str]], model: BaseModel) -> None:
     details: list[InitErrorDetails] = [
         InitErrorDetails(
             type=PydanticCustomError("spec_consistency", "{reason}", {"reason": message}),
@@ -931,4 +881,5 @@ def _raise_problems(title: str, problems: list[tuple[str, str]], model: BaseMode
         )
         for field, message in problems
     ]
-    raise ValidationError.from_exception_data(title, details)
+    if details:
+        raise ValidationError.from_exception_data(title, details)
