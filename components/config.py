@@ -23,7 +23,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -450,183 +450,150 @@ class StackSettings(BaseModel):
             raise RuleError(*problems)
         return self
 
-    def _standin_rule(self, ns: str, stack: str, url: str | None) -> list[Problem]:
+    def _standin_rule(self, ns: str, stack: str, url: str | None) -> Iterator[Problem]:
         """engineStandin only where the Modal server is local: the stand-in answers every
         request with fixed text, which must never be what a real endpoint serves."""
         urls = [u.strip() for u in (url or "").split(",") if u.strip()]
         if not self.engine_standin or (
             urls and all(urlsplit(u).hostname in LOCAL_HOSTS for u in urls)
         ):
-            return []
+            return
         where = url or "Modal itself (modal:serverUrl is not set)"
-        return [
-            Problem(
-                ("engineStandin",),
-                f": stack {stack!r}: {ns}:engineStandin is true, but this stack's Modal server "
-                f"is {where}, not a local one. The stand-in engine (dev/standin_engine.py) "
-                "runs no model and answers with fixed text: it is only for a stack on the "
-                "local emulator (modal:serverUrl: http://127.0.0.1:PORT, e.g. the local stack)",
-                fix=f"To deploy the real engine here: pulumi config rm {ns}:engineStandin "
-                f"--stack {stack}",
-            )
-        ]
+        yield Problem(
+            ("engineStandin",),
+            f": stack {stack!r}: {ns}:engineStandin is true, but this stack's Modal server "
+            f"is {where}, not a local one. The stand-in engine (dev/standin_engine.py) "
+            "runs no model and answers with fixed text: it is only for a stack on the "
+            "local emulator (modal:serverUrl: http://127.0.0.1:PORT, e.g. the local stack)",
+            fix=f"To deploy the real engine here: pulumi config rm {ns}:engineStandin "
+            f"--stack {stack}",
+        )
 
-    def _managed_rules(self, ns: str, stack: str) -> list[Problem]:
+    def _managed_rules(self, ns: str, stack: str) -> Iterator[Problem]:
         managed, key = self.managed_by_access_stack, "managedByAccessStack"
         if managed and not self.has_proxy_token:
-            return [
-                Problem(
-                    ("proxyToken",),
-                    f"is not set, but {ns}:{key} is true, so the gateway's proxy token comes "
-                    "from the access stack",
-                    fix=f"Set it from the access stack's credentials (docs/program.md, Access): "
-                    f"pulumi -C access stack output credentials --show-secrets --stack <access "
-                    f"stack> | jq -r '.<environment>.proxy_token' | pulumi config set --secret "
-                    f"{ns}:proxyToken --stack {stack}",
-                    secret=PROXY_TOKEN_KEY,
-                )
-            ]
-        if self.has_proxy_token and not managed:
-            return [
-                Problem(
-                    ("proxyToken",),
-                    f"is set, but {ns}:{key} is not true: this stack creates its own proxy token",
-                    fix=f"Either pulumi config set {ns}:{key} true (the access stack owns the "
-                    f"environment, budget and token), or pulumi config rm {ns}:proxyToken",
-                )
-            ]
-        if managed and self.proxy_token_rotation:
-            return [
-                Problem(
-                    ("proxyTokenRotation",),
-                    f"has no effect with {ns}:{key}: the access stack owns the proxy token",
-                    fix="Rotate it there (proxy_token_rotation of the environment in "
-                    f"modal-llm-access:environments), then set the new {ns}:proxyToken; and: "
-                    f"pulumi config rm {ns}:proxyTokenRotation",
-                )
-            ]
-        return []
+            yield Problem(
+                ("proxyToken",),
+                f"is not set, but {ns}:{key} is true, so the gateway's proxy token comes "
+                "from the access stack",
+                fix=f"Set it from the access stack's credentials (docs/program.md, Access): "
+                f"pulumi -C access stack output credentials --show-secrets --stack <access "
+                f"stack> | jq -r '.<environment>.proxy_token' | pulumi config set --secret "
+                f"{ns}:proxyToken --stack {stack}",
+                secret=PROXY_TOKEN_KEY,
+            )
+        elif self.has_proxy_token and not managed:
+            yield Problem(
+                ("proxyToken",),
+                f"is set, but {ns}:{key} is not true: this stack creates its own proxy token",
+                fix=f"Either pulumi config set {ns}:{key} true (the access stack owns the "
+                f"environment, budget and token), or pulumi config rm {ns}:proxyToken",
+            )
+        elif managed and self.proxy_token_rotation:
+            yield Problem(
+                ("proxyTokenRotation",),
+                f"has no effect with {ns}:{key}: the access stack owns the proxy token",
+                fix="Rotate it there (proxy_token_rotation of the environment in "
+                f"modal-llm-access:environments), then set the new {ns}:proxyToken; and: "
+                f"pulumi config rm {ns}:proxyTokenRotation",
+            )
 
-    def _rotation_rule(self, ns: str) -> list[Problem]:
-        return [
-            Problem(
+    def _rotation_rule(self, ns: str) -> Iterator[Problem]:
+        for name in sorted(set(self.api_key_rotation) - set(self.api_key_names)):
+            yield Problem(
                 ("apiKeyRotation", name),
                 f": {ns}:apiKeyRotation names key {name!r}, which is not in {ns}:apiKeyNames "
                 f"{self.api_key_names!r}; rotation markers apply to those names"
                 + unknown_key_text(name, self.api_key_names).partition("is not a known key")[2],
                 fix=f"Fix it with: pulumi config rm --path 'apiKeyRotation.{name}'",
             )
-            for name in sorted(set(self.api_key_rotation) - set(self.api_key_names))
-        ]
 
-    def _service_rules(self, ns: str, stack: str) -> list[Problem]:
+    def _service_rules(self, ns: str, stack: str) -> Iterator[Problem]:
         on = f" --stack {stack}" if stack else ""
-        out: list[Problem] = []
         seen: set[str] = set()
         for i, entry in enumerate(self.service_entries):
             fields = entry.spec_fields()
+            model, revision = fields.get("model"), fields.get("revision")
             if entry.name in seen:
-                out.append(Problem(("services", i, "name"), "is used twice", entry.name))
+                yield Problem(("services", i, "name"), "is used twice", entry.name)
             seen.add(entry.name)
             if entry.gated and not self.has_hf_token:
-                out.append(
-                    Problem(
-                        ("services", i, "gated"),
-                        f"is true: the model {fields.get('model')!r} is gated on Hugging Face "
-                        f"and its weights cannot be downloaded without a token, but {ns}:hfToken "
-                        "is not set",
-                        fix="Accept the model's license on its Hugging Face page with the "
-                        "account the token belongs to, then: pulumi config set --secret "
-                        f"{ns}:hfToken hf_...{on}",
-                        secret=HF_TOKEN_KEY,
-                    )
+                yield Problem(
+                    ("services", i, "gated"),
+                    f"is true: the model {model!r} is gated on Hugging Face and its weights "
+                    f"cannot be downloaded without a token, but {ns}:hfToken is not set",
+                    fix="Accept the model's license on its Hugging Face page with the "
+                    "account the token belongs to, then: pulumi config set --secret "
+                    f"{ns}:hfToken hf_...{on}",
+                    secret=HF_TOKEN_KEY,
                 )
-            revision = fields.get("revision")
             pinned = isinstance(revision, str) and _COMMIT_SHA.match(revision)
             if self.require_pinned_revision and not pinned:
-                out.append(
-                    Problem(
-                        ("services", i, "revision"),
-                        f"must be a full 40-hex commit sha: this stack sets "
-                        f"{ns}:requirePinnedRevision, so the model {fields.get('model')!r} is "
-                        "pinned (a branch or tag can move under you). Find it on the model's "
-                        "Hugging Face page (Files and versions -> commit history)",
-                        revision,
-                    )
+                yield Problem(
+                    ("services", i, "revision"),
+                    f"must be a full 40-hex commit sha: this stack sets "
+                    f"{ns}:requirePinnedRevision, so the model {model!r} is "
+                    "pinned (a branch or tag can move under you). Find it on the model's "
+                    "Hugging Face page (Files and versions -> commit history)",
+                    revision,
                 )
             if "engine_standin" in fields and not self.engine_standin:
-                out.append(
-                    Problem(
-                        ("services", i, "engine_standin"),
-                        "is set, but the stack does not run the stand-in engine",
-                        fix=f"Set {ns}:engineStandin: true (local stacks only) or remove it.",
-                    )
+                yield Problem(
+                    ("services", i, "engine_standin"),
+                    "is set, but the stack does not run the stand-in engine",
+                    fix=f"Set {ns}:engineStandin: true (local stacks only) or remove it.",
                 )
             source = entry.source()
             repo = (entry.weights or {}).get("repo")
-            model = fields.get("model")
             if source is not None and source["kind"] == "hf" and repo not in (None, model):
-                out.append(
-                    Problem(
-                        ("services", i, "model"),
-                        f"is {model!r}, but the service's weights volume is provisioned from "
-                        f"{repo!r} (services[{i}].weights.repo): the engine would load "
-                        f"{repo!r}'s files and report them as {model!r}",
-                        fix="Name one model in both: correct the typo, or remove weights.repo "
-                        "(it defaults to the model).",
-                    )
+                yield Problem(
+                    ("services", i, "model"),
+                    f"is {model!r}, but the service's weights volume is provisioned from "
+                    f"{repo!r} (services[{i}].weights.repo): the engine would load "
+                    f"{repo!r}'s files and report them as {model!r}",
+                    fix="Name one model in both: correct the typo, or remove weights.repo "
+                    "(it defaults to the model).",
                 )
             if source is not None and source["kind"] == "s3" and not self.has_weights_store:
-                out.append(
-                    Problem(
-                        ("services", i, "weights"),
-                        f"reads from an S3-compatible store, but {ns}:weightsStoreCredentials "
-                        "is not set",
-                        fix=f"Set the store's credentials (kept in the Modal secret "
-                        f"{WEIGHTS_STORE_SECRET_NAME!r}): pulumi config set --secret "
-                        f"{ns}:weightsStoreCredentials "
-                        '\'{"AWS_ACCESS_KEY_ID": "...", "AWS_SECRET_ACCESS_KEY": "..."}\''
-                        f"{on}",
-                        secret=WEIGHTS_STORE_KEY,
-                    )
+                yield Problem(
+                    ("services", i, "weights"),
+                    f"reads from an S3-compatible store, but {ns}:weightsStoreCredentials "
+                    "is not set",
+                    fix=f"Set the store's credentials (kept in the Modal secret "
+                    f"{WEIGHTS_STORE_SECRET_NAME!r}): pulumi config set --secret "
+                    f"{ns}:weightsStoreCredentials "
+                    '\'{"AWS_ACCESS_KEY_ID": "...", "AWS_SECRET_ACCESS_KEY": "..."}\''
+                    f"{on}",
+                    secret=WEIGHTS_STORE_KEY,
                 )
-        return out
 
-    def _overflow_rules(self, ns: str) -> list[Problem]:
+    def _overflow_rules(self, ns: str) -> Iterator[Problem]:
         """Each overflow names a service of the stack; endpoint names are unique in the stack
         (each has its own key); in-house keys only with endpoints to use them."""
-        out: list[Problem] = []
         names = [e.name for e in self.service_entries]
         if self.has_in_house_keys and not self.gateway_overflow:
-            out.append(
-                Problem(
-                    ("inHouseApiKeys",),
-                    f"is set but {ns}:gatewayOverflow declares no in-house endpoint",
-                    fix=f"Remove it (pulumi config rm {ns}:inHouseApiKeys) or add the endpoints.",
-                )
+            yield Problem(
+                ("inHouseApiKeys",),
+                f"is set but {ns}:gatewayOverflow declares no in-house endpoint",
+                fix=f"Remove it (pulumi config rm {ns}:inHouseApiKeys) or add the endpoints.",
             )
         seen: set[str] = set()
         for service, overflow in self.gateway_overflow.items():
             if service not in names:
                 hint = unknown_key_text(service, names).partition("is not a known key")[2]
-                out.append(
-                    Problem(
-                        ("gatewayOverflow", service),
-                        f": no service named {service!r} in {ns}:services (names: "
-                        f"{', '.join(sorted(names))}){hint if 'did you' in hint else ''}",
-                    )
+                yield Problem(
+                    ("gatewayOverflow", service),
+                    f": no service named {service!r} in {ns}:services (names: "
+                    f"{', '.join(sorted(names))}){hint if 'did you' in hint else ''}",
                 )
             for i, endpoint in enumerate(overflow.in_house):
                 if endpoint.name in seen:
-                    out.append(
-                        Problem(
-                            ("gatewayOverflow", service, "in_house", i, "name"),
-                            "is used twice; names are unique in the stack (each has its own key)",
-                            endpoint.name,
-                        )
+                    yield Problem(
+                        ("gatewayOverflow", service, "in_house", i, "name"),
+                        "is used twice; names are unique in the stack (each has its own key)",
+                        endpoint.name,
                     )
                 seen.add(endpoint.name)
-        return out
 
 
 def _aliases(pick: Callable[[Any], bool]) -> tuple[str, ...]:
