@@ -41,6 +41,7 @@ import hashlib
 import importlib.util
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,33 +144,26 @@ class ServingEnvironment(pulumi.ComponentResource):
         self.environment_name = self.environment.name
         env = self.environment_name
 
+        def stack_secret(resource: str, secret: str, values: Any) -> Secret:
+            # An adopted environment may hold the secret already: claim it.
+            args = SecretArgs(
+                name=secret, values=values, environment=env, adopt=cfg.adopt_environment
+            )
+            return Secret(f"{name}-{resource}", args, child)
+
         self.hf_token_secret = None
         if secrets.hf_token is not None:
-            self.hf_token_secret = Secret(
-                f"{name}-hf-token",
-                SecretArgs(
-                    name=HF_TOKEN_SECRET_NAME,
-                    values={HF_TOKEN_ENV_VAR: secrets.hf_token},
-                    environment=env,
-                    # An adopted environment may hold the token secret already: claim it.
-                    adopt=cfg.adopt_environment,
-                ),
-                child,
+            self.hf_token_secret = stack_secret(
+                "hf-token", HF_TOKEN_SECRET_NAME, {HF_TOKEN_ENV_VAR: secrets.hf_token}
             )
-
         # Credentials of the private S3-compatible weights store (services' `weights: {kind:
         # s3}`), for the ModelWeights function only; the serving containers never get them.
         self.weights_store_secret = None
         if secrets.weights_store_credentials is not None:
-            self.weights_store_secret = Secret(
-                f"{name}-weights-store",
-                SecretArgs(
-                    name=WEIGHTS_STORE_SECRET_NAME,
-                    values=secrets.weights_store_credentials.apply(_weights_store_env),
-                    environment=env,
-                    adopt=cfg.adopt_environment,
-                ),
-                child,
+            self.weights_store_secret = stack_secret(
+                "weights-store",
+                WEIGHTS_STORE_SECRET_NAME,
+                secrets.weights_store_credentials.apply(_weights_store_env),
             )
 
         self.spend_alert = None
@@ -199,7 +193,7 @@ class ServingEnvironment(pulumi.ComponentResource):
         self.spend_watch_secret: Secret | None = None
         self.spend_watch: SpendWatch | None = None
         if secrets.alert_webhook_url is not None:
-            self._spend_watcher(name, cfg, secrets, env)
+            self._spend_watcher(name, cfg, secrets, env, stack_secret)
         outputs: dict[str, Any] = {
             "environment": env,
             "proxy_token_id": self.proxy_token.token_id,
@@ -209,7 +203,12 @@ class ServingEnvironment(pulumi.ComponentResource):
         self.register_outputs(outputs)
 
     def _spend_watcher(
-        self, name: str, cfg: StackConfig, secrets: StackSecrets, env: pulumi.Output[str]
+        self,
+        name: str,
+        cfg: StackConfig,
+        secrets: StackSecrets,
+        env: pulumi.Output[str],
+        stack_secret: Callable[[str, str, Any], Secret],
     ) -> None:
         """The watcher app and its secret (see watchers/spend_alerts.py for what a run does)."""
         assert secrets.alert_webhook_url is not None
@@ -220,15 +219,8 @@ class ServingEnvironment(pulumi.ComponentResource):
         if token is not None:
             values[SPEND_TOKEN_ID_ENV] = token.apply(lambda t: _token_part(t, 0))
             values[SPEND_TOKEN_SECRET_ENV] = token.apply(lambda t: _token_part(t, 1))
-        self.spend_watch_secret = Secret(
-            f"{name}-spend-watch-secret",
-            SecretArgs(
-                name=SPEND_WATCH_SECRET_NAME,
-                values=values,
-                environment=env,
-                adopt=cfg.adopt_environment,  # like the HF token secret
-            ),
-            pulumi.ResourceOptions(parent=self),
+        self.spend_watch_secret = stack_secret(
+            "spend-watch-secret", SPEND_WATCH_SECRET_NAME, values
         )
         # The environment's id: from the SpendAlert (default mode), else from the Environment
         # (managed mode: the access stack holds the budget the watcher reads).
@@ -414,19 +406,15 @@ class LLMService(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self),
         )
 
-        cache_opts = pulumi.ResourceOptions(
-            parent=self, protect=cfg.protect_caches, retain_on_delete=cfg.protect_caches
-        )
-        self.hf_cache = Volume(
-            f"{name}-hf-cache",
-            VolumeArgs(name=spec.volumes.hf_cache, environment=env, adopt=settings.adopt),
-            cache_opts,
-        )
-        self.engine_cache = Volume(
-            f"{name}-engine-cache",
-            VolumeArgs(name=spec.volumes.engine_cache, environment=env, adopt=settings.adopt),
-            cache_opts,
-        )
+        def cache(resource: str, volume: str) -> Volume:
+            # protectCaches: protected, and retained on delete
+            protect = cfg.protect_caches
+            opts = pulumi.ResourceOptions(parent=self, protect=protect, retain_on_delete=protect)
+            args = VolumeArgs(name=volume, environment=env, adopt=settings.adopt)
+            return Volume(f"{name}-{resource}", args, opts)
+
+        self.hf_cache = cache("hf-cache", spec.volumes.hf_cache)
+        self.engine_cache = cache("engine-cache", spec.volumes.engine_cache)
 
         mounted: list[pulumi.Resource] = [self.api_keys_secret, self.hf_cache, self.engine_cache]
         if shared.hf_token_secret is not None:
@@ -438,11 +426,7 @@ class LLMService(pulumi.ComponentResource):
         self.weights_volume = self.weights = None
         source = settings.weights_source
         if source is not None:
-            self.weights_volume = Volume(
-                f"{name}-weights-volume",
-                VolumeArgs(name=weights_volume_name(name), environment=env, adopt=settings.adopt),
-                cache_opts,
-            )
+            self.weights_volume = cache("weights-volume", weights_volume_name(name))
             needs: list[pulumi.Resource] = [self.weights_volume]
             fetch_secrets: list[str] = []
             store = (
