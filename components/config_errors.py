@@ -222,16 +222,21 @@ _NUMBER_ERRORS = {
 }  # fmt: skip
 
 
+_SIGNS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
 def _number_text(info: FieldInfo | None, kind: str, ctx: Mapping[str, Any]) -> str:
     whole = kind.startswith("int") or (info is not None and info.annotation is int)
     what = "a whole number" if whole else "a number"
-    signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-    bounds = [f"{signs[k]} {v:g}" for k, v in ctx.items() if k in signs]  # the failed bound
-    for meta in info.metadata if info is not None and not bounds else []:
-        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-            value = getattr(meta, attr, None)
-            if isinstance(meta, annotated_types.BaseMetadata) and value is not None:
-                bounds.append(f"{sign} {value:g}")
+    bounds = [f"{_SIGNS[k]} {v:g}" for k, v in ctx.items() if k in _SIGNS]  # the failed bound
+    if not bounds and info is not None:  # a type error: every bound of the field
+        bounds = [
+            f"{sign} {getattr(meta, attr):g}"
+            for meta in info.metadata
+            for attr, sign in _SIGNS.items()
+            if isinstance(meta, annotated_types.BaseMetadata)
+            and getattr(meta, attr, None) is not None
+        ]
     return f"must be {what}" + (f" {' and '.join(bounds)}" if bounds else "")
 
 
@@ -330,16 +335,9 @@ def allowed_keys(model: type[BaseModel], loc: Loc) -> list[str] | None:
 # ---- rendering --------------------------------------------------------------------------------
 
 
-def loc_text(loc: Loc, namespace: str) -> str:
-    """`modal-llm:services[0].scaling` for ("services", 0, "scaling"); a top key that has a
-    namespace of its own (`modal:serverUrl`) keeps it."""
-    if not loc:
-        return namespace
-    top = str(loc[0])
-    return _top(top, namespace) + _loc_text(loc[1:])
-
-
 def _top(key: str, namespace: str) -> str:
+    """A top key with its namespace (`modal-llm:services`); one that has a namespace of its own
+    (`modal:serverUrl`) or is no key (`env MODAL_SERVER_URL`) keeps it."""
     return key if ":" in key or " " in key else f"{namespace}:{key}"
 
 
@@ -352,22 +350,6 @@ def _given(value: Any) -> str:
     return text if len(text) <= _GIVEN_MAX else text[: _GIVEN_MAX - 5] + " ...>"
 
 
-def render(
-    problems: Iterable[Problem],
-    *,
-    stack_file: StackFile,
-    namespace: str,
-    fix: Callable[[Problem], str] | None = None,
-) -> str:
-    """One line per problem: `file[:line:col]: key = given predicate. fix`, then what to do."""
-    lines = [problem_line(p, stack_file=stack_file, namespace=namespace, fix=fix) for p in problems]
-    lines.append(
-        f"Nothing was applied: the program stops before it registers any resource. Fix "
-        f"{stack_file.name} (every key: docs/program.md) and run again."
-    )
-    return "\n".join(lines)
-
-
 def problem_line(
     p: Problem,
     *,
@@ -375,15 +357,15 @@ def problem_line(
     namespace: str,
     fix: Callable[[Problem], str] | None = None,
 ) -> str:
-    """`file[:line:col]: key = given predicate. fix` (one line of `render`)."""
+    """`file[:line:col]: key = given predicate. fix`, e.g. `Pulumi.dev.yaml:7:5:
+    modal-llm:services[0].scaling ...`."""
     path = (_top(str(p.loc[0]), namespace), *p.loc[1:]) if p.loc else ()
-    where = stack_file.where(path)
-    what = loc_text(p.loc, namespace)
+    what = f"{path[0]}{_loc_text(path[1:])}" if path else namespace
     if p.given is not NOT_SHOWN:
         what += f" = {_given(p.given)}"
     sep = "" if p.text.startswith(":") else " "
     step = p.fix or (fix(p) if fix is not None else "")
-    line = f"{where}: {what}{sep}{p.text}".rstrip(". ")
+    line = f"{stack_file.where(path)}: {what}{sep}{p.text}".rstrip(". ")
     line += "" if line.endswith(("?", "!")) else "."
     return line + (f" {step}" if step else "")
 
@@ -395,6 +377,11 @@ def config_error(
     namespace: str,
     fix: Callable[[Problem], str] | None = None,
 ) -> ConfigError:
+    """One line per problem (`problem_line`), then what to do."""
     found = list(problems)
-    message = render(found, stack_file=stack_file, namespace=namespace, fix=fix)
-    return ConfigError(message, found)
+    lines = [problem_line(p, stack_file=stack_file, namespace=namespace, fix=fix) for p in found]
+    lines.append(
+        f"Nothing was applied: the program stops before it registers any resource. Fix "
+        f"{stack_file.name} (every key: docs/program.md) and run again."
+    )
+    return ConfigError("\n".join(lines), found)
