@@ -781,7 +781,7 @@ def parse_stack_config(
                 "secret_warnings": warnings,
             }
         )
-    except _Problems as exc:
+    except RuleError as exc:
         raise config_error(
             exc.problems, stack_file=where, namespace=ns, fix=_fix(ns, stack, None)
         ) from None
@@ -794,15 +794,9 @@ def _budget_hint(data: dict[str, Any], ctx: dict[str, Any]) -> float | None:
     try:
         settings = StackSettings.model_validate({**rest, "allowOverBudget": "true"}, context=ctx)
         cfg = _resolve(settings, str(ctx["namespace"]), str(ctx["stack"]))
-    except (ValidationError, _Problems):
+    except (ValidationError, RuleError):
         return None
     return float(math.ceil(cfg.cost.worst_usd))
-
-
-class _Problems(Exception):
-    def __init__(self, *problems: Problem) -> None:
-        super().__init__(problems)
-        self.problems = problems
 
 
 def _resolve(settings: StackSettings, ns: str, stack: str) -> StackConfig:
@@ -811,11 +805,11 @@ def _resolve(settings: StackSettings, ns: str, stack: str) -> StackConfig:
     for i, svc in enumerate(services):
         served = svc.spec.served_model_name
         if any(s.spec.served_model_name == served for s in services[:i]):
-            raise _Problems(Problem(("services", i, "served_model_name"), "is used twice", served))
+            raise RuleError(Problem(("services", i, "served_model_name"), "is used twice", served))
         for key in sorted(
             set(svc.spec.proxy.key_max_in_flight or {}) - set(settings.api_key_names)
         ):
-            raise _Problems(
+            raise RuleError(
                 Problem(
                     ("services", i, "proxy", "key_max_in_flight"),
                     f"names key {key!r}, which is not in {ns}:apiKeyNames "
@@ -831,7 +825,7 @@ def _resolve(settings: StackSettings, ns: str, stack: str) -> StackConfig:
             config_ns=ns,
         )
     except cost.BudgetExceeded as exc:
-        raise _Problems(Problem(("monthlyBudgetUsd",), f": stack {stack!r}: {exc}")) from None
+        raise RuleError(Problem(("monthlyBudgetUsd",), f": stack {stack!r}: {exc}")) from None
     fields = {name: getattr(settings, name) for name in StackSettings.model_fields}
     fields["adopt_environment"] = settings.adopt_environment or settings.managed_by_access_stack
     made = StackConfig.model_construct(
@@ -861,13 +855,13 @@ def _service(settings: StackSettings, ns: str, i: int, entry: ServiceInput) -> S
         # JSON mode: nested models from plain dicts, exactly as the container reads the spec.
         spec = ServingSpec.model_validate_json(json.dumps(fields))
     except ValidationError as exc:
-        raise _Problems(*problems_from(exc, StackSettings, prefix=at)) from None
+        raise RuleError(*problems_from(exc, StackSettings, prefix=at)) from None
     scaling = spec.scaling
     try:
         windows = parse_windows(entry.warm_schedule or None, max_containers=scaling.max_containers)
     except ScheduleError as exc:
         path, text = split_path(str(exc))
-        raise _Problems(Problem((*at, *path), text)) from None
+        raise RuleError(Problem((*at, *path), text)) from None
     try:
         svc_cost = cost.service_cost(
             cost.ServiceCostInput(
@@ -888,7 +882,7 @@ def _service(settings: StackSettings, ns: str, i: int, entry: ServiceInput) -> S
             settings.gpu_prices,
         )
     except cost.UnknownGpuPrice as exc:
-        raise _Problems(Problem((*at, "gpu"), f": {exc}")) from None
+        raise RuleError(Problem((*at, "gpu"), f": {exc}")) from None
     gate_usd = cost.gated_deploy_usd(svc_cost, spec.timeouts.startup_s, scaling.scaledown_window_s)
     gate_on, gate_why = resolve_health_gate(
         entry.health_gate, scaling.min_containers, settings.engine_standin, gate_usd
@@ -1219,10 +1213,10 @@ def parse_access_config(
     problems: list[Problem]
     try:
         if raw is None:
-            raise _Problems(Problem((), f"is not set: list the environments, e.g. {example}"))
+            raise RuleError(Problem((), f"is not set: list the environments, e.g. {example}"))
         value = _from_json(raw)
         return AccessEnvironments.model_validate(value).root
-    except _Problems as exc:
+    except RuleError as exc:
         problems = list(exc.problems)
     except ValidationError as exc:
         problems = problems_from(exc, AccessEnvironments)

@@ -410,6 +410,19 @@ class ProxySettings(_Model):
         return self
 
 
+#: Fields added after the first specs were deployed: to_json() leaves each out while it is at its
+#: default, so a spec from before the field keeps its digest (and its containers).
+_LATER_FIELDS = (
+    "engine_standin",
+    "weights",
+    "cpu",
+    "api_server_count",
+    "memory_gib",
+    "cudagraph_sizes",
+)
+_LATER_PROXY_FIELDS = ("workers", "key_max_in_flight")
+
+
 class ServingSpec(_Model):
     """What to serve, on which GPUs, how it scales, and where its caches and secrets live."""
 
@@ -687,24 +700,19 @@ class ServingSpec(_Model):
     # ---- serialization ---------------------------------------------------------------------
 
     def to_json(self) -> str:
-        """Canonical JSON: sorted keys, compact separators, every field written out (but
-        `engine_standin` and `weights` when unset and `engine_version` when it is the default:
-        specs from before those fields keep their digest)."""
-        unset = {"engine_standin"} if self.engine_standin is None else set()
-        if self.weights is None:
-            unset.add("weights")
-        optional = ("cpu", "api_server_count", "memory_gib")
-        unset |= {f for f in optional if getattr(self, f) is None}
-        if self.engine_version == ENGINE_VERSIONS[self.engine]:
-            unset.add("engine_version")
-        if self.cudagraph_sizes == "engine":
-            unset.add("cudagraph_sizes")
-        exclude: dict[str, Any] = dict.fromkeys(unset, True)
-        proxy_unset = {
-            f for f in ("workers", "key_max_in_flight") if getattr(self.proxy, f) is None
+        """Canonical JSON: sorted keys, compact separators, every field written out but the
+        fields added since the first specs (`_LATER_FIELDS`) while at their default, and
+        `engine_version` when it is the engine's default: older specs keep their digest."""
+        exclude: dict[str, Any] = {
+            name: True
+            for name in _LATER_FIELDS
+            if getattr(self, name) == type(self).model_fields[name].default
         }
+        if self.engine_version == ENGINE_VERSIONS[self.engine]:
+            exclude["engine_version"] = True
+        proxy_unset = {f: True for f in _LATER_PROXY_FIELDS if getattr(self.proxy, f) is None}
         if proxy_unset:
-            exclude["proxy"] = dict.fromkeys(proxy_unset, True)
+            exclude["proxy"] = proxy_unset
         data = self.model_dump(mode="json", exclude=exclude)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
