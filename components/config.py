@@ -180,14 +180,11 @@ class ServiceInput(PassesTo, BaseModel):
     #: ServingSpec fields the program fills in per service and stack: not set in config.
     not_passed: ClassVar[tuple[str, ...]] = ("volumes", "secrets", "require_pinned_revision")
 
-    name: Annotated[
-        StrictStr,
-        Field(
-            pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
-            description="lowercase letters, digits and dashes, 1-40 chars: the Modal app, "
-            "volume and secret names",
-        ),
-    ]
+    name: StrictStr = Field(
+        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+        description="lowercase letters, digits and dashes, 1-40 chars: the Modal app, volume "
+        "and secret names",
+    )
     gated: StrictBool = Field(
         False, description="true: the model is gated on Hugging Face and needs hfToken"
     )
@@ -276,30 +273,21 @@ class _Strict(BaseModel):
 class InHouseInput(_Strict):
     """One in-house OpenAI-compatible server (vLLM, SGLang, ...) in front of a service."""
 
-    name: Annotated[
-        str,
-        Field(
-            pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
-            description="lowercase letters, digits and dashes, 1-40 chars, unique in the stack; "
-            "its API key is inHouseApiKeys.<name>",
-        ),
-    ]
-    api_base: Annotated[
-        str,
-        Field(
-            pattern=r"^https?://[^/\s]+",
-            description="the http(s) URL of the in-house OpenAI-compatible server, e.g. "
-            "http://10.0.0.5:8000/v1",
-        ),
-    ]
-    capacity: Annotated[
-        int,
-        Field(
-            ge=1,
-            description="how many requests the endpoint serves at once before it saturates "
-            "(e.g. its engine's max batch)",
-        ),
-    ]
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+        description="lowercase letters, digits and dashes, 1-40 chars, unique in the stack; "
+        "its API key is inHouseApiKeys.<name>",
+    )
+    api_base: str = Field(
+        pattern=r"^https?://[^/\s]+",
+        description="the http(s) URL of the in-house OpenAI-compatible server, e.g. "
+        "http://10.0.0.5:8000/v1",
+    )
+    capacity: int = Field(
+        ge=1,
+        description="how many requests the endpoint serves at once before it saturates "
+        "(e.g. its engine's max batch)",
+    )
     model: (
         Annotated[
             str, Field(pattern=r"\S", description="omit it for the service's served model name")
@@ -316,18 +304,14 @@ class OverflowInput(_Strict):
     """`gatewayOverflow.<service>`: the in-house tier LiteLLM tries before Modal."""
 
     in_house: Annotated[list[InHouseInput], Field(min_length=1)]
-    cooldown_s: Annotated[
-        float,
-        Field(
-            ge=1,
-            allow_inf_nan=False,
-            description="seconds a saturated or failing in-house endpoint rests (0 would "
-            "disable LiteLLM's cooldown and keep sending it work it refuses)",
-        ),
-    ] = 5.0
-    allowed_fails: Annotated[
-        int, Field(ge=0, description="5xx/timeouts it may give per cooldown window")
-    ] = 1
+    cooldown_s: float = Field(
+        5.0,
+        ge=1,
+        allow_inf_nan=False,
+        description="seconds a saturated or failing in-house endpoint rests (0 would disable "
+        "LiteLLM's cooldown and keep sending it work it refuses)",
+    )
+    allowed_fails: int = Field(1, ge=0, description="5xx/timeouts it may give per cooldown window")
 
 
 # ---- the stack's keys -------------------------------------------------------------------------
@@ -338,14 +322,11 @@ class StackSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    environment: Annotated[
-        StrictStr,
-        Field(
-            pattern=_ENV_NAME,
-            description="the Modal environment: letters, digits, '-' and '_', up to 64",
-            examples=["dev"],
-        ),
-    ]
+    environment: StrictStr = Field(
+        pattern=_ENV_NAME,
+        description="the Modal environment: letters, digits, '-' and '_', up to 64",
+        examples=["dev"],
+    )
     service_entries: Annotated[
         list[ServiceInput], BeforeValidator(_from_json), Field(min_length=1)
     ] = Field(
@@ -1125,13 +1106,10 @@ IdentityRole = Literal["contributor", "viewer", "none"]
 class Identity(_Strict):
     """One service user of an environment and its role there."""
 
-    name: Annotated[
-        str,
-        Field(
-            pattern=r"^[A-Za-z0-9_-]{1,56}$",
-            description="a service user name: 1-56 of a-z A-Z 0-9 - _; a rotation appends -<n>",
-        ),
-    ]
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{1,56}$",
+        description="a service user name: 1-56 of a-z A-Z 0-9 - _; a rotation appends -<n>",
+    )
     role: IdentityRole = Field(
         description="contributor: read and write in this environment, e.g. CI's deploy; "
         "viewer: read only, e.g. the spend watcher; none: may call nothing, e.g. a preview"
@@ -1157,9 +1135,9 @@ class AccessEnvironment(_Strict):
         ),
         AfterValidator(_environment_name),
     ]
-    monthly_budget_usd: Annotated[
-        float, Field(ge=0, allow_inf_nan=False, description="the environment's hard cap")
-    ]
+    monthly_budget_usd: float = Field(
+        ge=0, allow_inf_nan=False, description="the environment's hard cap"
+    )
     alert_thresholds_pct: Thresholds = [50, 80, 100]
     adopt: bool = False
     proxy_token_rotation: Marker = ""
