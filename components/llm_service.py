@@ -41,7 +41,6 @@ import hashlib
 import importlib.util
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,7 +192,19 @@ class ServingEnvironment(pulumi.ComponentResource):
         self.spend_watch_secret: Secret | None = None
         self.spend_watch: SpendWatch | None = None
         if secrets.alert_webhook_url is not None:
-            self._spend_watcher(name, cfg, secrets, env, stack_secret)
+            # The spend watcher's secret: the webhook URL and, when configured, the watcher's
+            # own Modal token; then the watcher app.
+            values: dict[str, pulumi.Input[str]] = {
+                SPEND_WEBHOOK_ENV: secrets.alert_webhook_url.apply(_checked_webhook)
+            }
+            token = secrets.alert_watch_token
+            if token is not None:
+                values[SPEND_TOKEN_ID_ENV] = token.apply(lambda t: _token_part(t, 0))
+                values[SPEND_TOKEN_SECRET_ENV] = token.apply(lambda t: _token_part(t, 1))
+            self.spend_watch_secret = stack_secret(
+                "spend-watch-secret", SPEND_WATCH_SECRET_NAME, values
+            )
+            self._spend_watcher(name, cfg, env)
         outputs: dict[str, Any] = {
             "environment": env,
             "proxy_token_id": self.proxy_token.token_id,
@@ -202,26 +213,10 @@ class ServingEnvironment(pulumi.ComponentResource):
             outputs["spend_limit_usd"] = self.spend_alert.effective_limit_usd
         self.register_outputs(outputs)
 
-    def _spend_watcher(
-        self,
-        name: str,
-        cfg: StackConfig,
-        secrets: StackSecrets,
-        env: pulumi.Output[str],
-        stack_secret: Callable[[str, str, Any], Secret],
-    ) -> None:
-        """The watcher app and its secret (see watchers/spend_alerts.py for what a run does)."""
-        assert secrets.alert_webhook_url is not None
-        values: dict[str, pulumi.Input[str]] = {
-            SPEND_WEBHOOK_ENV: secrets.alert_webhook_url.apply(_checked_webhook)
-        }
-        token = secrets.alert_watch_token
-        if token is not None:
-            values[SPEND_TOKEN_ID_ENV] = token.apply(lambda t: _token_part(t, 0))
-            values[SPEND_TOKEN_SECRET_ENV] = token.apply(lambda t: _token_part(t, 1))
-        self.spend_watch_secret = stack_secret(
-            "spend-watch-secret", SPEND_WATCH_SECRET_NAME, values
-        )
+    def _spend_watcher(self, name: str, cfg: StackConfig, env: pulumi.Output[str]) -> None:
+        """The watcher app, after its secret (see watchers/spend_alerts.py for what a run
+        does)."""
+        assert self.spend_watch_secret is not None
         # The environment's id: from the SpendAlert (default mode), else from the Environment
         # (managed mode: the access stack holds the budget the watcher reads).
         env_id = (
