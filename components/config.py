@@ -46,6 +46,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.config import JsonDict
+from pydantic.fields import FieldInfo
 
 from components import cost
 from components.api_keys import KEY_NAME
@@ -577,15 +578,11 @@ class StackSettings(BaseModel):
                 seen.add(endpoint.name)
 
 
-def _aliases(pick: Callable[[Any], bool]) -> tuple[str, ...]:
-    return tuple(
-        info.alias or name for name, info in StackSettings.model_fields.items() if pick(info)
-    )
-
-
+#: Each key of the stack file (its alias, else its name) -> its field.
+KEY_FIELDS: dict[str, FieldInfo] = {f.alias or n: f for n, f in StackSettings.model_fields.items()}
 #: Keys whose value stays a secret Output (only their presence is validated).
-SECRET_KEYS = _aliases(lambda f: f.json_schema_extra == _SECRET)
-KNOWN_KEYS = frozenset(_aliases(lambda f: True))
+SECRET_KEYS = tuple(k for k, f in KEY_FIELDS.items() if f.json_schema_extra == _SECRET)
+KNOWN_KEYS = frozenset(KEY_FIELDS)
 
 
 def _alias(name: str) -> str:
@@ -601,14 +598,14 @@ MANAGED_KEY = _alias("managed_by_access_stack")
 PROXY_TOKEN_KEY = _alias("has_proxy_token")
 #: The CPU / memory rate keys: key -> (default, unit), from the fields above.
 RATE_KEYS: dict[str, tuple[float, str]] = {
-    f.alias: (float(f.default), str(f.description).partition(";")[0])
-    for f in StackSettings.model_fields.values()
-    if f.alias in ("cpuPriceUsdPerCoreHour", "memoryPriceUsdPerGibHour")
+    key: (float(f.default), str(f.description).partition(";")[0])
+    for key, f in KEY_FIELDS.items()
+    if key in ("cpuPriceUsdPerCoreHour", "memoryPriceUsdPerGibHour")
 }
 #: The keys' defaults (stack-file names), as the model holds them.
 DEFAULTS: dict[str, Any] = {
-    f.alias or n: f.get_default(call_default_factory=True)
-    for n, f in StackSettings.model_fields.items()
+    key: f.get_default(call_default_factory=True)
+    for key, f in KEY_FIELDS.items()
     if not f.is_required()
 }
 
@@ -674,9 +671,7 @@ def _fix(ns: str, stack: str, budget_hint: float | None) -> Callable[[Problem], 
         if len(p.loc) > 1:
             path = key + "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in p.loc[1:])
             return f"Fix it in the stack file, or: pulumi config set --path '{path}' <value>{on}"
-        info = StackSettings.model_fields[
-            next(n for n, f in StackSettings.model_fields.items() if (f.alias or n) == key)
-        ]
+        info = KEY_FIELDS[key]
         if info.is_required():
             example = (info.examples or ["<value>"])[0]
             return f"Set it with: pulumi config set {ns}:{key} {example}{on}"
