@@ -310,26 +310,28 @@ def _annotations_at(model: type[BaseModel], loc: Loc) -> list[Any]:
     return current
 
 
+def _models_at(model: type[BaseModel], loc: Loc) -> list[type[BaseModel]]:
+    """The models the map at `loc` may be (a union can allow more than one)."""
+    return [
+        sub
+        for tp in _annotations_at(model, loc)
+        for sub in _models_in(tp)
+        if isinstance(sub, type) and issubclass(sub, BaseModel)
+    ]
+
+
 def field_at(model: type[BaseModel], loc: Loc) -> FieldInfo | None:
     """The FieldInfo of the key at `loc` (a model field), or None."""
     if not loc or not isinstance(loc[-1], str):
         return None
-    for tp in _annotations_at(model, loc[:-1]):
-        for sub in _models_in(tp):
-            if isinstance(sub, type) and issubclass(sub, BaseModel):
-                info = _fields(sub).get(loc[-1])
-                if info is not None:
-                    return info
-    return None
+    fields = (_fields(sub).get(loc[-1]) for sub in _models_at(model, loc[:-1]))
+    return next((info for info in fields if info is not None), None)
 
 
 def allowed_keys(model: type[BaseModel], loc: Loc) -> list[str] | None:
     """The keys a map at `loc` may hold, or None when it is not a model there."""
-    for tp in _annotations_at(model, loc):
-        for sub in _models_in(tp):
-            if isinstance(sub, type) and issubclass(sub, BaseModel):
-                return sorted(_fields(sub))
-    return None
+    models = _models_at(model, loc)
+    return sorted(_fields(models[0])) if models else None
 
 
 # ---- rendering --------------------------------------------------------------------------------
