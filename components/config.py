@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +66,7 @@ from components.config_errors import (
 from components.modal.defaults import GATE_TASK
 from serving.prewarm import ScheduleError, extra_container_hours_per_month, parse_windows
 from serving.sizing import cpu_request, memory_request_mib
-from serving.spec import GPU_TYPES, ServingSpec, canonical_gpu
+from serving.spec import COMMIT_SHA_RE, GPU_TYPES, ServingSpec, canonical_gpu
 from serving.weights import source_problems as weights_source_problems
 
 __all__ = ["ConfigError"]  # re-exported: callers catch it from here
@@ -84,7 +83,6 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MODAL_SERVER_URL_KEY = "modal:serverUrl"  # components/modal/_base.py CONFIG_SERVER_URL
 
 _ENV_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
-_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _SECRET: JsonDict = {"secret": True}  # json_schema_extra of a key whose value is never read
 
 
@@ -509,7 +507,7 @@ class StackSettings(BaseModel):
                     f"{ns}:hfToken hf_...{on}",
                     secret=HF_TOKEN_KEY,
                 )
-            pinned = isinstance(revision, str) and _COMMIT_SHA.match(revision)
+            pinned = isinstance(revision, str) and COMMIT_SHA_RE.match(revision)
             if self.require_pinned_revision and not pinned:
                 yield Problem(
                     ("services", i, "revision"),
@@ -1184,17 +1182,15 @@ def parse_access_config(
         "contributor}]}]"
     )
     problems: list[Problem]
-    try:
-        if raw is None:
-            raise RuleError(Problem((), f"is not set: list the environments, e.g. {example}"))
-        value = _from_json(raw)
-        return AccessEnvironments.model_validate(value).root
-    except RuleError as exc:
-        problems = list(exc.problems)
-    except ValidationError as exc:
-        problems = problems_from(exc, AccessEnvironments)
-    except ValueError as exc:  # not JSON
-        problems = [Problem((), str(exc))]
+    if raw is None:
+        problems = [Problem((), f"is not set: list the environments, e.g. {example}")]
+    else:
+        try:
+            return AccessEnvironments.model_validate(_from_json(raw)).root
+        except ValidationError as exc:
+            problems = problems_from(exc, AccessEnvironments)
+        except ValueError as exc:  # not JSON
+            problems = [Problem((), str(exc))]
     problems = [Problem((ACCESS_KEY, *p.loc), p.text, p.given, p.fix) for p in problems]
     raise config_error(problems, stack_file=where, namespace=namespace)
 

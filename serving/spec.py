@@ -163,7 +163,7 @@ _GPU_BY_UPPER = {name.upper(): name for name in GPU_TYPES}
 
 # Revisions that move: a spec that names one is not pinned.
 MOVING_REVISIONS = frozenset({"main", "master", "head", "dev", "develop", "latest", "nightly"})
-_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+COMMIT_SHA_RE = re.compile(r"^[0-9a-f]{40}$")  # a pinned revision: a full commit sha
 _HEX_RE = re.compile(r"^[0-9a-f]{7,39}$")
 _TAG_RE = re.compile(r"^(refs/tags/)?[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 # Hugging Face repo ids: optional "org/" then a name; no "--" or ".." (HF rejects those).
@@ -508,7 +508,7 @@ class ServingSpec(_Model):
                 f"{value!r} is a branch that moves, not a pinned revision; use the full "
                 "40-character commit sha (or a release tag)"
             )
-        if _SHA_RE.match(value):
+        if COMMIT_SHA_RE.match(value):
             return value
         if _HEX_RE.match(value):
             raise ValueError(
@@ -629,7 +629,7 @@ class ServingSpec(_Model):
                 "require_pinned_revision=true but no revision is set; pin the model to a "
                 "40-character commit sha from its Hugging Face page",
             )
-        elif self.require_pinned_revision and not _SHA_RE.match(self.revision or ""):
+        elif self.require_pinned_revision and not COMMIT_SHA_RE.match(self.revision or ""):
             yield (
                 "revision",
                 f"require_pinned_revision=true but revision {self.revision!r} is a tag, and "
