@@ -57,6 +57,7 @@ from components.config_errors import (
     StackFile,
     allowed_keys,
     config_error,
+    did_you_mean,
     problem_line,
     problems_from,
     rule,
@@ -140,14 +141,10 @@ def _gpu_name(value: str) -> str:
     a silently unused new row of the price table."""
     name = canonical_gpu(value)
     if name is None:
-        hint = unknown_key_text(value, list(GPU_TYPES)).partition("is not a known key")[2]
+        hint = did_you_mean(value, list(GPU_TYPES))
         raise ValueError(
             "is not a Modal GPU type, so this price would never be used"
-            + (
-                hint
-                if "did you mean" in hint
-                else f"; Modal's GPU types are: {', '.join(GPU_TYPES)}"
-            )
+            + (hint or f"; Modal's GPU types are: {', '.join(GPU_TYPES)}")
         )
     return name
 
@@ -484,7 +481,7 @@ class StackSettings(BaseModel):
                 ("apiKeyRotation", name),
                 f": {ns}:apiKeyRotation names key {name!r}, which is not in {ns}:apiKeyNames "
                 f"{self.api_key_names!r}; rotation markers apply to those names"
-                + unknown_key_text(name, self.api_key_names).partition("is not a known key")[2],
+                + unknown_key_text(name, self.api_key_names).removeprefix("is not a known key"),
                 fix=f"Fix it with: pulumi config rm --path 'apiKeyRotation.{name}'",
             )
 
@@ -560,11 +557,10 @@ class StackSettings(BaseModel):
         seen: set[str] = set()
         for service, overflow in self.gateway_overflow.items():
             if service not in names:
-                hint = unknown_key_text(service, names).partition("is not a known key")[2]
                 yield Problem(
                     ("gatewayOverflow", service),
                     f": no service named {service!r} in {ns}:services (names: "
-                    f"{', '.join(sorted(names))}){hint if 'did you' in hint else ''}",
+                    f"{', '.join(sorted(names))}){did_you_mean(service, names)}",
                 )
             for i, endpoint in enumerate(overflow.in_house):
                 if endpoint.name in seen:

@@ -240,15 +240,20 @@ def _number_text(info: FieldInfo | None, kind: str, ctx: Mapping[str, Any]) -> s
     return f"must be {what}" + (f" {' and '.join(bounds)}" if bounds else "")
 
 
+def did_you_mean(key: str, allowed: list[str]) -> str:
+    """ "; did you mean X?" naming the allowed keys closest to `key`, or "" when none is."""
+    close = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
+    close = close or [a for a in allowed if a.lower() == key.lower()]
+    return "; did you mean " + ", ".join(map(repr, close)) + "?" if close else ""
+
+
 def unknown_key_text(key: str, allowed: list[str] | None) -> str:
-    """ "is not a key here; did you mean X?" from the keys allowed at that level only."""
+    """ "is not a known key; did you mean X?" from the keys allowed at that level only."""
     if allowed is None:
         return "is not a known key"
-    close = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
-    if not close:
-        close = [a for a in allowed if a.lower() == key.lower()]
-    if close:
-        return "is not a known key; did you mean " + ", ".join(map(repr, close)) + "?"
+    hint = did_you_mean(key, allowed)
+    if hint:
+        return "is not a known key" + hint
     if len(allowed) <= _LIST_MAX:
         return f"is not a known key; the keys here are {', '.join(sorted(allowed))}"
     return "is not a known key (docs/program.md lists every key)"
