@@ -87,6 +87,11 @@ _ENV_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 _SECRET: JsonDict = {"secret": True}  # json_schema_extra of a key whose value is never read
 
 
+def _secret(key: str) -> Any:
+    """A secret key of the stack file: the model holds whether it is set, never its value."""
+    return Field(False, alias=key, json_schema_extra=_SECRET)
+
+
 # ---- value types: how the CLI hands values over, and their shared rules ---------------------
 
 
@@ -388,18 +393,14 @@ class StackSettings(BaseModel):
         "allowed_fails}",
     )
     # Secrets: whether each is set, never its value.
-    has_hf_token: Present = Field(False, alias="hfToken", json_schema_extra=_SECRET)
-    has_alert_webhook: Present = Field(False, alias="alertWebhookUrl", json_schema_extra=_SECRET)
-    has_alert_watch_token: Present = Field(
-        False, alias="alertWatchToken", json_schema_extra=_SECRET
-    )
-    has_in_house_keys: Present = Field(False, alias="inHouseApiKeys", json_schema_extra=_SECRET)
+    has_hf_token: Present = _secret("hfToken")
+    has_alert_webhook: Present = _secret("alertWebhookUrl")
+    has_alert_watch_token: Present = _secret("alertWatchToken")
+    has_in_house_keys: Present = _secret("inHouseApiKeys")
     #: Credentials of the private S3-compatible store services' `weights` come from (JSON map
     #: of WEIGHTS_STORE_ENV_KEYS), kept in the Modal secret WEIGHTS_STORE_SECRET_NAME.
-    has_weights_store: Present = Field(
-        False, alias="weightsStoreCredentials", json_schema_extra=_SECRET
-    )
-    has_proxy_token: Present = Field(False, alias="proxyToken", json_schema_extra=_SECRET)
+    has_weights_store: Present = _secret("weightsStoreCredentials")
+    has_proxy_token: Present = _secret("proxyToken")
 
     @field_validator("gpu_prices")
     @classmethod

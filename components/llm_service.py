@@ -71,8 +71,6 @@ from serving.spec import KEY_VERSION_ENV, SERVER_NAME
 ENVIRONMENT_TYPE = "modal-llm:serving:ServingEnvironment"
 SERVICE_TYPE = "modal-llm:serving:LLMService"
 API_KEYS_ENV_VAR = "SERVING_API_KEYS"
-# serving/app.py bakes it into the image ENV, so a key change changes the deployed definition.
-API_KEYS_VERSION_ENV_VAR = KEY_VERSION_ENV
 HF_TOKEN_ENV_VAR = "HF_TOKEN"  # noqa: S105 (an env var name)
 PREWARM_APP_FILE = "serving/prewarm_app.py"
 # The stand-in engine (`modal-llm:engineStandin`): dev/standin_engine.py, one of the dev tools
@@ -457,9 +455,9 @@ class LLMService(pulumi.ComponentResource):
                 adopt=settings.adopt,
                 # Not secret: a hash of hashes of random keys. Changes whenever a key does.
                 extra_env={
-                    API_KEYS_VERSION_ENV_VAR: digests.apply(
-                        lambda d: hashlib.sha256(d.encode()).hexdigest()
-                    )
+                    # serving/app.py bakes it into the image ENV: a key change changes the
+                    # deployed definition
+                    KEY_VERSION_ENV: digests.apply(lambda d: hashlib.sha256(d.encode()).hexdigest())
                 },
                 # Health gate (issue 11): after each deploy, the App calls the endpoint as a
                 # gateway does, with the stack's proxy token and this service's first API
