@@ -58,6 +58,7 @@ from components.config_errors import (
     allowed_keys,
     config_error,
     did_you_mean,
+    path_text,
     problem_line,
     problems_from,
     rule,
@@ -664,14 +665,13 @@ def _fix(ns: str, stack: str, budget_hint: float | None) -> Callable[[Problem], 
         if key not in KNOWN_KEYS or p.text.startswith(":") or "not a known key" in p.text:
             return ""
         if len(p.loc) > 1:
-            path = key + "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in p.loc[1:])
+            path = key + path_text(p.loc[1:])
             return f"Fix it in the stack file, or: pulumi config set --path '{path}' <value>{on}"
         info = KEY_FIELDS[key]
         if info.is_required():
             example = (info.examples or ["<value>"])[0]
             return f"Set it with: pulumi config set {ns}:{key} {example}{on}"
-        default = info.get_default(call_default_factory=True)
-        value = default
+        value = default = DEFAULTS[key]
         if key == "monthlyBudgetUsd" and budget_hint is not None:
             value = max(budget_hint, default)  # one that passes the budget guard too
         whole = isinstance(value, float) and value.is_integer()

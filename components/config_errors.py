@@ -63,7 +63,7 @@ class RuleError(ValueError):
     error's `ctx`, and `problems_from` reads it from there)."""
 
     def __init__(self, *problems: Problem) -> None:
-        super().__init__("; ".join(f"{_loc_text(p.loc)} {p.text}" for p in problems))
+        super().__init__("; ".join(f"{path_text(p.loc)} {p.text}" for p in problems))
         self.problems = problems
 
 
@@ -348,7 +348,8 @@ def _top(key: str, namespace: str) -> str:
     return key if ":" in key or " " in key else f"{namespace}:{key}"
 
 
-def _loc_text(loc: Loc) -> str:
+def path_text(loc: Loc) -> str:
+    """`[0].scaling` for (0, "scaling"): a key path below its top key."""
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
 
 
@@ -367,7 +368,7 @@ def problem_line(
     """`file[:line:col]: key = given predicate. fix`, e.g. `Pulumi.dev.yaml:7:5:
     modal-llm:services[0].scaling ...`."""
     path = (_top(str(p.loc[0]), namespace), *p.loc[1:]) if p.loc else ()
-    what = f"{path[0]}{_loc_text(path[1:])}" if path else namespace
+    what = f"{path[0]}{path_text(path[1:])}" if path else namespace
     if p.given is not NOT_SHOWN:
         what += f" = {_given(p.given)}"
     sep = "" if p.text.startswith(":") else " "
