@@ -26,10 +26,10 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -423,6 +423,93 @@ _LATER_FIELDS = (
 _LATER_PROXY_FIELDS = ("workers", "key_max_in_flight")
 
 
+# ---- field rules (ServingSpec's fields declare them as Annotated types) ----------------------
+
+
+def _hf_repo_id(value: str) -> str:
+    if not _HF_ID_RE.match(value) or "--" in value or ".." in value:
+        raise ValueError(
+            f"{value!r} is not a Hugging Face repo id; expected 'org/name' "
+            "(letters, digits, '.', '_', '-'), e.g. 'Qwen/Qwen3-8B'"
+        )
+    return value
+
+
+def _pinnable_revision(value: str) -> str:
+    if value.lower() in MOVING_REVISIONS or value.startswith(("refs/heads/", "refs/pr/")):
+        raise ValueError(
+            f"{value!r} is a branch that moves, not a pinned revision; use the full "
+            "40-character commit sha (or a release tag)"
+        )
+    if COMMIT_SHA_RE.match(value):
+        return value
+    if _HEX_RE.match(value):
+        raise ValueError(f"{value!r} looks like a short commit sha; use the full 40-character sha")
+    if not _TAG_RE.match(value):
+        raise ValueError(
+            f"{value!r} is neither a 40-character commit sha nor a tag "
+            "(letters, digits, '.', '_', '+', '-')"
+        )
+    return value
+
+
+def _served_name(value: str) -> str:
+    if not _SERVED_NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a usable model name: 1-128 characters, start with a letter "
+            "or digit, then letters, digits or . _ : / @ + - (no spaces)"
+        )
+    return value
+
+
+def _known_gpus(value: Any) -> Any:
+    """Modal's spelling of each GPU name (before the type check: other types fail it)."""
+    if isinstance(value, str):
+        return _canonical_gpu(value)
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("the GPU preference list is empty; name at least one GPU type")
+        names = [_canonical_gpu(v) if isinstance(v, str) else v for v in value]
+        dupes = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"GPU preference list names {', '.join(dupes)} more than once")
+        return names
+    return value
+
+
+def _extra_args_shape(value: list[str]) -> list[str]:
+    for i, arg in enumerate(value):
+        if not arg or arg != arg.strip() or "\n" in arg or "\x00" in arg:
+            raise ValueError(
+                f"extra_args[{i}] = {arg!r}: empty, padded or multi-line arguments are not "
+                "allowed (one argv token per list item)"
+            )
+    if value and not value[0].startswith("-"):
+        raise ValueError(
+            f"extra_args must start with a flag (got {value[0]!r}); the model and the "
+            "rest of the command line come from the spec"
+        )
+    return value
+
+
+def _prompts(value: list[str]) -> list[str]:
+    for i, prompt in enumerate(value):
+        if not prompt.strip():
+            raise ValueError(f"warmup_prompts[{i}] is blank; drop it or write a prompt")
+    return value
+
+
+def _region(value: str) -> str:
+    if not _REGION_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a Modal region name (lowercase, e.g. 'us-east', 'eu-west')"
+        )
+    return value
+
+
+Region = Annotated[str, AfterValidator(_region)]
+
+
 class ServingSpec(_Model):
     """What to serve, on which GPUs, how it scales, and where its caches and secrets live."""
 
@@ -431,27 +518,29 @@ class ServingSpec(_Model):
     # names none gets ENGINE_VERSIONS' (filled in on validation); to_json() leaves the default
     # out, so specs from before the field keep their digest.
     engine_version: str = ""
-    model: str
-    revision: str | None = None
-    served_model_name: str
-    gpu: str | list[str] = "H100"
+    model: Annotated[str, AfterValidator(_hf_repo_id)]
+    revision: Annotated[str, AfterValidator(_pinnable_revision)] | None = None
+    served_model_name: Annotated[str, AfterValidator(_served_name)]
+    gpu: Annotated[str | list[str], BeforeValidator(_known_gpus)] = "H100"
     gpu_count: Annotated[int, Field(ge=1, le=8)] = 1
     context_length: Annotated[int, Field(ge=16, le=10_000_000)] | None = None
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: Annotated[list[str], AfterValidator(_extra_args_shape)] = Field(
+        default_factory=list
+    )
     scaling: Scaling = Field(default_factory=Scaling)
     snapshot: bool = False
-    warmup_prompts: Annotated[list[str], Field(max_length=32)] = Field(
+    warmup_prompts: Annotated[list[str], Field(max_length=32), AfterValidator(_prompts)] = Field(
         default_factory=lambda: ["Hello"]
     )
     volumes: Volumes = Field(default_factory=Volumes)
     secrets: Secrets = Field(default_factory=Secrets)
-    region: str | None = None
+    region: Region | None = None
     timeouts: Timeouts = Field(default_factory=Timeouts)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     require_pinned_revision: bool = False
     # Added beyond the contract table (all optional):
     # Where Modal's edge proxies route requests from (`@app.server(routing_region=...)`).
-    routing_region: str = "us-east"
+    routing_region: Region = "us-east"
     # Share of GPU memory the engine may take; None = the engine's default (serving/render/vllm.py,
     # sglang.py: DEFAULT_GPU_MEMORY_FRACTION).
     gpu_memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
@@ -487,97 +576,6 @@ class ServingSpec(_Model):
             if default is not None:
                 data = {**data, "engine_version": default}
         return data
-
-    @field_validator("model")
-    @classmethod
-    def _hf_repo_id(cls, value: str) -> str:
-        if not _HF_ID_RE.match(value) or "--" in value or ".." in value:
-            raise ValueError(
-                f"{value!r} is not a Hugging Face repo id; expected 'org/name' "
-                "(letters, digits, '.', '_', '-'), e.g. 'Qwen/Qwen3-8B'"
-            )
-        return value
-
-    @field_validator("revision")
-    @classmethod
-    def _pinnable_revision(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if value.lower() in MOVING_REVISIONS or value.startswith(("refs/heads/", "refs/pr/")):
-            raise ValueError(
-                f"{value!r} is a branch that moves, not a pinned revision; use the full "
-                "40-character commit sha (or a release tag)"
-            )
-        if COMMIT_SHA_RE.match(value):
-            return value
-        if _HEX_RE.match(value):
-            raise ValueError(
-                f"{value!r} looks like a short commit sha; use the full 40-character sha"
-            )
-        if not _TAG_RE.match(value):
-            raise ValueError(
-                f"{value!r} is neither a 40-character commit sha nor a tag "
-                "(letters, digits, '.', '_', '+', '-')"
-            )
-        return value
-
-    @field_validator("served_model_name")
-    @classmethod
-    def _served_name(cls, value: str) -> str:
-        if not _SERVED_NAME_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not a usable model name: 1-128 characters, start with a letter "
-                "or digit, then letters, digits or . _ : / @ + - (no spaces)"
-            )
-        return value
-
-    @field_validator("gpu", mode="before")
-    @classmethod
-    def _known_gpus(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return _canonical_gpu(value)
-        if isinstance(value, list):
-            if not value:
-                raise ValueError("the GPU preference list is empty; name at least one GPU type")
-            names = [_canonical_gpu(v) if isinstance(v, str) else v for v in value]
-            dupes = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
-            if dupes:
-                raise ValueError(f"GPU preference list names {', '.join(dupes)} more than once")
-            return names
-        return value
-
-    @field_validator("extra_args")
-    @classmethod
-    def _extra_args_shape(cls, value: list[str]) -> list[str]:
-        for i, arg in enumerate(value):
-            if not arg or arg != arg.strip() or "\n" in arg or "\x00" in arg:
-                raise ValueError(
-                    f"extra_args[{i}] = {arg!r}: empty, padded or multi-line arguments are not "
-                    "allowed (one argv token per list item)"
-                )
-        if value and not value[0].startswith("-"):
-            raise ValueError(
-                f"extra_args must start with a flag (got {value[0]!r}); the model and the "
-                "rest of the command line come from the spec"
-            )
-        return value
-
-    @field_validator("warmup_prompts")
-    @classmethod
-    def _prompts(cls, value: list[str]) -> list[str]:
-        for i, prompt in enumerate(value):
-            if not prompt.strip():
-                raise ValueError(f"warmup_prompts[{i}] is blank; drop it or write a prompt")
-        return value
-
-    @field_validator("region", "routing_region")
-    @classmethod
-    def _region(cls, value: str | None) -> str | None:
-        if value is not None and not _REGION_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not a Modal region name (lowercase, e.g. 'us-east', 'eu-west')"
-            )
-        return value
 
     # ---- cross-field checks ----------------------------------------------------------------
 
