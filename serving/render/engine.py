@@ -32,7 +32,7 @@ RENDERERS: MappingProxyType[str, EngineCli] = MappingProxyType(
 # and a pool that drops its connections sooner than 5 s reopens them all at once on the next
 # burst: on one H100 at 256 streams that doubled the TTFT p99 through the proxy (issue 24).
 ENGINE_KEEPALIVE_S = 75
-# The variable each engine reads it from (each renderer's KEEPALIVE_ENV says where).
+# The variable each engine reads it from (KEEPALIVE_ENV in vllm.py / sglang.py says where).
 ENGINE_KEEPALIVE_ENV: dict[str, str] = {e: r.keepalive_env for e, r in RENDERERS.items()}
 # Engine defaults the command line adds unless extra_args set them (per engine): flag -> the
 # spellings that replace it.
