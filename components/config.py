@@ -22,8 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -46,6 +45,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.config import JsonDict
+from pydantic.fields import FieldInfo
 
 from components import cost
 from components.api_keys import KEY_NAME
@@ -57,6 +57,8 @@ from components.config_errors import (
     StackFile,
     allowed_keys,
     config_error,
+    did_you_mean,
+    path_text,
     problem_line,
     problems_from,
     rule,
@@ -66,7 +68,7 @@ from components.config_errors import (
 from components.modal.defaults import GATE_TASK
 from serving.prewarm import ScheduleError, extra_container_hours_per_month, parse_windows
 from serving.sizing import cpu_request, memory_request_mib
-from serving.spec import GPU_TYPES, ServingSpec
+from serving.spec import COMMIT_SHA_RE, GPU_TYPES, ServingSpec, canonical_gpu
 from serving.weights import source_problems as weights_source_problems
 
 __all__ = ["ConfigError"]  # re-exported: callers catch it from here
@@ -83,8 +85,12 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MODAL_SERVER_URL_KEY = "modal:serverUrl"  # components/modal/_base.py CONFIG_SERVER_URL
 
 _ENV_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
-_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _SECRET: JsonDict = {"secret": True}  # json_schema_extra of a key whose value is never read
+
+
+def _secret(key: str) -> Any:
+    """A secret key of the stack file: the model holds whether it is set, never its value."""
+    return Field(False, alias=key, json_schema_extra=_SECRET)
 
 
 # ---- value types: how the CLI hands values over, and their shared rules ---------------------
@@ -139,16 +145,12 @@ def _unique(value: list[str]) -> list[str]:
 def _gpu_name(value: str) -> str:
     """Modal's spelling of a GPU name (case-insensitive): an unknown name is an error, never
     a silently unused new row of the price table."""
-    name = cost.canonical_gpu(value)
+    name = canonical_gpu(value)
     if name is None:
-        hint = unknown_key_text(value, list(GPU_TYPES)).partition("is not a known key")[2]
+        hint = did_you_mean(value, list(GPU_TYPES))
         raise ValueError(
             "is not a Modal GPU type, so this price would never be used"
-            + (
-                hint
-                if "did you mean" in hint
-                else f"; Modal's GPU types are: {', '.join(GPU_TYPES)}"
-            )
+            + (hint or f"; Modal's GPU types are: {', '.join(GPU_TYPES)}")
         )
     return name
 
@@ -180,14 +182,11 @@ class ServiceInput(PassesTo, BaseModel):
     #: ServingSpec fields the program fills in per service and stack: not set in config.
     not_passed: ClassVar[tuple[str, ...]] = ("volumes", "secrets", "require_pinned_revision")
 
-    name: Annotated[
-        StrictStr,
-        Field(
-            pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
-            description="lowercase letters, digits and dashes, 1-40 chars: the Modal app, "
-            "volume and secret names",
-        ),
-    ]
+    name: StrictStr = Field(
+        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+        description="lowercase letters, digits and dashes, 1-40 chars: the Modal app, volume "
+        "and secret names",
+    )
     gated: StrictBool = Field(
         False, description="true: the model is gated on Hugging Face and needs hfToken"
     )
@@ -276,30 +275,21 @@ class _Strict(BaseModel):
 class InHouseInput(_Strict):
     """One in-house OpenAI-compatible server (vLLM, SGLang, ...) in front of a service."""
 
-    name: Annotated[
-        str,
-        Field(
-            pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
-            description="lowercase letters, digits and dashes, 1-40 chars, unique in the stack; "
-            "its API key is inHouseApiKeys.<name>",
-        ),
-    ]
-    api_base: Annotated[
-        str,
-        Field(
-            pattern=r"^https?://[^/\s]+",
-            description="the http(s) URL of the in-house OpenAI-compatible server, e.g. "
-            "http://10.0.0.5:8000/v1",
-        ),
-    ]
-    capacity: Annotated[
-        int,
-        Field(
-            ge=1,
-            description="how many requests the endpoint serves at once before it saturates "
-            "(e.g. its engine's max batch)",
-        ),
-    ]
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+        description="lowercase letters, digits and dashes, 1-40 chars, unique in the stack; "
+        "its API key is inHouseApiKeys.<name>",
+    )
+    api_base: str = Field(
+        pattern=r"^https?://[^/\s]+",
+        description="the http(s) URL of the in-house OpenAI-compatible server, e.g. "
+        "http://10.0.0.5:8000/v1",
+    )
+    capacity: int = Field(
+        ge=1,
+        description="how many requests the endpoint serves at once before it saturates "
+        "(e.g. its engine's max batch)",
+    )
     model: (
         Annotated[
             str, Field(pattern=r"\S", description="omit it for the service's served model name")
@@ -316,18 +306,14 @@ class OverflowInput(_Strict):
     """`gatewayOverflow.<service>`: the in-house tier LiteLLM tries before Modal."""
 
     in_house: Annotated[list[InHouseInput], Field(min_length=1)]
-    cooldown_s: Annotated[
-        float,
-        Field(
-            ge=1,
-            allow_inf_nan=False,
-            description="seconds a saturated or failing in-house endpoint rests (0 would "
-            "disable LiteLLM's cooldown and keep sending it work it refuses)",
-        ),
-    ] = 5.0
-    allowed_fails: Annotated[
-        int, Field(ge=0, description="5xx/timeouts it may give per cooldown window")
-    ] = 1
+    cooldown_s: float = Field(
+        5.0,
+        ge=1,
+        allow_inf_nan=False,
+        description="seconds a saturated or failing in-house endpoint rests (0 would disable "
+        "LiteLLM's cooldown and keep sending it work it refuses)",
+    )
+    allowed_fails: int = Field(1, ge=0, description="5xx/timeouts it may give per cooldown window")
 
 
 # ---- the stack's keys -------------------------------------------------------------------------
@@ -338,14 +324,11 @@ class StackSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    environment: Annotated[
-        StrictStr,
-        Field(
-            pattern=_ENV_NAME,
-            description="the Modal environment: letters, digits, '-' and '_', up to 64",
-            examples=["dev"],
-        ),
-    ]
+    environment: StrictStr = Field(
+        pattern=_ENV_NAME,
+        description="the Modal environment: letters, digits, '-' and '_', up to 64",
+        examples=["dev"],
+    )
     service_entries: Annotated[
         list[ServiceInput], BeforeValidator(_from_json), Field(min_length=1)
     ] = Field(
@@ -411,18 +394,14 @@ class StackSettings(BaseModel):
         "allowed_fails}",
     )
     # Secrets: whether each is set, never its value.
-    has_hf_token: Present = Field(False, alias="hfToken", json_schema_extra=_SECRET)
-    has_alert_webhook: Present = Field(False, alias="alertWebhookUrl", json_schema_extra=_SECRET)
-    has_alert_watch_token: Present = Field(
-        False, alias="alertWatchToken", json_schema_extra=_SECRET
-    )
-    has_in_house_keys: Present = Field(False, alias="inHouseApiKeys", json_schema_extra=_SECRET)
+    has_hf_token: Present = _secret("hfToken")
+    has_alert_webhook: Present = _secret("alertWebhookUrl")
+    has_alert_watch_token: Present = _secret("alertWatchToken")
+    has_in_house_keys: Present = _secret("inHouseApiKeys")
     #: Credentials of the private S3-compatible store services' `weights` come from (JSON map
     #: of WEIGHTS_STORE_ENV_KEYS), kept in the Modal secret WEIGHTS_STORE_SECRET_NAME.
-    has_weights_store: Present = Field(
-        False, alias="weightsStoreCredentials", json_schema_extra=_SECRET
-    )
-    has_proxy_token: Present = Field(False, alias="proxyToken", json_schema_extra=_SECRET)
+    has_weights_store: Present = _secret("weightsStoreCredentials")
+    has_proxy_token: Present = _secret("proxyToken")
 
     @field_validator("gpu_prices")
     @classmethod
@@ -450,194 +429,156 @@ class StackSettings(BaseModel):
             raise RuleError(*problems)
         return self
 
-    def _standin_rule(self, ns: str, stack: str, url: str | None) -> list[Problem]:
+    def _standin_rule(self, ns: str, stack: str, url: str | None) -> Iterator[Problem]:
         """engineStandin only where the Modal server is local: the stand-in answers every
         request with fixed text, which must never be what a real endpoint serves."""
         urls = [u.strip() for u in (url or "").split(",") if u.strip()]
         if not self.engine_standin or (
             urls and all(urlsplit(u).hostname in LOCAL_HOSTS for u in urls)
         ):
-            return []
+            return
         where = url or "Modal itself (modal:serverUrl is not set)"
-        return [
-            Problem(
-                ("engineStandin",),
-                f": stack {stack!r}: {ns}:engineStandin is true, but this stack's Modal server "
-                f"is {where}, not a local one. The stand-in engine (dev/standin_engine.py) "
-                "runs no model and answers with fixed text: it is only for a stack on the "
-                "local emulator (modal:serverUrl: http://127.0.0.1:PORT, e.g. the local stack)",
-                fix=f"To deploy the real engine here: pulumi config rm {ns}:engineStandin "
-                f"--stack {stack}",
-            )
-        ]
+        yield Problem(
+            ("engineStandin",),
+            f": stack {stack!r}: {ns}:engineStandin is true, but this stack's Modal server "
+            f"is {where}, not a local one. The stand-in engine (dev/standin_engine.py) "
+            "runs no model and answers with fixed text: it is only for a stack on the "
+            "local emulator (modal:serverUrl: http://127.0.0.1:PORT, e.g. the local stack)",
+            fix=f"To deploy the real engine here: pulumi config rm {ns}:engineStandin "
+            f"--stack {stack}",
+        )
 
-    def _managed_rules(self, ns: str, stack: str) -> list[Problem]:
+    def _managed_rules(self, ns: str, stack: str) -> Iterator[Problem]:
         managed, key = self.managed_by_access_stack, "managedByAccessStack"
         if managed and not self.has_proxy_token:
-            return [
-                Problem(
-                    ("proxyToken",),
-                    f"is not set, but {ns}:{key} is true, so the gateway's proxy token comes "
-                    "from the access stack",
-                    fix=f"Set it from the access stack's credentials (docs/program.md, Access): "
-                    f"pulumi -C access stack output credentials --show-secrets --stack <access "
-                    f"stack> | jq -r '.<environment>.proxy_token' | pulumi config set --secret "
-                    f"{ns}:proxyToken --stack {stack}",
-                    secret=PROXY_TOKEN_KEY,
-                )
-            ]
-        if self.has_proxy_token and not managed:
-            return [
-                Problem(
-                    ("proxyToken",),
-                    f"is set, but {ns}:{key} is not true: this stack creates its own proxy token",
-                    fix=f"Either pulumi config set {ns}:{key} true (the access stack owns the "
-                    f"environment, budget and token), or pulumi config rm {ns}:proxyToken",
-                )
-            ]
-        if managed and self.proxy_token_rotation:
-            return [
-                Problem(
-                    ("proxyTokenRotation",),
-                    f"has no effect with {ns}:{key}: the access stack owns the proxy token",
-                    fix="Rotate it there (proxy_token_rotation of the environment in "
-                    f"modal-llm-access:environments), then set the new {ns}:proxyToken; and: "
-                    f"pulumi config rm {ns}:proxyTokenRotation",
-                )
-            ]
-        return []
+            yield Problem(
+                ("proxyToken",),
+                f"is not set, but {ns}:{key} is true, so the gateway's proxy token comes "
+                "from the access stack",
+                fix=f"Set it from the access stack's credentials (docs/program.md, Access): "
+                f"pulumi -C access stack output credentials --show-secrets --stack <access "
+                f"stack> | jq -r '.<environment>.proxy_token' | pulumi config set --secret "
+                f"{ns}:proxyToken --stack {stack}",
+                secret=PROXY_TOKEN_KEY,
+            )
+        elif self.has_proxy_token and not managed:
+            yield Problem(
+                ("proxyToken",),
+                f"is set, but {ns}:{key} is not true: this stack creates its own proxy token",
+                fix=f"Either pulumi config set {ns}:{key} true (the access stack owns the "
+                f"environment, budget and token), or pulumi config rm {ns}:proxyToken",
+            )
+        elif managed and self.proxy_token_rotation:
+            yield Problem(
+                ("proxyTokenRotation",),
+                f"has no effect with {ns}:{key}: the access stack owns the proxy token",
+                fix="Rotate it there (proxy_token_rotation of the environment in "
+                f"modal-llm-access:environments), then set the new {ns}:proxyToken; and: "
+                f"pulumi config rm {ns}:proxyTokenRotation",
+            )
 
-    def _rotation_rule(self, ns: str) -> list[Problem]:
-        return [
-            Problem(
+    def _rotation_rule(self, ns: str) -> Iterator[Problem]:
+        for name in sorted(set(self.api_key_rotation) - set(self.api_key_names)):
+            yield Problem(
                 ("apiKeyRotation", name),
                 f": {ns}:apiKeyRotation names key {name!r}, which is not in {ns}:apiKeyNames "
                 f"{self.api_key_names!r}; rotation markers apply to those names"
-                + unknown_key_text(name, self.api_key_names).partition("is not a known key")[2],
+                + unknown_key_text(name, self.api_key_names).removeprefix("is not a known key"),
                 fix=f"Fix it with: pulumi config rm --path 'apiKeyRotation.{name}'",
             )
-            for name in sorted(set(self.api_key_rotation) - set(self.api_key_names))
-        ]
 
-    def _service_rules(self, ns: str, stack: str) -> list[Problem]:
+    def _service_rules(self, ns: str, stack: str) -> Iterator[Problem]:
         on = f" --stack {stack}" if stack else ""
-        out: list[Problem] = []
         seen: set[str] = set()
         for i, entry in enumerate(self.service_entries):
             fields = entry.spec_fields()
+            model, revision = fields.get("model"), fields.get("revision")
             if entry.name in seen:
-                out.append(Problem(("services", i, "name"), "is used twice", entry.name))
+                yield Problem(("services", i, "name"), "is used twice", entry.name)
             seen.add(entry.name)
             if entry.gated and not self.has_hf_token:
-                out.append(
-                    Problem(
-                        ("services", i, "gated"),
-                        f"is true: the model {fields.get('model')!r} is gated on Hugging Face "
-                        f"and its weights cannot be downloaded without a token, but {ns}:hfToken "
-                        "is not set",
-                        fix="Accept the model's license on its Hugging Face page with the "
-                        "account the token belongs to, then: pulumi config set --secret "
-                        f"{ns}:hfToken hf_...{on}",
-                        secret=HF_TOKEN_KEY,
-                    )
+                yield Problem(
+                    ("services", i, "gated"),
+                    f"is true: the model {model!r} is gated on Hugging Face and its weights "
+                    f"cannot be downloaded without a token, but {ns}:hfToken is not set",
+                    fix="Accept the model's license on its Hugging Face page with the "
+                    "account the token belongs to, then: pulumi config set --secret "
+                    f"{ns}:hfToken hf_...{on}",
+                    secret=HF_TOKEN_KEY,
                 )
-            revision = fields.get("revision")
-            pinned = isinstance(revision, str) and _COMMIT_SHA.match(revision)
+            pinned = isinstance(revision, str) and COMMIT_SHA_RE.match(revision)
             if self.require_pinned_revision and not pinned:
-                out.append(
-                    Problem(
-                        ("services", i, "revision"),
-                        f"must be a full 40-hex commit sha: this stack sets "
-                        f"{ns}:requirePinnedRevision, so the model {fields.get('model')!r} is "
-                        "pinned (a branch or tag can move under you). Find it on the model's "
-                        "Hugging Face page (Files and versions -> commit history)",
-                        revision,
-                    )
+                yield Problem(
+                    ("services", i, "revision"),
+                    f"must be a full 40-hex commit sha: this stack sets "
+                    f"{ns}:requirePinnedRevision, so the model {model!r} is "
+                    "pinned (a branch or tag can move under you). Find it on the model's "
+                    "Hugging Face page (Files and versions -> commit history)",
+                    revision,
                 )
             if "engine_standin" in fields and not self.engine_standin:
-                out.append(
-                    Problem(
-                        ("services", i, "engine_standin"),
-                        "is set, but the stack does not run the stand-in engine",
-                        fix=f"Set {ns}:engineStandin: true (local stacks only) or remove it.",
-                    )
+                yield Problem(
+                    ("services", i, "engine_standin"),
+                    "is set, but the stack does not run the stand-in engine",
+                    fix=f"Set {ns}:engineStandin: true (local stacks only) or remove it.",
                 )
             source = entry.source()
             repo = (entry.weights or {}).get("repo")
-            model = fields.get("model")
             if source is not None and source["kind"] == "hf" and repo not in (None, model):
-                out.append(
-                    Problem(
-                        ("services", i, "model"),
-                        f"is {model!r}, but the service's weights volume is provisioned from "
-                        f"{repo!r} (services[{i}].weights.repo): the engine would load "
-                        f"{repo!r}'s files and report them as {model!r}",
-                        fix="Name one model in both: correct the typo, or remove weights.repo "
-                        "(it defaults to the model).",
-                    )
+                yield Problem(
+                    ("services", i, "model"),
+                    f"is {model!r}, but the service's weights volume is provisioned from "
+                    f"{repo!r} (services[{i}].weights.repo): the engine would load "
+                    f"{repo!r}'s files and report them as {model!r}",
+                    fix="Name one model in both: correct the typo, or remove weights.repo "
+                    "(it defaults to the model).",
                 )
             if source is not None and source["kind"] == "s3" and not self.has_weights_store:
-                out.append(
-                    Problem(
-                        ("services", i, "weights"),
-                        f"reads from an S3-compatible store, but {ns}:weightsStoreCredentials "
-                        "is not set",
-                        fix=f"Set the store's credentials (kept in the Modal secret "
-                        f"{WEIGHTS_STORE_SECRET_NAME!r}): pulumi config set --secret "
-                        f"{ns}:weightsStoreCredentials "
-                        '\'{"AWS_ACCESS_KEY_ID": "...", "AWS_SECRET_ACCESS_KEY": "..."}\''
-                        f"{on}",
-                        secret=WEIGHTS_STORE_KEY,
-                    )
+                yield Problem(
+                    ("services", i, "weights"),
+                    f"reads from an S3-compatible store, but {ns}:weightsStoreCredentials "
+                    "is not set",
+                    fix=f"Set the store's credentials (kept in the Modal secret "
+                    f"{WEIGHTS_STORE_SECRET_NAME!r}): pulumi config set --secret "
+                    f"{ns}:weightsStoreCredentials "
+                    '\'{"AWS_ACCESS_KEY_ID": "...", "AWS_SECRET_ACCESS_KEY": "..."}\''
+                    f"{on}",
+                    secret=WEIGHTS_STORE_KEY,
                 )
-        return out
 
-    def _overflow_rules(self, ns: str) -> list[Problem]:
+    def _overflow_rules(self, ns: str) -> Iterator[Problem]:
         """Each overflow names a service of the stack; endpoint names are unique in the stack
         (each has its own key); in-house keys only with endpoints to use them."""
-        out: list[Problem] = []
         names = [e.name for e in self.service_entries]
         if self.has_in_house_keys and not self.gateway_overflow:
-            out.append(
-                Problem(
-                    ("inHouseApiKeys",),
-                    f"is set but {ns}:gatewayOverflow declares no in-house endpoint",
-                    fix=f"Remove it (pulumi config rm {ns}:inHouseApiKeys) or add the endpoints.",
-                )
+            yield Problem(
+                ("inHouseApiKeys",),
+                f"is set but {ns}:gatewayOverflow declares no in-house endpoint",
+                fix=f"Remove it (pulumi config rm {ns}:inHouseApiKeys) or add the endpoints.",
             )
         seen: set[str] = set()
         for service, overflow in self.gateway_overflow.items():
             if service not in names:
-                hint = unknown_key_text(service, names).partition("is not a known key")[2]
-                out.append(
-                    Problem(
-                        ("gatewayOverflow", service),
-                        f": no service named {service!r} in {ns}:services (names: "
-                        f"{', '.join(sorted(names))}){hint if 'did you' in hint else ''}",
-                    )
+                yield Problem(
+                    ("gatewayOverflow", service),
+                    f": no service named {service!r} in {ns}:services (names: "
+                    f"{', '.join(sorted(names))}){did_you_mean(service, names)}",
                 )
             for i, endpoint in enumerate(overflow.in_house):
                 if endpoint.name in seen:
-                    out.append(
-                        Problem(
-                            ("gatewayOverflow", service, "in_house", i, "name"),
-                            "is used twice; names are unique in the stack (each has its own key)",
-                            endpoint.name,
-                        )
+                    yield Problem(
+                        ("gatewayOverflow", service, "in_house", i, "name"),
+                        "is used twice; names are unique in the stack (each has its own key)",
+                        endpoint.name,
                     )
                 seen.add(endpoint.name)
-        return out
 
 
-def _aliases(pick: Callable[[Any], bool]) -> tuple[str, ...]:
-    return tuple(
-        info.alias or name for name, info in StackSettings.model_fields.items() if pick(info)
-    )
-
-
+#: Each key of the stack file (its alias, else its name) -> its field.
+KEY_FIELDS: dict[str, FieldInfo] = {f.alias or n: f for n, f in StackSettings.model_fields.items()}
 #: Keys whose value stays a secret Output (only their presence is validated).
-SECRET_KEYS = _aliases(lambda f: f.json_schema_extra == _SECRET)
-KNOWN_KEYS = frozenset(_aliases(lambda f: True))
+SECRET_KEYS = tuple(k for k, f in KEY_FIELDS.items() if f.json_schema_extra == _SECRET)
+KNOWN_KEYS = frozenset(KEY_FIELDS)
 
 
 def _alias(name: str) -> str:
@@ -653,14 +594,14 @@ MANAGED_KEY = _alias("managed_by_access_stack")
 PROXY_TOKEN_KEY = _alias("has_proxy_token")
 #: The CPU / memory rate keys: key -> (default, unit), from the fields above.
 RATE_KEYS: dict[str, tuple[float, str]] = {
-    f.alias: (float(f.default), str(f.description).partition(";")[0])
-    for f in StackSettings.model_fields.values()
-    if f.alias in ("cpuPriceUsdPerCoreHour", "memoryPriceUsdPerGibHour")
+    key: (float(f.default), str(f.description).partition(";")[0])
+    for key, f in KEY_FIELDS.items()
+    if key in ("cpuPriceUsdPerCoreHour", "memoryPriceUsdPerGibHour")
 }
 #: The keys' defaults (stack-file names), as the model holds them.
 DEFAULTS: dict[str, Any] = {
-    f.alias or n: f.get_default(call_default_factory=True)
-    for n, f in StackSettings.model_fields.items()
+    key: f.get_default(call_default_factory=True)
+    for key, f in KEY_FIELDS.items()
     if not f.is_required()
 }
 
@@ -680,10 +621,6 @@ class ServiceSettings(ServiceInput):
     gate_reason: str = ""
     #: Upper bound of what one gated deploy costs (0 unless it cold-starts a container).
     gated_deploy_usd: float = 0.0
-
-    @property
-    def gpus(self) -> tuple[str, ...]:
-        return _gpu_tuple(self.spec.gpu)
 
 
 class StackConfig(StackSettings):
@@ -717,10 +654,6 @@ class StackSecrets:
     proxy_token: pulumi.Output[str] | None = None
 
 
-def _gpu_tuple(gpu: str | list[str]) -> tuple[str, ...]:
-    return (gpu,) if isinstance(gpu, str) else tuple(gpu)
-
-
 def _fix(ns: str, stack: str, budget_hint: float | None) -> Callable[[Problem], str]:
     """The next step of a problem that has none of its own: the command that sets the key."""
 
@@ -732,16 +665,13 @@ def _fix(ns: str, stack: str, budget_hint: float | None) -> Callable[[Problem], 
         if key not in KNOWN_KEYS or p.text.startswith(":") or "not a known key" in p.text:
             return ""
         if len(p.loc) > 1:
-            path = key + "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in p.loc[1:])
+            path = key + path_text(p.loc[1:])
             return f"Fix it in the stack file, or: pulumi config set --path '{path}' <value>{on}"
-        info = StackSettings.model_fields[
-            next(n for n, f in StackSettings.model_fields.items() if (f.alias or n) == key)
-        ]
+        info = KEY_FIELDS[key]
         if info.is_required():
             example = (info.examples or ["<value>"])[0]
             return f"Set it with: pulumi config set {ns}:{key} {example}{on}"
-        default = info.get_default(call_default_factory=True)
-        value = default
+        value = default = DEFAULTS[key]
         if key == "monthlyBudgetUsd" and budget_hint is not None:
             value = max(budget_hint, default)  # one that passes the budget guard too
         whole = isinstance(value, float) and value.is_integer()
@@ -822,7 +752,7 @@ def parse_stack_config(
                 "secret_warnings": warnings,
             }
         )
-    except _Problems as exc:
+    except RuleError as exc:
         raise config_error(
             exc.problems, stack_file=where, namespace=ns, fix=_fix(ns, stack, None)
         ) from None
@@ -835,15 +765,9 @@ def _budget_hint(data: dict[str, Any], ctx: dict[str, Any]) -> float | None:
     try:
         settings = StackSettings.model_validate({**rest, "allowOverBudget": "true"}, context=ctx)
         cfg = _resolve(settings, str(ctx["namespace"]), str(ctx["stack"]))
-    except (ValidationError, _Problems):
+    except (ValidationError, RuleError):
         return None
     return float(math.ceil(cfg.cost.worst_usd))
-
-
-class _Problems(Exception):
-    def __init__(self, *problems: Problem) -> None:
-        super().__init__(problems)
-        self.problems = problems
 
 
 def _resolve(settings: StackSettings, ns: str, stack: str) -> StackConfig:
@@ -852,11 +776,11 @@ def _resolve(settings: StackSettings, ns: str, stack: str) -> StackConfig:
     for i, svc in enumerate(services):
         served = svc.spec.served_model_name
         if any(s.spec.served_model_name == served for s in services[:i]):
-            raise _Problems(Problem(("services", i, "served_model_name"), "is used twice", served))
+            raise RuleError(Problem(("services", i, "served_model_name"), "is used twice", served))
         for key in sorted(
             set(svc.spec.proxy.key_max_in_flight or {}) - set(settings.api_key_names)
         ):
-            raise _Problems(
+            raise RuleError(
                 Problem(
                     ("services", i, "proxy", "key_max_in_flight"),
                     f"names key {key!r}, which is not in {ns}:apiKeyNames "
@@ -872,7 +796,7 @@ def _resolve(settings: StackSettings, ns: str, stack: str) -> StackConfig:
             config_ns=ns,
         )
     except cost.BudgetExceeded as exc:
-        raise _Problems(Problem(("monthlyBudgetUsd",), f": stack {stack!r}: {exc}")) from None
+        raise RuleError(Problem(("monthlyBudgetUsd",), f": stack {stack!r}: {exc}")) from None
     fields = {name: getattr(settings, name) for name in StackSettings.model_fields}
     fields["adopt_environment"] = settings.adopt_environment or settings.managed_by_access_stack
     made = StackConfig.model_construct(
@@ -902,18 +826,18 @@ def _service(settings: StackSettings, ns: str, i: int, entry: ServiceInput) -> S
         # JSON mode: nested models from plain dicts, exactly as the container reads the spec.
         spec = ServingSpec.model_validate_json(json.dumps(fields))
     except ValidationError as exc:
-        raise _Problems(*problems_from(exc, StackSettings, prefix=at)) from None
+        raise RuleError(*problems_from(exc, StackSettings, prefix=at)) from None
     scaling = spec.scaling
     try:
         windows = parse_windows(entry.warm_schedule or None, max_containers=scaling.max_containers)
     except ScheduleError as exc:
         path, text = split_path(str(exc))
-        raise _Problems(Problem((*at, *path), text)) from None
+        raise RuleError(Problem((*at, *path), text)) from None
     try:
         svc_cost = cost.service_cost(
             cost.ServiceCostInput(
                 name=name,
-                gpus=_gpu_tuple(spec.gpu),
+                gpus=tuple(spec.gpu_types),
                 gpu_count=spec.gpu_count,
                 min_containers=scaling.min_containers,
                 max_containers=scaling.max_containers,
@@ -929,7 +853,7 @@ def _service(settings: StackSettings, ns: str, i: int, entry: ServiceInput) -> S
             settings.gpu_prices,
         )
     except cost.UnknownGpuPrice as exc:
-        raise _Problems(Problem((*at, "gpu"), f": {exc}")) from None
+        raise RuleError(Problem((*at, "gpu"), f": {exc}")) from None
     gate_usd = cost.gated_deploy_usd(svc_cost, spec.timeouts.startup_s, scaling.scaledown_window_s)
     gate_on, gate_why = resolve_health_gate(
         entry.health_gate, scaling.min_containers, settings.engine_standin, gate_usd
@@ -1172,13 +1096,10 @@ IdentityRole = Literal["contributor", "viewer", "none"]
 class Identity(_Strict):
     """One service user of an environment and its role there."""
 
-    name: Annotated[
-        str,
-        Field(
-            pattern=r"^[A-Za-z0-9_-]{1,56}$",
-            description="a service user name: 1-56 of a-z A-Z 0-9 - _; a rotation appends -<n>",
-        ),
-    ]
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{1,56}$",
+        description="a service user name: 1-56 of a-z A-Z 0-9 - _; a rotation appends -<n>",
+    )
     role: IdentityRole = Field(
         description="contributor: read and write in this environment, e.g. CI's deploy; "
         "viewer: read only, e.g. the spend watcher; none: may call nothing, e.g. a preview"
@@ -1204,9 +1125,9 @@ class AccessEnvironment(_Strict):
         ),
         AfterValidator(_environment_name),
     ]
-    monthly_budget_usd: Annotated[
-        float, Field(ge=0, allow_inf_nan=False, description="the environment's hard cap")
-    ]
+    monthly_budget_usd: float = Field(
+        ge=0, allow_inf_nan=False, description="the environment's hard cap"
+    )
     alert_thresholds_pct: Thresholds = [50, 80, 100]
     adopt: bool = False
     proxy_token_rotation: Marker = ""
@@ -1258,17 +1179,15 @@ def parse_access_config(
         "contributor}]}]"
     )
     problems: list[Problem]
-    try:
-        if raw is None:
-            raise _Problems(Problem((), f"is not set: list the environments, e.g. {example}"))
-        value = _from_json(raw)
-        return AccessEnvironments.model_validate(value).root
-    except _Problems as exc:
-        problems = list(exc.problems)
-    except ValidationError as exc:
-        problems = problems_from(exc, AccessEnvironments)
-    except ValueError as exc:  # not JSON
-        problems = [Problem((), str(exc))]
+    if raw is None:
+        problems = [Problem((), f"is not set: list the environments, e.g. {example}")]
+    else:
+        try:
+            return AccessEnvironments.model_validate(_from_json(raw)).root
+        except ValidationError as exc:
+            problems = problems_from(exc, AccessEnvironments)
+        except ValueError as exc:  # not JSON
+            problems = [Problem((), str(exc))]
     problems = [Problem((ACCESS_KEY, *p.loc), p.text, p.given, p.fix) for p in problems]
     raise config_error(problems, stack_file=where, namespace=namespace)
 

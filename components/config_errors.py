@@ -63,7 +63,7 @@ class RuleError(ValueError):
     error's `ctx`, and `problems_from` reads it from there)."""
 
     def __init__(self, *problems: Problem) -> None:
-        super().__init__("; ".join(f"{_loc_text(p.loc)} {p.text}" for p in problems))
+        super().__init__("; ".join(f"{path_text(p.loc)} {p.text}" for p in problems))
         self.problems = problems
 
 
@@ -222,28 +222,38 @@ _NUMBER_ERRORS = {
 }  # fmt: skip
 
 
+_SIGNS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
 def _number_text(info: FieldInfo | None, kind: str, ctx: Mapping[str, Any]) -> str:
     whole = kind.startswith("int") or (info is not None and info.annotation is int)
     what = "a whole number" if whole else "a number"
-    signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-    bounds = [f"{signs[k]} {v:g}" for k, v in ctx.items() if k in signs]  # the failed bound
-    for meta in info.metadata if info is not None and not bounds else []:
-        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-            value = getattr(meta, attr, None)
-            if isinstance(meta, annotated_types.BaseMetadata) and value is not None:
-                bounds.append(f"{sign} {value:g}")
+    bounds = [f"{_SIGNS[k]} {v:g}" for k, v in ctx.items() if k in _SIGNS]  # the failed bound
+    if not bounds and info is not None:  # a type error: every bound of the field
+        bounds = [
+            f"{sign} {getattr(meta, attr):g}"
+            for meta in info.metadata
+            for attr, sign in _SIGNS.items()
+            if isinstance(meta, annotated_types.BaseMetadata)
+            and getattr(meta, attr, None) is not None
+        ]
     return f"must be {what}" + (f" {' and '.join(bounds)}" if bounds else "")
 
 
+def did_you_mean(key: str, allowed: list[str]) -> str:
+    """ "; did you mean X?" naming the allowed keys closest to `key`, or "" when none is."""
+    close = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
+    close = close or [a for a in allowed if a.lower() == key.lower()]
+    return "; did you mean " + ", ".join(map(repr, close)) + "?" if close else ""
+
+
 def unknown_key_text(key: str, allowed: list[str] | None) -> str:
-    """ "is not a key here; did you mean X?" from the keys allowed at that level only."""
+    """ "is not a known key; did you mean X?" from the keys allowed at that level only."""
     if allowed is None:
         return "is not a known key"
-    close = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
-    if not close:
-        close = [a for a in allowed if a.lower() == key.lower()]
-    if close:
-        return "is not a known key; did you mean " + ", ".join(map(repr, close)) + "?"
+    hint = did_you_mean(key, allowed)
+    if hint:
+        return "is not a known key" + hint
     if len(allowed) <= _LIST_MAX:
         return f"is not a known key; the keys here are {', '.join(sorted(allowed))}"
     return "is not a known key (docs/program.md lists every key)"
@@ -305,67 +315,47 @@ def _annotations_at(model: type[BaseModel], loc: Loc) -> list[Any]:
     return current
 
 
+def _models_at(model: type[BaseModel], loc: Loc) -> list[type[BaseModel]]:
+    """The models the map at `loc` may be (a union can allow more than one)."""
+    return [
+        sub
+        for tp in _annotations_at(model, loc)
+        for sub in _models_in(tp)
+        if isinstance(sub, type) and issubclass(sub, BaseModel)
+    ]
+
+
 def field_at(model: type[BaseModel], loc: Loc) -> FieldInfo | None:
     """The FieldInfo of the key at `loc` (a model field), or None."""
     if not loc or not isinstance(loc[-1], str):
         return None
-    for tp in _annotations_at(model, loc[:-1]):
-        for sub in _models_in(tp):
-            if isinstance(sub, type) and issubclass(sub, BaseModel):
-                info = _fields(sub).get(loc[-1])
-                if info is not None:
-                    return info
-    return None
+    fields = (_fields(sub).get(loc[-1]) for sub in _models_at(model, loc[:-1]))
+    return next((info for info in fields if info is not None), None)
 
 
 def allowed_keys(model: type[BaseModel], loc: Loc) -> list[str] | None:
     """The keys a map at `loc` may hold, or None when it is not a model there."""
-    for tp in _annotations_at(model, loc):
-        for sub in _models_in(tp):
-            if isinstance(sub, type) and issubclass(sub, BaseModel):
-                return sorted(_fields(sub))
-    return None
+    models = _models_at(model, loc)
+    return sorted(_fields(models[0])) if models else None
 
 
 # ---- rendering --------------------------------------------------------------------------------
 
 
-def loc_text(loc: Loc, namespace: str) -> str:
-    """`modal-llm:services[0].scaling` for ("services", 0, "scaling"); a top key that has a
-    namespace of its own (`modal:serverUrl`) keeps it."""
-    if not loc:
-        return namespace
-    top = str(loc[0])
-    return _top(top, namespace) + _loc_text(loc[1:])
-
-
 def _top(key: str, namespace: str) -> str:
+    """A top key with its namespace (`modal-llm:services`); one that has a namespace of its own
+    (`modal:serverUrl`) or is no key (`env MODAL_SERVER_URL`) keeps it."""
     return key if ":" in key or " " in key else f"{namespace}:{key}"
 
 
-def _loc_text(loc: Loc) -> str:
+def path_text(loc: Loc) -> str:
+    """`[0].scaling` for (0, "scaling"): a key path below its top key."""
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
 
 
 def _given(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= _GIVEN_MAX else text[: _GIVEN_MAX - 5] + " ...>"
-
-
-def render(
-    problems: Iterable[Problem],
-    *,
-    stack_file: StackFile,
-    namespace: str,
-    fix: Callable[[Problem], str] | None = None,
-) -> str:
-    """One line per problem: `file[:line:col]: key = given predicate. fix`, then what to do."""
-    lines = [problem_line(p, stack_file=stack_file, namespace=namespace, fix=fix) for p in problems]
-    lines.append(
-        f"Nothing was applied: the program stops before it registers any resource. Fix "
-        f"{stack_file.name} (every key: docs/program.md) and run again."
-    )
-    return "\n".join(lines)
 
 
 def problem_line(
@@ -375,15 +365,15 @@ def problem_line(
     namespace: str,
     fix: Callable[[Problem], str] | None = None,
 ) -> str:
-    """`file[:line:col]: key = given predicate. fix` (one line of `render`)."""
+    """`file[:line:col]: key = given predicate. fix`, e.g. `Pulumi.dev.yaml:7:5:
+    modal-llm:services[0].scaling ...`."""
     path = (_top(str(p.loc[0]), namespace), *p.loc[1:]) if p.loc else ()
-    where = stack_file.where(path)
-    what = loc_text(p.loc, namespace)
+    what = f"{path[0]}{path_text(path[1:])}" if path else namespace
     if p.given is not NOT_SHOWN:
         what += f" = {_given(p.given)}"
     sep = "" if p.text.startswith(":") else " "
     step = p.fix or (fix(p) if fix is not None else "")
-    line = f"{where}: {what}{sep}{p.text}".rstrip(". ")
+    line = f"{stack_file.where(path)}: {what}{sep}{p.text}".rstrip(". ")
     line += "" if line.endswith(("?", "!")) else "."
     return line + (f" {step}" if step else "")
 
@@ -395,6 +385,11 @@ def config_error(
     namespace: str,
     fix: Callable[[Problem], str] | None = None,
 ) -> ConfigError:
+    """One line per problem (`problem_line`), then what to do."""
     found = list(problems)
-    message = render(found, stack_file=stack_file, namespace=namespace, fix=fix)
-    return ConfigError(message, found)
+    lines = [problem_line(p, stack_file=stack_file, namespace=namespace, fix=fix) for p in found]
+    lines.append(
+        f"Nothing was applied: the program stops before it registers any resource. Fix "
+        f"{stack_file.name} (every key: docs/program.md) and run again."
+    )
+    return ConfigError("\n".join(lines), found)

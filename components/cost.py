@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-
-from serving.spec import GPU_TYPES
+from dataclasses import dataclass, fields, replace
 
 HOURS_PER_MONTH = 730.0
 """Average hours in a month (8760 h / 12), the convention cloud price pages use."""
@@ -106,8 +104,6 @@ REGION_MULTIPLIER_NARROW = 1.75  # e.g. region "us-east"
 # allowance is added unless a stack asks for one (storage, egress, usage above the requests).
 DEFAULT_OVERHEAD_PCT = 0.0
 
-_GPU_BY_UPPER = {name.upper(): name for name in GPU_TYPES}
-
 
 class UnknownGpuPrice(ValueError):
     """A service asks for a GPU the price table (with the stack's overrides) does not know."""
@@ -142,27 +138,17 @@ class ServiceCostInput:
 
 
 @dataclass(frozen=True)
-class ServiceCost:
-    """Monthly cost estimate of one service."""
+class ServiceCost(ServiceCostInput):
+    """Monthly cost estimate of one service: what it was priced from, and the figures."""
 
-    name: str
-    gpu: str  # the GPU the estimate is priced at
-    gpu_price_usd_per_hour: float
-    gpu_count: int
-    min_containers: int
-    max_containers: int
-    idle_usd: float
-    worst_usd: float
-    buffer_containers: int = 0
+    gpu: str = ""  # the GPU the estimate is priced at
+    gpu_price_usd_per_hour: float = 0.0
     region_multiplier: float = 1.0
-    overhead_pct: float = 0.0
+    idle_usd: float = 0.0
     baseline_usd: float = 0.0
+    worst_usd: float = 0.0
     #: What the scheduled pre-warm windows add a month (included in idle and baseline).
     warm_usd: float = 0.0
-    cpu_cores: float = 0.0
-    memory_gib: float = 0.0
-    cpu_usd_per_core_hour: float = CPU_USD_PER_CORE_HOUR
-    memory_usd_per_gib_hour: float = MEMORY_USD_PER_GIB_HOUR
 
     @property
     def gpu_usd_per_hour(self) -> float:
@@ -206,11 +192,6 @@ class StackCost:
         return round(sum(s.worst_usd for s in self.services), 2)
 
 
-def canonical_gpu(name: str) -> str | None:
-    """Modal's spelling of a GPU name (case-insensitive), or None when Modal has no such GPU."""
-    return _GPU_BY_UPPER.get(str(name).strip().upper())
-
-
 def gpu_price(gpu: str, table: Mapping[str, float]) -> float:
     """Price of one GPU per hour; raises UnknownGpuPrice naming the known GPUs."""
     if gpu in table:
@@ -235,21 +216,10 @@ def service_cost(service: ServiceCostInput, table: Mapping[str, float]) -> Servi
         raise UnknownGpuPrice(f"service {service.name!r} names no GPU")
     priced = max(service.gpus, key=lambda g: gpu_price(g, table))
     cost = ServiceCost(
-        name=service.name,
+        **{f.name: getattr(service, f.name) for f in fields(ServiceCostInput)},
         gpu=priced,
         gpu_price_usd_per_hour=gpu_price(priced, table),
-        gpu_count=service.gpu_count,
-        min_containers=service.min_containers,
-        max_containers=service.max_containers,
-        buffer_containers=service.buffer_containers,
         region_multiplier=region_multiplier(service.region),
-        overhead_pct=service.overhead_pct,
-        cpu_cores=service.cpu_cores,
-        memory_gib=service.memory_gib,
-        cpu_usd_per_core_hour=service.cpu_usd_per_core_hour,
-        memory_usd_per_gib_hour=service.memory_usd_per_gib_hour,
-        idle_usd=0.0,
-        worst_usd=0.0,
     )
     month = cost.container_usd_per_hour * HOURS_PER_MONTH
     warm = cost.container_usd_per_hour * service.warm_extra_hours

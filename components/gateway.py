@@ -33,7 +33,6 @@ adds it to the file it writes, generated once and kept across rewrites.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,11 +83,6 @@ def litellm_entry(target: GatewayTarget) -> dict[str, Any]:
         # litellm 1.106.12 proxy/proxy_server.py drops these from its background health loop.
         "model_info": {"disable_background_health_check": True},
     }
-
-
-def litellm_config(targets: Sequence[GatewayTarget]) -> dict[str, Any]:
-    """A LiteLLM proxy config document (`model_list` only; merge your own settings into it)."""
-    return {"model_list": [litellm_entry(t) for t in targets]}
 
 
 def document_yaml(doc: dict[str, Any]) -> str:

@@ -71,8 +71,6 @@ from serving.spec import KEY_VERSION_ENV, SERVER_NAME
 ENVIRONMENT_TYPE = "modal-llm:serving:ServingEnvironment"
 SERVICE_TYPE = "modal-llm:serving:LLMService"
 API_KEYS_ENV_VAR = "SERVING_API_KEYS"
-# serving/app.py bakes it into the image ENV, so a key change changes the deployed definition.
-API_KEYS_VERSION_ENV_VAR = KEY_VERSION_ENV
 HF_TOKEN_ENV_VAR = "HF_TOKEN"  # noqa: S105 (an env var name)
 PREWARM_APP_FILE = "serving/prewarm_app.py"
 # The stand-in engine (`modal-llm:engineStandin`): dev/standin_engine.py, one of the dev tools
@@ -143,33 +141,26 @@ class ServingEnvironment(pulumi.ComponentResource):
         self.environment_name = self.environment.name
         env = self.environment_name
 
+        def stack_secret(resource: str, secret: str, values: Any) -> Secret:
+            # An adopted environment may hold the secret already: claim it.
+            args = SecretArgs(
+                name=secret, values=values, environment=env, adopt=cfg.adopt_environment
+            )
+            return Secret(f"{name}-{resource}", args, child)
+
         self.hf_token_secret = None
         if secrets.hf_token is not None:
-            self.hf_token_secret = Secret(
-                f"{name}-hf-token",
-                SecretArgs(
-                    name=HF_TOKEN_SECRET_NAME,
-                    values={HF_TOKEN_ENV_VAR: secrets.hf_token},
-                    environment=env,
-                    # An adopted environment may hold the token secret already: claim it.
-                    adopt=cfg.adopt_environment,
-                ),
-                child,
+            self.hf_token_secret = stack_secret(
+                "hf-token", HF_TOKEN_SECRET_NAME, {HF_TOKEN_ENV_VAR: secrets.hf_token}
             )
-
         # Credentials of the private S3-compatible weights store (services' `weights: {kind:
         # s3}`), for the ModelWeights function only; the serving containers never get them.
         self.weights_store_secret = None
         if secrets.weights_store_credentials is not None:
-            self.weights_store_secret = Secret(
-                f"{name}-weights-store",
-                SecretArgs(
-                    name=WEIGHTS_STORE_SECRET_NAME,
-                    values=secrets.weights_store_credentials.apply(_weights_store_env),
-                    environment=env,
-                    adopt=cfg.adopt_environment,
-                ),
-                child,
+            self.weights_store_secret = stack_secret(
+                "weights-store",
+                WEIGHTS_STORE_SECRET_NAME,
+                secrets.weights_store_credentials.apply(_weights_store_env),
             )
 
         self.spend_alert = None
@@ -199,7 +190,19 @@ class ServingEnvironment(pulumi.ComponentResource):
         self.spend_watch_secret: Secret | None = None
         self.spend_watch: SpendWatch | None = None
         if secrets.alert_webhook_url is not None:
-            self._spend_watcher(name, cfg, secrets, env)
+            # The spend watcher's secret: the webhook URL and, when configured, the watcher's
+            # own Modal token; then the watcher app.
+            values: dict[str, pulumi.Input[str]] = {
+                SPEND_WEBHOOK_ENV: secrets.alert_webhook_url.apply(_checked_webhook)
+            }
+            token = secrets.alert_watch_token
+            if token is not None:
+                values[SPEND_TOKEN_ID_ENV] = token.apply(lambda t: _token_part(t, 0))
+                values[SPEND_TOKEN_SECRET_ENV] = token.apply(lambda t: _token_part(t, 1))
+            self.spend_watch_secret = stack_secret(
+                "spend-watch-secret", SPEND_WATCH_SECRET_NAME, values
+            )
+            self._spend_watcher(name, cfg, env)
         outputs: dict[str, Any] = {
             "environment": env,
             "proxy_token_id": self.proxy_token.token_id,
@@ -208,28 +211,10 @@ class ServingEnvironment(pulumi.ComponentResource):
             outputs["spend_limit_usd"] = self.spend_alert.effective_limit_usd
         self.register_outputs(outputs)
 
-    def _spend_watcher(
-        self, name: str, cfg: StackConfig, secrets: StackSecrets, env: pulumi.Output[str]
-    ) -> None:
-        """The watcher app and its secret (see watchers/spend_alerts.py for what a run does)."""
-        assert secrets.alert_webhook_url is not None
-        values: dict[str, pulumi.Input[str]] = {
-            SPEND_WEBHOOK_ENV: secrets.alert_webhook_url.apply(_checked_webhook)
-        }
-        token = secrets.alert_watch_token
-        if token is not None:
-            values[SPEND_TOKEN_ID_ENV] = token.apply(lambda t: _token_part(t, 0))
-            values[SPEND_TOKEN_SECRET_ENV] = token.apply(lambda t: _token_part(t, 1))
-        self.spend_watch_secret = Secret(
-            f"{name}-spend-watch-secret",
-            SecretArgs(
-                name=SPEND_WATCH_SECRET_NAME,
-                values=values,
-                environment=env,
-                adopt=cfg.adopt_environment,  # like the HF token secret
-            ),
-            pulumi.ResourceOptions(parent=self),
-        )
+    def _spend_watcher(self, name: str, cfg: StackConfig, env: pulumi.Output[str]) -> None:
+        """The watcher app, after its secret (see watchers/spend_alerts.py for what a run
+        does)."""
+        assert self.spend_watch_secret is not None
         # The environment's id: from the SpendAlert (default mode), else from the Environment
         # (managed mode: the access stack holds the budget the watcher reads).
         env_id = (
@@ -414,19 +399,15 @@ class LLMService(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self),
         )
 
-        cache_opts = pulumi.ResourceOptions(
-            parent=self, protect=cfg.protect_caches, retain_on_delete=cfg.protect_caches
-        )
-        self.hf_cache = Volume(
-            f"{name}-hf-cache",
-            VolumeArgs(name=spec.volumes.hf_cache, environment=env, adopt=settings.adopt),
-            cache_opts,
-        )
-        self.engine_cache = Volume(
-            f"{name}-engine-cache",
-            VolumeArgs(name=spec.volumes.engine_cache, environment=env, adopt=settings.adopt),
-            cache_opts,
-        )
+        def cache(resource: str, volume: str) -> Volume:
+            # protectCaches: protected, and retained on delete
+            protect = cfg.protect_caches
+            opts = pulumi.ResourceOptions(parent=self, protect=protect, retain_on_delete=protect)
+            args = VolumeArgs(name=volume, environment=env, adopt=settings.adopt)
+            return Volume(f"{name}-{resource}", args, opts)
+
+        self.hf_cache = cache("hf-cache", spec.volumes.hf_cache)
+        self.engine_cache = cache("engine-cache", spec.volumes.engine_cache)
 
         mounted: list[pulumi.Resource] = [self.api_keys_secret, self.hf_cache, self.engine_cache]
         if shared.hf_token_secret is not None:
@@ -438,11 +419,7 @@ class LLMService(pulumi.ComponentResource):
         self.weights_volume = self.weights = None
         source = settings.weights_source
         if source is not None:
-            self.weights_volume = Volume(
-                f"{name}-weights-volume",
-                VolumeArgs(name=weights_volume_name(name), environment=env, adopt=settings.adopt),
-                cache_opts,
-            )
+            self.weights_volume = cache("weights-volume", weights_volume_name(name))
             needs: list[pulumi.Resource] = [self.weights_volume]
             fetch_secrets: list[str] = []
             store = (
@@ -478,9 +455,9 @@ class LLMService(pulumi.ComponentResource):
                 adopt=settings.adopt,
                 # Not secret: a hash of hashes of random keys. Changes whenever a key does.
                 extra_env={
-                    API_KEYS_VERSION_ENV_VAR: digests.apply(
-                        lambda d: hashlib.sha256(d.encode()).hexdigest()
-                    )
+                    # serving/app.py bakes it into the image ENV: a key change changes the
+                    # deployed definition
+                    KEY_VERSION_ENV: digests.apply(lambda d: hashlib.sha256(d.encode()).hexdigest())
                 },
                 # Health gate (issue 11): after each deploy, the App calls the endpoint as a
                 # gateway does, with the stack's proxy token and this service's first API

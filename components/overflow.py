@@ -34,7 +34,14 @@ from typing import Any
 
 import pulumi
 
-from components.config import OVERFLOW_KEY, OVERFLOW_SECRET_KEY, ConfigError, StackConfig
+from components.config import (
+    OVERFLOW_KEY,
+    OVERFLOW_SECRET_KEY,
+    ConfigError,
+    InHouseInput,
+    OverflowInput,
+    StackConfig,
+)
 from components.config_errors import Problem, StackFile, config_error
 from components.gateway import GatewayTarget, api_base, litellm_entry
 
@@ -45,25 +52,14 @@ MODAL_ORDER = 2
 
 
 @dataclass(frozen=True)
-class InHouseEndpoint:
-    """One in-house OpenAI-compatible server (vLLM, SGLang, ...) of a model."""
-
-    name: str
-    api_base: str
-    capacity: int
-    model: str
-    timeout_s: int
-
-
-@dataclass(frozen=True)
 class ServiceOverflow:
-    """The in-house tier in front of one Modal service (keyed by its served model name)."""
+    """The in-house tier in front of one Modal service (keyed by its served model name): the
+    service's `gatewayOverflow` entry, each endpoint's `model`, `timeout_s` and `api_base`
+    filled in."""
 
     service: str
     served_model_name: str
-    in_house: tuple[InHouseEndpoint, ...]
-    cooldown_s: float
-    allowed_fails: int
+    tier: OverflowInput
 
 
 @dataclass(frozen=True)
@@ -86,24 +82,19 @@ def parse_overflow(cfg: StackConfig, *, key_names: Sequence[str] | None = None) 
     for service, entry in cfg.gateway_overflow.items():
         spec = by_name[service].spec  # the model's rule: every overflow names a service
         served = spec.served_model_name
-        endpoints = tuple(
-            InHouseEndpoint(
-                name=e.name,
-                api_base=api_base(e.api_base),
-                capacity=e.capacity,
-                model=e.model or served,
-                timeout_s=e.timeout_s or spec.timeouts.request_s,
+        endpoints = [
+            e.model_copy(
+                update={
+                    "api_base": api_base(e.api_base),
+                    "model": e.model or served,
+                    "timeout_s": e.timeout_s or spec.timeouts.request_s,
+                }
             )
             for e in entry.in_house
-        )
-        services[served] = ServiceOverflow(
-            service=service,
-            served_model_name=served,
-            in_house=endpoints,
-            cooldown_s=entry.cooldown_s,
-            allowed_fails=entry.allowed_fails,
-        )
-    seen = {e.name for o in services.values() for e in o.in_house}
+        ]
+        tier = entry.model_copy(update={"in_house": endpoints})
+        services[served] = ServiceOverflow(service, served, tier)
+    seen = {e.name for o in services.values() for e in o.tier.in_house}
     present = set(key_names or ())
     problems = [
         Problem(
@@ -176,7 +167,7 @@ def retry_policy(overflow: ServiceOverflow) -> dict[str, int]:
     timeout has been spent already (the fallback goes to Modal), and on Modal one covers a
     cold start plus the longest request. Client errors (400/401/content policy) are final.
     """
-    walk = len(overflow.in_house) - 1
+    walk = len(overflow.tier.in_house) - 1
     return {
         "RateLimitErrorRetries": walk,
         "InternalServerErrorRetries": walk,
@@ -191,7 +182,7 @@ def retry_policy(overflow: ServiceOverflow) -> dict[str, int]:
 
 
 def in_house_entry(
-    overflow: ServiceOverflow, endpoint: InHouseEndpoint, api_key: str
+    overflow: ServiceOverflow, endpoint: InHouseInput, api_key: str
 ) -> dict[str, Any]:
     """The LiteLLM deployment of one in-house endpoint: first in line, capped, quick to rest.
 
@@ -210,7 +201,7 @@ def in_house_entry(
       policy first): an in-house 429 rests the endpoint at once (0 allowed); 5xx and timeouts
       `allowed_fails` times per cooldown window before it rests.
     """
-    fails = overflow.allowed_fails
+    fails = overflow.tier.allowed_fails
     return {
         "model_name": overflow.served_model_name,
         "litellm_params": {
@@ -223,7 +214,7 @@ def in_house_entry(
         },
         "model_info": {
             "id": f"{overflow.served_model_name}/in-house/{endpoint.name}",
-            "cooldown_time": overflow.cooldown_s,
+            "cooldown_time": overflow.tier.cooldown_s,
             "allowed_fails_policy": {
                 "RateLimitErrorAllowedFails": 0,
                 "TimeoutErrorAllowedFails": fails,
@@ -292,7 +283,7 @@ def overflow_document(
             model_list.append(litellm_entry(target))
             continue
         keys = api_keys or {}
-        for endpoint in overflow.in_house:
+        for endpoint in overflow.tier.in_house:
             if endpoint.name not in keys:
                 raise ConfigError(
                     f"in-house endpoint {endpoint.name!r} has no API key in {SECRET_KEY}: "

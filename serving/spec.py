@@ -19,15 +19,17 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -161,7 +163,7 @@ _GPU_BY_UPPER = {name.upper(): name for name in GPU_TYPES}
 
 # Revisions that move: a spec that names one is not pinned.
 MOVING_REVISIONS = frozenset({"main", "master", "head", "dev", "develop", "latest", "nightly"})
-_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+COMMIT_SHA_RE = re.compile(r"^[0-9a-f]{40}$")  # a pinned revision: a full commit sha
 _HEX_RE = re.compile(r"^[0-9a-f]{7,39}$")
 _TAG_RE = re.compile(r"^(refs/tags/)?[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 # Hugging Face repo ids: optional "org/" then a name; no "--" or ".." (HF rejects those).
@@ -232,6 +234,23 @@ class SpecError(ValueError):
     """A spec file could not be read or is invalid; the message lists every problem."""
 
 
+def _modal_name(kind: str) -> AfterValidator:
+    """A Modal object's name (modal/_utils/name_utils.py), never one of its ids."""
+
+    def check(value: str) -> str:
+        if not _MODAL_NAME_RE.match(value) or value.startswith(("ap-", "sc-", "vo-", "st-")):
+            raise ValueError(
+                f"{value!r} is not a valid Modal {kind} name: 1-64 letters, digits, '.', '_' or '-'"
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+VolumeName = Annotated[str, _modal_name("volume")]
+SecretName = Annotated[str, _modal_name("secret")]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -249,47 +268,45 @@ class Scaling(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Scaling:
-        problems: list[tuple[str, str]] = []
+        _raise_problems("Scaling", self._problems(), self)
+        return self
+
+    def _problems(self) -> Iterator[tuple[str, str]]:
         if self.min_containers > self.max_containers:
-            problems.append(
-                (
-                    "min_containers",
-                    f"min_containers ({self.min_containers}) is above max_containers "
-                    f"({self.max_containers}); raise max_containers or lower min_containers",
-                )
+            yield (
+                "min_containers",
+                f"min_containers ({self.min_containers}) is above max_containers "
+                f"({self.max_containers}); raise max_containers or lower min_containers",
             )
         elif self.min_containers + self.buffer_containers > self.max_containers:
-            problems.append(
-                (
-                    "buffer_containers",
-                    f"min_containers + buffer_containers ({self.min_containers} + "
-                    f"{self.buffer_containers}) exceeds max_containers ({self.max_containers}): "
-                    "the buffer could never be kept",
-                )
+            yield (
+                "buffer_containers",
+                f"min_containers + buffer_containers ({self.min_containers} + "
+                f"{self.buffer_containers}) exceeds max_containers ({self.max_containers}): "
+                "the buffer could never be kept",
             )
         if self.target_concurrency > self.max_concurrency:
-            problems.append(
-                (
-                    "target_concurrency",
-                    f"target_concurrency ({self.target_concurrency}) is above max_concurrency "
-                    f"({self.max_concurrency}); Modal rejects that",
-                )
+            yield (
+                "target_concurrency",
+                f"target_concurrency ({self.target_concurrency}) is above max_concurrency "
+                f"({self.max_concurrency}); Modal rejects that",
             )
-        _raise_problems("Scaling", problems, self)
-        return self
 
 
 class Volumes(_Model):
     """Names of the Modal volumes mounted in the container (they must exist: the Pulumi
     component's Volume resources create them; serving/app.py only looks them up)."""
 
-    hf_cache: str = "huggingface-cache"
-    engine_cache: str = "vllm-cache"
+    hf_cache: VolumeName = "huggingface-cache"
+    engine_cache: VolumeName = "vllm-cache"
 
-    @field_validator("hf_cache", "engine_cache")
-    @classmethod
-    def _modal_name(cls, value: str) -> str:
-        return _check_modal_name(value, "volume")
+
+def _revision_dir(value: str) -> str:
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", value):
+        raise ValueError(
+            f"{value!r} is not a revision directory: 1-64 letters, digits, '.', '_', '-'"
+        )
+    return value
 
 
 class WeightsVolume(_Model):
@@ -298,37 +315,18 @@ class WeightsVolume(_Model):
     cold start reads only the volume, and the model needs no Hugging Face id (a closed model
     from a private store)."""
 
-    volume: str
+    volume: VolumeName
     #: The revision's directory on the volume (the ModelWeights output `path`).
-    path: str
-
-    @field_validator("volume")
-    @classmethod
-    def _modal_name(cls, value: str) -> str:
-        return _check_modal_name(value, "volume")
-
-    @field_validator("path")
-    @classmethod
-    def _relative_dir(cls, value: str) -> str:
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", value):
-            raise ValueError(
-                f"{value!r} is not a revision directory: 1-64 letters, digits, '.', '_', '-'"
-            )
-        return value
+    path: Annotated[str, AfterValidator(_revision_dir)]
 
 
 class Secrets(_Model):
     """Names of the Modal secrets mounted as environment variables."""
 
     # Holds HF_TOKEN for gated models; None for public models.
-    hf_token: str | None = None
+    hf_token: SecretName | None = None
     # Holds SERVING_API_KEYS = JSON {name: "sha256:<hex>"}, what the proxy checks keys against.
-    api_keys: str = "serving-api-keys"
-
-    @field_validator("hf_token", "api_keys")
-    @classmethod
-    def _modal_name(cls, value: str | None) -> str | None:
-        return None if value is None else _check_modal_name(value, "secret")
+    api_keys: SecretName = "serving-api-keys"
 
 
 class Timeouts(_Model):
@@ -412,6 +410,106 @@ class ProxySettings(_Model):
         return self
 
 
+#: Fields added after the first specs were deployed: to_json() leaves each out while it is at its
+#: default, so a spec from before the field keeps its digest (and its containers).
+_LATER_FIELDS = (
+    "engine_standin",
+    "weights",
+    "cpu",
+    "api_server_count",
+    "memory_gib",
+    "cudagraph_sizes",
+)
+_LATER_PROXY_FIELDS = ("workers", "key_max_in_flight")
+
+
+# ---- field rules (ServingSpec's fields declare them as Annotated types) ----------------------
+
+
+def _hf_repo_id(value: str) -> str:
+    if not _HF_ID_RE.match(value) or "--" in value or ".." in value:
+        raise ValueError(
+            f"{value!r} is not a Hugging Face repo id; expected 'org/name' "
+            "(letters, digits, '.', '_', '-'), e.g. 'Qwen/Qwen3-8B'"
+        )
+    return value
+
+
+def _pinnable_revision(value: str) -> str:
+    if value.lower() in MOVING_REVISIONS or value.startswith(("refs/heads/", "refs/pr/")):
+        raise ValueError(
+            f"{value!r} is a branch that moves, not a pinned revision; use the full "
+            "40-character commit sha (or a release tag)"
+        )
+    if COMMIT_SHA_RE.match(value):
+        return value
+    if _HEX_RE.match(value):
+        raise ValueError(f"{value!r} looks like a short commit sha; use the full 40-character sha")
+    if not _TAG_RE.match(value):
+        raise ValueError(
+            f"{value!r} is neither a 40-character commit sha nor a tag "
+            "(letters, digits, '.', '_', '+', '-')"
+        )
+    return value
+
+
+def _served_name(value: str) -> str:
+    if not _SERVED_NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a usable model name: 1-128 characters, start with a letter "
+            "or digit, then letters, digits or . _ : / @ + - (no spaces)"
+        )
+    return value
+
+
+def _known_gpus(value: Any) -> Any:
+    """Modal's spelling of each GPU name (before the type check: other types fail it)."""
+    if isinstance(value, str):
+        return _canonical_gpu(value)
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("the GPU preference list is empty; name at least one GPU type")
+        names = [_canonical_gpu(v) if isinstance(v, str) else v for v in value]
+        dupes = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"GPU preference list names {', '.join(dupes)} more than once")
+        return names
+    return value
+
+
+def _extra_args_shape(value: list[str]) -> list[str]:
+    for i, arg in enumerate(value):
+        if not arg or arg != arg.strip() or "\n" in arg or "\x00" in arg:
+            raise ValueError(
+                f"extra_args[{i}] = {arg!r}: empty, padded or multi-line arguments are not "
+                "allowed (one argv token per list item)"
+            )
+    if value and not value[0].startswith("-"):
+        raise ValueError(
+            f"extra_args must start with a flag (got {value[0]!r}); the model and the "
+            "rest of the command line come from the spec"
+        )
+    return value
+
+
+def _prompts(value: list[str]) -> list[str]:
+    for i, prompt in enumerate(value):
+        if not prompt.strip():
+            raise ValueError(f"warmup_prompts[{i}] is blank; drop it or write a prompt")
+    return value
+
+
+def _region(value: str) -> str:
+    if not _REGION_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a Modal region name (lowercase, e.g. 'us-east', 'eu-west')"
+        )
+    return value
+
+
+Region = Annotated[str, AfterValidator(_region)]
+
+
 class ServingSpec(_Model):
     """What to serve, on which GPUs, how it scales, and where its caches and secrets live."""
 
@@ -420,27 +518,29 @@ class ServingSpec(_Model):
     # names none gets ENGINE_VERSIONS' (filled in on validation); to_json() leaves the default
     # out, so specs from before the field keep their digest.
     engine_version: str = ""
-    model: str
-    revision: str | None = None
-    served_model_name: str
-    gpu: str | list[str] = "H100"
+    model: Annotated[str, AfterValidator(_hf_repo_id)]
+    revision: Annotated[str, AfterValidator(_pinnable_revision)] | None = None
+    served_model_name: Annotated[str, AfterValidator(_served_name)]
+    gpu: Annotated[str | list[str], BeforeValidator(_known_gpus)] = "H100"
     gpu_count: Annotated[int, Field(ge=1, le=8)] = 1
     context_length: Annotated[int, Field(ge=16, le=10_000_000)] | None = None
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: Annotated[list[str], AfterValidator(_extra_args_shape)] = Field(
+        default_factory=list
+    )
     scaling: Scaling = Field(default_factory=Scaling)
     snapshot: bool = False
-    warmup_prompts: Annotated[list[str], Field(max_length=32)] = Field(
+    warmup_prompts: Annotated[list[str], Field(max_length=32), AfterValidator(_prompts)] = Field(
         default_factory=lambda: ["Hello"]
     )
     volumes: Volumes = Field(default_factory=Volumes)
     secrets: Secrets = Field(default_factory=Secrets)
-    region: str | None = None
+    region: Region | None = None
     timeouts: Timeouts = Field(default_factory=Timeouts)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     require_pinned_revision: bool = False
     # Added beyond the contract table (all optional):
     # Where Modal's edge proxies route requests from (`@app.server(routing_region=...)`).
-    routing_region: str = "us-east"
+    routing_region: Region = "us-east"
     # Share of GPU memory the engine may take; None = the engine's default (serving/render/vllm.py,
     # sglang.py: DEFAULT_GPU_MEMORY_FRACTION).
     gpu_memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
@@ -477,224 +577,112 @@ class ServingSpec(_Model):
                 data = {**data, "engine_version": default}
         return data
 
-    @field_validator("model")
-    @classmethod
-    def _hf_repo_id(cls, value: str) -> str:
-        if not _HF_ID_RE.match(value) or "--" in value or ".." in value:
-            raise ValueError(
-                f"{value!r} is not a Hugging Face repo id; expected 'org/name' "
-                "(letters, digits, '.', '_', '-'), e.g. 'Qwen/Qwen3-8B'"
-            )
-        return value
-
-    @field_validator("revision")
-    @classmethod
-    def _pinnable_revision(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if value.lower() in MOVING_REVISIONS or value.startswith(("refs/heads/", "refs/pr/")):
-            raise ValueError(
-                f"{value!r} is a branch that moves, not a pinned revision; use the full "
-                "40-character commit sha (or a release tag)"
-            )
-        if _SHA_RE.match(value):
-            return value
-        if _HEX_RE.match(value):
-            raise ValueError(
-                f"{value!r} looks like a short commit sha; use the full 40-character sha"
-            )
-        if not _TAG_RE.match(value):
-            raise ValueError(
-                f"{value!r} is neither a 40-character commit sha nor a tag "
-                "(letters, digits, '.', '_', '+', '-')"
-            )
-        return value
-
-    @field_validator("served_model_name")
-    @classmethod
-    def _served_name(cls, value: str) -> str:
-        if not _SERVED_NAME_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not a usable model name: 1-128 characters, start with a letter "
-                "or digit, then letters, digits or . _ : / @ + - (no spaces)"
-            )
-        return value
-
-    @field_validator("gpu", mode="before")
-    @classmethod
-    def _known_gpus(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return _canonical_gpu(value)
-        if isinstance(value, list):
-            if not value:
-                raise ValueError("the GPU preference list is empty; name at least one GPU type")
-            names = [_canonical_gpu(v) if isinstance(v, str) else v for v in value]
-            dupes = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
-            if dupes:
-                raise ValueError(f"GPU preference list names {', '.join(dupes)} more than once")
-            return names
-        return value
-
-    @field_validator("extra_args")
-    @classmethod
-    def _extra_args_shape(cls, value: list[str]) -> list[str]:
-        for i, arg in enumerate(value):
-            if not arg or arg != arg.strip() or "\n" in arg or "\x00" in arg:
-                raise ValueError(
-                    f"extra_args[{i}] = {arg!r}: empty, padded or multi-line arguments are not "
-                    "allowed (one argv token per list item)"
-                )
-        if value and not value[0].startswith("-"):
-            raise ValueError(
-                f"extra_args must start with a flag (got {value[0]!r}); the model and the "
-                "rest of the command line come from the spec"
-            )
-        return value
-
-    @field_validator("warmup_prompts")
-    @classmethod
-    def _prompts(cls, value: list[str]) -> list[str]:
-        for i, prompt in enumerate(value):
-            if not prompt.strip():
-                raise ValueError(f"warmup_prompts[{i}] is blank; drop it or write a prompt")
-        return value
-
-    @field_validator("region", "routing_region")
-    @classmethod
-    def _region(cls, value: str | None) -> str | None:
-        if value is not None and not _REGION_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not a Modal region name (lowercase, e.g. 'us-east', 'eu-west')"
-            )
-        return value
-
     # ---- cross-field checks ----------------------------------------------------------------
 
     @model_validator(mode="after")
     def _consistent(self) -> ServingSpec:
-        problems: list[tuple[str, str]] = []
+        _raise_problems("ServingSpec", self._problems(), self)
+        return self
+
+    def _problems(self) -> Iterator[tuple[str, str]]:
         releases = ENGINE_RELEASES[self.engine]
         if self.engine_version not in releases:
             known = ", ".join(
                 f"{v} ({'verified on a GPU' if r.verified == 'gpu' else 'parser only'})"
                 for v, r in sorted(releases.items())
             )
-            problems.append(
-                (
-                    "engine_version",
-                    f"{self.engine} {self.engine_version!r} is not a release the project knows; "
-                    f"known: {known}. A new one needs its parser recorded "
-                    "(scripts/record_engine_flags.py) and an entry in ENGINE_RELEASES",
-                )
+            yield (
+                "engine_version",
+                f"{self.engine} {self.engine_version!r} is not a release the project knows; "
+                f"known: {known}. A new one needs its parser recorded "
+                "(scripts/record_engine_flags.py) and an entry in ENGINE_RELEASES",
             )
-            _raise_problems("ServingSpec", problems, self)  # nothing else can be checked
+            return  # nothing else can be checked without the release's parser
         n = self.gpu_count
         if n & (n - 1):
-            problems.append(
-                (
-                    "gpu_count",
-                    f"gpu_count={n} is not a power of two; tensor parallelism splits attention "
-                    "heads evenly, so use 1, 2, 4 or 8",
-                )
+            yield (
+                "gpu_count",
+                f"gpu_count={n} is not a power of two; tensor parallelism splits attention "
+                "heads evenly, so use 1, 2, 4 or 8",
             )
         for name in self.gpu_types:
             limit = GPU_TYPES[name].max_count
             if n > limit:
-                problems.append(
-                    ("gpu_count", f"gpu_count={n} but Modal attaches at most {limit} x {name}")
-                )
+                yield "gpu_count", f"gpu_count={n} but Modal attaches at most {limit} x {name}"
         if self.snapshot and n > 1:
-            problems.append(
-                (
-                    "snapshot",
-                    f"GPU memory snapshots support one GPU per container; gpu_count={n}. "
-                    "Set snapshot=false or gpu_count=1",
-                )
+            yield (
+                "snapshot",
+                f"GPU memory snapshots support one GPU per container; gpu_count={n}. "
+                "Set snapshot=false or gpu_count=1",
             )
         if self.snapshot and self.context_length is None:
-            problems.append(
-                (
-                    "context_length",
-                    "snapshot=true needs an explicit context_length so the engine's memory "
-                    "plan is identical at snapshot and restore",
-                )
+            yield (
+                "context_length",
+                "snapshot=true needs an explicit context_length so the engine's memory "
+                "plan is identical at snapshot and restore",
             )
         if self.require_pinned_revision and self.revision is None:
-            problems.append(
-                (
-                    "revision",
-                    "require_pinned_revision=true but no revision is set; pin the model to a "
-                    "40-character commit sha from its Hugging Face page",
-                )
+            yield (
+                "revision",
+                "require_pinned_revision=true but no revision is set; pin the model to a "
+                "40-character commit sha from its Hugging Face page",
             )
-        elif self.require_pinned_revision and not _SHA_RE.match(self.revision or ""):
-            problems.append(
-                (
-                    "revision",
-                    f"require_pinned_revision=true but revision {self.revision!r} is a tag, and "
-                    "tags can be moved; use the 40-character commit sha it points to (Hugging "
-                    "Face: Files and versions -> History)",
-                )
+        elif self.require_pinned_revision and not COMMIT_SHA_RE.match(self.revision or ""):
+            yield (
+                "revision",
+                f"require_pinned_revision=true but revision {self.revision!r} is a tag, and "
+                "tags can be moved; use the 40-character commit sha it points to (Hugging "
+                "Face: Files and versions -> History)",
             )
-        problems += extra_args_problems(self.engine, self.extra_args, self.engine_version)
-        problems += self._cudagraph_sizes_problems()
+        yield from extra_args_problems(self.engine, self.extra_args, self.engine_version)
+        yield from self._cudagraph_sizes_problems()
         non_api = sizing.non_api_cpus(self)
         if (
             self.cpu is not None
             and self.api_server_count is not None
             and self.cpu < self.api_server_count + non_api
         ):
-            problems.append(
-                (
-                    "cpu",
-                    f"cpu={self.cpu:g} is below what api_server_count={self.api_server_count} "
-                    f"needs: {self.api_server_count + non_api} (one core per API "
-                    f"server, {non_api} for the engine core, its GPU workers"
-                    + (", SGLang's detokenizer" if self.engine == "sglang" else "")
-                    + " and the proxy). Raise cpu, lower api_server_count, or leave one unset",
-                )
+            yield (
+                "cpu",
+                f"cpu={self.cpu:g} is below what api_server_count={self.api_server_count} "
+                f"needs: {self.api_server_count + non_api} (one core per API "
+                f"server, {non_api} for the engine core, its GPU workers"
+                + (", SGLang's detokenizer" if self.engine == "sglang" else "")
+                + " and the proxy). Raise cpu, lower api_server_count, or leave one unset",
             )
         floor = sizing.memory_floor_gib(self)
         if self.memory_gib is not None and self.memory_gib < floor:
-            problems.append(
-                (
-                    "memory_gib",
-                    f"memory_gib={self.memory_gib:g} is below what the engine's processes "
-                    f"need: {floor:g} GiB ({sizing.memory_breakdown(self)}; measured "
-                    f"RSS, serving/sizing.py). Raise memory_gib to at least "
-                    f"{math.ceil(floor)}, or leave it unset (derived: "
-                    f"{sizing.derived_memory_gib(self)} GiB, with "
-                    f"{sizing.MEMORY_HEADROOM:.0%} headroom)",
-                )
+            yield (
+                "memory_gib",
+                f"memory_gib={self.memory_gib:g} is below what the engine's processes "
+                f"need: {floor:g} GiB ({sizing.memory_breakdown(self)}; measured "
+                f"RSS, serving/sizing.py). Raise memory_gib to at least "
+                f"{math.ceil(floor)}, or leave it unset (derived: "
+                f"{sizing.derived_memory_gib(self)} GiB, with "
+                f"{sizing.MEMORY_HEADROOM:.0%} headroom)",
             )
         if self.proxy.max_in_flight < self.scaling.max_concurrency:
-            problems.append(
-                (
-                    "proxy.max_in_flight",
-                    f"proxy.max_in_flight ({self.proxy.max_in_flight}) is below "
-                    f"scaling.max_concurrency ({self.scaling.max_concurrency}): Modal would "
-                    "send requests the proxy must refuse",
-                )
+            yield (
+                "proxy.max_in_flight",
+                f"proxy.max_in_flight ({self.proxy.max_in_flight}) is below "
+                f"scaling.max_concurrency ({self.scaling.max_concurrency}): Modal would "
+                "send requests the proxy must refuse",
             )
-        _raise_problems("ServingSpec", problems, self)
-        return self
 
-    def _cudagraph_sizes_problems(self) -> list[tuple[str, str]]:
+    def _cudagraph_sizes_problems(self) -> Iterator[tuple[str, str]]:
         if self.cudagraph_sizes == "engine":
-            return []
+            return
         if self.engine != "vllm":
-            return [("cudagraph_sizes", f'{self.cudagraph_sizes!r} is for vLLM; use "engine"')]
+            yield "cudagraph_sizes", f'{self.cudagraph_sizes!r} is for vLLM; use "engine"'
+            return
         found = flag_set_in(self.engine, self.engine_version, self.extra_args, CUDAGRAPH_SIZE_FLAGS)
-        if found is None:
-            return []
-        i, token = found
-        return [
-            (
+        if found is not None:
+            i, token = found
+            yield (
                 f"extra_args[{i}]",
                 f"{token} sets the CUDA-graph sizes, and so does cudagraph_sizes="
                 f'{self.cudagraph_sizes!r}; keep one (cudagraph_sizes: "engine")',
             )
-        ]
 
     # ---- derived values --------------------------------------------------------------------
 
@@ -710,24 +698,19 @@ class ServingSpec(_Model):
     # ---- serialization ---------------------------------------------------------------------
 
     def to_json(self) -> str:
-        """Canonical JSON: sorted keys, compact separators, every field written out (but
-        `engine_standin` and `weights` when unset and `engine_version` when it is the default:
-        specs from before those fields keep their digest)."""
-        unset = {"engine_standin"} if self.engine_standin is None else set()
-        if self.weights is None:
-            unset.add("weights")
-        optional = ("cpu", "api_server_count", "memory_gib")
-        unset |= {f for f in optional if getattr(self, f) is None}
-        if self.engine_version == ENGINE_VERSIONS[self.engine]:
-            unset.add("engine_version")
-        if self.cudagraph_sizes == "engine":
-            unset.add("cudagraph_sizes")
-        exclude: dict[str, Any] = dict.fromkeys(unset, True)
-        proxy_unset = {
-            f for f in ("workers", "key_max_in_flight") if getattr(self.proxy, f) is None
+        """Canonical JSON: sorted keys, compact separators, every field written out but the
+        fields added since the first specs (`_LATER_FIELDS`) while at their default, and
+        `engine_version` when it is the engine's default: older specs keep their digest."""
+        exclude: dict[str, Any] = {
+            name: True
+            for name in _LATER_FIELDS
+            if getattr(self, name) == type(self).model_fields[name].default
         }
+        if self.engine_version == ENGINE_VERSIONS[self.engine]:
+            exclude["engine_version"] = True
+        proxy_unset = {f: True for f in _LATER_PROXY_FIELDS if getattr(self.proxy, f) is None}
         if proxy_unset:
-            exclude["proxy"] = dict.fromkeys(proxy_unset, True)
+            exclude["proxy"] = proxy_unset
         data = self.model_dump(mode="json", exclude=exclude)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -767,16 +750,6 @@ class ServingSpec(_Model):
         return cls.load(path)
 
 
-def load(path: str | os.PathLike[str]) -> ServingSpec:
-    """Module-level alias of `ServingSpec.load`."""
-    return ServingSpec.load(path)
-
-
-def from_env() -> ServingSpec:
-    """Module-level alias of `ServingSpec.from_env`."""
-    return ServingSpec.from_env()
-
-
 def check_app_name(name: str) -> str:
     """A Modal app name (SERVING_APP_NAME or derived), or SpecError saying what is allowed."""
     if not _MODAL_NAME_RE.match(name) or name.startswith("ap-"):
@@ -802,6 +775,11 @@ def format_validation_error(exc: ValidationError, source: str = "spec") -> str:
 # ---- helpers ----------------------------------------------------------------------------------
 
 
+def canonical_gpu(name: str) -> str | None:
+    """Modal's spelling of a GPU name (case-insensitive), or None when Modal has no such GPU."""
+    return _GPU_BY_UPPER.get(name.strip().upper())
+
+
 def _canonical_gpu(value: str) -> str:
     if ":" in value:
         base, count = value.split(":", 1)
@@ -809,18 +787,10 @@ def _canonical_gpu(value: str) -> str:
             f"{value!r}: put the count in gpu_count, not in the GPU name "
             f"(gpu={base!r}, gpu_count={count})"
         )
-    name = _GPU_BY_UPPER.get(value.strip().upper())
+    name = canonical_gpu(value)
     if name is None:
         raise ValueError(f"unknown GPU {value!r}; Modal's GPU types are: {', '.join(GPU_TYPES)}")
     return name
-
-
-def _check_modal_name(value: str, kind: str) -> str:
-    if not _MODAL_NAME_RE.match(value) or value.startswith(("ap-", "sc-", "vo-", "st-")):
-        raise ValueError(
-            f"{value!r} is not a valid Modal {kind} name: 1-64 letters, digits, '.', '_' or '-'"
-        )
-    return value
 
 
 def _flags_in(args: list[str]) -> list[tuple[int, str]]:
@@ -839,7 +809,7 @@ def engine_flags(engine: str, version: str | None = None) -> FlagList:
 
 def extra_args_problems(
     engine: str, args: list[str], version: str | None = None
-) -> list[tuple[str, str]]:
+) -> Iterator[tuple[str, str]]:
     """(field, why) for each flag in `args` that engine release (default: the pinned one)
     would reject or that the spec renders itself, however it is spelled: aliases of the same
     parser action, vLLM's `_` for `-` and `--flag.key` forms, and argparse's unique-prefix
@@ -854,7 +824,6 @@ def extra_args_problems(
         field = next((f for f in flags.aliases(option) if f in reserved), None)
         return None if field is None else reserved[field]
 
-    problems: list[tuple[str, str]] = []
     for i, token in _flags_in(args):
         where = f"extra_args[{i}]"
         name = parser_name(engine, token)
@@ -863,43 +832,32 @@ def extra_args_problems(
         if option is not None:
             field = reserved_by(option)
             if option in refused:
-                problems.append((where, f"{said} is not allowed in extra_args: {refused[option]}"))
+                yield where, f"{said} is not allowed in extra_args: {refused[option]}"
             elif field is not None:
                 alias = "" if option in reserved else f", an alias of {flags.aliases(option)[0]}"
-                problems.append(
-                    (where, f"{said}{alias} is already rendered by the spec; set {field}")
-                )
+                yield where, f"{said}{alias} is already rendered by the spec; set {field}"
             continue
         actions = {flags.aliases(m) for m in matches}
         field = reserved_by(matches[0]) if len(actions) == 1 else None
         if field is not None:  # a unique prefix: the engine would take it as the full flag
-            problems.append(
-                (
-                    where,
-                    f"{said} abbreviates {matches[0]} (argparse accepts unique prefixes), "
-                    f"which the spec renders; set {field}",
-                )
+            yield (
+                where,
+                f"{said} abbreviates {matches[0]} (argparse accepts unique prefixes), "
+                f"which the spec renders; set {field}",
             )
         elif not name.startswith("--") and matches == [name[:2]]:
-            problems.append(
-                (where, f"{said} is {name[:2]} with its value attached; write them as two items")
-            )
+            yield where, f"{said} is {name[:2]} with its value attached; write them as two items"
         elif matches:
             shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
-            problems.append(
-                (where, f"{said} is an abbreviation of {shown}; write the full flag name")
-            )
+            yield where, f"{said} is an abbreviation of {shown}; write the full flag name"
         else:
             close = difflib.get_close_matches(name, sorted(flags.options), n=3, cutoff=0.6)
             hint = f"did you mean {' or '.join(close)}? " if close else ""
-            problems.append(
-                (
-                    where,
-                    f"{said} is not a flag of {engine}=={flags.version}; {hint}"
-                    f"the pinned parser's flags are listed in {flags.source}",
-                )
+            yield (
+                where,
+                f"{said} is not a flag of {engine}=={flags.version}; {hint}"
+                f"the pinned parser's flags are listed in {flags.source}",
             )
-    return problems
 
 
 def flag_set_in(
@@ -920,9 +878,7 @@ def flags_in(args: list[str]) -> list[str]:
     return [flag for _, flag in _flags_in(args)]
 
 
-def _raise_problems(title: str, problems: list[tuple[str, str]], model: BaseModel) -> None:
-    if not problems:
-        return
+def _raise_problems(title: str, problems: Iterable[tuple[str, str]], model: BaseModel) -> None:
     details: list[InitErrorDetails] = [
         InitErrorDetails(
             type=PydanticCustomError("spec_consistency", "{reason}", {"reason": message}),
@@ -931,4 +887,5 @@ def _raise_problems(title: str, problems: list[tuple[str, str]], model: BaseMode
         )
         for field, message in problems
     ]
-    raise ValidationError.from_exception_data(title, details)
+    if details:
+        raise ValidationError.from_exception_data(title, details)

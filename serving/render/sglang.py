@@ -4,9 +4,7 @@ the flag (serving/engine_flags/)."""
 
 from __future__ import annotations
 
-from serving.render._common import default_wanted, model_source, serve_args
-from serving.sizing import api_servers
-from serving.spec import ServingSpec
+from serving.render._common import EngineCli
 
 # The engine default the seeds' learnings call for (docs/serving.md explains it).
 DEFAULT_GPU_MEMORY_FRACTION = 0.88
@@ -16,15 +14,6 @@ DEFAULT_GPU_MEMORY_FRACTION = 0.88
 # timeout_keep_alive by sglang/srt/entrypoints/http_server.py (0.5.15 and 0.5.23; releases
 # before it hard-coded timeout_keep_alive=5).
 KEEPALIVE_ENV = "SGLANG_TIMEOUT_KEEP_ALIVE"
-
-# Defaults the command line adds unless extra_args set them.
-OVERRIDABLE_DEFAULTS: dict[str, frozenset[str]] = {
-    "--enable-metrics": frozenset({"--enable-metrics"}),
-    # store_true without a negation: passing it only avoids a duplicate.
-    "--stream-response-default-include-usage": frozenset(
-        {"--stream-response-default-include-usage"}
-    ),
-}
 
 # With `snapshot`: SGLang's /health runs a one-token generation (0.5.15
 # sglang/srt/entrypoints/http_server.py `health_generate`, unless
@@ -41,32 +30,26 @@ def cache_env(cache: str) -> dict[str, str]:
     return {"SGLANG_CACHE_DIR": cache}
 
 
-def command(spec: ServingSpec, port: int) -> list[str]:
-    """`sglang.launch_server` for the spec, on 127.0.0.1:port, before the spec's extra_args."""
-
-    def wanted(flag: str) -> bool:
-        return default_wanted(spec, OVERRIDABLE_DEFAULTS[flag])
-
-    cmd = ["python3", "-m", "sglang.launch_server", "--model-path", model_source(spec)]
-    cmd += serve_args(
-        spec,
-        port,
-        tp_flag="--tp-size",
-        memory_flag="--mem-fraction-static",
-        memory_default=DEFAULT_GPU_MEMORY_FRACTION,
-    )
-    if wanted("--enable-metrics"):
-        cmd += ["--enable-metrics"]  # Prometheus /metrics (the proxy guards it)
-    if wanted("--stream-response-default-include-usage"):
-        # every stream ends with a usage chunk, so the proxy counts stream tokens
-        cmd += ["--stream-response-default-include-usage"]
-    if spec.context_length is not None:
-        cmd += ["--context-length", str(spec.context_length)]
-    if spec.snapshot:
-        cmd += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
-    servers = api_servers(spec)
-    if servers > 1:
-        # HTTP servers, each with its own tokenizer (serving/sizing.py
-        # SGLANG_DEFAULT_TOKENIZER_WORKERS)
-        cmd += ["--tokenizer-worker-num", str(servers)]
-    return cmd
+CLI = EngineCli(
+    launch=("python3", "-m", "sglang.launch_server", "--model-path"),
+    tp_flag="--tp-size",
+    memory_flag="--mem-fraction-static",
+    memory_default=DEFAULT_GPU_MEMORY_FRACTION,
+    context_flag="--context-length",
+    snapshot_flags=("--enable-memory-saver", "--enable-weights-cpu-backup"),
+    snapshot_env=SNAPSHOT_ENV,
+    # HTTP servers, each with its own tokenizer (serving/sizing.py
+    # SGLANG_DEFAULT_TOKENIZER_WORKERS)
+    api_servers_flag="--tokenizer-worker-num",
+    defaults={
+        # Prometheus /metrics (the proxy guards it)
+        ("--enable-metrics",): frozenset({"--enable-metrics"}),
+        # every stream ends with a usage chunk, so the proxy counts stream tokens; a
+        # store_true without a negation: passing it only avoids a duplicate
+        ("--stream-response-default-include-usage",): frozenset(
+            {"--stream-response-default-include-usage"}
+        ),
+    },
+    keepalive_env=KEEPALIVE_ENV,
+    cache_env=cache_env,
+)

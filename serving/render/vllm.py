@@ -7,9 +7,7 @@ left out when extra_args set any spelling the spec's release parses (serving/eng
 
 from __future__ import annotations
 
-from serving.render._common import default_wanted, model_source, serve_args
-from serving.sizing import api_servers
-from serving.spec import ServingSpec
+from serving.render._common import EngineCli
 
 # The engine default the seeds' learnings call for (docs/serving.md explains it).
 DEFAULT_GPU_MEMORY_FRACTION = 0.92
@@ -36,24 +34,6 @@ KEEPALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
 # actor, NUMA binding (0.26.0 vllm/utils/system_utils.py `_maybe_force_spawn`).
 VLLM_MULTIPROC_METHOD = "fork"
 
-# Defaults the command line adds unless extra_args set them: any of these flags in extra_args
-# replaces the default (e.g. "--no-async-scheduling", "--generation-config", "auto").
-# 0.33.0 negates these with --disable-..., 0.26.0 with --no-enable-...
-OVERRIDABLE_DEFAULTS: dict[str, frozenset[str]] = {
-    "--enable-prefix-caching": frozenset(
-        {"--enable-prefix-caching", "--disable-prefix-caching", "--no-enable-prefix-caching"}
-    ),
-    "--async-scheduling": frozenset({"--async-scheduling", "--no-async-scheduling"}),
-    "--generation-config": frozenset({"--generation-config"}),
-    "--enable-force-include-usage": frozenset(
-        {
-            "--enable-force-include-usage",
-            "--disable-force-include-usage",
-            "--no-enable-force-include-usage",
-        }
-    ),
-}
-
 # With `snapshot`: /sleep and /wake_up exist only in dev mode; the proxy never forwards them.
 SNAPSHOT_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
@@ -67,42 +47,37 @@ def cache_env(cache: str) -> dict[str, str]:
     }
 
 
-def command(spec: ServingSpec, port: int) -> list[str]:
-    """`vllm serve` for the spec, on 127.0.0.1:port, before the spec's extra_args."""
-
-    def wanted(flag: str) -> bool:
-        return default_wanted(spec, OVERRIDABLE_DEFAULTS[flag])
-
-    cmd = ["vllm", "serve", model_source(spec)]
-    cmd += serve_args(
-        spec,
-        port,
-        tp_flag="--tensor-parallel-size",
-        memory_flag="--gpu-memory-utilization",
-        memory_default=DEFAULT_GPU_MEMORY_FRACTION,
-    )
-    if wanted("--enable-prefix-caching"):
-        cmd += ["--enable-prefix-caching"]  # shared system prompts skip prefill
-    if wanted("--async-scheduling"):
-        cmd += ["--async-scheduling"]  # overlap scheduling with the GPU step
-    if wanted("--generation-config"):
+CLI = EngineCli(
+    launch=("vllm", "serve"),
+    tp_flag="--tensor-parallel-size",
+    memory_flag="--gpu-memory-utilization",
+    memory_default=DEFAULT_GPU_MEMORY_FRACTION,
+    context_flag="--max-model-len",
+    snapshot_flags=("--enable-sleep-mode",),
+    snapshot_env=SNAPSHOT_ENV,
+    # more OpenAI-server processes when the CPUs allow (serving/sizing.py DEFAULT_API_SERVERS)
+    api_servers_flag="--api-server-count",
+    # Any of these spellings in extra_args replaces the default (e.g. "--no-async-scheduling",
+    # "--generation-config auto"); 0.33.0 negates with --disable-..., 0.26.0 with --no-enable-...
+    defaults={
+        # shared system prompts skip prefill
+        ("--enable-prefix-caching",): frozenset(
+            {"--enable-prefix-caching", "--disable-prefix-caching", "--no-enable-prefix-caching"}
+        ),
+        # overlap scheduling with the GPU step
+        ("--async-scheduling",): frozenset({"--async-scheduling", "--no-async-scheduling"}),
         # vLLM's own sampling defaults, not the checkpoint's generation_config.json
-        cmd += ["--generation-config", "vllm"]
-    if wanted("--enable-force-include-usage"):
-        # every stream ends with a usage chunk (and carries running usage on each
-        # chunk), so the proxy counts stream tokens without clients asking for them
-        cmd += ["--enable-force-include-usage"]
-    if spec.context_length is not None:
-        cmd += ["--max-model-len", str(spec.context_length)]
-    if spec.snapshot:
-        cmd += ["--enable-sleep-mode"]
-    servers = api_servers(spec)
-    if servers > 1:
-        # more OpenAI-server processes when the CPUs allow (serving/sizing.py
-        # DEFAULT_API_SERVERS)
-        cmd += ["--api-server-count", str(servers)]
-    if spec.cudagraph_sizes == "max_concurrency":
-        # graphs only for the batch sizes a container can see (serving/spec.py
-        # CUDAGRAPH_SIZE_FLAGS)
-        cmd += ["--max-cudagraph-capture-size", str(spec.scaling.max_concurrency)]
-    return cmd
+        ("--generation-config", "vllm"): frozenset({"--generation-config"}),
+        # every stream ends with a usage chunk (and carries running usage on each chunk), so
+        # the proxy counts stream tokens without clients asking for them
+        ("--enable-force-include-usage",): frozenset(
+            {
+                "--enable-force-include-usage",
+                "--disable-force-include-usage",
+                "--no-enable-force-include-usage",
+            }
+        ),
+    },
+    keepalive_env=KEEPALIVE_ENV,
+    cache_env=cache_env,
+)

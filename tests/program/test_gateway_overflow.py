@@ -38,8 +38,9 @@ import pulumi
 import pytest
 import yaml
 
+from components.config import InHouseInput, OverflowInput
 from components.gateway import GatewayTarget
-from components.overflow import InHouseEndpoint, OverflowPlan, ServiceOverflow, overflow_document
+from components.overflow import OverflowPlan, ServiceOverflow, overflow_document
 from tests.program.gateway_chain import (
     TOKEN_ID,
     TOKEN_SECRET,
@@ -522,8 +523,11 @@ def test_litellm_cap_spills_without_resting_the_in_house_endpoint() -> None:
     inhouse = InHouseServer("rack-a", IN_HOUSE_KEYS["rack-a"], capacity=10)
     modal = InHouseServer("modal", "sk-modal", capacity=10)
     try:
-        endpoint = InHouseEndpoint("rack-a", inhouse.url, capacity=1, model="m", timeout_s=30)
-        overflow = ServiceOverflow("tiny", "m", (endpoint,), cooldown_s=5, allowed_fails=1)
+        endpoint = InHouseInput(
+            name="rack-a", api_base=inhouse.url, capacity=1, model="m", timeout_s=30
+        )
+        tier = OverflowInput(in_house=[endpoint], cooldown_s=5.0, allowed_fails=1)
+        overflow = ServiceOverflow("tiny", "m", tier)
         target = GatewayTarget("m", modal.url, "sk-modal", "wk-1", "ws-1", 30, 30)
         plan = OverflowPlan(services={"m": overflow})
         doc = overflow_document([target], plan, {"rack-a": IN_HOUSE_KEYS["rack-a"]})
