@@ -49,7 +49,15 @@ def _query(expr: str, legend: str) -> prometheus.Dataquery:
 
 
 def _panel(title: str, unit: str, *queries: prometheus.Dataquery) -> timeseries.Panel:
-    panel = timeseries.Panel().title(title).unit(unit).datasource(DATASOURCE).span(12).height(8)
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .unit(unit)
+        .datasource(DATASOURCE)
+        .span(12)
+        .height(8)
+        .fill_opacity(10)
+    )
     for query in queries:
         panel = panel.with_target(query)
     return panel
