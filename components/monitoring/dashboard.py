@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from grafana_foundation_sdk.builders import dashboard, prometheus, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DataSourceRef,
@@ -113,7 +114,7 @@ def panels(environment_name: str) -> list[tuple[str, list[timeseries.Panel]]]:
     ]  # fmt: skip
 
 
-def build_dashboard(services: Sequence[str], stack: str, environment: str) -> dashboard.Dashboard:
+def build_dashboard(services: Sequence[str], stack: str, environment: str) -> model.Dashboard:
     # A stable uid per stack (at most 40 characters), so re-imports replace the dashboard.
     uid = "modal-llm-" + hashlib.sha256(stack.encode()).hexdigest()[:12]
     board = (
