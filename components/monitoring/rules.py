@@ -37,6 +37,9 @@ from components.monitoring.contract import (
 
 BY = "service, version"
 RUNBOOK = "docs/monitoring.md#alerts"
+# Alert templates Prometheus fills in when an alert fires.
+VERSION = "{{ $labels.version }}"
+PERCENT = "{{ $value | humanizePercentage }}"
 
 
 @dataclass(frozen=True)
@@ -100,30 +103,30 @@ def _rate(selector: str, window: str) -> str:
     return f"sum by ({BY}) (rate({selector}[{window}]))"
 
 
-def ttft_miss_record(window: str) -> str:
-    return f"service_version:proxy_ttft_slo_miss:ratio_rate{window}"
+def record(series: str, operation: str) -> str:
+    """A recorded series' name, as Prometheus' naming practice has it: level:metric:operations
+    (https://prometheus.io/docs/practices/rules/)."""
+    return f"service_version:{series}:{operation}"
 
 
 def recording_rules(service: MonitoredService) -> list[dict[str, Any]]:
     """The per-version series the alerts, the dashboard and (later) the canary analysis read."""
     name, slo, window = service.name, service.slo, service.slo.ratio_window
-    requests = f"service_version:proxy_requests:rate{window}"
+    requests = record("proxy_requests", f"rate{window}")
     failed = _rate(_engine(name, 'status=~"5.."'), window)
     refused = _rate(_engine(name, 'status="429"'), window)
+    tokens = _rate(_selector(TOKENS.name, name, 'kind="completion"'), window)
     rules = [
         {"record": requests, "expr": _rate(_engine(name), window)},
         {
-            "record": f"service_version:proxy_requests_5xx:ratio_rate{window}",
+            "record": record("proxy_requests_5xx", f"ratio_rate{window}"),
             "expr": f"{failed} / {requests}",
         },
         {
-            "record": f"service_version:proxy_requests_429:ratio_rate{window}",
+            "record": record("proxy_requests_429", f"ratio_rate{window}"),
             "expr": f"{refused} / {requests}",
         },
-        {
-            "record": f"service_version:proxy_completion_tokens:rate{window}",
-            "expr": _rate(_selector(TOKENS.name, name, 'kind="completion"'), window),
-        },
+        {"record": record("proxy_completion_tokens", f"rate{window}"), "expr": tokens},
     ]
     # The TTFT SLI: the share of streams whose first token came after ttft_s, per window the
     # burn-rate alerts use. Every stream counts in `_count`; `le` is the bound as the proxy
@@ -131,7 +134,8 @@ def recording_rules(service: MonitoredService) -> list[dict[str, Any]]:
     for burn_window in sorted({w for b in BURN_WINDOWS for w in (b.long, b.short)}):
         fast = _rate(_selector(f"{TTFT.name}_bucket", name, f'le="{slo.ttft_s:g}"'), burn_window)
         total = _rate(_selector(f"{TTFT.name}_count", name), burn_window)
-        rules.append({"record": ttft_miss_record(burn_window), "expr": f"1 - {fast} / {total}"})
+        miss = record("proxy_ttft_slo_miss", f"ratio_rate{burn_window}")
+        rules.append({"record": miss, "expr": f"1 - {fast} / {total}"})
     return rules
 
 
@@ -140,21 +144,23 @@ def alerting_rules(service: MonitoredService) -> list[dict[str, Any]]:
     budget = 1 - slo.ttft_objective
     only = f'{{service="{name}"}}'
     enough_traffic = (
-        f"service_version:proxy_requests:rate{window}{only} > {slo.min_requests_per_s:g}"
+        f"{record('proxy_requests', f'rate{window}')}{only} > {slo.min_requests_per_s:g}"
     )
     alerts = []
     for burn in BURN_WINDOWS:
         threshold = f"{burn.burn_rate:g} * {budget:g}"
+        long, short = (
+            record("proxy_ttft_slo_miss", f"ratio_rate{w}") for w in (burn.long, burn.short)
+        )
         alerts.append(
             {
                 "alert": "LLMTTFTBudgetBurn",
-                "expr": f"{ttft_miss_record(burn.long)}{only} > ({threshold}) "
-                f"and {ttft_miss_record(burn.short)}{only} > ({threshold})",
+                "expr": f"{long}{only} > ({threshold}) and {short}{only} > ({threshold})",
                 "labels": {"severity": burn.severity, "window": f"{burn.long}/{burn.short}"},
                 "annotations": {
-                    "summary": f"{name} {{{{ $labels.version }}}}: the TTFT error budget burns "
+                    "summary": f"{name} {VERSION}: the TTFT error budget burns "
                     f"{burn.burn_rate:g}x too fast over {burn.long} and {burn.short}",
-                    "description": f"{{{{ $value | humanizePercentage }}}} of streams waited "
+                    "description": f"{PERCENT} of streams waited "
                     f"more than {slo.ttft_s:g} s for their first token over the last "
                     f"{burn.long} (SLO: {slo.ttft_objective:.2%} within {slo.ttft_s:g} s). "
                     "Compare the versions' TTFT panels; a new version burning alone is the "
@@ -171,16 +177,16 @@ def alerting_rules(service: MonitoredService) -> list[dict[str, Any]]:
          "Keys are at their share or limit: more containers (max_containers), a larger "
          "in-flight pool, or higher key limits."),
     ):  # fmt: skip
-        record = f"service_version:proxy_requests_{status}:ratio_rate{window}"
+        ratio = record(f"proxy_requests_{status}", f"ratio_rate{window}")
         alerts.append(
             {
                 "alert": f"LLMHigh{status}Ratio",
-                "expr": f"{record}{only} > {limit:g} and {enough_traffic}",
+                "expr": f"{ratio}{only} > {limit:g} and {enough_traffic}",
                 "for": slo.ratio_for,
                 "labels": {"severity": severity},
                 "annotations": {
-                    "summary": f"{name} {{{{ $labels.version }}}}: {{{{ $value | "
-                    f"humanizePercentage }}}} of {what} over {window} (limit {limit:.0%})",
+                    "summary": f"{name} {VERSION}: {PERCENT} of {what} over {window} "
+                    f"(limit {limit:.0%})",
                     "description": next_step,
                     "runbook": RUNBOOK,
                 },
@@ -193,7 +199,7 @@ def alerting_rules(service: MonitoredService) -> list[dict[str, Any]]:
             "for": slo.engine_down_for,
             "labels": {"severity": "critical"},
             "annotations": {
-                "summary": f"{name} {{{{ $labels.version }}}}: no container has its engine "
+                "summary": f"{name} {VERSION}: no container has its engine "
                 f"ready for {slo.engine_down_for}",
                 "description": "Every container of this version answers 503 'engine not "
                 "ready'. Read the containers' logs (modal app logs) for the engine's exit or "
@@ -221,7 +227,7 @@ def spend_rules(environment: str, thresholds: Sequence[float]) -> list[dict[str,
             },
             "annotations": {
                 "summary": f"{environment}: spend crossed {threshold:.0%} of the monthly budget",
-                "description": "Spent {{ $value | humanizePercentage }} of the budget. Lower "
+                "description": f"Spent {PERCENT} of the budget. Lower "
                 "min_containers / buffer_containers, or raise the budget (the access stack "
                 "or monthlyBudgetUsd).",
                 "runbook": RUNBOOK,

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from components.monitoring.rules import PERCENT, VERSION
 from tests.monitoring.conftest import ENVIRONMENT, SERVICE
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -90,9 +91,7 @@ def expected(
         if r.get("alert") == alert and all(labels.get(k) == v for k, v in r["labels"].items())
     ]
     rendered = {
-        name: text.replace("{{ $labels.version }}", labels.get("version", "")).replace(
-            "{{ $value | humanizePercentage }}", value
-        )
+        name: text.replace(VERSION, labels.get("version", "")).replace(PERCENT, value)
         for name, text in rule["annotations"].items()
     }
     return {"exp_labels": labels, "exp_annotations": rendered}
