@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STACK ?= local
 
-.PHONY: setup test lint emulator up down plan refresh offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config gateway gateway-stop review-demo clean
+.PHONY: setup test lint emulator up down plan refresh offline-up offline-down bench-proxy bench-proxy-instructions bench-proxy-timeline bench-providers gateway-config gateway gateway-stop review-demo release-demo clean
 
 setup: $(STAMP)
 
@@ -120,6 +120,13 @@ gateway-stop:
 # comment's curl, then every stack destroyed, the emulator stopped and .review-demo/ removed.
 review-demo: setup
 	$(PY) scripts/review_demo.py
+
+# A bad release caught and rolled back while traffic flows (README, "Releases"), on the stack
+# `make up` deployed: requests every 0.2 s through the edge, an `up` whose engine crashes at
+# start (this run only), the gate's refusal and rollback, then how many requests were answered.
+release-demo: setup
+	url="$$(./scripts/emulator.sh url)" && \
+	    $(PY) scripts/release_demo.py --server-url "$$url" $(if $(STANDIN_STATE),--state "$(STANDIN_STATE)")
 
 # ---- Benchmarks (print a table; compare against a baseline in the same run) ----
 bench-proxy: setup

@@ -71,7 +71,7 @@ start() {
     if (exec 3<>"/dev/tcp/127.0.0.1/$GATEWAY_PORT") 2>/dev/null; then
         die "gateway: port $GATEWAY_PORT is taken by another program: stop it, or run with GATEWAY_PORT=<free port>"
     fi
-    echo "gateway: starting LiteLLM 1.106.12 on $URL with $GATEWAY_FILE (10-30 s; log: $LOG_FILE)..."
+    echo "gateway: starting LiteLLM 1.106.12 on $URL with $GATEWAY_FILE (5-30 s; log: $LOG_FILE)..."
     # Its own session (setsid), so that stop takes its whole process group; the cost map
     # packaged with LiteLLM, no fetch (docs/program.md, "Starting the gateway").
     LITELLM_LOCAL_MODEL_COST_MAP=True setsid "$LITELLM" --config "$GATEWAY_FILE" \

@@ -117,7 +117,9 @@ find_pulumi_cli() {
     local installer err
     installer="$(mktemp)"
     if err="$(curl -fsSL --connect-timeout 5 --max-time 60 -o "$installer" "$PULUMI_INSTALL_URL" 2>&1)"; then
-        echo "Pulumi CLI not found: installing $PULUMI_VERSION with Pulumi's official installer..."
+        echo "Pulumi CLI not found: installing $PULUMI_VERSION with Pulumi's official installer" \
+            "(it downloads the CLI's release archive: under a minute on a fast line, a few min" \
+            "on a slow one; PULUMI_ENGINE=standin skips it)..."
         if sh "$installer" --version "$PULUMI_VERSION" --no-edit-path; then
             rm -f "$installer"
             export PATH="$HOME/.pulumi/bin:$PATH"

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import modal
 
 import serving
-from serving import render
+from serving import bake, render
 from serving.engine import Container
 from serving.spec import (
     ENGINE_PORT,
@@ -108,6 +108,7 @@ UV_VERSION = "0.13.8"  # the uv binary Modal copies in to install them
 SHIPPED_MODULES = (
     "serving.__init__",
     "serving.engine",  # the lifecycle (Container)
+    "serving.bake",  # engine.py: the model-inspection files baked at build, copied at the start
     "serving.prefetch",  # engine.py: the weights read into the page cache at the start
     "serving.spec",  # the spec, validated again here
     "serving.sizing",  # spec.py: the CPU and memory figures its validation shares
@@ -139,10 +140,23 @@ def shipped_modules(spec_fields: dict[str, object]) -> tuple[str, ...]:
     return tuple(modules)
 
 
+def bake_command(spec: ServingSpec) -> str:
+    """The build step of serving/bake.py: bytecode for the image's packages, and for vLLM its
+    model-inspection files (copied into the engine cache at the start by serving/engine.py)."""
+    cmd = ["python3", bake.IN_IMAGE]
+    if spec.engine == "vllm":
+        cmd += ["--vllm-cache", str(bake.BAKED_VLLM_CACHE)]
+    return shlex.join(cmd)
+
+
 # ---- The image -------------------------------------------------------------------------------
 image = (
     modal.Image.from_registry(SPEC.engine_release.image)  # pinned engine release (serving/spec.py)
     .entrypoint([])  # the engine images start a server by default; Modal runs our class instead
+    # What a start would otherwise do in every container (serving/bake.py), before the layers
+    # that depend on the spec: one build serves every spec of the same engine release.
+    .add_local_file(Path(bake.__file__), bake.IN_IMAGE, copy=True)
+    .run_commands(bake_command(SPEC))
     .uv_pip_install(
         *PROXY_REQUIREMENTS, extra_options=f"--target {PROXY_DEPS}", uv_version=UV_VERSION
     )

@@ -7,7 +7,9 @@ Used by serving/app.py inside the Modal container, and runnable locally (no moda
 What it does, in order (`Container`):
 1. start the proxy at once (`python -m serving.proxy --upstream http://127.0.0.1:ENGINE_PORT`),
    so Modal's port answers while the engine loads (the proxy says 503 + Retry-After until ready);
-2. read the weights into the page cache in the background, where they are files already
+2. vLLM: copy the model-inspection files the image build baked (serving/bake.py) into the
+   engine cache where it lacks them; read the weights into the page cache in the background,
+   where they are files already
    (serving/prefetch.py), so that the engine's load finds them there after its imports;
    start the engine beside it on 127.0.0.1 (command and env rendered from the spec by
    serving/render: vLLM or SGLang, or dev/standin_engine.py given their command line when
@@ -49,6 +51,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from serving import render
+from serving.bake import seed_modelinfos
 from serving.prefetch import WeightsPrefetch, start_prefetch
 from serving.spec import ENGINE_PORT, HF_CACHE_PATH, KEY_VERSION_ENV, PROXY_PORT, ServingSpec
 
@@ -511,6 +514,7 @@ class Container:
         API key digests then, never from the snapshot.
         """
         self._started_at = time.monotonic()  # the startup budget counts from here
+        self.seed_engine_cache()
         # The weights into the page cache while the engine imports (serving/prefetch.py).
         hf_home = Path(os.environ.get("HF_HOME") or HF_CACHE_PATH)
         self.prefetch = start_prefetch(render.model_source(self.spec), hf_home)
@@ -518,6 +522,21 @@ class Container:
             self.start_proxy()
         self.engine.start()
         self.engine.process.watch(self._death)
+
+    def seed_engine_cache(self) -> None:
+        """vLLM: the model-inspection files the image build baked (serving/bake.py) into the
+        engine-cache Volume where it lacks them, so that an empty Volume skips the ~20 s
+        inspection. Milliseconds; nothing when the image has none (SGLang images, local runs)."""
+        cache_root = (self.engine.process.env or {}).get("VLLM_CACHE_ROOT")
+        if cache_root is None:
+            return
+        try:
+            copied = seed_modelinfos(Path(cache_root))
+        except OSError as exc:  # vLLM inspects the model itself then: slower, not broken
+            log.warning("model-inspection files not copied into %s: %s", cache_root, exc)
+            return
+        if copied:
+            log.info("model-inspection files: %d copied into %s", copied, cache_root)
 
     def start_proxy(self) -> None:
         """Start the auth proxy; it reads SERVING_API_KEYS from the container env now."""

@@ -16,12 +16,15 @@ import re
 import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.harness import docs_check
 from tests.harness.docs_check import DocsCheckError
+from tests.program.fault_matrix import MARKER, processes
 from tests.program.live_stack import free_port_pair
 from tests.program.runner import PROJECT_ROOT
 
@@ -31,10 +34,23 @@ from review.checkout import copy_checkout  # as the review demo and its tests im
 DOCS = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 FLOWS = docs_check.flows(DOCS, PROJECT_ROOT)
 FLOW_TIMEOUT_S = 420.0
+#: How long a process of the flow may take to exit after `make down` returned.
+LEFT_GRACE_S = 10.0
+#: A flow ending with one of these has stopped all it started (README: "no process is left").
+TEARDOWNS = ("make down", "make review-demo")
 
 # The flows the docs mark (docs/docs-check.md lists them and the ones left unmarked): a marker
 # lost in an edit fails here rather than silently dropping its flow from CI.
-MARKED = {"quickstart", "rotation-preview", "drift", "gateway", "prod-preview", "review-demo"}
+MARKED = {
+    "quickstart",
+    "rotation-preview",
+    "drift",
+    "gateway",
+    "prod-preview",
+    "review-demo",
+    "release",
+    "access-stack",
+}
 
 
 def fresh_copy(dest: Path) -> Path:
@@ -56,9 +72,11 @@ def fresh_copy(dest: Path) -> Path:
 
 def flow_env(home: Path) -> dict[str, str]:
     """A user's shell without the Pulumi CLI (nor its installer: the stand-in is chosen), on
-    free ports; no MAKEFLAGS/MAKELEVEL from a `make test` above us."""
+    free ports; no MAKEFLAGS/MAKELEVEL from a `make test` above us. A marker variable that
+    every process the flow starts inherits (as in the fault matrix) finds what it left."""
     home.mkdir(parents=True, exist_ok=True)
     return {
+        MARKER: f"docs-check-{uuid.uuid4().hex}",
         "PATH": "/usr/bin:/bin",
         "HOME": str(home),
         "PULUMI_INSTALL_URL": "http://127.0.0.1:9/unreachable",
@@ -80,12 +98,44 @@ def teardown(root: Path, env: dict[str, str]) -> None:
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
+def left_running(env: dict[str, str]) -> list[str]:
+    """The flow's processes still running LEFT_GRACE_S after it ended, as `pid N: cmdline`."""
+    deadline = time.monotonic() + LEFT_GRACE_S
+    while True:
+        left = [f"pid {p.pid}: {p.cmdline[:200]}"
+                for p in processes(env[MARKER]).values() if p.marked]  # fmt: skip
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.5)
+
+
+def kill_left(env: dict[str, str]) -> None:
+    """SIGKILL what the flow left, and wait (5 s at most) until it is gone."""
+    deadline = time.monotonic() + 5
+    while (left := [p for p in processes(env[MARKER]).values() if p.marked]) and (
+        time.monotonic() < deadline
+    ):
+        for proc in left:
+            with contextlib.suppress(OSError):  # gone already
+                os.kill(proc.pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
 def check_flow(flow: docs_check.Flow, root: Path, env: dict[str, str]) -> list[str]:
+    """The flow's problems: its commands' statuses and expected lines, then what it left
+    running: after the doc's own teardown (a flow that ends with one) and after ours."""
+    left: list[str] = []
     try:
         steps, log = docs_check.run(flow, root, env, FLOW_TIMEOUT_S)
+        last = steps[-1]
+        if last.status is not None and last.command.text.split("#")[0].strip() in TEARDOWNS:
+            left += [f"left running after the flow's `{last.command.text}`: {p}"
+                     for p in left_running(env)]  # fmt: skip
     finally:
         teardown(root, env)
-    found = docs_check.problems(flow, steps)
+        left += [f"left running after `make down`: {p}" for p in left_running(env)]
+        kill_left(env)
+    found = docs_check.problems(flow, steps) + left
     if found and all(step.status is None for step in steps):
         found.append(f"the flow's whole log:\n{log[-4000:]}")
     return found
@@ -188,6 +238,25 @@ def test_a_flow_lives_in_one_doc(tmp_path: Path) -> None:
     (tmp_path / "b.md").write_text(block)
     with pytest.raises(DocsCheckError, match=r"b.md:1: flow 'x' is already marked in a.md"):
         docs_check.flows([tmp_path / "a.md", tmp_path / "b.md"], tmp_path)
+
+
+def test_a_process_a_flow_leaves_running_fails_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README says `make down` leaves no process; a flow that leaves one (here a `sleep` its
+    teardown does not stop) is reported with the process, which the check then kills."""
+    monkeypatch.setattr(sys.modules[__name__], "LEFT_GRACE_S", 1.0)
+    doc = tmp_path / "doc.md"
+    leak = "$ sleep 300 >/dev/null 2>&1 &\n$ make down\n"  # no pipe held: the flow ends
+    doc.write_text(f"<!-- docs-check: flow=leak -->\n```\n{leak}```\n")
+    (tmp_path / "Makefile").write_text("down:\n\t@echo stopped nothing\n")
+    env = {**flow_env(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    found = check_flow(docs_check.flows([doc], tmp_path)["leak"], tmp_path, env)
+    assert len(found) == 2, found
+    assert found[0].startswith("left running after the flow's `make down`: pid ")
+    assert found[1].startswith("left running after `make down`: pid ")
+    assert all(p.endswith("sleep 300 ") for p in found), found
+    assert not [p for p in processes(env[MARKER]).values() if p.marked]  # killed
 
 
 def test_the_docs_mark_the_flows_we_check() -> None:

@@ -130,6 +130,28 @@ def test_other_pulumi_version_is_named_in_a_warning(tmp_path: Path) -> None:
     assert "warning" not in _bash("find_pulumi_cli", tmp_path).stderr
 
 
+def test_34_the_pulumi_installer_says_first_what_it_does_and_how_long(tmp_path: Path) -> None:
+    """Issue 34 (progress lines for every step over ~10 s): where Pulumi's installer can be
+    fetched, `make up` runs it (it downloads the CLI's release archive: seconds to minutes); the
+    line before it said what, not how long. The installer here is a fake one (a file:// URL, as
+    curl fetches it) that puts a `pulumi` printing the pinned version into ~/.pulumi/bin."""
+    installer = tmp_path / "install.sh"
+    installer.write_text(
+        'mkdir -p "$HOME/.pulumi/bin"\n'
+        "printf '#!/bin/sh\\necho v3.272.0\\n' > \"$HOME/.pulumi/bin/pulumi\"\n"
+        'chmod +x "$HOME/.pulumi/bin/pulumi"\n'
+    )
+    result = _bash(
+        'choose_engine; echo "ENGINE=$LOCAL_ENGINE"', tmp_path,
+        PULUMI_INSTALL_URL=installer.as_uri(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "ENGINE=cli", result.stdout
+    (said,) = [line for line in result.stdout.splitlines() if "official installer" in line]
+    assert said.startswith("Pulumi CLI not found: installing 3.272.0"), said
+    assert "min" in said, f"no estimate of how long: {said!r}"
+
+
 def test_down_distinguishes_a_missing_stack_from_a_failure(tmp_path: Path) -> None:
     script = 'if select_existing_stack local; then echo SELECTED; else echo "NO STACK"; fi'
     _fake_cli(tmp_path, "echo \"error: no stack named 'local' found\" >&2; exit 255")

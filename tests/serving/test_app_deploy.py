@@ -21,7 +21,7 @@ import pytest
 from modal_proto import api_pb2
 
 from components.modal._source import shipped_files
-from serving import render
+from serving import bake, render
 from serving.spec import (
     ENGINE_IMAGES,
     HF_CACHE_PATH,
@@ -166,6 +166,13 @@ def test_deploy_both_engines(modal_env: EmulatorProcess, tmp_path: Path, engine:
     assert f"ENV SERVING_SPEC={SPEC_IN_IMAGE}" in flat
     for key, value in render.engine_env(spec).items():
         assert f"ENV {key}={value}" in flat
+    # the build step of serving/bake.py, on the engine's base image: the script copied in
+    # byte for byte, then run (bytecode; vLLM's model-inspection files for a vLLM spec)
+    vllm_part = f" --vllm-cache {bake.BAKED_VLLM_CACHE}" if engine == "vllm" else ""
+    assert f"RUN python3 {bake.IN_IMAGE}{vllm_part}" in flat, flat
+    bake_sha = hashlib.sha256((ROOT / "serving" / "bake.py").read_bytes()).hexdigest()
+    in_image = [f for m in state["mounts"] for f in json.loads(m["files"]) if f[0] == bake.IN_IMAGE]
+    assert [f[1] for f in in_image] == [bake_sha]
     # the spec file is bundled byte for byte at SPEC_IN_IMAGE
     want = hashlib.sha256(spec_path.read_bytes()).hexdigest()
     bundled = [f for m in state["mounts"] for f in json.loads(m["files"]) if f[0] == SPEC_IN_IMAGE]

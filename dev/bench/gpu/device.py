@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parents[3]  # the repository: dev/bench/gpu/devi
 SITE = Path(os.environ.get("GPU_SITE", "/tmp/site"))  # the unpacked payload (call 1)
 BIN = Path(os.environ.get("GPU_BIN", "/tmp/bin"))  # the `vllm` command the spec renders
 MODEL_DIR = Path(os.environ.get("GPU_MODEL_DIR", "/tmp/gpu-model"))  # bench.gpu.mkmodel
+# Every module's bytecode, as serving/app.py's image build leaves it (serving/bake.py): the
+# machine's image has none for its own packages (torch: 0 of 2141 modules, run AU) and writes
+# none, so each start compiled them; prepare compiles them here, PYTHONPYCACHEPREFIX in run_env.
+PYCACHE = Path(os.environ.get("GPU_PYCACHE", "/tmp/pycache"))
 WEIGHTS_ROOT = Path(os.environ.get("GPU_WEIGHTS_ROOT", "/weights"))  # serving.weights' mount
 WEIGHTS_VOLUME = "gpu-weights"
 WEIGHTS_PATH = "gpu-model"  # /weights/gpu-model -> MODEL_DIR, as the weights volume would be
@@ -113,6 +117,7 @@ def run_env(engine: str = "vllm") -> dict[str, str]:
             "PYTHONPATH": ":".join(dict.fromkeys(path)),
             "PATH": f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}",
             "PYTHONUNBUFFERED": "1",
+            "PYTHONPYCACHEPREFIX": str(PYCACHE),
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",

@@ -23,8 +23,9 @@ the recorded serving/engine_flags/vllm_0_26_0.py. Writes prepare.json and prepar
 run.json holds the card, the versions, the proxy's and the engine's keep-alive settings and
 each phase's time; run.log what was printed. The table is printed last.
 
-``prepare`` also compiles /tmp/site's bytecode as an image build does, timing ``vllm serve``
-to its argument parsing before and after (``compile_site``).
+``prepare`` also compiles every module's bytecode as serving/app.py's image build does
+(serving/bake.py, into device.PYCACHE), timing ``vllm serve`` to its argument parsing with no
+bytecode at all and after (``compile_site``).
 
 SGLang 0.5.15 (it pins torch 2.11.0 too), after ``prepare`` (whose /tmp/site and model it uses):
 ``prepare-sglang`` (carry ``.gpu-payload/sglang``) unpacks SGLang's part into /tmp/site-sglang
@@ -260,13 +261,18 @@ def prepare(args: argparse.Namespace) -> int:
     link.symlink_to(device.MODEL_DIR)
     result["bytecode"] = compile_site(log)
     result["site"] = versions(with_site=True)
-    result["imports"] = probe_imports()
-    bad = {m: e for m, e in result["imports"].items() if e != "ok"}
-    log(f"imports: {len(result['imports']) - len(bad)} ok, failed: {bad or 'none'}")
-    result["flags"] = check_flags(out, log)
+    if args.skip_checks:  # the imports probe and the flag check (~40 s): serving/render unchanged
+        result["imports"] = result["flags"] = "skipped (--skip-checks)"
+        bad: dict[str, str] = {}
+    else:
+        result["imports"] = probe_imports()
+        bad = {m: e for m, e in result["imports"].items() if e != "ok"}
+        log(f"imports: {len(result['imports']) - len(bad)} ok, failed: {bad or 'none'}")
+        result["flags"] = check_flags(out, log)
     (out / "prepare.json").write_text(json.dumps(result, indent=1) + "\n")
     log("prepare done; now `run` (within ~30 s, before the machine goes back)")
-    return 0 if not bad and result["flags"].get("rc") == 0 else 1
+    flags_ok = args.skip_checks or result["flags"].get("rc") == 0
+    return 0 if not bad and flags_ok else 1
 
 
 # `vllm serve` up to its argument parsing: the API server's imports and its parser, what the
@@ -328,37 +334,63 @@ def parse_importtime(stderr: str, top: int = 20) -> dict[str, Any]:
     }
 
 
+def bytecode_share(root: Path) -> dict[str, int]:
+    """How many .py files under root have a .pyc of this Python beside them (__pycache__)."""
+    tag = sys.implementation.cache_tag
+    sources = compiled = 0
+    for py in root.rglob("*.py"):
+        sources += 1
+        compiled += (py.parent / "__pycache__" / f"{py.stem}.{tag}.pyc").exists()
+    return {"py_files": sources, "with_pyc": compiled}
+
+
 def compile_site(log: Log) -> dict[str, Any]:
-    """Bytecode for /tmp/site as an image build leaves it (issue 36): the payload is unpacked
-    without .pyc files (bench.gpu.payload: pip --no-compile), so a first start compiles every
-    module it imports. Modal's `uv_pip_install` compiles at build time (modal/_image.py passes
-    --compile-bytecode), so the proxy's packages have theirs in the image; the harness does
-    the same for the whole site with `python -m compileall`. Times `vllm serve` to its
-    argument parsing before (sources only, nothing written: PYTHONDONTWRITEBYTECODE) and after,
-    twice each, in this call."""
+    """Every module's bytecode, as serving/app.py's image build leaves it (issue 36): the
+    payload is unpacked without .pyc files (bench.gpu.payload: pip --no-compile) and the
+    machine's image has none for its torch, so a start compiled them all. serving/bake.py's
+    compile_bytecode runs here on the image's stdlib and site-packages and on /tmp/site, into
+    device.PYCACHE (PYTHONPYCACHEPREFIX, which run_env sets: the image's folders stay as they
+    are). Times `vllm serve` to its argument parsing with no bytecode for any module (an empty
+    prefix, nothing written: a container of an image without bytecode) and after, twice each,
+    then `-X importtime` of the same start."""
     env = device.run_env()
-    before = time_cli_start({**env, "PYTHONDONTWRITEBYTECODE": "1"})
+    shares: dict[str, Any] = {}
+    torch_dir = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('torch').origin)"],
+        capture_output=True, text=True, env=env,
+    ).stdout.strip()  # fmt: skip
+    if torch_dir:  # beside the sources, as the image has them
+        shares["image_torch"] = bytecode_share(Path(torch_dir).parent)
+    nowhere = Path("/tmp/no-pycache")
+    shutil.rmtree(nowhere, ignore_errors=True)
+    nowhere.mkdir()
+    no_pyc = {**env, "PYTHONPYCACHEPREFIX": str(nowhere), "PYTHONDONTWRITEBYTECODE": "1"}
+    before = time_cli_start(no_pyc)
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom serving import bake\n"
+        "bake.compile_bytecode([*bake.package_dirs(), *map(Path, sys.argv[1:])])\n"
+    )
     t = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", "-j", "0", str(device.SITE)],
-        capture_output=True, text=True, env=env,
-    )  # fmt: skip
+        [sys.executable, "-c", code, str(device.SITE)], capture_output=True, text=True, env=env
+    )
     compile_s = round(time.monotonic() - t, 1)
+    shares["pycache_files"] = sum(1 for _ in device.PYCACHE.rglob("*.pyc"))
     after = time_cli_start(env)
-    pycs = sum(1 for _ in device.SITE.rglob("*.pyc"))
     profile = import_profile(env)
     found = {
-        "compileall_s": compile_s,
-        "compileall_rc": done.returncode,
-        "pyc_files": pycs,
-        "cli_to_args_s_without_pyc": before,
+        "compile_s": compile_s,
+        "compile_rc": done.returncode,
+        "bytecode": shares,
+        "cli_to_args_s_no_bytecode_anywhere": before,
         "cli_to_args_s_with_pyc": after,
         "import_profile_with_pyc": profile,
     }
     log(
-        f"bytecode: compileall {compile_s} s (rc {done.returncode}, {pycs} .pyc); `vllm serve` "
-        f"to its argument parsing {before} s without .pyc, {after} s with; imports "
-        f"{profile['imports_total_s']} s, own time by package: {profile['self_by_package'][:8]}"
+        f"bytecode: {shares}; serving/bake.py compile_bytecode into {device.PYCACHE} in "
+        f"{compile_s} s (rc {done.returncode}); `vllm serve` to its argument parsing {before} s "
+        f"with no bytecode for any module, {after} s with; imports {profile['imports_total_s']}"
+        f" s, own time by package: {profile['self_by_package'][:10]}"
     )
     return found
 
@@ -1007,6 +1039,7 @@ PHASE_LINES = {
 # torch.compile finished, CUDA graphs were captured, the engine was initialised (kernel JIT
 # warm-up included), the server listens; then our own lines (serving.engine).
 MILESTONES = {
+    "seeded_at_s": "model-inspection files:",
     "api_args_at_s": "non-default args",
     "architecture_at_s": "Resolved architecture",
     "engine_core_at_s": "Initializing a V1 LLM engine",
@@ -1151,13 +1184,15 @@ def run_coldstart(out: Path, log: Log, methods: list[str]) -> dict[str, Any]:
 # the page cache before it. The step's cache: "cold" an empty engine cache; "warm" what the
 # last start of the same variant left (a variant's torch.compile cache is its own: the
 # CUDA-graph sizes are part of vLLM's compile hash); "baked" an empty cache holding only the
-# model-inspection file that a bake step made beforehand, as an image build would. Its levers,
+# model-inspection files that serving/bake.py made beforehand, as the image build does, copied
+# in by serving.engine itself (serving/bake.py seed_modelinfos). Its levers,
 # each on its own: "graphs" (the spec's `cudagraph_sizes: max_concurrency`), "prefetch" (the
 # weights read into the page cache from the launch on, while Python imports: WeightsPrefetch).
 PLAN_CACHES = ("cold", "warm", "baked")
 PLAN_LEVERS = ("graphs", "prefetch")
 STASH = Path("/root/.cache/vllm-stash")  # each variant's engine cache between its starts
 BAKED = Path("/tmp/baked-vllm-cache")  # VLLM_CACHE_ROOT of the bake step (modelinfos/)
+BAKE_ALL_TIMEOUT_S = 150  # every architecture; past this only the served one is baked
 # What a step may take (s), so that a call stops before its limit: an 8B-shaped start on one
 # H100 took 114-140 s from an empty cache and 52-75 s with a kept one (runs P, S).
 STEP_ESTIMATE_S = {"cold": 150, "baked": 130, "warm": 80}
@@ -1178,46 +1213,54 @@ def parse_plan(text: str) -> list[tuple[str, frozenset[str]]]:
 
 
 def bake_modelinfo(log: Log) -> dict[str, Any]:
-    """What an image build step could run (no GPU needed: vLLM inspects the class in a
-    subprocess so as not to touch CUDA): the model-inspection file for the served architecture
-    into BAKED/modelinfos. vLLM 0.26.0 model_executor/models/registry.py
-    `_LazyRegisteredModel.inspect_model_cls`: VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json,
-    keyed by a hash of the model's module source, so it holds for any checkpoint of that
-    architecture under the same vLLM."""
-    shutil.rmtree(BAKED, ignore_errors=True)
+    """The image build's step (serving/bake.py, its bytecode part left out: prepare did that)
+    into BAKED: every architecture vLLM registers, in one process; if that does not end within
+    BAKE_ALL_TIMEOUT_S or leaves the served architecture out, the served one alone."""
     arch = json.loads((device.MODEL_DIR / "config.json").read_text())["architectures"][0]
-    code = (
-        "from vllm.model_executor.models.registry import ModelRegistry\n"
-        f"print(ModelRegistry.models[{arch!r}].inspect_model_cls())\n"
-    )
-    t = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-        env={**device.run_env(), "VLLM_CACHE_ROOT": str(BAKED)},
-    )  # fmt: skip
-    files = sorted(str(f.relative_to(BAKED)) for f in BAKED.rglob("*") if f.is_file())
-    found = {
-        "rc": done.returncode,
-        "seconds": round(time.monotonic() - t, 1),
-        "files": files,
-        "said": (done.stdout + done.stderr)[-400:],
-    }
-    log(f"bake modelinfo: rc {done.returncode} in {found['seconds']} s: {files}")
+    # run as the image runs it: a lone file (its folder first on sys.path, not serving/'s)
+    script = Path("/tmp/bake-script/bake.py")
+    script.parent.mkdir(exist_ok=True)
+    shutil.copyfile(device.ROOT / "serving" / "bake.py", script)
+    found: dict[str, Any] = {"arch": arch}
+    tries: list[tuple[str, list[str], float]] = [
+        ("all", [], BAKE_ALL_TIMEOUT_S),
+        ("served", ["--arch", arch], 300),
+    ]
+    for label, extra, timeout in tries:
+        shutil.rmtree(BAKED, ignore_errors=True)
+        cmd = [sys.executable, str(script), "--no-bytecode", "--vllm-cache", str(BAKED), *extra]
+        t = time.monotonic()
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout, env=device.run_env()
+            )
+            said, rc = (done.stdout + done.stderr)[-1500:], done.returncode
+        except subprocess.TimeoutExpired:
+            said, rc = f"not done within {timeout} s", -1
+        files = sorted(f.name for f in (BAKED / "modelinfos").glob("*.json"))
+        found[label] = {"rc": rc, "seconds": round(time.monotonic() - t, 1), "files": len(files),
+                        "said": said}  # fmt: skip
+        log(f"bake modelinfo ({label}): rc {rc} in {found[label]['seconds']} s, {len(files)} files")
+        if rc == 0 and any(f.endswith(f"-{arch}.json") for f in files):
+            break
     return found
 
 
-def run_coldstart_plan(out: Path, log: Log, plan: str, budget_s: float) -> dict[str, Any]:
+def run_coldstart_plan(
+    out: Path, log: Log, plan: str, budget_s: float, cli_timing: bool = True
+) -> dict[str, Any]:
     """Issue 36: the steps of `plan` (parse_plan) in order, each a start of the snapshot spec
     through serving.engine; stops before a step that would not end within budget_s of the
     phase's start. The engines' logs go to $OUT/coldstart-logs.tar.gz."""
-    import httpx
+    from serving import bake
 
     t_phase = time.monotonic()
     steps = parse_plan(plan)
     env = device.run_env()
     result: dict[str, Any] = {"plan": plan, "engine_cache": str(ENGINE_CACHE), "steps": []}
-    result["cli_to_args_s"] = time_cli_start(env)
-    log(f"`vllm serve` to its argument parsing (kernel library placed): {result['cli_to_args_s']}")
+    if cli_timing:
+        result["cli_to_args_s"] = time_cli_start(env)
+        log(f"`vllm serve` to its argument parsing (library placed): {result['cli_to_args_s']}")
     if any(cache == "baked" for cache, _ in steps):
         result["bake"] = bake_modelinfo(log)
     logs = Path("/tmp/coldstart-logs")
@@ -1241,9 +1284,12 @@ def run_coldstart_plan(out: Path, log: Log, plan: str, budget_s: float) -> dict[
             ENGINE_CACHE.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(stash, ENGINE_CACHE)
             cache_had = "kept"
-        elif cache == "baked" and (BAKED / "modelinfos").exists():
-            shutil.copytree(BAKED / "modelinfos", ENGINE_CACHE / "modelinfos")
-            cache_had = "modelinfos only"
+        # what the image holds (serving/bake.py BAKED_VLLM_CACHE): the bake's files for the
+        # baked steps, nothing for the others; serving.engine copies them in itself.
+        shutil.rmtree(bake.BAKED_VLLM_CACHE, ignore_errors=True)
+        if cache == "baked" and (BAKED / "modelinfos").exists():
+            shutil.copytree(BAKED, bake.BAKED_VLLM_CACHE)
+            cache_had = "empty, modelinfos baked"
         spec = device.spec_dict(snapshot=True)
         if "graphs" in levers:
             spec["cudagraph_sizes"] = "max_concurrency"
@@ -1261,16 +1307,7 @@ def run_coldstart_plan(out: Path, log: Log, plan: str, budget_s: float) -> dict[
             if "prefetch" in levers:
                 row["prefetch"] = {"done_at_s": prefetch_done_at(info["start_lines"])}
             if cache == "warm" and not levers:
-                wakes = []
-                for _ in range(2):
-                    r = httpx.post("http://127.0.0.1:8001/sleep?level=1", timeout=120)
-                    r.raise_for_status()
-                    t = time.perf_counter()
-                    httpx.post("http://127.0.0.1:8001/wake_up", timeout=120).raise_for_status()
-                    woke = time.perf_counter() - t
-                    token = woke + first_token_s(device.API_KEY)
-                    wakes.append({"wake_s": round(woke, 3), "to_first_token_s": round(token, 3)})
-                row["wake"] = wakes
+                row["wake"] = [timed_wake(split) for split in (False, False, True, True)]
             row["start_lines"] = info["start_lines"]
         files = [f for f in ENGINE_CACHE.rglob("*") if f.is_file()]
         row["cache_mib_after"] = round(sum(f.stat().st_size for f in files) / 2**20, 1)
@@ -1285,6 +1322,35 @@ def run_coldstart_plan(out: Path, log: Log, plan: str, budget_s: float) -> dict[
         tar.add(logs, arcname="coldstart-logs")
     result["table"] = plan_table(result["steps"])
     return result
+
+
+# What a wake waits on (issue 36 (d)): vLLM 0.26.0's /wake_up takes `tags`
+# (entrypoints/serve/dev/sleep/api_router.py); its allocator maps each allocation of a tag again
+# and copies what sleep level 1 offloaded to pinned host memory back (device_allocator/cumem.py
+# `wake_up`): the weights (~15 GiB for the 8B shape) are copied, the KV cache (~112 GiB on an
+# H200) only mapped, then its layout is rebuilt (v1/worker/gpu_worker.py `wake_up`).
+WAKE_TAGS = ("weights", "kv_cache")
+
+
+def timed_wake(split: bool) -> dict[str, float]:
+    """Sleep (level 1), wake, stream the first token through the proxy; `split` wakes each
+    of WAKE_TAGS in turn and times each."""
+    import httpx
+
+    engine = f"http://127.0.0.1:{device.ENGINE_PORT}"
+    httpx.post(f"{engine}/sleep?level=1", timeout=120).raise_for_status()
+    found: dict[str, float] = {}
+    t = time.perf_counter()
+    for tag in WAKE_TAGS if split else (None,):
+        t_tag = time.perf_counter()
+        query = f"?tags={tag}" if tag else ""
+        httpx.post(f"{engine}/wake_up{query}", timeout=120).raise_for_status()
+        if tag:
+            found[f"{tag}_s"] = round(time.perf_counter() - t_tag, 3)
+    woke = time.perf_counter() - t
+    found["wake_s"] = round(woke, 3)
+    found["to_first_token_s"] = round(woke + first_token_s(device.API_KEY), 3)
+    return found
 
 
 def prefetch_done_at(lines: list[tuple[float, str]]) -> float | None:
@@ -1518,7 +1584,9 @@ def run(args: argparse.Namespace) -> int:
         if "start" in phases:
             result["start"] = run_start(out, log)
         if "coldstart" in phases and args.coldstart_plan:
-            result["coldstart"] = run_coldstart_plan(out, log, args.coldstart_plan, args.budget_s)
+            result["coldstart"] = run_coldstart_plan(
+                out, log, args.coldstart_plan, args.budget_s, not args.skip_cli_timing
+            )
         elif "coldstart" in phases:
             result["coldstart"] = run_coldstart(out, log, methods)
         if "long" in phases:
@@ -1553,6 +1621,11 @@ def main(argv: list[str] | None = None) -> int:
         default="llama-1b",
         choices=sorted(SHAPES),
         help="the model's shape (bench.gpu.mkmodel SHAPES): 1B- or 8B-shaped random weights",
+    )
+    p.add_argument(
+        "--skip-checks",
+        action="store_true",
+        help="leave out the imports probe and vLLM's parser on the spec's flags (~40 s)",
     )
     sub.add_parser(
         "prepare-sglang",
@@ -1612,6 +1685,11 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=540,
         help="coldstart plan: skip a step that would not end within this many seconds",
+    )
+    r.add_argument(
+        "--skip-cli-timing",
+        action="store_true",
+        help="coldstart plan: leave out timing `vllm serve` to its argument parsing (~40 s)",
     )
     r.add_argument("--checks-k", default="", help="checks, sglang: pytest -k expression")
     r.add_argument("--server-cpus", help="cores for the engine and the proxy, e.g. 0-7")
