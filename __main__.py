@@ -15,6 +15,7 @@ import pulumi
 from components.config import ConfigError, load_stack_config
 from components.gateway import document_json, document_yaml
 from components.llm_service import LLMService, ServingEnvironment
+from components.monitoring import monitoring_outputs
 from components.overflow import gateway_document, load_overflow
 
 try:
@@ -45,3 +46,8 @@ pulumi.export("monthly_cost_baseline_usd", cfg.cost.baseline_usd)
 pulumi.export("monthly_cost_worst_usd", cfg.cost.worst_usd)
 pulumi.export("monthly_budget_usd", cfg.monthly_budget_usd)
 pulumi.export("services", {s.name: s.summary() for s in services})
+# Alert rules and a Grafana dashboard for the team's monitoring (docs/monitoring.md); not secret.
+names = [s.name for s in cfg.services]
+watch = monitoring_outputs(names, pulumi.get_stack(), cfg.environment, cfg.alert_thresholds)
+for output_name, text in watch.items():
+    pulumi.export(output_name, text)

@@ -39,6 +39,8 @@ NS = PROJECT + ":"
 ENV_COMPONENT = "modal-llm:serving:ServingEnvironment"
 SERVICE_COMPONENT = "modal-llm:serving:LLMService"
 EXPECTED_OUTPUTS = {
+    "monitoring_rules_yaml",
+    "grafana_dashboard_json",
     "environment",
     "endpoint_url",
     "served_model_name",

@@ -30,6 +30,9 @@ from tests.harness.emulator import PROJECT_ROOT
 PRODUCT_PACKAGES = ("components", "serving", "watchers")
 PRODUCT_SOURCES = (*PRODUCT_PACKAGES, "access", "__main__.py")
 DEV_TOOLS = ("emulator", "pulumi_standin", "bench", "standin_engine")
+# Imports the engine image provides, not the wheel: these files run only inside the pinned vLLM
+# or SGLang image (serving/bake.py: at image build, with the image's own python).
+ENGINE_IMAGE_IMPORTS = {"vllm": {"serving/bake.py"}}
 
 
 def normalized(name: str) -> str:
@@ -85,6 +88,8 @@ def imported_distributions(root: Path = PROJECT_ROOT) -> dict[str, list[str]]:
     """Distribution -> the product files whose imports need it."""
     out: dict[str, list[str]] = {}
     for module, importers in imported_modules(product_files(root)).items():
+        if set(importers) <= ENGINE_IMAGE_IMPORTS.get(module.split(".")[0], set()):
+            continue
         dist = distribution_of(module, importers)
         if dist is not None:
             out.setdefault(dist, []).extend(importers)
