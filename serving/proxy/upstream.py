@@ -1,10 +1,12 @@
 """A small pooled HTTP/1.1 client for the proxy's single upstream (the engine on localhost).
 
-Why our own: httpx/aiohttp cost tens to hundreds of microseconds per request, more than the
-proxy's whole overhead budget. This client is an ``asyncio.Protocol`` with a hand-written
-response parser (status line, headers, Content-Length / chunked / read-until-close bodies),
-a LIFO keep-alive pool, and a response object that hands body pieces to one consumer as soon
-as they arrive (no buffering beyond what the socket delivered at once).
+Why our own client: httpx/aiohttp cost tens to hundreds of microseconds per request, more than
+the proxy's whole overhead budget. This one is an ``asyncio.Protocol`` whose responses httptools
+parses (llhttp: status line, headers, Content-Length / chunked / read-until-close bodies; the
+parser uvicorn serves the proxy's clients with), a LIFO keep-alive pool, and a response object
+that hands body pieces to one consumer as soon as they arrive (no buffering beyond what the
+socket delivered at once). What llhttp does not check, this module does: the head's size, a
+status within 100-599, no 101.
 
 Error classes tell the caller whether a retry is safe:
 - ``ConnectFailed``: the engine was never reached (connect refused/timed out). Safe to retry.
@@ -17,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import re
 import socket
 import time
 from collections.abc import Callable
 from typing import Protocol, cast
 from urllib.parse import urlsplit
+
+import httptools
 
 __all__ = [
     "ConnectFailed",
@@ -38,24 +41,12 @@ _MAX_HEAD_BYTES = 64 * 1024
 # Bodies from this size are written with the head in one writev (uvloop's writelines) instead
 # of being joined to it: below it the copy costs less than the second buffer.
 _GATHER_FROM = 16 * 1024
-_HEX_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk size (no sign, prefix or underscores)
-_CHUNK_LINE_RE = re.compile(rb"([0-9A-Fa-f]{1,15})\r\n")  # a chunk's size line, no extension
-# RFC 9110 5.1 field-name = token; no whitespace before the colon (RFC 9112 5.1), so an
-# obs-folded continuation line (leading space) fails here too.
-_TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls but HTAB (RFC 9110 5.5)
-# The same two rules for a whole header block at once (each line: token, colon, a value without
-# controls but HTAB): one regex call per response instead of two per header line.
-_HEADER_BLOCK_RE = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
 _NO_HOP: frozenset[bytes] = frozenset()
-# Response headers ``_parse_head`` reads beyond name and value.
+# Response headers ``_Conn.on_header`` reads beyond name and value.
 _FRAMING_HEADERS = frozenset(
     {b"content-length", b"transfer-encoding", b"connection", b"content-type"}
 )
 _PAUSE_AT = 1024 * 1024  # pause reading the engine socket above this many unread bytes
-
-# Parser states.
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILERS, _UNTIL_EOF, _IDLE = range(8)
 
 
 class UpstreamError(Exception):
@@ -429,7 +420,8 @@ class UpstreamResponse:
 
 
 class _Conn(asyncio.Protocol):
-    """One keep-alive connection to the engine, parsing one response at a time."""
+    """One keep-alive connection to the engine; httptools (llhttp) parses its responses, one
+    at a time. The callbacks below (``on_*``) are httptools' parser protocol."""
 
     def __init__(self, pool: UpstreamClient) -> None:
         self.pool = pool
@@ -438,10 +430,16 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.resp: UpstreamResponse | None = None
         self.head_only = False
-        self._buf = bytearray()
-        self._state = _IDLE
-        self._remaining = 0
+        self._parser = httptools.HttpResponseParser(self)
+        self._in_head = False  # a response head is being received
+        self._head_bytes = 0  # bytes received since it began (a bound on what llhttp holds)
+        self._parsed_head = 0  # header bytes parsed of it
+        self._informational = False  # the head parsed last is a 1xx one (skipped)
+        self._framed = False  # the head has a Content-Length or chunked framing
+        self._until_eof = False  # the body ends when the engine closes the connection
+        self._ended = False  # the response was complete in the read being parsed
         self._keep_alive = True
+        self._pieces: list[bytes] = []  # body pieces of the read being parsed
         self.write_paused = False  # the write buffer is over its high-water mark
         self.on_written: list[Callable[[], None]] = []  # called once it is below, or lost
 
@@ -470,7 +468,7 @@ class _Conn(asyncio.Protocol):
         self.resp = None
         if resp is None:
             return
-        if self._state == _UNTIL_EOF and exc is None:  # a clean close ends such a body
+        if self._until_eof and exc is None:  # a clean close ends such a body
             resp._finish()
         else:
             why = f": {exc}" if exc else ""
@@ -481,50 +479,114 @@ class _Conn(asyncio.Protocol):
         if resp is None:  # bytes nobody asked for: the connection is unusable
             self.abort()
             return
-        state = self._state
-        if not self._buf:  # fast paths: the whole piece is body
-            if state == _LENGTH and len(data) < self._remaining:
-                self._remaining -= len(data)
-                resp._push(data)
-                return
-            if state == _UNTIL_EOF:
-                resp._push(data)
-                return
-            if state == _CHUNK_SIZE:  # typical SSE: exactly one whole chunk per read
-                # One regex match, not bytes.find(sub, start, end): in CPython 3.11 that
-                # parses its arguments with a format string built per call (~1.5k
-                # instructions per event, counted with bench.proxy.instructions).
-                line = _CHUNK_LINE_RE.match(data)
-                if line is not None and data[-2:] == b"\r\n":  # not endswith: see sse.py
-                    start = line.end()
-                    size = int(line.group(1), 16)
-                    if size > 0 and start + size + 2 == len(data):
-                        resp._push(data[start : start + size])
-                        return
-        pieces: list[bytes] = []
+        pieces = self._pieces
         try:
-            if not self._buf and state == _CHUNK_SIZE:
-                # Several events in one read (an engine's burst): the whole chunks are taken
-                # from the read itself, only a cut last one goes through the buffer.
-                pos = self._take_chunks(data, pieces)
-                if pos == len(data):
-                    if pieces:
-                        resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
-                    return
-                data = data[pos:]
-            self._buf += data
-            self._parse(resp, pieces)
+            if self._in_head:
+                self._head_bytes += len(data)
+            try:
+                self._parser.feed_data(data)
+            except httptools.HttpParserError as exc:
+                if not self._ended:
+                    raise _malformed(exc) from None
+                if not isinstance(exc.__context__, _HeadEnded):
+                    # Bytes after the complete response: it stands, the connection goes.
+                    self._keep_alive = False
+            if self._in_head and self._head_bytes > _MAX_HEAD_BYTES:
+                raise UpstreamBroken("engine response head is larger than 64 KiB")
         except UpstreamBroken as exc:
             self.resp = None
+            pieces.clear()
             resp._fail(exc)
             self.abort()
+            return
+        if self._ended:
+            self._complete(resp, pieces)
+        elif pieces:
+            resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            pieces.clear()
+
+    # httptools' parser protocol
+    def on_message_begin(self) -> None:
+        if self._ended:
+            raise UpstreamBroken("engine sent bytes after a complete response")
+        self._in_head = True
+        self._parsed_head = 0
+        self._informational = False
+        self._framed = False
+        resp = self.resp
+        if resp is not None:
+            resp.headers = []
+            resp.content_type = b""
+            resp.hop_headers = _NO_HOP
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._parsed_head += len(name) + len(value) + 4
+        resp = self.resp
+        if resp is None:
+            return
+        name = name.lower()
+        value = value.rstrip(b" \t")  # llhttp strips the leading whitespace (RFC 9110 5.5)
+        resp.headers.append((name, value))
+        if name not in _FRAMING_HEADERS:  # most headers: nothing more to look at
+            return
+        if name == b"content-type":
+            resp.content_type = value.lower()
+        elif name == b"transfer-encoding":
+            self._framed = value.lower()[-7:] == b"chunked"  # not endswith: see sse.py
+        elif name == b"content-length":
+            self._framed = True
+        else:  # connection: the headers it names are hop-by-hop (not relayed)
+            tokens = {token.strip(b" \t") for token in value.lower().split(b",")}
+            tokens -= {b"close", b"keep-alive", b""}
+            if tokens:
+                resp.hop_headers = resp.hop_headers | tokens
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        if self._parsed_head > _MAX_HEAD_BYTES:  # a whole head that came in one read
+            raise UpstreamBroken("engine response head is larger than 64 KiB")
+        status = self._parser.get_status_code()
+        if not 100 <= status <= 599:
+            raise UpstreamBroken(f"engine sent a malformed status code ({status})")
+        if status < 200:
+            if status == 101:  # never asked for (no Upgrade is sent): nothing HTTP follows
+                raise UpstreamBroken("engine switched protocols (101) though no upgrade was asked")
+            self._informational = True  # skipped: the real head follows
+            return
+        resp = self.resp
+        if resp is None:
+            return
+        resp.status = status
+        self._until_eof = not self._framed and status not in (204, 304)
+        resp._set_head()
+        if self.head_only:
+            # llhttp cannot be told that a HEAD answer has no body: the response ends here,
+            # parsing stops (the parser is replaced for the next one).
+            self._keep_alive = self._parser.should_keep_alive()
+            self._ended = True
+            self._until_eof = False
+            self._parser = httptools.HttpResponseParser(self)
+            raise _HeadEnded
+
+    def on_body(self, body: bytes) -> None:
+        self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._informational:
+            return
+        self._keep_alive = self._parser.should_keep_alive()
+        self._until_eof = False
+        self._ended = True
 
     # request side
     def start(self, resp: UpstreamResponse, head_only: bool) -> None:
         self.resp = resp
         self.head_only = head_only
-        self._state = _HEAD
-        self._buf.clear()
+        self._in_head = True
+        self._head_bytes = 0
+        self._ended = False
+        self._until_eof = False
         self._keep_alive = True
 
     def abort(self) -> None:
@@ -532,190 +594,11 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    # parsing
-    def _parse(self, resp: UpstreamResponse, pieces: list[bytes]) -> None:
-        """Parse what is buffered; body pieces are added to ``pieces`` (which may hold the
-        read's earlier ones) and pushed as one."""
-        buf = self._buf
-        while buf:
-            state = self._state
-            if state == _HEAD:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0 or end > _MAX_HEAD_BYTES:  # also a whole head that came in one read
-                    if len(buf) > _MAX_HEAD_BYTES:
-                        raise UpstreamBroken("engine response head is larger than 64 KiB")
-                    break
-                head = bytes(buf[:end])
-                del buf[: end + 4]
-                if self._parse_head(resp, head):
-                    continue  # an informational 1xx head: the real one follows
-                if self._state == _IDLE:
-                    self._complete(resp, pieces)
-                    return
-            elif state == _LENGTH:
-                if self._take_counted(buf, pieces):
-                    self._complete(resp, pieces)
-                    return
-            elif state == _CHUNK_SIZE:
-                # One pass over an immutable copy, the buffer trimmed once: a burst of many
-                # small SSE chunks costs one loop turn per chunk, not three buffer moves.
-                pos = self._take_chunks(bytes(buf), pieces)
-                del buf[:pos]
-                if self._state == _CHUNK_SIZE:
-                    break  # all taken, or a size line is cut: wait for the next read
-            elif state == _CHUNK_DATA:
-                if self._take_counted(buf, pieces):
-                    self._state = _CHUNK_CRLF
-            elif state == _CHUNK_CRLF:
-                if len(buf) < 2:
-                    break
-                if buf[:2] != b"\r\n":
-                    raise UpstreamBroken("engine sent a chunk without its CRLF terminator")
-                del buf[:2]
-                self._state = _CHUNK_SIZE
-            elif state == _TRAILERS:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    break
-                del buf[: end + 2]
-                if end == 0:
-                    self._complete(resp, pieces)
-                    return
-            elif state == _UNTIL_EOF:
-                pieces.append(bytes(buf))
-                buf.clear()
-            else:  # _IDLE: bytes after a complete response
-                raise UpstreamBroken("engine sent bytes after a complete response")
-        if pieces:
-            resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
-
-    def _take_counted(self, buf: bytearray, pieces: list[bytes]) -> bool:
-        """Move up to `_remaining` body bytes (of a Content-Length body or of one chunk) from
-        `buf` to `pieces`; True when all of them have come."""
-        take = min(self._remaining, len(buf))
-        pieces.append(bytes(buf[:take]))
-        del buf[:take]
-        self._remaining -= take
-        return not self._remaining
-
-    def _take_chunks(self, data: bytes, pieces: list[bytes]) -> int:
-        """Take the whole chunks at the start of ``data`` (state ``_CHUNK_SIZE``) into
-        ``pieces``; returns how many bytes were consumed. Stops at the last chunk's size line
-        (state ``_TRAILERS``), at a chunk whose data is not all here (``_CHUNK_DATA``), or
-        at a cut size line or the end of ``data`` (state unchanged)."""
-        pos = 0
-        n = len(data)
-        size_line = _CHUNK_LINE_RE.match
-        while pos < n:
-            # A regex match from pos, not bytes.find(sub, start): in CPython 3.11 that parses
-            # its arguments with a format string built per call (~1k instructions a chunk).
-            line = size_line(data, pos)
-            if line is not None:
-                size = int(line.group(1), 16)
-                start = line.end()
-            else:  # a chunk extension, a malformed line, or a line cut by the read
-                end = data.find(b"\r\n", pos)
-                if end < 0:
-                    if n - pos > 1024:
-                        raise UpstreamBroken("engine sent a malformed chunk size line")
-                    return pos
-                text = data[pos:end].split(b";", 1)[0].strip(b" \t")
-                if not _HEX_RE.fullmatch(text):
-                    raise UpstreamBroken("engine sent a malformed chunk size line")
-                size = int(text, 16)
-                start = end + 2
-            if size == 0:
-                self._state = _TRAILERS
-                return start
-            stop = start + size
-            if stop + 2 > n:  # the chunk's data is not all here: the slow states
-                self._remaining = size
-                self._state = _CHUNK_DATA
-                return start
-            if data[stop : stop + 2] != b"\r\n":
-                raise UpstreamBroken("engine sent a chunk without its CRLF terminator")
-            pieces.append(data[start:stop])
-            pos = stop + 2
-        return pos
-
-    def _parse_head(self, resp: UpstreamResponse, head: bytes) -> bool:
-        """Parse a response head; returns True for a 1xx head to skip."""
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or parts[0][:7] != b"HTTP/1.":  # not startswith: see sse.py
-            raise UpstreamBroken("engine sent a malformed status line")
-        code = parts[1]
-        if len(code) != 3 or not code.isdigit() or not b"100" <= code <= b"599":
-            raise UpstreamBroken("engine sent a malformed status code")
-        status = int(code)
-        if status < 200:
-            if status == 101:  # never asked for (no Upgrade is sent): nothing HTTP follows
-                raise UpstreamBroken("engine switched protocols (101) though no upgrade was asked")
-            return True
-        headers: list[tuple[bytes, bytes]] = []
-        length = -1
-        chunked = False
-        keep_alive = parts[0] == b"HTTP/1.1"
-        content_type = b""
-        hop = _NO_HOP
-        block = head[len(lines[0]) + 2 :]
-        checked = not block or _HEADER_BLOCK_RE.fullmatch(block + b"\r\n") is not None
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not checked:  # find the line at fault, for the message
-                if not sep or not _TOKEN_RE.fullmatch(name):
-                    raise UpstreamBroken(
-                        "engine sent a malformed header line (a header name must be a token: "
-                        "no spaces, CR, LF or NUL)"
-                    )
-                if _BAD_VALUE_RE.search(value.strip(b" \t")):
-                    raise UpstreamBroken("engine sent a header value with CR, LF, NUL or controls")
-            name = name.lower()
-            value = value.strip(b" \t")
-            headers.append((name, value))
-            if name not in _FRAMING_HEADERS:  # most headers: nothing more to look at
-                continue
-            if name == b"content-length":
-                if not value.isdigit() or (length >= 0 and int(value) != length):
-                    raise UpstreamBroken("engine sent a malformed or conflicting Content-Length")
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = value.lower()[-7:] == b"chunked"
-            elif name == b"connection":
-                tokens = {token.strip(b" \t") for token in value.lower().split(b",")}
-                if b"close" in tokens:
-                    keep_alive = False
-                elif b"keep-alive" in tokens:
-                    keep_alive = True
-                tokens -= {b"close", b"keep-alive", b""}
-                if tokens:
-                    hop = hop | tokens
-            else:  # content-type
-                content_type = value.lower()
-        resp.status = status
-        resp.headers = headers
-        resp.content_type = content_type
-        resp.hop_headers = hop
-        self._keep_alive = keep_alive
-        if self.head_only or status in (204, 304):
-            self._state = _IDLE
-        elif chunked:
-            self._state = _CHUNK_SIZE
-        elif length >= 0:
-            self._remaining = length
-            self._state = _LENGTH if length else _IDLE
-        else:
-            self._state = _UNTIL_EOF
-            self._keep_alive = False
-        resp._set_head()
-        return False
-
     def _complete(self, resp: UpstreamResponse, pieces: list[bytes]) -> None:
         # The read's last body bytes go with the end (``on_end(data)``): one write for both.
         last = (pieces[0] if len(pieces) == 1 else b"".join(pieces)) if pieces else b""
-        self._state = _IDLE
+        pieces.clear()
         self.resp = None
-        leftover = bool(self._buf)
         if resp._paused:
             # Earlier pieces pushed the unread backlog over _PAUSE_AT. The response owns no
             # connection once finished, so resume here: a paused connection in the pool would
@@ -725,11 +608,29 @@ class _Conn(asyncio.Protocol):
                 self.transport.resume_reading()
         # Back in the pool before the response's end is announced: whatever the end sets off
         # (the next request) may use this connection at once.
-        if self._keep_alive and not leftover and not self.closed:
+        if self._keep_alive and not self.closed:
             self.pool._release(self)
         else:
             self.abort()
         resp._finish(last)
+
+
+class _HeadEnded(Exception):
+    """Raised from ``on_headers_complete`` to stop parsing a HEAD answer at its head."""
+
+
+def _malformed(exc: httptools.HttpParserError) -> UpstreamBroken:
+    """The error for a response httptools refused: our own check's (raised in a callback), or
+    llhttp's reason, with what the rule is for the header errors."""
+    cause = exc.__context__
+    if isinstance(cause, UpstreamBroken):
+        return cause
+    reason = str(exc) or exc.__class__.__name__
+    if "header value" in reason:
+        reason += " (a header value must not hold CR, LF, NUL or other controls)"
+    elif "header token" in reason:
+        reason += " (a header name must be a token: no spaces, CR, LF or NUL)"
+    return UpstreamBroken(f"engine sent a malformed response: {reason}")
 
 
 class UpstreamClient:
