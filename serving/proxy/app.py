@@ -42,7 +42,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str  # quoted, escaped, ASCII
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from serving.proxy.admission import ADMITTED, KEY_LIMIT, QUEUED, Admission
 from serving.proxy.exchange import Exchange, Route
@@ -57,30 +57,8 @@ from serving.proxy.upstream import (
     UpstreamResponse,
 )
 
-
-class SharedCount(Protocol):
-    """The admission counts all ``--workers`` share (workers.SharedInFlight): the cells of
-    ``admission.Admission`` in shared memory and their lock."""
-
-    @property
-    def cells(self) -> Any: ...
-    @property
-    def lock(self) -> Any: ...
-
-
-class WorkerShare(Protocol):
-    """What a worker of ``--workers N`` shares with the others (workers.WorkerShare): declared
-    here, so that this module needs nothing from workers.py, which builds on it."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def in_flight(self) -> SharedCount: ...
-
-    def start(self, metrics: Metrics) -> None: ...
-    def stop(self) -> None: ...
-    def publish(self) -> None: ...
-    def render(self, own: Metrics) -> bytes: ...
+if TYPE_CHECKING:  # workers.py builds on this module: a name for the checker only
+    from serving.proxy.workers import WorkerShare
 
 
 Scope = MutableMapping[str, Any]
@@ -141,6 +119,29 @@ _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 # system when the body is dropped. Below it a body fits in a read or two anyway.
 _COLLECT_FROM = 256 * 1024
 _JSON = (b"content-type", b"application/json")
+
+# Each error the proxy answers itself, by its code: the status and the OpenAI error type, and
+# whether a Retry-After goes with it (_BUSY: retry_after_busy_s, _NOT_READY: ..._not_ready_s).
+_BUSY, _NOT_READY = "busy", "not_ready"
+ERRORS: dict[str, tuple[int, str, str | None]] = {
+    "invalid_content_length": (400, "invalid_request_error", None),
+    "invalid_json": (400, "invalid_request_error", None),
+    "unexpected_body": (400, "invalid_request_error", None),
+    "missing_api_key": (401, "authentication_error", None),
+    "malformed_authorization": (401, "authentication_error", None),
+    "invalid_api_key": (403, "permission_error", None),
+    "route_not_found": (404, "not_found_error", None),
+    "method_not_allowed": (405, "invalid_request_error", None),
+    "request_timeout": (408, "invalid_request_error", None),
+    "request_too_large": (413, "invalid_request_error", None),
+    "key_at_limit": (429, "rate_limit_error", _BUSY),
+    "proxy_at_capacity": (429, "rate_limit_error", _BUSY),
+    "engine_failed": (502, "upstream_error", None),
+    "engine_unreachable": (503, "service_unavailable", _NOT_READY),
+    "engine_not_ready": (503, "service_unavailable", _NOT_READY),
+    "proxy_buffers_full": (503, "service_unavailable", _BUSY),
+    "engine_timeout": (504, "upstream_error", None),
+}
 
 
 @dataclass(slots=True)
@@ -571,8 +572,10 @@ class ProxyApp:
         # Request ids: a random per-process prefix + a counter (no syscall per request).
         self._id_prefix = os.urandom(8).hex().encode()
         self._id_counter = itertools.count(1)
-        self._busy_headers = [(b"retry-after", str(config.retry_after_busy_s).encode())]
-        self._not_ready_headers = [(b"retry-after", str(config.retry_after_not_ready_s).encode())]
+        self._retry_after = {
+            _BUSY: [(b"retry-after", str(config.retry_after_busy_s).encode())],
+            _NOT_READY: [(b"retry-after", str(config.retry_after_not_ready_s).encode())],
+        }
 
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -812,22 +815,22 @@ class ProxyApp:
         """Route, method, the proxy's own routes, key, readiness; True: go on to the engine."""
         route = ex.route
         if route.kind < 0:
-            self.answer_error(
-                writer, ex, 404, "no such route", "not_found_error", "route_not_found"
-            )
+            self.answer_error(writer, ex, "route_not_found", "no such route")
         elif ex.method != route.method:
             self.answer_error(
-                writer, ex, 405, f"method not allowed; use {route.method}",
-                "invalid_request_error", "method_not_allowed",
+                writer,
+                ex,
+                "method_not_allowed",
+                f"method not allowed; use {route.method}",
                 [(b"allow", route.method.encode())],
-            )  # fmt: skip
+            )
         elif route.kind == _HEALTH:
             self.answer(writer, ex, 200, b'{"status":"ok"}')
         elif route.kind == _READY:
             if self.ready:
                 self.answer(writer, ex, 200, b'{"ready":true}')
             else:
-                self._not_ready(writer, ex)
+                self.answer_error(writer, ex, "engine_not_ready", self._not_ready_message())
         elif self._authenticate(writer, ex, auth, auth_count):
             if route.kind == _METRICS:
                 share = self.share
@@ -838,19 +841,10 @@ class ProxyApp:
                     (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
                 )  # fmt: skip
             elif not self.ready:
-                self._not_ready(writer, ex)
+                self.answer_error(writer, ex, "engine_not_ready", self._not_ready_message())
             else:
                 return True
         return False
-
-    def _unexpected_body(self, writer: ClientWriter, ex: Exchange) -> None:
-        """A GET route takes no body: refused (400) like an invalid POST body, never
-        forwarded (issue 22 item 4)."""
-        route = ex.route
-        self.answer_error(
-            writer, ex, 400, f"{route.method} {route.path.decode()} takes no request body",
-            "invalid_request_error", "unexpected_body",
-        )  # fmt: skip
 
     def _authenticate(
         self, writer: ClientWriter, ex: Exchange, auth: bytes | None, count: int
@@ -859,25 +853,22 @@ class ProxyApp:
         if key is None:
             why = "missing" if count == 0 else "malformed (expected one 'Bearer <key>')"
             self.answer_error(
-                writer, ex, 401, f"Authorization header {why}", "authentication_error",
+                writer,
+                ex,
                 "missing_api_key" if count == 0 else "malformed_authorization",
+                f"Authorization header {why}",
                 [(b"www-authenticate", b"Bearer")],
-            )  # fmt: skip
+            )
             return False
         name = self.keys.match(key)
         if name is None:
-            self.answer_error(
-                writer, ex, 403, "API key not recognised", "permission_error", "invalid_api_key"
-            )
+            self.answer_error(writer, ex, "invalid_api_key", "API key not recognised")
             return False
         ex.key = name
         return True
 
-    def _not_ready(self, writer: ClientWriter, ex: Exchange) -> None:
-        self.answer_error(
-            writer, ex, 503, f"engine not ready: {self._ready_reason}",
-            "service_unavailable", "engine_not_ready", self._not_ready_headers,
-        )  # fmt: skip
+    def _not_ready_message(self) -> str:
+        return f"engine not ready: {self._ready_reason}"
 
     def _announced(self, writer: ClientWriter, ex: Exchange, content_length: bytes | None) -> bool:
         """The announced body size: well-formed (400), within the limit (413). It reserves
@@ -885,10 +876,7 @@ class ProxyApp:
         if content_length is None:
             return True
         if not content_length.isdigit():
-            self.answer_error(
-                writer, ex, 400, "malformed Content-Length", "invalid_request_error",
-                "invalid_content_length",
-            )  # fmt: skip
+            self.answer_error(writer, ex, "invalid_content_length", "malformed Content-Length")
             return False
         if int(content_length) > self.config.max_body_bytes:
             self._body_too_large(writer, ex)
@@ -908,7 +896,13 @@ class ProxyApp:
         left). The whole body must have arrived by t0 + ``body_timeout_s`` (408)."""
         if ex.route.method != "POST":
             if ex.body_unread:  # not read: the answer closes the connection
-                self._unexpected_body(writer, ex)
+                # Refused like an invalid POST body, never forwarded (issue 22 item 4).
+                self.answer_error(
+                    writer,
+                    ex,
+                    "unexpected_body",
+                    f"{ex.route.method} {ex.route.path.decode()} takes no request body",
+                )
                 return None
             return b""
         if not self._announced(writer, ex, content_length):
@@ -948,7 +942,12 @@ class ProxyApp:
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            self._body_too_slow(writer, ex)
+            self.answer_error(
+                writer,
+                ex,
+                "request_timeout",
+                f"request body not received within {self.config.body_timeout_s:g} s",
+            )
             return None
         ex.body_unread = False
         body: bytes | memoryview
@@ -962,7 +961,7 @@ class ProxyApp:
         problem, ex.stream, ex.wants_usage = check_body(body)
         if problem is None:
             return True
-        self.answer_error(writer, ex, 400, problem, "invalid_request_error", "invalid_json")
+        self.answer_error(writer, ex, "invalid_json", problem)
         return False
 
     def _admit(self, writer: ClientWriter, ex: Exchange) -> bool | None:
@@ -1000,7 +999,7 @@ class ProxyApp:
                 "free go to keys below their share first); retry after the Retry-After delay"
             )
             code = "proxy_at_capacity"
-        self.answer_error(writer, ex, 429, message, "rate_limit_error", code, self._busy_headers)
+        self.answer_error(writer, ex, code, message)
 
     # -- waiting for a slot ----------------------------------------------------------------
     # A request of a key below its fair share, when the pool is full, waits here up to
@@ -1051,11 +1050,11 @@ class ProxyApp:
         admission = self.admission
         i = waiter.key
         self.answer_error(
-            waiter.writer, ex, 429,
+            waiter.writer, ex, "proxy_at_capacity",
             f"proxy at capacity ({admission.pool} requests in flight at most): no slot came "
             f"free within {self.config.fair_wait_s:g} s for key '{ex.key}' (it holds "
             f"{admission.held(i)}, its fair share is {admission.share(i)}); retry after the "
-            "Retry-After delay", "rate_limit_error", "proxy_at_capacity", self._busy_headers,
+            "Retry-After delay",
         )  # fmt: skip
         waiter.settle(False)
 
@@ -1129,10 +1128,7 @@ class ProxyApp:
         except ConnectFailed as exc:
             self.metrics.upstream_errors["connect"] += 1
             self._set_ready(False, str(exc))
-            self.answer_error(
-                writer, ex, 503, f"engine unreachable: {exc}", "service_unavailable",
-                "engine_unreachable", self._not_ready_headers,
-            )  # fmt: skip
+            self.answer_error(writer, ex, "engine_unreachable", f"engine unreachable: {exc}")
             self._end(ex)
             return
         self._relay(writer, ex, resp)
@@ -1212,21 +1208,16 @@ class ProxyApp:
                 "response bodies held)"
             )
         self.answer_error(
-            writer, ex, 503, f"{why}; retry after the Retry-After delay",
-            "service_unavailable", "proxy_buffers_full", self._busy_headers,
-        )  # fmt: skip
-
-    def _body_too_slow(self, writer: ClientWriter, ex: Exchange) -> None:
-        self.answer_error(
-            writer, ex, 408, f"request body not received within {self.config.body_timeout_s:g} s",
-            "invalid_request_error", "request_timeout",
-        )  # fmt: skip
+            writer, ex, "proxy_buffers_full", f"{why}; retry after the Retry-After delay"
+        )
 
     def _body_too_large(self, writer: ClientWriter, ex: Exchange) -> None:
         self.answer_error(
-            writer, ex, 413, f"request body larger than {self.config.max_body_bytes} bytes",
-            "invalid_request_error", "request_too_large",
-        )  # fmt: skip
+            writer,
+            ex,
+            "request_too_large",
+            f"request body larger than {self.config.max_body_bytes} bytes",
+        )
 
     # -- answers ---------------------------------------------------------------------------
     def answer(
@@ -1259,12 +1250,15 @@ class ProxyApp:
         self,
         writer: ClientWriter,
         ex: Exchange,
-        status: int,
-        message: str,
-        type_: str,
         code: str,
+        message: str,
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
+        """An OpenAI-style error answer; status, type and Retry-After follow from ``code``
+        (``ERRORS``)."""
+        status, type_, retry = ERRORS[code]
+        if retry is not None:
+            extra = [*(extra or ()), *self._retry_after[retry]]
         ex.error = code
         self.answer(writer, ex, status, error_body(message, type_, code), _JSON, extra)
 

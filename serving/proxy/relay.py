@@ -121,11 +121,8 @@ class RelayHost(Protocol):
     def hold(self, ex: Exchange, size: int) -> bool:
         """Take ``size`` bytes of the global buffer budget for ``ex`` (False: not available)."""
 
-    def answer_error(
-        self, writer: ClientWriter, ex: Exchange, status: int, message: str, type_: str,
-        code: str, extra: list[tuple[bytes, bytes]] | None = None,
-    ) -> None:  # fmt: skip
-        """An OpenAI-style error answer."""
+    def answer_error(self, writer: ClientWriter, ex: Exchange, code: str, message: str) -> None:
+        """An OpenAI-style error answer (its status follows from ``code``: app.ERRORS)."""
 
     def answer_buffers_full(self, writer: ClientWriter, ex: Exchange) -> None:
         """503 proxy_buffers_full."""
@@ -324,8 +321,8 @@ class Relay:
             timeout = isinstance(error, UpstreamTimeout)
             app.metrics.upstream_errors["timeout" if timeout else "broken"] += 1
             app.answer_error(
-                self.writer, ex, 504 if timeout else 502, f"engine request failed: {error}",
-                "upstream_error", "engine_timeout" if timeout else "engine_failed",
+                self.writer, ex, "engine_timeout" if timeout else "engine_failed",
+                f"engine request failed: {error}",
             )  # fmt: skip
         else:
             self._end_stream_with_error(error)
