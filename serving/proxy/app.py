@@ -44,6 +44,9 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str  # quoted, escaped, ASCII
 from typing import TYPE_CHECKING, Any
 
+import orjson
+import simdjson
+
 from serving.proxy.admission import ADMITTED, KEY_LIMIT, QUEUED, Admission
 from serving.proxy.exchange import Exchange, Route
 from serving.proxy.keys import KeyRing, parse_bearer
@@ -374,30 +377,11 @@ class _AsgiWriter:
             callback()
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-# One decoder for every request (json.loads with options would build one per call). Bodies
-# must be UTF-8 (RFC 8259); NaN/Infinity are not JSON and are refused.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
-def _loads_stdlib(body: bytes | memoryview) -> Any:
-    return _DECODER.decode(bytes(body).decode("utf-8"))
-
-
 # orjson (Rust, ~2 GB/s on string-heavy bodies vs ~0.1 GB/s for the stdlib here: dev/bench/proxy)
-# refuses the same inputs: invalid UTF-8, NaN/Infinity, numbers that overflow to infinity,
-# nesting deeper than 1024; it also refuses lone surrogate escapes ("\ud800"), which the
-# stdlib accepts and no engine needs. Its errors are ValueErrors. The stdlib is the fallback.
-try:
-    from orjson import loads as _orjson_loads
-
-    _loads: Callable[[bytes | memoryview], Any] = _orjson_loads
-except ImportError:  # pragma: no cover - orjson is pinned in pyproject.toml
-    _loads = _loads_stdlib
-
+# refuses what the JSON RFC does: invalid UTF-8 (bodies must be UTF-8, RFC 8259), NaN/Infinity,
+# numbers that overflow to infinity, nesting deeper than 1024; it also refuses lone surrogate
+# escapes ("\ud800"), which no engine needs. Its errors are ValueErrors.
+#
 # simdjson (pysimdjson) validates a whole document without building Python objects: ~1-2 GB/s
 # on a long chat history of many small messages, where orjson, which builds every dict and
 # string, manages ~0.3-0.6 (dev/bench/proxy, issue 13). It is used for bodies of at least
@@ -407,15 +391,7 @@ except ImportError:  # pragma: no cover - orjson is pinned in pyproject.toml
 # objects nested exactly 1024 deep, which orjson accepts; nothing was found the other way:
 # tests/serving/test_proxy_input.py sends each case padded past the threshold).
 _SIMDJSON_FROM = 16 * 1024
-try:
-    import simdjson as _simdjson
-
-    _SIMD_PARSER: Any = _simdjson.Parser()
-    _SIMD_OBJECT: Any = _simdjson.Object
-except ImportError:  # pragma: no cover - pysimdjson is pinned in pyproject.toml
-    _SIMD_PARSER = None
-
-
+_SIMD_PARSER = simdjson.Parser()
 # Objects with more top-level keys than this go to orjson: an OpenAI request has about 30
 # parameters, and listing the keys of a very wide object costs more than orjson's parse.
 _SIMD_MAX_KEYS = 64
@@ -425,8 +401,8 @@ def _check_simd(doc: Any) -> tuple[str | None, bool, bool] | None:
     """``check_body``'s verdict from a simdjson document; None: let orjson decide (a wide
     object, or `stream`/`stream_options`/`include_usage` given twice: simdjson would read the
     first, orjson and the engines' Python parsers the last)."""
-    if not isinstance(doc, _SIMD_OBJECT):
-        kind = "list" if isinstance(doc, _simdjson.Array) else type(doc).__name__
+    if not isinstance(doc, simdjson.Object):
+        kind = "list" if isinstance(doc, simdjson.Array) else type(doc).__name__
         return f"request body must be a JSON object, got a JSON {kind}", False, False
     if len(doc) > _SIMD_MAX_KEYS:
         return None
@@ -439,7 +415,7 @@ def _check_simd(doc: Any) -> tuple[str | None, bool, bool] | None:
     usage = False
     if "stream_options" in keys:
         options = doc["stream_options"]
-        if isinstance(options, _SIMD_OBJECT):
+        if isinstance(options, simdjson.Object):
             if len(options) > _SIMD_MAX_KEYS:
                 return None
             option_keys = list(options.keys())
@@ -454,7 +430,7 @@ def _check_simd(doc: Any) -> tuple[str | None, bool, bool] | None:
 def check_body(body: bytes | memoryview) -> tuple[str | None, bool, bool]:
     """The request-body check: ``(problem, stream, include_usage)``; ``problem`` is None for
     a JSON object whose ``stream`` (if present) is a boolean, else what is wrong (a 400)."""
-    if _SIMD_PARSER is not None and len(body) >= _SIMDJSON_FROM:
+    if len(body) >= _SIMDJSON_FROM:
         doc: Any = None
         with contextlib.suppress(Exception):  # any refusal: orjson decides below
             doc = _SIMD_PARSER.parse(body)
@@ -468,7 +444,7 @@ def check_body(body: bytes | memoryview) -> tuple[str | None, bool, bool]:
             if verdict is not None:
                 return verdict
     try:
-        data = _loads(body)
+        data = orjson.loads(body)
     except (ValueError, RecursionError) as exc:
         return f"request body is not valid JSON ({exc.__class__.__name__})", False, False
     if not isinstance(data, dict):
