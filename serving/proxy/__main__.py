@@ -17,10 +17,10 @@ import sys
 from serving.proxy.app import ProxyApp, ProxyConfig
 from serving.proxy.keys import ENV_VAR, KeyConfigError, KeyRing
 from serving.proxy.logs import configure_logging
-from serving.proxy.runner import bind, http_protocol, run_uvicorn, tune_gc
+from serving.proxy.runner import bind, run_uvicorn, tune_gc
 from serving.proxy.workers import run_workers, worker_config
 
-__all__ = ["TUNABLES", "build_parser", "http_protocol", "main"]
+__all__ = ["TUNABLES", "build_parser", "main"]
 
 
 def _key_limit(text: str) -> tuple[str, int]:
