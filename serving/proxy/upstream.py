@@ -171,11 +171,7 @@ class UpstreamResponse:
                 data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
                 chunks.clear()
                 self._buffered = 0
-                if self._paused:
-                    self._paused = False
-                    conn = self._conn
-                    if conn is not None and conn.transport is not None:
-                        conn.transport.resume_reading()
+                self.resume_reading()
                 return data
             if self._error is not None:
                 raise self._error
@@ -225,7 +221,8 @@ class UpstreamResponse:
 
     def end_deadline(self) -> None:
         """No deadline for the rest of this response (``head_timeout_s`` of ``request``
-        covered its head): a stream, timed by its silence limit from now on."""
+        covered its head): a stream, timed by its silence limit from now on; also once the
+        response is over."""
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -293,14 +290,20 @@ class UpstreamResponse:
             conn.abort()
         listener.on_bug(exc)
 
-    def _close(self, error: UpstreamError) -> None:
-        """The response is over with ``error``: no tick, no head timeout from now on."""
+    def _close(self, error: UpstreamError | None) -> None:
+        """The response is over (with ``error``, or complete): no tick, no deadline."""
         self._done = True
         self._error = error
-        self._stop_ticks()
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        self.end_deadline()
+
+    def _wake(self) -> None:
+        """Wake the pull consumer waiting in ``read``."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _set_head(self) -> None:
         self._head_seen = True
@@ -311,9 +314,7 @@ class UpstreamResponse:
             # ends it (``end_deadline``: a stream, whose silence limit takes over).
             self._notify(listener, listener.on_head)
             return
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self.end_deadline()
         future = self._head_future
         if future is not None and not future.done():
             future.set_result(None)
@@ -330,25 +331,16 @@ class UpstreamResponse:
             return
         self._chunks.append(data)
         self._buffered += len(data)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        if self._buffered > _PAUSE_AT and not self._paused:
-            conn = self._conn
-            if conn is not None and conn.transport is not None:
-                self._paused = True
-                conn.transport.pause_reading()
+        self._wake()
+        if self._buffered > _PAUSE_AT:
+            self.pause_reading()
 
     def _finish(self, last: bytes = b"") -> None:
         """The response is complete; ``last``: the body bytes of the read that completed it."""
         if self._done:  # failed or aborted while its last piece was handled
             return
-        self._done = True
+        self._close(None)
         self._conn = None
-        self._stop_ticks()
-        if self._head_timer is not None:  # push mode: the deadline ran until the end
-            self._head_timer.cancel()
-            self._head_timer = None
         listener = self._listener
         if listener is not None:
             self._listener = None  # nothing follows the end
@@ -360,9 +352,7 @@ class UpstreamResponse:
         if last:
             self._chunks.append(last)
             self._buffered += len(last)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
 
     def _fail(self, error: UpstreamError) -> None:
         if self._done:
@@ -378,19 +368,12 @@ class UpstreamResponse:
             future.set_exception(error)
             # Nobody may ever await it (the client went away first): silence the warning.
             future.exception()
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
 
     def _head_timed_out(self, timeout: float) -> None:
         self._head_timer = None
-        if self._done:
-            return
         what = "its whole answer" if self._head_seen else "a response head"
-        self._fail(UpstreamTimeout(f"engine did not send {what} within {timeout:g} s"))
-        conn = self._conn
-        if conn is not None:
-            conn.abort()
+        self.abort(UpstreamTimeout(f"engine did not send {what} within {timeout:g} s"))
 
     def _on_tick(self) -> None:
         self._tick_handle = None
@@ -412,11 +395,6 @@ class UpstreamResponse:
                 waiter.set_result(None)
             return
         self._tick_handle = self._loop.call_at(due, self._on_tick)
-
-    def _stop_ticks(self) -> None:
-        if self._tick_handle is not None:
-            self._tick_handle.cancel()
-            self._tick_handle = None
 
 
 class _Conn(asyncio.Protocol):
