@@ -42,7 +42,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str  # quoted, escaped, ASCII
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 import simdjson
@@ -238,6 +238,7 @@ def _access_emitter() -> Callable[[str], None]:
     return access_log.info
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class _AsgiWriter:
     """``relay.ClientWriter`` over an ASGI ``send`` (uvicorn's): what the proxy writes is
     queued as ASGI messages, and the request's coroutine sends them in order (``pump``). More
@@ -248,26 +249,21 @@ class _AsgiWriter:
     (the common case) finish before ``WATCH_AFTER_S`` and never pay for one; streams start it
     at once."""
 
-    __slots__ = (
-        "_drained", "_failed", "_flushed", "_queue", "_queued", "_receive", "_send", "_task",
-        "_timer", "_wake", "disconnected", "on_disconnect",
-    )  # fmt: skip
-    HIGH_WATER = 64 * 1024
-    WATCH_AFTER_S = 0.02
+    HIGH_WATER: ClassVar[int] = 64 * 1024
+    WATCH_AFTER_S: ClassVar[float] = 0.02
 
-    def __init__(self, send: Send, receive: Receive) -> None:
-        self._send = send
-        self._receive = receive
-        self._queue: collections.deque[Message] = collections.deque()
-        self._queued = 0
-        self._wake: asyncio.Future[None] | None = None
-        self._drained: Callable[[], None] | None = None
-        self._failed = False
-        self._flushed: list[Callable[[], None]] = []
-        self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self.disconnected = False
-        self.on_disconnect: Callable[[], None] | None = None
+    _send: Send
+    _receive: Receive
+    _queue: collections.deque[Message] = field(default_factory=collections.deque)
+    _queued: int = 0
+    _wake: asyncio.Future[None] | None = None
+    _drained: Callable[[], None] | None = None
+    _failed: bool = False
+    _flushed: list[Callable[[], None]] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+    _timer: asyncio.TimerHandle | None = None
+    disconnected: bool = False
+    on_disconnect: Callable[[], None] | None = None
 
     # -- relay.ClientWriter ----------------------------------------------------------------
     def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
@@ -460,26 +456,17 @@ def check_body(body: bytes | memoryview) -> tuple[str | None, bool, bool]:
 WAIT_POLL_S = 0.01
 
 
+@dataclass(slots=True, eq=False)
 class _Waiter:
     """A request waiting for an in-flight slot (``ProxyApp._queue``)."""
 
-    __slots__ = ("ex", "granted", "key", "seq", "timer", "writer")
-
-    def __init__(
-        self,
-        ex: Exchange,
-        key: int,
-        writer: ClientWriter,
-        seq: int,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        self.ex = ex
-        self.key = key  # its index in the admission
-        self.writer = writer
-        self.seq = seq
-        self.timer: asyncio.TimerHandle | None = None
-        # True once it has a slot; False when it was answered 429 or its client left
-        self.granted: asyncio.Future[bool] = loop.create_future()
+    ex: Exchange
+    key: int  # its index in the admission
+    writer: ClientWriter
+    seq: int
+    # True once it has a slot; False when it was answered 429 or its client left
+    granted: asyncio.Future[bool]
+    timer: asyncio.TimerHandle | None = None
 
     def settle(self, admitted: bool) -> None:
         if not self.granted.done():
@@ -512,9 +499,6 @@ class ProxyApp:
             shared.cells if shared is not None else None,
             shared.lock if shared is not None else None,
         )  # fmt: skip
-        self._key_index = self.admission.index
-        self._take = self.admission.take  # per request: one attribute lookup less
-        self._free_slot = self.admission.give_back
         # Requests of this process waiting for a slot, oldest first (see ``_queue``).
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._waiter_seq = itertools.count()
@@ -542,7 +526,6 @@ class ProxyApp:
         self._ready_reason = "engine health not checked yet"
         self._failed_polls = 0  # consecutive failed /health polls
         self._poller: asyncio.Task[None] | None = None
-        self._running: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._emit_access: Callable[[str], None] = _access_emitter()
         # Request ids: a random per-process prefix + a counter (no syscall per request).
@@ -679,7 +662,7 @@ class ProxyApp:
             t0, raw_path, scope["method"], scope["headers"]
         )
         writer = _AsgiWriter(send, receive)
-        done = ex.done = self._loop().create_future()
+        done = ex.done = self.client.running_loop().create_future()
         try:
             admitted: bool | None = False
             body: bytes | memoryview | None = None
@@ -763,9 +746,9 @@ class ProxyApp:
         ex.duration = time.perf_counter() - ex.t0
         if ex.admitted:
             self.metrics.in_flight -= 1
-            self._free_slot(self._key_index[ex.key])
+            self.admission.give_back(self.admission.index[ex.key])
             if self._waiters:  # the freed slot goes to a request waiting here, if it may
-                self._loop().call_soon(self._serve_waiters)
+                self.client.running_loop().call_soon(self._serve_waiters)
         elif ex.waiter is not None:  # ended while waiting (the ASGI coroutine cancelled)
             self._unqueue(ex.waiter)
         if ex.body_held:
@@ -777,12 +760,6 @@ class ProxyApp:
         if done is not None and not done.done():
             done.set_result(None)
         self._account(ex)
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        loop = self._running
-        if loop is None or loop.is_closed():
-            loop = self._running = asyncio.get_running_loop()  # cached: a getpid() per call
-        return loop
 
     # -- steps -----------------------------------------------------------------------------
     def _front(
@@ -883,7 +860,7 @@ class ProxyApp:
             return b""
         if not self._announced(writer, ex, content_length):
             return None
-        loop = self._loop()
+        loop = self.client.running_loop()
         deadline = loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0)
         limit = self.config.max_body_bytes
         parts: list[bytes] = []
@@ -945,16 +922,19 @@ class ProxyApp:
         body was read first, so a slow body holds only its share of the buffer budget (and at
         most body_timeout_s), never a slot. True: admitted; False: answered 429; None: the
         pool is full and the key is below its fair share, it waits (``_queue`` next)."""
-        i = self._key_index[ex.key]
-        decided = self._take(i)
+        i = self.admission.index[ex.key]
+        decided = self.admission.take(i)
         if decided == ADMITTED:
-            self.metrics.in_flight += 1
-            ex.admitted = True
+            self._admitted(ex)
             return True
         if decided == QUEUED:
             return None
         self._refuse(writer, ex, i, decided)
         return False
+
+    def _admitted(self, ex: Exchange) -> None:
+        self.metrics.in_flight += 1
+        ex.admitted = True
 
     def _refuse(self, writer: ClientWriter, ex: Exchange, i: int, decided: int) -> None:
         """429 naming the key (never its value), what it holds and what to do."""
@@ -986,8 +966,10 @@ class ProxyApp:
         """Wait for a slot (``admission.take`` said QUEUED): the future is True once it has
         one (``ex.admitted``), False when it was answered 429 after fair_wait_s or its client
         left."""
-        loop = self._loop()
-        waiter = _Waiter(ex, self._key_index[ex.key], writer, next(self._waiter_seq), loop)
+        loop = self.client.running_loop()
+        waiter = _Waiter(
+            ex, self.admission.index[ex.key], writer, next(self._waiter_seq), loop.create_future()
+        )
         waiter.timer = loop.call_later(self.config.fair_wait_s, self._wait_timed_out, waiter)
         ex.waiter = waiter
         self._waiters.append(waiter)
@@ -997,19 +979,22 @@ class ProxyApp:
             self._wait_poll = loop.call_later(WAIT_POLL_S, self._poll_waiters)
         return waiter.granted
 
-    def _unqueue(self, waiter: _Waiter) -> None:
-        """``waiter`` stops waiting (no slot): its count in the admission goes."""
+    def _stop_waiting(self, waiter: _Waiter) -> None:
+        """``waiter`` waits here no more (its count in the admission is the caller's)."""
         waiter.ex.waiter = None
         if waiter.timer is not None:
             waiter.timer.cancel()
         with contextlib.suppress(ValueError):
             self._waiters.remove(waiter)
-        writer = waiter.writer
-        if writer.on_disconnect is not None and not writer.disconnected:
-            writer.on_disconnect = None
+        if not waiter.writer.disconnected:
+            waiter.writer.on_disconnect = None
+
+    def _unqueue(self, waiter: _Waiter) -> None:
+        """``waiter`` stops waiting (no slot): its count in the admission goes."""
+        self._stop_waiting(waiter)
         self.admission.leave(waiter.key)
         if self._waiters:  # one leaving may let another take a free slot
-            self._loop().call_soon(self._serve_waiters)
+            self.client.running_loop().call_soon(self._serve_waiters)
 
     def _left_waiting(self, waiter: _Waiter) -> None:
         if waiter.ex.waiter is waiter:
@@ -1038,7 +1023,7 @@ class ProxyApp:
         self._wait_poll = None
         self._serve_waiters()
         if self._waiters:
-            self._wait_poll = self._loop().call_later(WAIT_POLL_S, self._poll_waiters)
+            self._wait_poll = self.client.running_loop().call_later(WAIT_POLL_S, self._poll_waiters)
 
     def _serve_waiters(self) -> None:
         """Give free slots to the requests waiting here: the key holding least first, then
@@ -1057,19 +1042,12 @@ class ProxyApp:
             decided = admission.retry(waiter.key)
             if decided == QUEUED:
                 continue
-            ex.waiter = None  # no longer counted as waiting (retry took it off)
-            if waiter.timer is not None:
-                waiter.timer.cancel()
-            waiters.remove(waiter)
-            writer = waiter.writer
-            if not writer.disconnected:
-                writer.on_disconnect = None
+            self._stop_waiting(waiter)  # retry took its count off
             if decided == ADMITTED:
-                self.metrics.in_flight += 1
-                ex.admitted = True
+                self._admitted(ex)
                 waiter.settle(True)
             else:
-                self._refuse(writer, ex, waiter.key, decided)
+                self._refuse(waiter.writer, ex, waiter.key, decided)
                 waiter.settle(False)
 
     @staticmethod
@@ -1111,17 +1089,12 @@ class ProxyApp:
 
     def _relay(self, writer: ClientWriter, ex: Exchange, resp: UpstreamResponse) -> None:
         t_sent = time.perf_counter()
-        size = ex.body_held
-        if size:
-            # The request body's share of the budget is free again once the engine's socket
-            # has taken it (until then its bytes wait in the connection's write buffer).
-            if resp.request_pending:
-                resp.when_request_written(functools.partial(self.body_written, ex))
-            else:  # body_written inlined: the usual case, once per request
-                ex.body_held = 0
-                ex.held -= size
-                self.buffered_bytes -= size
-                self.key_held[ex.key] -= size
+        # The request body's share of the budget is free again once the engine's socket has
+        # taken it (until then its bytes wait in the connection's write buffer).
+        if resp.request_pending:
+            resp.when_request_written(functools.partial(self.body_written, ex))
+        else:
+            self.body_written(ex)
         relay = ex.relay = Relay(self, ex, writer, self._relay_done)
         relay.start(resp, t_sent)
 

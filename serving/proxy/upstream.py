@@ -22,6 +22,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
@@ -90,6 +91,7 @@ class ResponseListener(Protocol):
     def on_bug(self, exc: Exception) -> None: ...
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class UpstreamResponse:
     """One response being received, in one of two modes:
 
@@ -99,57 +101,31 @@ class UpstreamResponse:
       every event goes to the listener from the connection's callback (``ResponseListener``).
     """
 
-    __slots__ = (
-        "_buffered",
-        "_chunks",
-        "_conn",
-        "_done",
-        "_error",
-        "_head_future",
-        "_head_seen",
-        "_head_timer",
-        "_last_data",
-        "_last_tick",
-        "_listener",
-        "_loop",
-        "_paused",
-        "_tick_fired",
-        "_tick_handle",
-        "_tick_interval",
-        "_waiter",
-        "content_type",
-        "headers",
-        "hop_headers",
-        "request_pending",
-        "status",
-    )
-
-    def __init__(self, conn: _Conn, loop: asyncio.AbstractEventLoop) -> None:
-        self._conn: _Conn | None = conn
-        self._loop = loop
-        self._head_future: asyncio.Future[None] | None = None  # made by head(), if called
-        self._head_seen = False
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._buffered = 0
-        self._paused = False
-        self._done = False
-        self._error: UpstreamError | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._last_data = 0.0  # loop time of the last body bytes (kept while ticks are on)
-        self._last_tick = 0.0
-        self._tick_interval = 0.0
-        self._tick_handle: asyncio.TimerHandle | None = None
-        self._tick_fired = False
-        self._listener: ResponseListener | None = None
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.content_type = b""
-        # Header names the engine listed in its Connection header (hop-by-hop, not relayed).
-        self.hop_headers = _NO_HOP
-        # Right after the request was written: part of it still waits in the connection's
-        # write buffer (over its high-water mark); ``when_request_written`` says when not.
-        self.request_pending = False
+    _conn: _Conn | None
+    _loop: asyncio.AbstractEventLoop
+    _head_future: asyncio.Future[None] | None = None  # made by head(), if called
+    _head_seen: bool = False
+    _head_timer: asyncio.TimerHandle | None = None
+    _chunks: collections.deque[bytes] = field(default_factory=collections.deque)
+    _buffered: int = 0
+    _paused: bool = False
+    _done: bool = False
+    _error: UpstreamError | None = None
+    _waiter: asyncio.Future[None] | None = None
+    _last_data: float = 0.0  # loop time of the last body bytes (kept while ticks are on)
+    _last_tick: float = 0.0
+    _tick_interval: float = 0.0
+    _tick_handle: asyncio.TimerHandle | None = None
+    _tick_fired: bool = False
+    _listener: ResponseListener | None = None
+    status: int = 0
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    content_type: bytes = b""
+    # Header names the engine listed in its Connection header (hop-by-hop, not relayed).
+    hop_headers: frozenset[bytes] = _NO_HOP
+    # Right after the request was written: part of it still waits in the connection's
+    # write buffer (over its high-water mark); ``when_request_written`` says when not.
+    request_pending: bool = False
 
     # -- consumer side (pull) ------------------------------------------------------------
     async def head(self) -> None:
@@ -677,7 +653,7 @@ class UpstreamClient:
         Connect failures are retried (``connect_retries`` times, exponential backoff) because
         the engine saw nothing; nothing is retried once bytes were written.
         """
-        loop = self._running_loop()
+        loop = self.running_loop()
         attempt = 0
         while True:
             conn = self._pop_idle()
@@ -732,7 +708,7 @@ class UpstreamClient:
                 return True
         return False
 
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
+    def running_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
         if loop is None or loop.is_closed():
             # Cached: asyncio.get_running_loop() costs a getpid() syscall per call. A client
