@@ -771,12 +771,9 @@ class ProxyApp:
             self.answer_error(writer, ex, "route_not_found", "no such route")
         elif ex.method != route.method:
             self.answer_error(
-                writer,
-                ex,
-                "method_not_allowed",
-                f"method not allowed; use {route.method}",
+                writer, ex, "method_not_allowed", f"method not allowed; use {route.method}",
                 [(b"allow", route.method.encode())],
-            )
+            )  # fmt: skip
         elif route.kind == _HEALTH:
             self.answer(writer, ex, 200, b'{"status":"ok"}')
         elif route.kind == _READY:
@@ -806,12 +803,9 @@ class ProxyApp:
         if key is None:
             why = "missing" if count == 0 else "malformed (expected one 'Bearer <key>')"
             self.answer_error(
-                writer,
-                ex,
-                "missing_api_key" if count == 0 else "malformed_authorization",
-                f"Authorization header {why}",
-                [(b"www-authenticate", b"Bearer")],
-            )
+                writer, ex, "missing_api_key" if count == 0 else "malformed_authorization",
+                f"Authorization header {why}", [(b"www-authenticate", b"Bearer")],
+            )  # fmt: skip
             return False
         name = self.keys.match(key)
         if name is None:
@@ -850,12 +844,9 @@ class ProxyApp:
         if ex.route.method != "POST":
             if ex.body_unread:  # not read: the answer closes the connection
                 # Refused like an invalid POST body, never forwarded (issue 22 item 4).
-                self.answer_error(
-                    writer,
-                    ex,
-                    "unexpected_body",
-                    f"{ex.route.method} {ex.route.path.decode()} takes no request body",
-                )
+                route = ex.route
+                problem = f"{route.method} {route.path.decode()} takes no request body"
+                self.answer_error(writer, ex, "unexpected_body", problem)
                 return None
             return b""
         if not self._announced(writer, ex, content_length):
@@ -895,12 +886,8 @@ class ProxyApp:
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            self.answer_error(
-                writer,
-                ex,
-                "request_timeout",
-                f"request body not received within {self.config.body_timeout_s:g} s",
-            )
+            problem = f"request body not received within {self.config.body_timeout_s:g} s"
+            self.answer_error(writer, ex, "request_timeout", problem)
             return None
         ex.body_unread = False
         body: bytes | memoryview
@@ -1161,12 +1148,8 @@ class ProxyApp:
         )
 
     def _body_too_large(self, writer: ClientWriter, ex: Exchange) -> None:
-        self.answer_error(
-            writer,
-            ex,
-            "request_too_large",
-            f"request body larger than {self.config.max_body_bytes} bytes",
-        )
+        problem = f"request body larger than {self.config.max_body_bytes} bytes"
+        self.answer_error(writer, ex, "request_too_large", problem)
 
     # -- answers ---------------------------------------------------------------------------
     def answer(
