@@ -493,12 +493,10 @@ class ProxyApp:
                 "SERVING_API_KEYS or remove that entry"
             )
         # Slots in flight per key, shared fairly (with --workers: in shared memory).
-        shared = share.in_flight if share is not None else None
+        cells, lock = share.in_flight if share is not None else (None, None)
         self.admission = Admission(
-            config.max_in_flight, keys.names, dict(config.key_max_in_flight),
-            shared.cells if shared is not None else None,
-            shared.lock if shared is not None else None,
-        )  # fmt: skip
+            config.max_in_flight, keys.names, dict(config.key_max_in_flight), cells, lock
+        )
         # Requests of this process waiting for a slot, oldest first (see ``_queue``).
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._waiter_seq = itertools.count()
@@ -783,11 +781,11 @@ class ProxyApp:
                 self.answer_error(writer, ex, "engine_not_ready", self._not_ready_message())
         elif self._authenticate(writer, ex, auth, auth_count):
             if route.kind == _METRICS:
-                share = self.share
-                self.metrics.waiting = self.admission.waiting
+                share, metrics = self.share, self.metrics
+                metrics.waiting = self.admission.waiting
                 self.answer(
                     writer, ex, 200,
-                    self.metrics.render() if share is None else share.render(self.metrics),
+                    metrics.render() if share is None else share.render(metrics, self.admission),
                     (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
                 )  # fmt: skip
             elif not self.ready:

@@ -47,9 +47,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from serving.proxy.admission import cells_needed
+from serving.proxy.admission import Admission, cells_needed
 from serving.proxy.app import ProxyApp, ProxyConfig
 from serving.proxy.keys import ENV_VAR, KeyRing
 from serving.proxy.logs import configure_logging
@@ -62,25 +62,13 @@ PUBLISH_S = 0.5  # a worker's metrics reach the others' /metrics at most this la
 STOP_GRACE_S = 40.0  # after SIGTERM: the workers' 30 s drain, then SIGKILL for what is left
 
 
-class SharedInFlight:
+class SharedInFlight(NamedTuple):
     """The in-flight counts of all workers, per key (admission.Admission's cells), in shared
     memory, under one lock (``--workers``): every worker admits against the same slots,
     per-key counts and waiting requests."""
 
-    def __init__(self, cells: Any, lock: Any, limit: int) -> None:
-        self.cells = cells  # a multiprocessing RawArray("q", admission.cells_needed(keys))
-        self.lock = lock  # a multiprocessing Lock
-        self.limit = limit
-
-    @property
-    def value(self) -> int:
-        """Requests in flight, all workers and keys together (read without the lock)."""
-        return int(self.cells[0])
-
-    @property
-    def waiting(self) -> int:
-        """Requests waiting for a slot, all workers together (read without the lock)."""
-        return int(self.cells[1])
+    cells: Any  # a multiprocessing RawArray("q", admission.cells_needed(keys))
+    lock: Any  # a multiprocessing Lock
 
 
 class WorkerShare:
@@ -132,10 +120,11 @@ class WorkerShare:
         os.replace(tmp, path)
         self._published = data
 
-    def render(self, own: Metrics) -> bytes:
+    def render(self, own: Metrics, admission: Admission) -> bytes:
         """/metrics for the whole proxy: ``own`` (live) plus the other workers' last published
-        states, summed; ``proxy_in_flight`` from the shared counter; ``proxy_engine_ready`` 1
-        only when every worker has published and sees the engine ready."""
+        states, summed; ``proxy_in_flight`` and ``proxy_waiting`` from the shared admission
+        counts; ``proxy_engine_ready`` 1 only when every worker has published and sees the
+        engine ready."""
         states: list[dict[str, Any]] = [own.state()]
         complete = True
         for index in range(self.count):
@@ -146,8 +135,8 @@ class WorkerShare:
             except (OSError, ValueError):
                 complete = False  # not published yet (starting)
         total = Metrics.merged(states)
-        total.in_flight = self.in_flight.value
-        total.waiting = self.in_flight.waiting
+        total.in_flight = admission.total
+        total.waiting = admission.waiting
         total.engine_ready = total.engine_ready and complete
         return total.render()
 
@@ -266,9 +255,7 @@ def run_workers(config: ProxyConfig, workers: int, host: str, port: int, access_
     sweep_stale_boards(boards)
     board = tempfile.mkdtemp(prefix=f"{BOARD_PREFIX}{os.getpid()}-", dir=boards)
     keys = KeyRing.from_json(os.environ.get(ENV_VAR))  # checked by the caller (__main__)
-    in_flight = SharedInFlight(
-        ctx.RawArray("q", cells_needed(len(keys.names))), ctx.Lock(), config.max_in_flight
-    )
+    in_flight = SharedInFlight(ctx.RawArray("q", cells_needed(len(keys.names))), ctx.Lock())
     procs: list[Any] = []
     state = {"stopping": False, "deadline": float("inf")}
 
