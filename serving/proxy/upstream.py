@@ -96,7 +96,7 @@ class UpstreamResponse:
     """One response being received, in one of two modes:
 
     - pull (the health check, tests): ``head()`` waits for status and headers; ``read()``
-      yields body pieces as they arrive, ``b""`` at the end, or ``None`` on a keep-alive tick;
+      yields body pieces as they arrive, ``b""`` at the end;
     - push (the proxy's requests): ``listen(listener)`` right after the request was sent, and
       every event goes to the listener from the connection's callback (``ResponseListener``).
     """
@@ -116,7 +116,6 @@ class UpstreamResponse:
     _last_tick: float = 0.0
     _tick_interval: float = 0.0
     _tick_handle: asyncio.TimerHandle | None = None
-    _tick_fired: bool = False
     _listener: ResponseListener | None = None
     status: int = 0
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
@@ -138,9 +137,9 @@ class UpstreamResponse:
                 future = self._head_future = self._loop.create_future()
             await future
 
-    async def read(self) -> bytes | None:
+    async def read(self) -> bytes:
         """Next body bytes (all that arrived since the last call), ``b""`` when the body is
-        complete, or ``None`` when ``keepalive_ticks`` interval passed without data."""
+        complete."""
         while True:
             chunks = self._chunks
             if chunks:
@@ -159,10 +158,6 @@ class UpstreamResponse:
                 await waiter
             finally:
                 self._waiter = None
-            if self._tick_fired:
-                self._tick_fired = False
-                if not self._chunks and not self._done and self._error is None:
-                    return None
 
     async def read_all(self, limit: int) -> bytes:
         """The whole body (raises ``UpstreamBroken`` if it exceeds ``limit`` bytes)."""
@@ -170,8 +165,6 @@ class UpstreamResponse:
         size = 0
         while True:
             data = await self.read()
-            if data is None:
-                continue
             if not data:
                 return b"".join(parts)
             size += len(data)
@@ -187,8 +180,7 @@ class UpstreamResponse:
         self._listener = listener
 
     def keepalive_ticks(self, interval: float) -> None:
-        """A tick (``read()`` returns ``None``, or ``on_tick``) after each ``interval``
-        seconds without body bytes."""
+        """Push mode: ``on_tick`` after each ``interval`` seconds without body bytes."""
         if interval <= 0 or self._done:
             return
         self._tick_interval = interval
@@ -364,11 +356,6 @@ class UpstreamResponse:
             listener = self._listener
             if listener is not None:
                 self._notify(listener, listener.on_tick)
-                return
-            waiter = self._waiter
-            if waiter is not None and not waiter.done():
-                self._tick_fired = True
-                waiter.set_result(None)
             return
         self._tick_handle = self._loop.call_at(due, self._on_tick)
 
