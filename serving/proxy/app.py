@@ -33,7 +33,6 @@ import contextlib
 import functools
 import hashlib
 import itertools
-import json
 import logging
 import mmap
 import os
@@ -50,7 +49,7 @@ import simdjson
 from serving.proxy.admission import ADMITTED, KEY_LIMIT, QUEUED, Admission
 from serving.proxy.exchange import Exchange, Route
 from serving.proxy.keys import KeyRing, parse_bearer
-from serving.proxy.logs import BatchingStreamHandler
+from serving.proxy.logs import BatchingStreamHandler, event_log, log_event
 from serving.proxy.metrics import Metrics
 from serving.proxy.relay import ClientWriter, Relay, error_body, scan_usage
 from serving.proxy.upstream import (
@@ -70,7 +69,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 access_log = logging.getLogger("serving.proxy.access")
-event_log = logging.getLogger("serving.proxy")
 
 _ENGINE, _HEALTH, _READY, _METRICS = range(4)
 
@@ -574,10 +572,9 @@ class ProxyApp:
     def _set_ready(self, ready: bool, reason: str) -> None:
         changed = ready != self.ready
         if changed:
-            event_log.warning(
-                json.dumps({"event": "engine_ready" if ready else "engine_not_ready",
-                            "reason": reason, "upstream": self.config.upstream,
-                            **self._event_tags})
+            log_event(
+                logging.WARNING, "engine_ready" if ready else "engine_not_ready", reason=reason,
+                upstream=self.config.upstream, **self._event_tags,
             )  # fmt: skip
         self.ready = ready
         self.metrics.engine_ready = ready
@@ -617,11 +614,10 @@ class ProxyApp:
         if not self.ready or self._failed_polls >= self.config.unready_after_failures:
             self._set_ready(False, reason)
         else:
-            event_log.warning(
-                json.dumps({"event": "engine_health_failed", "reason": reason,
-                            "failed_in_a_row": self._failed_polls,
-                            "unready_after": self.config.unready_after_failures,
-                            **self._event_tags})
+            log_event(
+                logging.WARNING, "engine_health_failed", reason=reason,
+                failed_in_a_row=self._failed_polls,
+                unready_after=self.config.unready_after_failures, **self._event_tags,
             )  # fmt: skip
 
     async def _check_health(self) -> tuple[bool, str]:

@@ -30,7 +30,6 @@ client's response: 500 before its head, a cut connection after (``ClientWriter.f
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
 from collections.abc import Callable
@@ -38,13 +37,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from serving.proxy.exchange import Exchange
+from serving.proxy.logs import event_log
 from serving.proxy.metrics import Metrics
 from serving.proxy.sse import UsageChunkFilter
 from serving.proxy.upstream import UpstreamBroken, UpstreamError, UpstreamResponse, UpstreamTimeout
 
 __all__ = ["KEEPALIVE_COMMENT", "ClientWriter", "Relay", "RelayHost", "error_body", "scan_usage"]
 
-event_log = logging.getLogger("serving.proxy")
 
 KEEPALIVE_COMMENT = b": keep-alive\n\n"
 _STREAM_HEADERS = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]

@@ -52,11 +52,9 @@ from typing import Any, NamedTuple
 from serving.proxy.admission import Admission, cells_needed
 from serving.proxy.app import ProxyApp, ProxyConfig
 from serving.proxy.keys import ENV_VAR, KeyRing
-from serving.proxy.logs import configure_logging
+from serving.proxy.logs import configure_logging, event_log, log_event
 from serving.proxy.metrics import Metrics
 from serving.proxy.runner import bind, run_uvicorn, tune_gc
-
-event_log = logging.getLogger("serving.proxy")
 
 PUBLISH_S = 0.5  # a worker's metrics reach the others' /metrics at most this late
 STOP_GRACE_S = 40.0  # after SIGTERM: the workers' 30 s drain, then SIGKILL for what is left
@@ -189,9 +187,7 @@ def worker_main(plan: WorkerPlan) -> None:
     share = WorkerShare(plan.index, plan.count, plan.in_flight, plan.board)
     app = ProxyApp(plan.config, keys, share)
     sock = bind(plan.host, plan.port, reuse_port=True)
-    event_log.warning(
-        json.dumps({"event": "proxy_worker_started", "worker": plan.index, "pid": os.getpid()})
-    )
+    log_event(logging.WARNING, "proxy_worker_started", worker=plan.index, pid=os.getpid())
     tune_gc()
     run_uvicorn(app, plan.config, sock, plan.access_log, shared_stream=True)
     logging.shutdown()  # flush the last access lines
@@ -294,30 +290,30 @@ def run_workers(config: ProxyConfig, workers: int, host: str, port: int, access_
                 code = codes[str(index)] = proc.exitcode
                 if not state["stopping"]:
                     failed = True
-                    event_log.error(json.dumps({
-                        "event": "proxy_worker_died", "worker": index, "pid": proc.pid,
-                        "exit_code": code, "why": _describe(code),
-                        "action": "stopping the other workers and exiting 1, so that the "
+                    log_event(
+                        logging.ERROR, "proxy_worker_died", worker=index, pid=proc.pid,
+                        exit_code=code, why=_describe(code),
+                        action="stopping the other workers and exiting 1, so that the "
                         "container restarts the proxy; the worker's last log lines above say "
                         "why it stopped (a traceback, a bind error); killed by SIGKILL with "
                         "no such line usually means the kernel's OOM killer: give the "
                         "container more memory or run fewer --workers",
-                    }))  # fmt: skip
+                    )  # fmt: skip
                     stop_all()
                 elif code not in (0, -signal.SIGTERM):
                     # -SIGTERM: stopped before its handler was installed (it served nothing)
                     failed = True
-                    event_log.error(json.dumps({
-                        "event": "proxy_worker_stop_failed", "worker": index, "pid": proc.pid,
-                        "exit_code": code, "why": _describe(code),
-                    }))  # fmt: skip
+                    log_event(
+                        logging.ERROR, "proxy_worker_stop_failed", worker=index, pid=proc.pid,
+                        exit_code=code, why=_describe(code),
+                    )  # fmt: skip
             if pending and time.monotonic() > state["deadline"]:
                 failed = True
-                event_log.error(json.dumps({
-                    "event": "proxy_workers_killed", "workers": sorted(i for i, _ in
-                                                                   pending.values()),
-                    "why": f"still running {STOP_GRACE_S:g} s after SIGTERM",
-                }))  # fmt: skip
+                log_event(
+                    logging.ERROR, "proxy_workers_killed", workers=sorted(i for i, _ in
+                                                                       pending.values()),
+                    why=f"still running {STOP_GRACE_S:g} s after SIGTERM",
+                )  # fmt: skip
                 stop_all(signal.SIGKILL)
                 state["deadline"] = float("inf")
     finally:
@@ -326,7 +322,5 @@ def run_workers(config: ProxyConfig, workers: int, host: str, port: int, access_
         holder.close()
         shutil.rmtree(board, ignore_errors=True)
     status = 1 if failed else 0
-    event_log.warning(
-        json.dumps({"event": "proxy_stopped", "exit_codes": codes, "exit_status": status})
-    )
+    log_event(logging.WARNING, "proxy_stopped", exit_codes=codes, exit_status=status)
     return status
