@@ -1031,14 +1031,6 @@ class ProxyApp:
                 self._refuse(waiter.writer, ex, waiter.key, decided)
                 waiter.settle(False)
 
-    @staticmethod
-    def _engine_headers(
-        ex: Exchange, forward: list[tuple[bytes, bytes]]
-    ) -> list[tuple[bytes, bytes]]:
-        if ex.route.method == "POST":  # validated JSON, whatever the client labelled it
-            return [*forward, _JSON, (b"x-request-id", ex.request_id)]
-        return [*forward, (b"x-request-id", ex.request_id)]
-
     async def _send(
         self,
         writer: ClientWriter,
@@ -1052,10 +1044,13 @@ class ProxyApp:
         client = self.client
         retries_before = client.retries
         route = ex.route
+        headers = [*forward, (b"x-request-id", ex.request_id)]
+        if route.method == "POST":
+            headers.append(_JSON)  # validated JSON, whatever the client labelled it
         try:
             try:
                 resp = await client.request(
-                    route.method_bytes, route.path, self._engine_headers(ex, forward), body,
+                    route.method_bytes, route.path, headers, body,
                     head_timeout_s=self.config.upstream_timeout_s,
                 )  # fmt: skip
             finally:
