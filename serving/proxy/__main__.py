@@ -9,18 +9,17 @@ with a message that names the problem but never a key or digest.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 
 from serving.proxy.app import ProxyApp, ProxyConfig
 from serving.proxy.keys import ENV_VAR, KeyConfigError, KeyRing
-from serving.proxy.logs import configure_logging
-from serving.proxy.runner import bind, http_protocol, run_uvicorn, tune_gc
+from serving.proxy.logs import configure_logging, log_event
+from serving.proxy.runner import bind, run_uvicorn, tune_gc
 from serving.proxy.workers import run_workers, worker_config
 
-__all__ = ["TUNABLES", "build_parser", "http_protocol", "main"]
+__all__ = ["TUNABLES", "build_parser", "main"]
 
 
 def _key_limit(text: str) -> tuple[str, int]:
@@ -115,11 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serving.proxy: refusing to start: {exc}", file=sys.stderr)
         return 2
     configure_logging(not args.no_access_log, shared_stream=args.workers > 1)
-    logging.getLogger("serving.proxy").warning(
-        json.dumps({"event": "proxy_starting", "port": args.port, "upstream": args.upstream,
-                    "key_names": keys.names, "max_in_flight": config.max_in_flight,
-                    "key_max_in_flight": dict(config.key_max_in_flight),
-                    "workers": args.workers})
+    log_event(
+        logging.WARNING, "proxy_starting", port=args.port, upstream=args.upstream,
+        key_names=keys.names, max_in_flight=config.max_in_flight,
+        key_max_in_flight=dict(config.key_max_in_flight), workers=args.workers,
     )  # fmt: skip
     if args.workers > 1:
         return run_workers(config, args.workers, args.host, args.port, not args.no_access_log)

@@ -35,8 +35,9 @@ nobody waiting, the key under its own limit) is a few comparisons, as the one co
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 __all__ = ["ADMITTED", "KEY_LIMIT", "OVER_SHARE", "QUEUED", "Admission", "Counts"]
 
@@ -48,6 +49,7 @@ KEY_LIMIT = 3  # the key holds its own limit: 429
 
 _TOTAL, _WAITING, _ACTIVE = 0, 1, 2
 _HEAD = 3
+_T = TypeVar("_T")
 LOCK_TIMEOUT_S = 1.0  # the lock is held for microseconds; longer: a worker died in it
 
 
@@ -93,10 +95,11 @@ class Admission:
         self._count = _HEAD  # in-flight of key i: cells[_HEAD + i]
         self._wait = _HEAD + keys  # waiting of key i: cells[_HEAD + keys + i]
         # Once per request each: one process takes no lock and makes one call, not two.
-        self.take: Callable[[int], int] = self._take if lock is None else self._take_locked
-        self.give_back: Callable[[int], None] = (
-            self._give_back if lock is None else self._give_back_locked
-        )
+        self.take: Callable[[int], int] = self._take
+        self.give_back: Callable[[int], None] = self._give_back
+        if lock is not None:
+            self.take = functools.partial(self._locked, self._take, stuck=OVER_SHARE)
+            self.give_back = functools.partial(self._locked, self._give_back, stuck=None)
 
     # -- reading (no lock: one aligned int each, for metrics and messages) -----------------
     @property
@@ -123,39 +126,32 @@ class Admission:
     # counted in ``waiting``: ``retry`` or ``leave`` next), OVER_SHARE or KEY_LIMIT (429 now).
     # ``give_back(i)``: an admitted request of key ``i`` ended, its slot is free.
 
-    def _take_locked(self, i: int) -> int:
+    def _locked(self, step: Callable[[int], _T], i: int, stuck: _T) -> _T:
+        """``step(i)`` under the workers' lock; ``stuck`` when it cannot be had within
+        ``LOCK_TIMEOUT_S`` (a worker died holding it: the main process is stopping all)."""
         lock = self._lock
         if not lock.acquire(True, LOCK_TIMEOUT_S):
-            return OVER_SHARE  # a worker died holding it: the main process is stopping all
+            return stuck
         try:
-            return self._take(i)
+            return step(i)
         finally:
             lock.release()
 
     def _take(self, i: int) -> int:
         cells = self._cells
-        c = self._count + i
-        held = cells[c]
+        held = cells[self._count + i]
         limit = self.limits[i]
         if held >= limit:  # its own limit; or, with none, it holds the whole pool
             return KEY_LIMIT if limit < self.pool else OVER_SHARE
         total = cells[_TOTAL]
         if total < self.pool and not cells[_WAITING]:  # the common case
-            cells[c] = held + 1
-            cells[_TOTAL] = total + 1
-            if not held and not cells[self._wait + i]:
-                cells[_ACTIVE] += 1
-            return ADMITTED
+            return self._admit(i, held, total)
         w = self._wait + i
         share = self.share(i)
         if held >= share:
             return OVER_SHARE
         if total < self.pool:  # others wait, but this key is below its share too: it may
-            cells[c] = held + 1
-            cells[_TOTAL] = total + 1
-            if not held and not cells[w]:
-                cells[_ACTIVE] += 1
-            return ADMITTED
+            return self._admit(i, held, total)
         if held + cells[w] >= share or cells[_WAITING] >= self.pool:
             return OVER_SHARE  # enough of its requests wait already for what it may use
         if not held and not cells[w]:
@@ -164,19 +160,19 @@ class Admission:
         cells[_WAITING] += 1
         return QUEUED
 
+    def _admit(self, i: int, held: int, total: int) -> int:
+        cells = self._cells
+        cells[self._count + i] = held + 1
+        cells[_TOTAL] = total + 1
+        if not held and not cells[self._wait + i]:
+            cells[_ACTIVE] += 1
+        return ADMITTED
+
     def retry(self, i: int) -> int:
         """A waiting request of key ``i`` tries again: ADMITTED (no longer waiting), KEY_LIMIT
         (no longer waiting: its own limit was reached meanwhile by its other requests), or
         QUEUED (still waiting)."""
-        lock = self._lock
-        if lock is None:
-            return self._retry(i)
-        if not lock.acquire(True, LOCK_TIMEOUT_S):
-            return QUEUED
-        try:
-            return self._retry(i)
-        finally:
-            lock.release()
+        return self._retry(i) if self._lock is None else self._locked(self._retry, i, QUEUED)
 
     def _retry(self, i: int) -> int:
         cells = self._cells
@@ -200,37 +196,25 @@ class Admission:
 
     def leave(self, i: int) -> None:
         """A waiting request of key ``i`` gives up (timed out, or its client left)."""
-        lock = self._lock
-        if lock is None:
+        if self._lock is None:
             self._unwait(i)
-            return
-        if lock.acquire(True, LOCK_TIMEOUT_S):
-            try:
-                self._unwait(i)
-            finally:
-                lock.release()
+        else:
+            self._locked(self._unwait, i, None)
 
     def _unwait(self, i: int) -> None:
         cells = self._cells
-        c, w = self._count + i, self._wait + i
-        cells[w] -= 1
+        cells[self._wait + i] -= 1
         cells[_WAITING] -= 1
-        if not cells[w] and not cells[c]:
-            cells[_ACTIVE] -= 1
-
-    def _give_back_locked(self, i: int) -> None:
-        lock = self._lock
-        if lock.acquire(True, LOCK_TIMEOUT_S):
-            try:
-                self._give_back(i)
-            finally:
-                lock.release()
+        self._drop_if_idle(i)
 
     def _give_back(self, i: int) -> None:
         cells = self._cells
-        c = self._count + i
-        held = cells[c] - 1
-        cells[c] = held
+        cells[self._count + i] -= 1
         cells[_TOTAL] -= 1
-        if not held and not cells[self._wait + i]:
+        self._drop_if_idle(i)
+
+    def _drop_if_idle(self, i: int) -> None:
+        """Key ``i`` is active no more once it holds and waits for nothing."""
+        cells = self._cells
+        if not cells[self._count + i] and not cells[self._wait + i]:
             cells[_ACTIVE] -= 1

@@ -33,7 +33,6 @@ import contextlib
 import functools
 import hashlib
 import itertools
-import json
 import logging
 import mmap
 import os
@@ -42,12 +41,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str  # quoted, escaped, ASCII
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import orjson
+import simdjson
 
 from serving.proxy.admission import ADMITTED, KEY_LIMIT, QUEUED, Admission
 from serving.proxy.exchange import Exchange, Route
 from serving.proxy.keys import KeyRing, parse_bearer
-from serving.proxy.logs import BatchingStreamHandler
+from serving.proxy.logs import BatchingStreamHandler, event_log, log_event
 from serving.proxy.metrics import Metrics
 from serving.proxy.relay import ClientWriter, Relay, error_body, scan_usage
 from serving.proxy.upstream import (
@@ -57,30 +59,8 @@ from serving.proxy.upstream import (
     UpstreamResponse,
 )
 
-
-class SharedCount(Protocol):
-    """The admission counts all ``--workers`` share (workers.SharedInFlight): the cells of
-    ``admission.Admission`` in shared memory and their lock."""
-
-    @property
-    def cells(self) -> Any: ...
-    @property
-    def lock(self) -> Any: ...
-
-
-class WorkerShare(Protocol):
-    """What a worker of ``--workers N`` shares with the others (workers.WorkerShare): declared
-    here, so that this module needs nothing from workers.py, which builds on it."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def in_flight(self) -> SharedCount: ...
-
-    def start(self, metrics: Metrics) -> None: ...
-    def stop(self) -> None: ...
-    def publish(self) -> None: ...
-    def render(self, own: Metrics) -> bytes: ...
+if TYPE_CHECKING:  # workers.py builds on this module: a name for the checker only
+    from serving.proxy.workers import WorkerShare
 
 
 Scope = MutableMapping[str, Any]
@@ -89,7 +69,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 access_log = logging.getLogger("serving.proxy.access")
-event_log = logging.getLogger("serving.proxy")
 
 _ENGINE, _HEALTH, _READY, _METRICS = range(4)
 
@@ -141,6 +120,29 @@ _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 # system when the body is dropped. Below it a body fits in a read or two anyway.
 _COLLECT_FROM = 256 * 1024
 _JSON = (b"content-type", b"application/json")
+
+# Each error the proxy answers itself, by its code: the status and the OpenAI error type, and
+# whether a Retry-After goes with it (_BUSY: retry_after_busy_s, _NOT_READY: ..._not_ready_s).
+_BUSY, _NOT_READY = "busy", "not_ready"
+ERRORS: dict[str, tuple[int, str, str | None]] = {
+    "invalid_content_length": (400, "invalid_request_error", None),
+    "invalid_json": (400, "invalid_request_error", None),
+    "unexpected_body": (400, "invalid_request_error", None),
+    "missing_api_key": (401, "authentication_error", None),
+    "malformed_authorization": (401, "authentication_error", None),
+    "invalid_api_key": (403, "permission_error", None),
+    "route_not_found": (404, "not_found_error", None),
+    "method_not_allowed": (405, "invalid_request_error", None),
+    "request_timeout": (408, "invalid_request_error", None),
+    "request_too_large": (413, "invalid_request_error", None),
+    "key_at_limit": (429, "rate_limit_error", _BUSY),
+    "proxy_at_capacity": (429, "rate_limit_error", _BUSY),
+    "engine_failed": (502, "upstream_error", None),
+    "engine_unreachable": (503, "service_unavailable", _NOT_READY),
+    "engine_not_ready": (503, "service_unavailable", _NOT_READY),
+    "proxy_buffers_full": (503, "service_unavailable", _BUSY),
+    "engine_timeout": (504, "upstream_error", None),
+}
 
 
 @dataclass(slots=True)
@@ -234,6 +236,7 @@ def _access_emitter() -> Callable[[str], None]:
     return access_log.info
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class _AsgiWriter:
     """``relay.ClientWriter`` over an ASGI ``send`` (uvicorn's): what the proxy writes is
     queued as ASGI messages, and the request's coroutine sends them in order (``pump``). More
@@ -244,26 +247,21 @@ class _AsgiWriter:
     (the common case) finish before ``WATCH_AFTER_S`` and never pay for one; streams start it
     at once."""
 
-    __slots__ = (
-        "_drained", "_failed", "_flushed", "_queue", "_queued", "_receive", "_send", "_task",
-        "_timer", "_wake", "disconnected", "on_disconnect",
-    )  # fmt: skip
-    HIGH_WATER = 64 * 1024
-    WATCH_AFTER_S = 0.02
+    HIGH_WATER: ClassVar[int] = 64 * 1024
+    WATCH_AFTER_S: ClassVar[float] = 0.02
 
-    def __init__(self, send: Send, receive: Receive) -> None:
-        self._send = send
-        self._receive = receive
-        self._queue: collections.deque[Message] = collections.deque()
-        self._queued = 0
-        self._wake: asyncio.Future[None] | None = None
-        self._drained: Callable[[], None] | None = None
-        self._failed = False
-        self._flushed: list[Callable[[], None]] = []
-        self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self.disconnected = False
-        self.on_disconnect: Callable[[], None] | None = None
+    _send: Send
+    _receive: Receive
+    _queue: collections.deque[Message] = field(default_factory=collections.deque)
+    _queued: int = 0
+    _wake: asyncio.Future[None] | None = None
+    _drained: Callable[[], None] | None = None
+    _failed: bool = False
+    _flushed: list[Callable[[], None]] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+    _timer: asyncio.TimerHandle | None = None
+    disconnected: bool = False
+    on_disconnect: Callable[[], None] | None = None
 
     # -- relay.ClientWriter ----------------------------------------------------------------
     def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
@@ -373,30 +371,11 @@ class _AsgiWriter:
             callback()
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-# One decoder for every request (json.loads with options would build one per call). Bodies
-# must be UTF-8 (RFC 8259); NaN/Infinity are not JSON and are refused.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
-def _loads_stdlib(body: bytes | memoryview) -> Any:
-    return _DECODER.decode(bytes(body).decode("utf-8"))
-
-
 # orjson (Rust, ~2 GB/s on string-heavy bodies vs ~0.1 GB/s for the stdlib here: dev/bench/proxy)
-# refuses the same inputs: invalid UTF-8, NaN/Infinity, numbers that overflow to infinity,
-# nesting deeper than 1024; it also refuses lone surrogate escapes ("\ud800"), which the
-# stdlib accepts and no engine needs. Its errors are ValueErrors. The stdlib is the fallback.
-try:
-    from orjson import loads as _orjson_loads
-
-    _loads: Callable[[bytes | memoryview], Any] = _orjson_loads
-except ImportError:  # pragma: no cover - orjson is pinned in pyproject.toml
-    _loads = _loads_stdlib
-
+# refuses what the JSON RFC does: invalid UTF-8 (bodies must be UTF-8, RFC 8259), NaN/Infinity,
+# numbers that overflow to infinity, nesting deeper than 1024; it also refuses lone surrogate
+# escapes ("\ud800"), which no engine needs. Its errors are ValueErrors.
+#
 # simdjson (pysimdjson) validates a whole document without building Python objects: ~1-2 GB/s
 # on a long chat history of many small messages, where orjson, which builds every dict and
 # string, manages ~0.3-0.6 (dev/bench/proxy, issue 13). It is used for bodies of at least
@@ -406,15 +385,7 @@ except ImportError:  # pragma: no cover - orjson is pinned in pyproject.toml
 # objects nested exactly 1024 deep, which orjson accepts; nothing was found the other way:
 # tests/serving/test_proxy_input.py sends each case padded past the threshold).
 _SIMDJSON_FROM = 16 * 1024
-try:
-    import simdjson as _simdjson
-
-    _SIMD_PARSER: Any = _simdjson.Parser()
-    _SIMD_OBJECT: Any = _simdjson.Object
-except ImportError:  # pragma: no cover - pysimdjson is pinned in pyproject.toml
-    _SIMD_PARSER = None
-
-
+_SIMD_PARSER = simdjson.Parser()
 # Objects with more top-level keys than this go to orjson: an OpenAI request has about 30
 # parameters, and listing the keys of a very wide object costs more than orjson's parse.
 _SIMD_MAX_KEYS = 64
@@ -424,8 +395,8 @@ def _check_simd(doc: Any) -> tuple[str | None, bool, bool] | None:
     """``check_body``'s verdict from a simdjson document; None: let orjson decide (a wide
     object, or `stream`/`stream_options`/`include_usage` given twice: simdjson would read the
     first, orjson and the engines' Python parsers the last)."""
-    if not isinstance(doc, _SIMD_OBJECT):
-        kind = "list" if isinstance(doc, _simdjson.Array) else type(doc).__name__
+    if not isinstance(doc, simdjson.Object):
+        kind = "list" if isinstance(doc, simdjson.Array) else type(doc).__name__
         return f"request body must be a JSON object, got a JSON {kind}", False, False
     if len(doc) > _SIMD_MAX_KEYS:
         return None
@@ -438,7 +409,7 @@ def _check_simd(doc: Any) -> tuple[str | None, bool, bool] | None:
     usage = False
     if "stream_options" in keys:
         options = doc["stream_options"]
-        if isinstance(options, _SIMD_OBJECT):
+        if isinstance(options, simdjson.Object):
             if len(options) > _SIMD_MAX_KEYS:
                 return None
             option_keys = list(options.keys())
@@ -453,7 +424,7 @@ def _check_simd(doc: Any) -> tuple[str | None, bool, bool] | None:
 def check_body(body: bytes | memoryview) -> tuple[str | None, bool, bool]:
     """The request-body check: ``(problem, stream, include_usage)``; ``problem`` is None for
     a JSON object whose ``stream`` (if present) is a boolean, else what is wrong (a 400)."""
-    if _SIMD_PARSER is not None and len(body) >= _SIMDJSON_FROM:
+    if len(body) >= _SIMDJSON_FROM:
         doc: Any = None
         with contextlib.suppress(Exception):  # any refusal: orjson decides below
             doc = _SIMD_PARSER.parse(body)
@@ -467,7 +438,7 @@ def check_body(body: bytes | memoryview) -> tuple[str | None, bool, bool]:
             if verdict is not None:
                 return verdict
     try:
-        data = _loads(body)
+        data = orjson.loads(body)
     except (ValueError, RecursionError) as exc:
         return f"request body is not valid JSON ({exc.__class__.__name__})", False, False
     if not isinstance(data, dict):
@@ -483,26 +454,17 @@ def check_body(body: bytes | memoryview) -> tuple[str | None, bool, bool]:
 WAIT_POLL_S = 0.01
 
 
+@dataclass(slots=True, eq=False)
 class _Waiter:
     """A request waiting for an in-flight slot (``ProxyApp._queue``)."""
 
-    __slots__ = ("ex", "granted", "key", "seq", "timer", "writer")
-
-    def __init__(
-        self,
-        ex: Exchange,
-        key: int,
-        writer: ClientWriter,
-        seq: int,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        self.ex = ex
-        self.key = key  # its index in the admission
-        self.writer = writer
-        self.seq = seq
-        self.timer: asyncio.TimerHandle | None = None
-        # True once it has a slot; False when it was answered 429 or its client left
-        self.granted: asyncio.Future[bool] = loop.create_future()
+    ex: Exchange
+    key: int  # its index in the admission
+    writer: ClientWriter
+    seq: int
+    # True once it has a slot; False when it was answered 429 or its client left
+    granted: asyncio.Future[bool]
+    timer: asyncio.TimerHandle | None = None
 
     def settle(self, admitted: bool) -> None:
         if not self.granted.done():
@@ -529,15 +491,10 @@ class ProxyApp:
                 "SERVING_API_KEYS or remove that entry"
             )
         # Slots in flight per key, shared fairly (with --workers: in shared memory).
-        shared = share.in_flight if share is not None else None
+        cells, lock = share.in_flight if share is not None else (None, None)
         self.admission = Admission(
-            config.max_in_flight, keys.names, dict(config.key_max_in_flight),
-            shared.cells if shared is not None else None,
-            shared.lock if shared is not None else None,
-        )  # fmt: skip
-        self._key_index = self.admission.index
-        self._take = self.admission.take  # per request: one attribute lookup less
-        self._free_slot = self.admission.give_back
+            config.max_in_flight, keys.names, dict(config.key_max_in_flight), cells, lock
+        )
         # Requests of this process waiting for a slot, oldest first (see ``_queue``).
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._waiter_seq = itertools.count()
@@ -565,14 +522,15 @@ class ProxyApp:
         self._ready_reason = "engine health not checked yet"
         self._failed_polls = 0  # consecutive failed /health polls
         self._poller: asyncio.Task[None] | None = None
-        self._running: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._emit_access: Callable[[str], None] = _access_emitter()
         # Request ids: a random per-process prefix + a counter (no syscall per request).
         self._id_prefix = os.urandom(8).hex().encode()
         self._id_counter = itertools.count(1)
-        self._busy_headers = [(b"retry-after", str(config.retry_after_busy_s).encode())]
-        self._not_ready_headers = [(b"retry-after", str(config.retry_after_not_ready_s).encode())]
+        self._retry_after = {
+            _BUSY: [(b"retry-after", str(config.retry_after_busy_s).encode())],
+            _NOT_READY: [(b"retry-after", str(config.retry_after_not_ready_s).encode())],
+        }
 
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -614,10 +572,9 @@ class ProxyApp:
     def _set_ready(self, ready: bool, reason: str) -> None:
         changed = ready != self.ready
         if changed:
-            event_log.warning(
-                json.dumps({"event": "engine_ready" if ready else "engine_not_ready",
-                            "reason": reason, "upstream": self.config.upstream,
-                            **self._event_tags})
+            log_event(
+                logging.WARNING, "engine_ready" if ready else "engine_not_ready", reason=reason,
+                upstream=self.config.upstream, **self._event_tags,
             )  # fmt: skip
         self.ready = ready
         self.metrics.engine_ready = ready
@@ -657,11 +614,10 @@ class ProxyApp:
         if not self.ready or self._failed_polls >= self.config.unready_after_failures:
             self._set_ready(False, reason)
         else:
-            event_log.warning(
-                json.dumps({"event": "engine_health_failed", "reason": reason,
-                            "failed_in_a_row": self._failed_polls,
-                            "unready_after": self.config.unready_after_failures,
-                            **self._event_tags})
+            log_event(
+                logging.WARNING, "engine_health_failed", reason=reason,
+                failed_in_a_row=self._failed_polls,
+                unready_after=self.config.unready_after_failures, **self._event_tags,
             )  # fmt: skip
 
     async def _check_health(self) -> tuple[bool, str]:
@@ -700,7 +656,7 @@ class ProxyApp:
             t0, raw_path, scope["method"], scope["headers"]
         )
         writer = _AsgiWriter(send, receive)
-        done = ex.done = self._loop().create_future()
+        done = ex.done = self.client.running_loop().create_future()
         try:
             admitted: bool | None = False
             body: bytes | memoryview | None = None
@@ -784,9 +740,9 @@ class ProxyApp:
         ex.duration = time.perf_counter() - ex.t0
         if ex.admitted:
             self.metrics.in_flight -= 1
-            self._free_slot(self._key_index[ex.key])
+            self.admission.give_back(self.admission.index[ex.key])
             if self._waiters:  # the freed slot goes to a request waiting here, if it may
-                self._loop().call_soon(self._serve_waiters)
+                self.client.running_loop().call_soon(self._serve_waiters)
         elif ex.waiter is not None:  # ended while waiting (the ASGI coroutine cancelled)
             self._unqueue(ex.waiter)
         if ex.body_held:
@@ -799,12 +755,6 @@ class ProxyApp:
             done.set_result(None)
         self._account(ex)
 
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        loop = self._running
-        if loop is None or loop.is_closed():
-            loop = self._running = asyncio.get_running_loop()  # cached: a getpid() per call
-        return loop
-
     # -- steps -----------------------------------------------------------------------------
     def _front(
         self, writer: ClientWriter, ex: Exchange, auth: bytes | None, auth_count: int
@@ -812,13 +762,10 @@ class ProxyApp:
         """Route, method, the proxy's own routes, key, readiness; True: go on to the engine."""
         route = ex.route
         if route.kind < 0:
-            self.answer_error(
-                writer, ex, 404, "no such route", "not_found_error", "route_not_found"
-            )
+            self.answer_error(writer, ex, "route_not_found", "no such route")
         elif ex.method != route.method:
             self.answer_error(
-                writer, ex, 405, f"method not allowed; use {route.method}",
-                "invalid_request_error", "method_not_allowed",
+                writer, ex, "method_not_allowed", f"method not allowed; use {route.method}",
                 [(b"allow", route.method.encode())],
             )  # fmt: skip
         elif route.kind == _HEALTH:
@@ -827,30 +774,21 @@ class ProxyApp:
             if self.ready:
                 self.answer(writer, ex, 200, b'{"ready":true}')
             else:
-                self._not_ready(writer, ex)
+                self.answer_error(writer, ex, "engine_not_ready", self._not_ready_message())
         elif self._authenticate(writer, ex, auth, auth_count):
             if route.kind == _METRICS:
-                share = self.share
-                self.metrics.waiting = self.admission.waiting
+                share, metrics = self.share, self.metrics
+                metrics.waiting = self.admission.waiting
                 self.answer(
                     writer, ex, 200,
-                    self.metrics.render() if share is None else share.render(self.metrics),
+                    metrics.render() if share is None else share.render(metrics, self.admission),
                     (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
                 )  # fmt: skip
             elif not self.ready:
-                self._not_ready(writer, ex)
+                self.answer_error(writer, ex, "engine_not_ready", self._not_ready_message())
             else:
                 return True
         return False
-
-    def _unexpected_body(self, writer: ClientWriter, ex: Exchange) -> None:
-        """A GET route takes no body: refused (400) like an invalid POST body, never
-        forwarded (issue 22 item 4)."""
-        route = ex.route
-        self.answer_error(
-            writer, ex, 400, f"{route.method} {route.path.decode()} takes no request body",
-            "invalid_request_error", "unexpected_body",
-        )  # fmt: skip
 
     def _authenticate(
         self, writer: ClientWriter, ex: Exchange, auth: bytes | None, count: int
@@ -859,25 +797,19 @@ class ProxyApp:
         if key is None:
             why = "missing" if count == 0 else "malformed (expected one 'Bearer <key>')"
             self.answer_error(
-                writer, ex, 401, f"Authorization header {why}", "authentication_error",
-                "missing_api_key" if count == 0 else "malformed_authorization",
-                [(b"www-authenticate", b"Bearer")],
+                writer, ex, "missing_api_key" if count == 0 else "malformed_authorization",
+                f"Authorization header {why}", [(b"www-authenticate", b"Bearer")],
             )  # fmt: skip
             return False
         name = self.keys.match(key)
         if name is None:
-            self.answer_error(
-                writer, ex, 403, "API key not recognised", "permission_error", "invalid_api_key"
-            )
+            self.answer_error(writer, ex, "invalid_api_key", "API key not recognised")
             return False
         ex.key = name
         return True
 
-    def _not_ready(self, writer: ClientWriter, ex: Exchange) -> None:
-        self.answer_error(
-            writer, ex, 503, f"engine not ready: {self._ready_reason}",
-            "service_unavailable", "engine_not_ready", self._not_ready_headers,
-        )  # fmt: skip
+    def _not_ready_message(self) -> str:
+        return f"engine not ready: {self._ready_reason}"
 
     def _announced(self, writer: ClientWriter, ex: Exchange, content_length: bytes | None) -> bool:
         """The announced body size: well-formed (400), within the limit (413). It reserves
@@ -885,10 +817,7 @@ class ProxyApp:
         if content_length is None:
             return True
         if not content_length.isdigit():
-            self.answer_error(
-                writer, ex, 400, "malformed Content-Length", "invalid_request_error",
-                "invalid_content_length",
-            )  # fmt: skip
+            self.answer_error(writer, ex, "invalid_content_length", "malformed Content-Length")
             return False
         if int(content_length) > self.config.max_body_bytes:
             self._body_too_large(writer, ex)
@@ -908,12 +837,15 @@ class ProxyApp:
         left). The whole body must have arrived by t0 + ``body_timeout_s`` (408)."""
         if ex.route.method != "POST":
             if ex.body_unread:  # not read: the answer closes the connection
-                self._unexpected_body(writer, ex)
+                # Refused like an invalid POST body, never forwarded (issue 22 item 4).
+                route = ex.route
+                problem = f"{route.method} {route.path.decode()} takes no request body"
+                self.answer_error(writer, ex, "unexpected_body", problem)
                 return None
             return b""
         if not self._announced(writer, ex, content_length):
             return None
-        loop = self._loop()
+        loop = self.client.running_loop()
         deadline = loop.time() + self.config.body_timeout_s - (time.perf_counter() - ex.t0)
         limit = self.config.max_body_bytes
         parts: list[bytes] = []
@@ -948,7 +880,8 @@ class ProxyApp:
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            self._body_too_slow(writer, ex)
+            problem = f"request body not received within {self.config.body_timeout_s:g} s"
+            self.answer_error(writer, ex, "request_timeout", problem)
             return None
         ex.body_unread = False
         body: bytes | memoryview
@@ -962,7 +895,7 @@ class ProxyApp:
         problem, ex.stream, ex.wants_usage = check_body(body)
         if problem is None:
             return True
-        self.answer_error(writer, ex, 400, problem, "invalid_request_error", "invalid_json")
+        self.answer_error(writer, ex, "invalid_json", problem)
         return False
 
     def _admit(self, writer: ClientWriter, ex: Exchange) -> bool | None:
@@ -970,16 +903,19 @@ class ProxyApp:
         body was read first, so a slow body holds only its share of the buffer budget (and at
         most body_timeout_s), never a slot. True: admitted; False: answered 429; None: the
         pool is full and the key is below its fair share, it waits (``_queue`` next)."""
-        i = self._key_index[ex.key]
-        decided = self._take(i)
+        i = self.admission.index[ex.key]
+        decided = self.admission.take(i)
         if decided == ADMITTED:
-            self.metrics.in_flight += 1
-            ex.admitted = True
+            self._admitted(ex)
             return True
         if decided == QUEUED:
             return None
         self._refuse(writer, ex, i, decided)
         return False
+
+    def _admitted(self, ex: Exchange) -> None:
+        self.metrics.in_flight += 1
+        ex.admitted = True
 
     def _refuse(self, writer: ClientWriter, ex: Exchange, i: int, decided: int) -> None:
         """429 naming the key (never its value), what it holds and what to do."""
@@ -1000,7 +936,7 @@ class ProxyApp:
                 "free go to keys below their share first); retry after the Retry-After delay"
             )
             code = "proxy_at_capacity"
-        self.answer_error(writer, ex, 429, message, "rate_limit_error", code, self._busy_headers)
+        self.answer_error(writer, ex, code, message)
 
     # -- waiting for a slot ----------------------------------------------------------------
     # A request of a key below its fair share, when the pool is full, waits here up to
@@ -1011,8 +947,10 @@ class ProxyApp:
         """Wait for a slot (``admission.take`` said QUEUED): the future is True once it has
         one (``ex.admitted``), False when it was answered 429 after fair_wait_s or its client
         left."""
-        loop = self._loop()
-        waiter = _Waiter(ex, self._key_index[ex.key], writer, next(self._waiter_seq), loop)
+        loop = self.client.running_loop()
+        waiter = _Waiter(
+            ex, self.admission.index[ex.key], writer, next(self._waiter_seq), loop.create_future()
+        )
         waiter.timer = loop.call_later(self.config.fair_wait_s, self._wait_timed_out, waiter)
         ex.waiter = waiter
         self._waiters.append(waiter)
@@ -1022,19 +960,22 @@ class ProxyApp:
             self._wait_poll = loop.call_later(WAIT_POLL_S, self._poll_waiters)
         return waiter.granted
 
-    def _unqueue(self, waiter: _Waiter) -> None:
-        """``waiter`` stops waiting (no slot): its count in the admission goes."""
+    def _stop_waiting(self, waiter: _Waiter) -> None:
+        """``waiter`` waits here no more (its count in the admission is the caller's)."""
         waiter.ex.waiter = None
         if waiter.timer is not None:
             waiter.timer.cancel()
         with contextlib.suppress(ValueError):
             self._waiters.remove(waiter)
-        writer = waiter.writer
-        if writer.on_disconnect is not None and not writer.disconnected:
-            writer.on_disconnect = None
+        if not waiter.writer.disconnected:
+            waiter.writer.on_disconnect = None
+
+    def _unqueue(self, waiter: _Waiter) -> None:
+        """``waiter`` stops waiting (no slot): its count in the admission goes."""
+        self._stop_waiting(waiter)
         self.admission.leave(waiter.key)
         if self._waiters:  # one leaving may let another take a free slot
-            self._loop().call_soon(self._serve_waiters)
+            self.client.running_loop().call_soon(self._serve_waiters)
 
     def _left_waiting(self, waiter: _Waiter) -> None:
         if waiter.ex.waiter is waiter:
@@ -1051,11 +992,11 @@ class ProxyApp:
         admission = self.admission
         i = waiter.key
         self.answer_error(
-            waiter.writer, ex, 429,
+            waiter.writer, ex, "proxy_at_capacity",
             f"proxy at capacity ({admission.pool} requests in flight at most): no slot came "
             f"free within {self.config.fair_wait_s:g} s for key '{ex.key}' (it holds "
             f"{admission.held(i)}, its fair share is {admission.share(i)}); retry after the "
-            "Retry-After delay", "rate_limit_error", "proxy_at_capacity", self._busy_headers,
+            "Retry-After delay",
         )  # fmt: skip
         waiter.settle(False)
 
@@ -1063,7 +1004,7 @@ class ProxyApp:
         self._wait_poll = None
         self._serve_waiters()
         if self._waiters:
-            self._wait_poll = self._loop().call_later(WAIT_POLL_S, self._poll_waiters)
+            self._wait_poll = self.client.running_loop().call_later(WAIT_POLL_S, self._poll_waiters)
 
     def _serve_waiters(self) -> None:
         """Give free slots to the requests waiting here: the key holding least first, then
@@ -1082,28 +1023,13 @@ class ProxyApp:
             decided = admission.retry(waiter.key)
             if decided == QUEUED:
                 continue
-            ex.waiter = None  # no longer counted as waiting (retry took it off)
-            if waiter.timer is not None:
-                waiter.timer.cancel()
-            waiters.remove(waiter)
-            writer = waiter.writer
-            if not writer.disconnected:
-                writer.on_disconnect = None
+            self._stop_waiting(waiter)  # retry took its count off
             if decided == ADMITTED:
-                self.metrics.in_flight += 1
-                ex.admitted = True
+                self._admitted(ex)
                 waiter.settle(True)
             else:
-                self._refuse(writer, ex, waiter.key, decided)
+                self._refuse(waiter.writer, ex, waiter.key, decided)
                 waiter.settle(False)
-
-    @staticmethod
-    def _engine_headers(
-        ex: Exchange, forward: list[tuple[bytes, bytes]]
-    ) -> list[tuple[bytes, bytes]]:
-        if ex.route.method == "POST":  # validated JSON, whatever the client labelled it
-            return [*forward, _JSON, (b"x-request-id", ex.request_id)]
-        return [*forward, (b"x-request-id", ex.request_id)]
 
     async def _send(
         self,
@@ -1118,10 +1044,13 @@ class ProxyApp:
         client = self.client
         retries_before = client.retries
         route = ex.route
+        headers = [*forward, (b"x-request-id", ex.request_id)]
+        if route.method == "POST":
+            headers.append(_JSON)  # validated JSON, whatever the client labelled it
         try:
             try:
                 resp = await client.request(
-                    route.method_bytes, route.path, self._engine_headers(ex, forward), body,
+                    route.method_bytes, route.path, headers, body,
                     head_timeout_s=self.config.upstream_timeout_s,
                 )  # fmt: skip
             finally:
@@ -1129,27 +1058,19 @@ class ProxyApp:
         except ConnectFailed as exc:
             self.metrics.upstream_errors["connect"] += 1
             self._set_ready(False, str(exc))
-            self.answer_error(
-                writer, ex, 503, f"engine unreachable: {exc}", "service_unavailable",
-                "engine_unreachable", self._not_ready_headers,
-            )  # fmt: skip
+            self.answer_error(writer, ex, "engine_unreachable", f"engine unreachable: {exc}")
             self._end(ex)
             return
         self._relay(writer, ex, resp)
 
     def _relay(self, writer: ClientWriter, ex: Exchange, resp: UpstreamResponse) -> None:
         t_sent = time.perf_counter()
-        size = ex.body_held
-        if size:
-            # The request body's share of the budget is free again once the engine's socket
-            # has taken it (until then its bytes wait in the connection's write buffer).
-            if resp.request_pending:
-                resp.when_request_written(functools.partial(self.body_written, ex))
-            else:  # body_written inlined: the usual case, once per request
-                ex.body_held = 0
-                ex.held -= size
-                self.buffered_bytes -= size
-                self.key_held[ex.key] -= size
+        # The request body's share of the budget is free again once the engine's socket has
+        # taken it (until then its bytes wait in the connection's write buffer).
+        if resp.request_pending:
+            resp.when_request_written(functools.partial(self.body_written, ex))
+        else:
+            self.body_written(ex)
         relay = ex.relay = Relay(self, ex, writer, self._relay_done)
         relay.start(resp, t_sent)
 
@@ -1212,21 +1133,12 @@ class ProxyApp:
                 "response bodies held)"
             )
         self.answer_error(
-            writer, ex, 503, f"{why}; retry after the Retry-After delay",
-            "service_unavailable", "proxy_buffers_full", self._busy_headers,
-        )  # fmt: skip
-
-    def _body_too_slow(self, writer: ClientWriter, ex: Exchange) -> None:
-        self.answer_error(
-            writer, ex, 408, f"request body not received within {self.config.body_timeout_s:g} s",
-            "invalid_request_error", "request_timeout",
-        )  # fmt: skip
+            writer, ex, "proxy_buffers_full", f"{why}; retry after the Retry-After delay"
+        )
 
     def _body_too_large(self, writer: ClientWriter, ex: Exchange) -> None:
-        self.answer_error(
-            writer, ex, 413, f"request body larger than {self.config.max_body_bytes} bytes",
-            "invalid_request_error", "request_too_large",
-        )  # fmt: skip
+        problem = f"request body larger than {self.config.max_body_bytes} bytes"
+        self.answer_error(writer, ex, "request_too_large", problem)
 
     # -- answers ---------------------------------------------------------------------------
     def answer(
@@ -1259,12 +1171,15 @@ class ProxyApp:
         self,
         writer: ClientWriter,
         ex: Exchange,
-        status: int,
-        message: str,
-        type_: str,
         code: str,
+        message: str,
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
+        """An OpenAI-style error answer; status, type and Retry-After follow from ``code``
+        (``ERRORS``)."""
+        status, type_, retry = ERRORS[code]
+        if retry is not None:
+            extra = [*(extra or ()), *self._retry_after[retry]]
         ex.error = code
         self.answer(writer, ex, status, error_body(message, type_, code), _JSON, extra)
 

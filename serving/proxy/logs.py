@@ -12,11 +12,19 @@ of at most that size (``max_write``), and no line of one process is cut by anoth
 
 from __future__ import annotations
 
+import json
 import logging
 import select
 import sys
 import threading
-from typing import TextIO
+from typing import Any, TextIO
+
+event_log = logging.getLogger("serving.proxy")
+
+
+def log_event(level: int, event: str, **fields: Any) -> None:
+    """One JSON line on the proxy's event log: ``{"event": event, **fields}``."""
+    event_log.log(level, json.dumps({"event": event, **fields}))
 
 
 class BatchingStreamHandler(logging.Handler):

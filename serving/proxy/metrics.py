@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -56,7 +56,7 @@ class Histogram:
 
     def render(self, name: str, label_names: tuple[str, ...], out: list[str]) -> None:
         for labels, row in sorted(self.series.items()):
-            base = ",".join(f'{k}="{v}"' for k, v in zip(label_names, labels, strict=True))
+            base = _label_text(label_names, labels)
             sep = "," if base else ""
             cumulative = 0.0
             # Counts as integers: "{:g}" would print 1234567 as 1.23457e+06 (lost increments).
@@ -69,19 +69,55 @@ class Histogram:
             out.append(f"{name}_count{{{base}}} {int(row[-1])}")
 
 
+class _Series(NamedTuple):
+    attr: str  # the ``Metrics`` attribute (and its key in ``state``)
+    name: str
+    kind: str  # counter, gauge or histogram
+    help: str
+    labels: tuple[str, ...] = ()  # a labelled counter is a dict: label values -> count
+
+
+# Everything /metrics shows, in its order.
+_SERIES = (
+    _Series("requests", "proxy_requests_total", "counter",
+            "Requests answered, by route, status and API key name.", ("route", "status", "key")),
+    _Series("in_flight", "proxy_in_flight", "gauge",
+            "Engine requests in progress (streams count until they end)."),
+    _Series("waiting", "proxy_waiting", "gauge", "Requests waiting for an in-flight slot: keys "
+            "below their fair share while the pool is full."),
+    _Series("engine_ready", "proxy_engine_ready", "gauge",
+            "1 when the proxy sends requests to the engine (see /ready)."),
+    _Series("latency", "proxy_request_duration_seconds", "histogram",
+            "Time from request start to last byte sent.", ("route",)),
+    _Series("ttft", "proxy_time_to_first_token_seconds", "histogram",
+            "Streams: request start to first engine bytes sent to the client.", ("route",)),
+    _Series("overhead", "proxy_overhead_seconds", "histogram",
+            "The proxy's own time per request (as in the x-proxy-overhead-ms header).", ("route",)),
+    _Series("tokens", "proxy_tokens_total", "counter",
+            "Tokens from the engine's usage reports, by key name.", ("key", "kind")),
+    _Series("upstream_errors", "proxy_upstream_errors_total", "counter",
+            "Engine exchanges that failed, by kind.", ("kind",)),
+    _Series("connect_retries", "proxy_upstream_connect_retries_total", "counter",
+            "Connect attempts retried (the engine was not reached)."),
+    _Series("health_failures", "proxy_health_check_failures_total", "counter",
+            "Engine /health polls that failed (error, non-200 or too slow)."),
+)  # fmt: skip
+# What a worker publishes (``state``) and ``merged`` sums: all but ``waiting``, which is read
+# from the admission counts when /metrics is rendered; ``engine_ready`` is and-ed, not summed.
+_PUBLISHED = tuple(series for series in _SERIES if series.attr != "waiting")
+
+
 class Metrics:
     """Everything /metrics shows. Single event loop: plain ints, no locks."""
 
     def __init__(self) -> None:
-        self.requests: defaultdict[tuple[str, str, str], int] = defaultdict(int)
-        self.tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
-        self.upstream_errors: defaultdict[str, int] = defaultdict(int)
+        self.requests: defaultdict[tuple[str, ...], int] = defaultdict(int)
+        self.tokens: defaultdict[tuple[str, ...], int] = defaultdict(int)
+        self.upstream_errors: defaultdict[str, int] = defaultdict(int)  # one label: no tuple
         self.latency = Histogram(LATENCY_BUCKETS)
         self.ttft = Histogram(LATENCY_BUCKETS)
         self.overhead = Histogram(OVERHEAD_BUCKETS)
         self.in_flight = 0
-        # Requests waiting for an in-flight slot (fair share between keys): read from the
-        # admission counts when /metrics is rendered, not kept here or in ``state``.
         self.waiting = 0
         self.engine_ready = False
         self.connect_retries = 0
@@ -89,18 +125,15 @@ class Metrics:
 
     def state(self) -> dict[str, object]:
         """Everything here as JSON-able data (a worker's published state; see ``merged``)."""
-        return {
-            "requests": [[*labels, n] for labels, n in self.requests.items()],
-            "tokens": [[*labels, n] for labels, n in self.tokens.items()],
-            "upstream_errors": [[kind, n] for kind, n in self.upstream_errors.items()],
-            "latency": self.latency.state(),
-            "ttft": self.ttft.state(),
-            "overhead": self.overhead.state(),
-            "in_flight": self.in_flight,
-            "engine_ready": self.engine_ready,
-            "connect_retries": self.connect_retries,
-            "health_failures": self.health_failures,
-        }
+        out: dict[str, object] = {}
+        for series in _PUBLISHED:
+            value = getattr(self, series.attr)
+            if series.kind == "histogram":
+                value = value.state()
+            elif series.labels:
+                value = [[*_values(labels), n] for labels, n in value.items()]
+            out[series.attr] = value
+        return out
 
     @classmethod
     def merged(cls, states: list[dict[str, Any]]) -> Metrics:
@@ -109,76 +142,39 @@ class Metrics:
         total = cls()
         total.engine_ready = bool(states)
         for state in states:
-            for route, status, key, n in state["requests"]:
-                total.requests[(route, status, key)] += n
-            for key, kind, n in state["tokens"]:
-                total.tokens[(key, kind)] += n
-            for kind, n in state["upstream_errors"]:
-                total.upstream_errors[kind] += n
-            total.latency.add(state["latency"])
-            total.ttft.add(state["ttft"])
-            total.overhead.add(state["overhead"])
-            total.in_flight += state["in_flight"]
-            total.engine_ready = total.engine_ready and bool(state["engine_ready"])
-            total.connect_retries += state["connect_retries"]
-            total.health_failures += state["health_failures"]
+            for series in _PUBLISHED:
+                value, mine = state[series.attr], getattr(total, series.attr)
+                if series.attr == "engine_ready":
+                    total.engine_ready = total.engine_ready and bool(value)
+                elif series.kind == "histogram":
+                    mine.add(value)
+                elif series.labels:
+                    for *labels, n in value:
+                        mine[tuple(labels) if len(labels) > 1 else labels[0]] += n
+                else:
+                    setattr(total, series.attr, mine + value)
         return total
 
     def render(self) -> bytes:
         out: list[str] = []
-        out += [
-            "# HELP proxy_requests_total Requests answered, by route, status and API key name.",
-            "# TYPE proxy_requests_total counter",
-        ]
-        for (route, status, key), n in sorted(self.requests.items()):
-            out.append(f'proxy_requests_total{{route="{route}",status="{status}",key="{key}"}} {n}')
-        out += [
-            "# HELP proxy_in_flight Engine requests in progress (streams count until they end).",
-            "# TYPE proxy_in_flight gauge",
-            f"proxy_in_flight {self.in_flight}",
-            "# HELP proxy_waiting Requests waiting for an in-flight slot: keys below their fair "
-            "share while the pool is full.",
-            "# TYPE proxy_waiting gauge",
-            f"proxy_waiting {self.waiting}",
-            "# HELP proxy_engine_ready 1 when the proxy sends requests to the engine (see /ready).",
-            "# TYPE proxy_engine_ready gauge",
-            f"proxy_engine_ready {int(self.engine_ready)}",
-            "# HELP proxy_request_duration_seconds Time from request start to last byte sent.",
-            "# TYPE proxy_request_duration_seconds histogram",
-        ]
-        self.latency.render("proxy_request_duration_seconds", ("route",), out)
-        out += [
-            "# HELP proxy_time_to_first_token_seconds Streams: request start to first engine "
-            "bytes sent to the client.",
-            "# TYPE proxy_time_to_first_token_seconds histogram",
-        ]
-        self.ttft.render("proxy_time_to_first_token_seconds", ("route",), out)
-        out += [
-            "# HELP proxy_overhead_seconds The proxy's own time per request "
-            "(as in the x-proxy-overhead-ms header).",
-            "# TYPE proxy_overhead_seconds histogram",
-        ]
-        self.overhead.render("proxy_overhead_seconds", ("route",), out)
-        out += [
-            "# HELP proxy_tokens_total Tokens from the engine's usage reports, by key name.",
-            "# TYPE proxy_tokens_total counter",
-        ]
-        for (key, kind), n in sorted(self.tokens.items()):
-            out.append(f'proxy_tokens_total{{key="{key}",kind="{kind}"}} {n}')
-        out += [
-            "# HELP proxy_upstream_errors_total Engine exchanges that failed, by kind.",
-            "# TYPE proxy_upstream_errors_total counter",
-        ]
-        for kind, n in sorted(self.upstream_errors.items()):
-            out.append(f'proxy_upstream_errors_total{{kind="{kind}"}} {n}')
-        out += [
-            "# HELP proxy_upstream_connect_retries_total Connect attempts retried "
-            "(the engine was not reached).",
-            "# TYPE proxy_upstream_connect_retries_total counter",
-            f"proxy_upstream_connect_retries_total {self.connect_retries}",
-            "# HELP proxy_health_check_failures_total Engine /health polls that failed "
-            "(error, non-200 or too slow).",
-            "# TYPE proxy_health_check_failures_total counter",
-            f"proxy_health_check_failures_total {self.health_failures}",
-        ]
+        for series in _SERIES:
+            name = series.name
+            out += [f"# HELP {name} {series.help}", f"# TYPE {name} {series.kind}"]
+            value = getattr(self, series.attr)
+            if series.kind == "histogram":
+                value.render(name, series.labels, out)
+            elif series.labels:
+                for labels, n in sorted(value.items()):
+                    out.append(f"{name}{{{_label_text(series.labels, _values(labels))}}} {n}")
+            else:
+                out.append(f"{name} {int(value)}")
         return ("\n".join(out) + "\n").encode()
+
+
+def _values(labels: tuple[str, ...] | str) -> tuple[str, ...]:
+    """A labelled counter's key as a tuple (one with a single label is keyed by the value)."""
+    return labels if isinstance(labels, tuple) else (labels,)
+
+
+def _label_text(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in zip(names, values, strict=True))

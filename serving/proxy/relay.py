@@ -30,20 +30,20 @@ client's response: 500 before its head, a cut connection after (``ClientWriter.f
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from serving.proxy.exchange import Exchange
+from serving.proxy.logs import event_log
 from serving.proxy.metrics import Metrics
 from serving.proxy.sse import UsageChunkFilter
 from serving.proxy.upstream import UpstreamBroken, UpstreamError, UpstreamResponse, UpstreamTimeout
 
 __all__ = ["KEEPALIVE_COMMENT", "ClientWriter", "Relay", "RelayHost", "error_body", "scan_usage"]
 
-event_log = logging.getLogger("serving.proxy")
 
 KEEPALIVE_COMMENT = b": keep-alive\n\n"
 _STREAM_HEADERS = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
@@ -121,11 +121,8 @@ class RelayHost(Protocol):
     def hold(self, ex: Exchange, size: int) -> bool:
         """Take ``size`` bytes of the global buffer budget for ``ex`` (False: not available)."""
 
-    def answer_error(
-        self, writer: ClientWriter, ex: Exchange, status: int, message: str, type_: str,
-        code: str, extra: list[tuple[bytes, bytes]] | None = None,
-    ) -> None:  # fmt: skip
-        """An OpenAI-style error answer."""
+    def answer_error(self, writer: ClientWriter, ex: Exchange, code: str, message: str) -> None:
+        """An OpenAI-style error answer (its status follows from ``code``: app.ERRORS)."""
 
     def answer_buffers_full(self, writer: ClientWriter, ex: Exchange) -> None:
         """503 proxy_buffers_full."""
@@ -154,49 +151,36 @@ class _BuffersFull(UpstreamBroken):
     """The non-stream answer does not fit in the proxy's buffer budget (503, not 502)."""
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Relay:
     """One request's engine response, relayed to the client (see the module docstring).
     ``on_done`` is called once, when the client's answer is complete, failed or abandoned."""
 
-    __slots__ = (
-        "app", "at_boundary", "backlogged", "done", "ending", "ex", "last_out", "on_done",
-        "parts", "resp",
-        "scan", "size", "streaming", "strip", "t_in", "t_sent", "tail", "usage_last",
-        "usage_prev", "writer",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        app: RelayHost,
-        ex: Exchange,
-        writer: ClientWriter,
-        on_done: Callable[[Relay], None],
-    ) -> None:
-        self.app = app
-        self.ex = ex
-        self.writer = writer
-        self.on_done = on_done
-        self.resp: UpstreamResponse | None = None
-        self.t_sent = 0.0  # the request was handed to the engine's socket
-        self.t_in = 0.0  # the engine's head (stream) or whole answer (non-stream) was in
-        self.done = False
-        self.backlogged = False  # the whole answer is not all taken by the client yet
-        self.streaming = False
-        # non-stream: the body read so far
-        self.parts: list[bytes] = []
-        self.size = 0
-        # stream: where the client is in the SSE event stream, the usage seen, the filter
-        self.at_boundary = True  # the last byte relayed ended an SSE event
-        self.ending = False  # on_end is passing the last bytes through on_data
-        self.last_out = b""  # what on_data left to send with the end (while ``ending``)
-        self.scan = False
-        self.strip: UsageChunkFilter | None = None
-        self.tail = b""
-        # Token counts are read from the last two reads that carried any (a usage object may
-        # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
-        # read would be wasted work): at the end, however the stream ends.
-        self.usage_prev: bytes | None = None
-        self.usage_last: bytes | None = None
+    app: RelayHost
+    ex: Exchange
+    writer: ClientWriter
+    on_done: Callable[[Relay], None]
+    resp: UpstreamResponse | None = None
+    t_sent: float = 0.0  # the request was handed to the engine's socket
+    t_in: float = 0.0  # the engine's head (stream) or whole answer (non-stream) was in
+    done: bool = False
+    backlogged: bool = False  # the whole answer is not all taken by the client yet
+    streaming: bool = False
+    # non-stream: the body read so far
+    parts: list[bytes] = field(default_factory=list)
+    size: int = 0
+    # stream: where the client is in the SSE event stream, the usage seen, the filter
+    at_boundary: bool = True  # the last byte relayed ended an SSE event
+    ending: bool = False  # on_end is passing the last bytes through on_data
+    last_out: bytes = b""  # what on_data left to send with the end (while ``ending``)
+    scan: bool = False
+    strip: UsageChunkFilter | None = None
+    tail: bytes = b""
+    # Token counts are read from the last two reads that carried any (a usage object may
+    # straddle two reads; vLLM repeats running totals on every chunk, so scanning each
+    # read would be wasted work): at the end, however the stream ends.
+    usage_prev: bytes | None = None
+    usage_last: bytes | None = None
 
     def start(self, resp: UpstreamResponse, t_sent: float) -> None:
         """The request was just sent: listen to its response and to the client leaving."""
@@ -324,8 +308,8 @@ class Relay:
             timeout = isinstance(error, UpstreamTimeout)
             app.metrics.upstream_errors["timeout" if timeout else "broken"] += 1
             app.answer_error(
-                self.writer, ex, 504 if timeout else 502, f"engine request failed: {error}",
-                "upstream_error", "engine_timeout" if timeout else "engine_failed",
+                self.writer, ex, "engine_timeout" if timeout else "engine_failed",
+                f"engine request failed: {error}",
             )  # fmt: skip
         else:
             self._end_stream_with_error(error)

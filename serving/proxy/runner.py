@@ -37,6 +37,7 @@ import uvicorn
 
 from serving.proxy.app import ProxyApp, ProxyConfig
 from serving.proxy.logs import configure_logging
+from serving.proxy.server import guarded_httptools_protocol
 
 
 def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -61,34 +62,11 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 20)
 
 
-def http_protocol(config: ProxyConfig) -> Any:
-    """uvicorn's ``http`` setting: httptools with the head limits (serving/proxy/server.py)
-    when httptools is installed, else uvicorn's h11 (its own 16 KiB head limit; no head
-    timeout)."""
-    try:
-        import httptools  # noqa: F401  (the parser uvicorn's httptools_impl runs on)
-
-        from serving.proxy.server import guarded_httptools_protocol
-    except ImportError:
-        return "h11"
-    return guarded_httptools_protocol(config.max_head_bytes, config.head_timeout_s)
-
-
-def event_loop() -> str:
-    """uvicorn's ``loop`` setting: uvloop when installed (the bench's figures are on it),
-    else asyncio's own (what uvicorn's "auto" picks too, uvicorn/loops/auto.py)."""
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return "asyncio"
-    return "uvloop"
-
-
 def uvicorn_settings(config: ProxyConfig) -> dict[str, Any]:
     """uvicorn's settings for the proxy, but where to listen."""
     return {
-        "loop": event_loop(),
-        "http": http_protocol(config),  # httptools + head limits when installed
+        "loop": "uvloop",  # the bench's figures are on it
+        "http": guarded_httptools_protocol(config.max_head_bytes, config.head_timeout_s),
         "ws": "none",
         "lifespan": "on",
         "access_log": False,

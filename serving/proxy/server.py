@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -188,7 +189,7 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is None or cycle.response_complete:
             body = _CLOSE_RESPONSES[status]
-            phrase = b"Request Timeout" if status == 408 else b"Request Header Fields Too Large"
+            phrase = HTTPStatus(status).phrase.encode()
             transport.write(
                 b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n%s"

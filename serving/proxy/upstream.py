@@ -1,10 +1,12 @@
 """A small pooled HTTP/1.1 client for the proxy's single upstream (the engine on localhost).
 
-Why our own: httpx/aiohttp cost tens to hundreds of microseconds per request, more than the
-proxy's whole overhead budget. This client is an ``asyncio.Protocol`` with a hand-written
-response parser (status line, headers, Content-Length / chunked / read-until-close bodies),
-a LIFO keep-alive pool, and a response object that hands body pieces to one consumer as soon
-as they arrive (no buffering beyond what the socket delivered at once).
+Why our own client: httpx/aiohttp cost tens to hundreds of microseconds per request, more than
+the proxy's whole overhead budget. This one is an ``asyncio.Protocol`` whose responses httptools
+parses (llhttp: status line, headers, Content-Length / chunked / read-until-close bodies; the
+parser uvicorn serves the proxy's clients with), a LIFO keep-alive pool, and a response object
+that hands body pieces to one consumer as soon as they arrive (no buffering beyond what the
+socket delivered at once). What llhttp does not check, this module does: the head's size, a
+status within 100-599, no 101.
 
 Error classes tell the caller whether a retry is safe:
 - ``ConnectFailed``: the engine was never reached (connect refused/timed out). Safe to retry.
@@ -17,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import re
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol, cast
 from urllib.parse import urlsplit
+
+import httptools
 
 __all__ = [
     "ConnectFailed",
@@ -38,24 +42,12 @@ _MAX_HEAD_BYTES = 64 * 1024
 # Bodies from this size are written with the head in one writev (uvloop's writelines) instead
 # of being joined to it: below it the copy costs less than the second buffer.
 _GATHER_FROM = 16 * 1024
-_HEX_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk size (no sign, prefix or underscores)
-_CHUNK_LINE_RE = re.compile(rb"([0-9A-Fa-f]{1,15})\r\n")  # a chunk's size line, no extension
-# RFC 9110 5.1 field-name = token; no whitespace before the colon (RFC 9112 5.1), so an
-# obs-folded continuation line (leading space) fails here too.
-_TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls but HTAB (RFC 9110 5.5)
-# The same two rules for a whole header block at once (each line: token, colon, a value without
-# controls but HTAB): one regex call per response instead of two per header line.
-_HEADER_BLOCK_RE = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
 _NO_HOP: frozenset[bytes] = frozenset()
-# Response headers ``_parse_head`` reads beyond name and value.
+# Response headers ``_Conn.on_header`` reads beyond name and value.
 _FRAMING_HEADERS = frozenset(
     {b"content-length", b"transfer-encoding", b"connection", b"content-type"}
 )
 _PAUSE_AT = 1024 * 1024  # pause reading the engine socket above this many unread bytes
-
-# Parser states.
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILERS, _UNTIL_EOF, _IDLE = range(8)
 
 
 class UpstreamError(Exception):
@@ -99,66 +91,40 @@ class ResponseListener(Protocol):
     def on_bug(self, exc: Exception) -> None: ...
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class UpstreamResponse:
     """One response being received, in one of two modes:
 
     - pull (the health check, tests): ``head()`` waits for status and headers; ``read()``
-      yields body pieces as they arrive, ``b""`` at the end, or ``None`` on a keep-alive tick;
+      yields body pieces as they arrive, ``b""`` at the end;
     - push (the proxy's requests): ``listen(listener)`` right after the request was sent, and
       every event goes to the listener from the connection's callback (``ResponseListener``).
     """
 
-    __slots__ = (
-        "_buffered",
-        "_chunks",
-        "_conn",
-        "_done",
-        "_error",
-        "_head_future",
-        "_head_seen",
-        "_head_timer",
-        "_last_data",
-        "_last_tick",
-        "_listener",
-        "_loop",
-        "_paused",
-        "_tick_fired",
-        "_tick_handle",
-        "_tick_interval",
-        "_waiter",
-        "content_type",
-        "headers",
-        "hop_headers",
-        "request_pending",
-        "status",
-    )
-
-    def __init__(self, conn: _Conn, loop: asyncio.AbstractEventLoop) -> None:
-        self._conn: _Conn | None = conn
-        self._loop = loop
-        self._head_future: asyncio.Future[None] | None = None  # made by head(), if called
-        self._head_seen = False
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._buffered = 0
-        self._paused = False
-        self._done = False
-        self._error: UpstreamError | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._last_data = 0.0  # loop time of the last body bytes (kept while ticks are on)
-        self._last_tick = 0.0
-        self._tick_interval = 0.0
-        self._tick_handle: asyncio.TimerHandle | None = None
-        self._tick_fired = False
-        self._listener: ResponseListener | None = None
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.content_type = b""
-        # Header names the engine listed in its Connection header (hop-by-hop, not relayed).
-        self.hop_headers = _NO_HOP
-        # Right after the request was written: part of it still waits in the connection's
-        # write buffer (over its high-water mark); ``when_request_written`` says when not.
-        self.request_pending = False
+    _conn: _Conn | None
+    _loop: asyncio.AbstractEventLoop
+    _head_future: asyncio.Future[None] | None = None  # made by head(), if called
+    _head_seen: bool = False
+    _head_timer: asyncio.TimerHandle | None = None
+    _chunks: collections.deque[bytes] = field(default_factory=collections.deque)
+    _buffered: int = 0
+    _paused: bool = False
+    _done: bool = False
+    _error: UpstreamError | None = None
+    _waiter: asyncio.Future[None] | None = None
+    _last_data: float = 0.0  # loop time of the last body bytes (kept while ticks are on)
+    _last_tick: float = 0.0
+    _tick_interval: float = 0.0
+    _tick_handle: asyncio.TimerHandle | None = None
+    _listener: ResponseListener | None = None
+    status: int = 0
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    content_type: bytes = b""
+    # Header names the engine listed in its Connection header (hop-by-hop, not relayed).
+    hop_headers: frozenset[bytes] = _NO_HOP
+    # Right after the request was written: part of it still waits in the connection's
+    # write buffer (over its high-water mark); ``when_request_written`` says when not.
+    request_pending: bool = False
 
     # -- consumer side (pull) ------------------------------------------------------------
     async def head(self) -> None:
@@ -171,20 +137,16 @@ class UpstreamResponse:
                 future = self._head_future = self._loop.create_future()
             await future
 
-    async def read(self) -> bytes | None:
+    async def read(self) -> bytes:
         """Next body bytes (all that arrived since the last call), ``b""`` when the body is
-        complete, or ``None`` when ``keepalive_ticks`` interval passed without data."""
+        complete."""
         while True:
             chunks = self._chunks
             if chunks:
                 data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
                 chunks.clear()
                 self._buffered = 0
-                if self._paused:
-                    self._paused = False
-                    conn = self._conn
-                    if conn is not None and conn.transport is not None:
-                        conn.transport.resume_reading()
+                self.resume_reading()
                 return data
             if self._error is not None:
                 raise self._error
@@ -196,10 +158,6 @@ class UpstreamResponse:
                 await waiter
             finally:
                 self._waiter = None
-            if self._tick_fired:
-                self._tick_fired = False
-                if not self._chunks and not self._done and self._error is None:
-                    return None
 
     async def read_all(self, limit: int) -> bytes:
         """The whole body (raises ``UpstreamBroken`` if it exceeds ``limit`` bytes)."""
@@ -207,8 +165,6 @@ class UpstreamResponse:
         size = 0
         while True:
             data = await self.read()
-            if data is None:
-                continue
             if not data:
                 return b"".join(parts)
             size += len(data)
@@ -224,8 +180,7 @@ class UpstreamResponse:
         self._listener = listener
 
     def keepalive_ticks(self, interval: float) -> None:
-        """A tick (``read()`` returns ``None``, or ``on_tick``) after each ``interval``
-        seconds without body bytes."""
+        """Push mode: ``on_tick`` after each ``interval`` seconds without body bytes."""
         if interval <= 0 or self._done:
             return
         self._tick_interval = interval
@@ -234,7 +189,8 @@ class UpstreamResponse:
 
     def end_deadline(self) -> None:
         """No deadline for the rest of this response (``head_timeout_s`` of ``request``
-        covered its head): a stream, timed by its silence limit from now on."""
+        covered its head): a stream, timed by its silence limit from now on; also once the
+        response is over."""
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -302,14 +258,20 @@ class UpstreamResponse:
             conn.abort()
         listener.on_bug(exc)
 
-    def _close(self, error: UpstreamError) -> None:
-        """The response is over with ``error``: no tick, no head timeout from now on."""
+    def _close(self, error: UpstreamError | None) -> None:
+        """The response is over (with ``error``, or complete): no tick, no deadline."""
         self._done = True
         self._error = error
-        self._stop_ticks()
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        self.end_deadline()
+
+    def _wake(self) -> None:
+        """Wake the pull consumer waiting in ``read``."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _set_head(self) -> None:
         self._head_seen = True
@@ -320,9 +282,7 @@ class UpstreamResponse:
             # ends it (``end_deadline``: a stream, whose silence limit takes over).
             self._notify(listener, listener.on_head)
             return
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self.end_deadline()
         future = self._head_future
         if future is not None and not future.done():
             future.set_result(None)
@@ -339,25 +299,16 @@ class UpstreamResponse:
             return
         self._chunks.append(data)
         self._buffered += len(data)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        if self._buffered > _PAUSE_AT and not self._paused:
-            conn = self._conn
-            if conn is not None and conn.transport is not None:
-                self._paused = True
-                conn.transport.pause_reading()
+        self._wake()
+        if self._buffered > _PAUSE_AT:
+            self.pause_reading()
 
     def _finish(self, last: bytes = b"") -> None:
         """The response is complete; ``last``: the body bytes of the read that completed it."""
         if self._done:  # failed or aborted while its last piece was handled
             return
-        self._done = True
+        self._close(None)
         self._conn = None
-        self._stop_ticks()
-        if self._head_timer is not None:  # push mode: the deadline ran until the end
-            self._head_timer.cancel()
-            self._head_timer = None
         listener = self._listener
         if listener is not None:
             self._listener = None  # nothing follows the end
@@ -369,9 +320,7 @@ class UpstreamResponse:
         if last:
             self._chunks.append(last)
             self._buffered += len(last)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
 
     def _fail(self, error: UpstreamError) -> None:
         if self._done:
@@ -387,19 +336,12 @@ class UpstreamResponse:
             future.set_exception(error)
             # Nobody may ever await it (the client went away first): silence the warning.
             future.exception()
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
 
     def _head_timed_out(self, timeout: float) -> None:
         self._head_timer = None
-        if self._done:
-            return
         what = "its whole answer" if self._head_seen else "a response head"
-        self._fail(UpstreamTimeout(f"engine did not send {what} within {timeout:g} s"))
-        conn = self._conn
-        if conn is not None:
-            conn.abort()
+        self.abort(UpstreamTimeout(f"engine did not send {what} within {timeout:g} s"))
 
     def _on_tick(self) -> None:
         self._tick_handle = None
@@ -414,22 +356,13 @@ class UpstreamResponse:
             listener = self._listener
             if listener is not None:
                 self._notify(listener, listener.on_tick)
-                return
-            waiter = self._waiter
-            if waiter is not None and not waiter.done():
-                self._tick_fired = True
-                waiter.set_result(None)
             return
         self._tick_handle = self._loop.call_at(due, self._on_tick)
 
-    def _stop_ticks(self) -> None:
-        if self._tick_handle is not None:
-            self._tick_handle.cancel()
-            self._tick_handle = None
-
 
 class _Conn(asyncio.Protocol):
-    """One keep-alive connection to the engine, parsing one response at a time."""
+    """One keep-alive connection to the engine; httptools (llhttp) parses its responses, one
+    at a time. The callbacks below (``on_*``) are httptools' parser protocol."""
 
     def __init__(self, pool: UpstreamClient) -> None:
         self.pool = pool
@@ -438,10 +371,16 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.resp: UpstreamResponse | None = None
         self.head_only = False
-        self._buf = bytearray()
-        self._state = _IDLE
-        self._remaining = 0
+        self._parser = httptools.HttpResponseParser(self)
+        self._in_head = False  # a response head is being received
+        self._head_bytes = 0  # bytes received since it began (a bound on what llhttp holds)
+        self._parsed_head = 0  # header bytes parsed of it
+        self._informational = False  # the head parsed last is a 1xx one (skipped)
+        self._framed = False  # the head has a Content-Length or chunked framing
+        self._until_eof = False  # the body ends when the engine closes the connection
+        self._ended = False  # the response was complete in the read being parsed
         self._keep_alive = True
+        self._pieces: list[bytes] = []  # body pieces of the read being parsed
         self.write_paused = False  # the write buffer is over its high-water mark
         self.on_written: list[Callable[[], None]] = []  # called once it is below, or lost
 
@@ -470,7 +409,7 @@ class _Conn(asyncio.Protocol):
         self.resp = None
         if resp is None:
             return
-        if self._state == _UNTIL_EOF and exc is None:  # a clean close ends such a body
+        if self._until_eof and exc is None:  # a clean close ends such a body
             resp._finish()
         else:
             why = f": {exc}" if exc else ""
@@ -481,50 +420,114 @@ class _Conn(asyncio.Protocol):
         if resp is None:  # bytes nobody asked for: the connection is unusable
             self.abort()
             return
-        state = self._state
-        if not self._buf:  # fast paths: the whole piece is body
-            if state == _LENGTH and len(data) < self._remaining:
-                self._remaining -= len(data)
-                resp._push(data)
-                return
-            if state == _UNTIL_EOF:
-                resp._push(data)
-                return
-            if state == _CHUNK_SIZE:  # typical SSE: exactly one whole chunk per read
-                # One regex match, not bytes.find(sub, start, end): in CPython 3.11 that
-                # parses its arguments with a format string built per call (~1.5k
-                # instructions per event, counted with bench.proxy.instructions).
-                line = _CHUNK_LINE_RE.match(data)
-                if line is not None and data[-2:] == b"\r\n":  # not endswith: see sse.py
-                    start = line.end()
-                    size = int(line.group(1), 16)
-                    if size > 0 and start + size + 2 == len(data):
-                        resp._push(data[start : start + size])
-                        return
-        pieces: list[bytes] = []
+        pieces = self._pieces
         try:
-            if not self._buf and state == _CHUNK_SIZE:
-                # Several events in one read (an engine's burst): the whole chunks are taken
-                # from the read itself, only a cut last one goes through the buffer.
-                pos = self._take_chunks(data, pieces)
-                if pos == len(data):
-                    if pieces:
-                        resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
-                    return
-                data = data[pos:]
-            self._buf += data
-            self._parse(resp, pieces)
+            if self._in_head:
+                self._head_bytes += len(data)
+            try:
+                self._parser.feed_data(data)
+            except httptools.HttpParserError as exc:
+                if not self._ended:
+                    raise _malformed(exc) from None
+                if not isinstance(exc.__context__, _HeadEnded):
+                    # Bytes after the complete response: it stands, the connection goes.
+                    self._keep_alive = False
+            if self._in_head and self._head_bytes > _MAX_HEAD_BYTES:
+                raise UpstreamBroken("engine response head is larger than 64 KiB")
         except UpstreamBroken as exc:
             self.resp = None
+            pieces.clear()
             resp._fail(exc)
             self.abort()
+            return
+        if self._ended:
+            self._complete(resp, pieces)
+        elif pieces:
+            resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            pieces.clear()
+
+    # httptools' parser protocol
+    def on_message_begin(self) -> None:
+        if self._ended:
+            raise UpstreamBroken("engine sent bytes after a complete response")
+        self._in_head = True
+        self._parsed_head = 0
+        self._informational = False
+        self._framed = False
+        resp = self.resp
+        if resp is not None:
+            resp.headers = []
+            resp.content_type = b""
+            resp.hop_headers = _NO_HOP
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._parsed_head += len(name) + len(value) + 4
+        resp = self.resp
+        if resp is None:
+            return
+        name = name.lower()
+        value = value.rstrip(b" \t")  # llhttp strips the leading whitespace (RFC 9110 5.5)
+        resp.headers.append((name, value))
+        if name not in _FRAMING_HEADERS:  # most headers: nothing more to look at
+            return
+        if name == b"content-type":
+            resp.content_type = value.lower()
+        elif name == b"transfer-encoding":
+            self._framed = value.lower()[-7:] == b"chunked"  # not endswith: see sse.py
+        elif name == b"content-length":
+            self._framed = True
+        else:  # connection: the headers it names are hop-by-hop (not relayed)
+            tokens = {token.strip(b" \t") for token in value.lower().split(b",")}
+            tokens -= {b"close", b"keep-alive", b""}
+            if tokens:
+                resp.hop_headers = resp.hop_headers | tokens
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        if self._parsed_head > _MAX_HEAD_BYTES:  # a whole head that came in one read
+            raise UpstreamBroken("engine response head is larger than 64 KiB")
+        status = self._parser.get_status_code()
+        if not 100 <= status <= 599:
+            raise UpstreamBroken(f"engine sent a malformed status code ({status})")
+        if status < 200:
+            if status == 101:  # never asked for (no Upgrade is sent): nothing HTTP follows
+                raise UpstreamBroken("engine switched protocols (101) though no upgrade was asked")
+            self._informational = True  # skipped: the real head follows
+            return
+        resp = self.resp
+        if resp is None:
+            return
+        resp.status = status
+        self._until_eof = not self._framed and status not in (204, 304)
+        resp._set_head()
+        if self.head_only:
+            # llhttp cannot be told that a HEAD answer has no body: the response ends here,
+            # parsing stops (the parser is replaced for the next one).
+            self._keep_alive = self._parser.should_keep_alive()
+            self._ended = True
+            self._until_eof = False
+            self._parser = httptools.HttpResponseParser(self)
+            raise _HeadEnded
+
+    def on_body(self, body: bytes) -> None:
+        self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._informational:
+            return
+        self._keep_alive = self._parser.should_keep_alive()
+        self._until_eof = False
+        self._ended = True
 
     # request side
     def start(self, resp: UpstreamResponse, head_only: bool) -> None:
         self.resp = resp
         self.head_only = head_only
-        self._state = _HEAD
-        self._buf.clear()
+        self._in_head = True
+        self._head_bytes = 0
+        self._ended = False
+        self._until_eof = False
         self._keep_alive = True
 
     def abort(self) -> None:
@@ -532,190 +535,11 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    # parsing
-    def _parse(self, resp: UpstreamResponse, pieces: list[bytes]) -> None:
-        """Parse what is buffered; body pieces are added to ``pieces`` (which may hold the
-        read's earlier ones) and pushed as one."""
-        buf = self._buf
-        while buf:
-            state = self._state
-            if state == _HEAD:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0 or end > _MAX_HEAD_BYTES:  # also a whole head that came in one read
-                    if len(buf) > _MAX_HEAD_BYTES:
-                        raise UpstreamBroken("engine response head is larger than 64 KiB")
-                    break
-                head = bytes(buf[:end])
-                del buf[: end + 4]
-                if self._parse_head(resp, head):
-                    continue  # an informational 1xx head: the real one follows
-                if self._state == _IDLE:
-                    self._complete(resp, pieces)
-                    return
-            elif state == _LENGTH:
-                if self._take_counted(buf, pieces):
-                    self._complete(resp, pieces)
-                    return
-            elif state == _CHUNK_SIZE:
-                # One pass over an immutable copy, the buffer trimmed once: a burst of many
-                # small SSE chunks costs one loop turn per chunk, not three buffer moves.
-                pos = self._take_chunks(bytes(buf), pieces)
-                del buf[:pos]
-                if self._state == _CHUNK_SIZE:
-                    break  # all taken, or a size line is cut: wait for the next read
-            elif state == _CHUNK_DATA:
-                if self._take_counted(buf, pieces):
-                    self._state = _CHUNK_CRLF
-            elif state == _CHUNK_CRLF:
-                if len(buf) < 2:
-                    break
-                if buf[:2] != b"\r\n":
-                    raise UpstreamBroken("engine sent a chunk without its CRLF terminator")
-                del buf[:2]
-                self._state = _CHUNK_SIZE
-            elif state == _TRAILERS:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    break
-                del buf[: end + 2]
-                if end == 0:
-                    self._complete(resp, pieces)
-                    return
-            elif state == _UNTIL_EOF:
-                pieces.append(bytes(buf))
-                buf.clear()
-            else:  # _IDLE: bytes after a complete response
-                raise UpstreamBroken("engine sent bytes after a complete response")
-        if pieces:
-            resp._push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
-
-    def _take_counted(self, buf: bytearray, pieces: list[bytes]) -> bool:
-        """Move up to `_remaining` body bytes (of a Content-Length body or of one chunk) from
-        `buf` to `pieces`; True when all of them have come."""
-        take = min(self._remaining, len(buf))
-        pieces.append(bytes(buf[:take]))
-        del buf[:take]
-        self._remaining -= take
-        return not self._remaining
-
-    def _take_chunks(self, data: bytes, pieces: list[bytes]) -> int:
-        """Take the whole chunks at the start of ``data`` (state ``_CHUNK_SIZE``) into
-        ``pieces``; returns how many bytes were consumed. Stops at the last chunk's size line
-        (state ``_TRAILERS``), at a chunk whose data is not all here (``_CHUNK_DATA``), or
-        at a cut size line or the end of ``data`` (state unchanged)."""
-        pos = 0
-        n = len(data)
-        size_line = _CHUNK_LINE_RE.match
-        while pos < n:
-            # A regex match from pos, not bytes.find(sub, start): in CPython 3.11 that parses
-            # its arguments with a format string built per call (~1k instructions a chunk).
-            line = size_line(data, pos)
-            if line is not None:
-                size = int(line.group(1), 16)
-                start = line.end()
-            else:  # a chunk extension, a malformed line, or a line cut by the read
-                end = data.find(b"\r\n", pos)
-                if end < 0:
-                    if n - pos > 1024:
-                        raise UpstreamBroken("engine sent a malformed chunk size line")
-                    return pos
-                text = data[pos:end].split(b";", 1)[0].strip(b" \t")
-                if not _HEX_RE.fullmatch(text):
-                    raise UpstreamBroken("engine sent a malformed chunk size line")
-                size = int(text, 16)
-                start = end + 2
-            if size == 0:
-                self._state = _TRAILERS
-                return start
-            stop = start + size
-            if stop + 2 > n:  # the chunk's data is not all here: the slow states
-                self._remaining = size
-                self._state = _CHUNK_DATA
-                return start
-            if data[stop : stop + 2] != b"\r\n":
-                raise UpstreamBroken("engine sent a chunk without its CRLF terminator")
-            pieces.append(data[start:stop])
-            pos = stop + 2
-        return pos
-
-    def _parse_head(self, resp: UpstreamResponse, head: bytes) -> bool:
-        """Parse a response head; returns True for a 1xx head to skip."""
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or parts[0][:7] != b"HTTP/1.":  # not startswith: see sse.py
-            raise UpstreamBroken("engine sent a malformed status line")
-        code = parts[1]
-        if len(code) != 3 or not code.isdigit() or not b"100" <= code <= b"599":
-            raise UpstreamBroken("engine sent a malformed status code")
-        status = int(code)
-        if status < 200:
-            if status == 101:  # never asked for (no Upgrade is sent): nothing HTTP follows
-                raise UpstreamBroken("engine switched protocols (101) though no upgrade was asked")
-            return True
-        headers: list[tuple[bytes, bytes]] = []
-        length = -1
-        chunked = False
-        keep_alive = parts[0] == b"HTTP/1.1"
-        content_type = b""
-        hop = _NO_HOP
-        block = head[len(lines[0]) + 2 :]
-        checked = not block or _HEADER_BLOCK_RE.fullmatch(block + b"\r\n") is not None
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not checked:  # find the line at fault, for the message
-                if not sep or not _TOKEN_RE.fullmatch(name):
-                    raise UpstreamBroken(
-                        "engine sent a malformed header line (a header name must be a token: "
-                        "no spaces, CR, LF or NUL)"
-                    )
-                if _BAD_VALUE_RE.search(value.strip(b" \t")):
-                    raise UpstreamBroken("engine sent a header value with CR, LF, NUL or controls")
-            name = name.lower()
-            value = value.strip(b" \t")
-            headers.append((name, value))
-            if name not in _FRAMING_HEADERS:  # most headers: nothing more to look at
-                continue
-            if name == b"content-length":
-                if not value.isdigit() or (length >= 0 and int(value) != length):
-                    raise UpstreamBroken("engine sent a malformed or conflicting Content-Length")
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = value.lower()[-7:] == b"chunked"
-            elif name == b"connection":
-                tokens = {token.strip(b" \t") for token in value.lower().split(b",")}
-                if b"close" in tokens:
-                    keep_alive = False
-                elif b"keep-alive" in tokens:
-                    keep_alive = True
-                tokens -= {b"close", b"keep-alive", b""}
-                if tokens:
-                    hop = hop | tokens
-            else:  # content-type
-                content_type = value.lower()
-        resp.status = status
-        resp.headers = headers
-        resp.content_type = content_type
-        resp.hop_headers = hop
-        self._keep_alive = keep_alive
-        if self.head_only or status in (204, 304):
-            self._state = _IDLE
-        elif chunked:
-            self._state = _CHUNK_SIZE
-        elif length >= 0:
-            self._remaining = length
-            self._state = _LENGTH if length else _IDLE
-        else:
-            self._state = _UNTIL_EOF
-            self._keep_alive = False
-        resp._set_head()
-        return False
-
     def _complete(self, resp: UpstreamResponse, pieces: list[bytes]) -> None:
         # The read's last body bytes go with the end (``on_end(data)``): one write for both.
         last = (pieces[0] if len(pieces) == 1 else b"".join(pieces)) if pieces else b""
-        self._state = _IDLE
+        pieces.clear()
         self.resp = None
-        leftover = bool(self._buf)
         if resp._paused:
             # Earlier pieces pushed the unread backlog over _PAUSE_AT. The response owns no
             # connection once finished, so resume here: a paused connection in the pool would
@@ -725,11 +549,29 @@ class _Conn(asyncio.Protocol):
                 self.transport.resume_reading()
         # Back in the pool before the response's end is announced: whatever the end sets off
         # (the next request) may use this connection at once.
-        if self._keep_alive and not leftover and not self.closed:
+        if self._keep_alive and not self.closed:
             self.pool._release(self)
         else:
             self.abort()
         resp._finish(last)
+
+
+class _HeadEnded(Exception):
+    """Raised from ``on_headers_complete`` to stop parsing a HEAD answer at its head."""
+
+
+def _malformed(exc: httptools.HttpParserError) -> UpstreamBroken:
+    """The error for a response httptools refused: our own check's (raised in a callback), or
+    llhttp's reason, with what the rule is for the header errors."""
+    cause = exc.__context__
+    if isinstance(cause, UpstreamBroken):
+        return cause
+    reason = str(exc) or exc.__class__.__name__
+    if "header value" in reason:
+        reason += " (a header value must not hold CR, LF, NUL or other controls)"
+    elif "header token" in reason:
+        reason += " (a header name must be a token: no spaces, CR, LF or NUL)"
+    return UpstreamBroken(f"engine sent a malformed response: {reason}")
 
 
 class UpstreamClient:
@@ -798,7 +640,7 @@ class UpstreamClient:
         Connect failures are retried (``connect_retries`` times, exponential backoff) because
         the engine saw nothing; nothing is retried once bytes were written.
         """
-        loop = self._running_loop()
+        loop = self.running_loop()
         attempt = 0
         while True:
             conn = self._pop_idle()
@@ -853,7 +695,7 @@ class UpstreamClient:
                 return True
         return False
 
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
+    def running_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
         if loop is None or loop.is_closed():
             # Cached: asyncio.get_running_loop() costs a getpid() syscall per call. A client

@@ -47,40 +47,26 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from serving.proxy.admission import cells_needed
+from serving.proxy.admission import Admission, cells_needed
 from serving.proxy.app import ProxyApp, ProxyConfig
 from serving.proxy.keys import ENV_VAR, KeyRing
-from serving.proxy.logs import configure_logging
+from serving.proxy.logs import configure_logging, event_log, log_event
 from serving.proxy.metrics import Metrics
 from serving.proxy.runner import bind, run_uvicorn, tune_gc
-
-event_log = logging.getLogger("serving.proxy")
 
 PUBLISH_S = 0.5  # a worker's metrics reach the others' /metrics at most this late
 STOP_GRACE_S = 40.0  # after SIGTERM: the workers' 30 s drain, then SIGKILL for what is left
 
 
-class SharedInFlight:
+class SharedInFlight(NamedTuple):
     """The in-flight counts of all workers, per key (admission.Admission's cells), in shared
     memory, under one lock (``--workers``): every worker admits against the same slots,
     per-key counts and waiting requests."""
 
-    def __init__(self, cells: Any, lock: Any, limit: int) -> None:
-        self.cells = cells  # a multiprocessing RawArray("q", admission.cells_needed(keys))
-        self.lock = lock  # a multiprocessing Lock
-        self.limit = limit
-
-    @property
-    def value(self) -> int:
-        """Requests in flight, all workers and keys together (read without the lock)."""
-        return int(self.cells[0])
-
-    @property
-    def waiting(self) -> int:
-        """Requests waiting for a slot, all workers together (read without the lock)."""
-        return int(self.cells[1])
+    cells: Any  # a multiprocessing RawArray("q", admission.cells_needed(keys))
+    lock: Any  # a multiprocessing Lock
 
 
 class WorkerShare:
@@ -132,10 +118,11 @@ class WorkerShare:
         os.replace(tmp, path)
         self._published = data
 
-    def render(self, own: Metrics) -> bytes:
+    def render(self, own: Metrics, admission: Admission) -> bytes:
         """/metrics for the whole proxy: ``own`` (live) plus the other workers' last published
-        states, summed; ``proxy_in_flight`` from the shared counter; ``proxy_engine_ready`` 1
-        only when every worker has published and sees the engine ready."""
+        states, summed; ``proxy_in_flight`` and ``proxy_waiting`` from the shared admission
+        counts; ``proxy_engine_ready`` 1 only when every worker has published and sees the
+        engine ready."""
         states: list[dict[str, Any]] = [own.state()]
         complete = True
         for index in range(self.count):
@@ -146,8 +133,8 @@ class WorkerShare:
             except (OSError, ValueError):
                 complete = False  # not published yet (starting)
         total = Metrics.merged(states)
-        total.in_flight = self.in_flight.value
-        total.waiting = self.in_flight.waiting
+        total.in_flight = admission.total
+        total.waiting = admission.waiting
         total.engine_ready = total.engine_ready and complete
         return total.render()
 
@@ -200,9 +187,7 @@ def worker_main(plan: WorkerPlan) -> None:
     share = WorkerShare(plan.index, plan.count, plan.in_flight, plan.board)
     app = ProxyApp(plan.config, keys, share)
     sock = bind(plan.host, plan.port, reuse_port=True)
-    event_log.warning(
-        json.dumps({"event": "proxy_worker_started", "worker": plan.index, "pid": os.getpid()})
-    )
+    log_event(logging.WARNING, "proxy_worker_started", worker=plan.index, pid=os.getpid())
     tune_gc()
     run_uvicorn(app, plan.config, sock, plan.access_log, shared_stream=True)
     logging.shutdown()  # flush the last access lines
@@ -266,9 +251,7 @@ def run_workers(config: ProxyConfig, workers: int, host: str, port: int, access_
     sweep_stale_boards(boards)
     board = tempfile.mkdtemp(prefix=f"{BOARD_PREFIX}{os.getpid()}-", dir=boards)
     keys = KeyRing.from_json(os.environ.get(ENV_VAR))  # checked by the caller (__main__)
-    in_flight = SharedInFlight(
-        ctx.RawArray("q", cells_needed(len(keys.names))), ctx.Lock(), config.max_in_flight
-    )
+    in_flight = SharedInFlight(ctx.RawArray("q", cells_needed(len(keys.names))), ctx.Lock())
     procs: list[Any] = []
     state = {"stopping": False, "deadline": float("inf")}
 
@@ -307,30 +290,30 @@ def run_workers(config: ProxyConfig, workers: int, host: str, port: int, access_
                 code = codes[str(index)] = proc.exitcode
                 if not state["stopping"]:
                     failed = True
-                    event_log.error(json.dumps({
-                        "event": "proxy_worker_died", "worker": index, "pid": proc.pid,
-                        "exit_code": code, "why": _describe(code),
-                        "action": "stopping the other workers and exiting 1, so that the "
+                    log_event(
+                        logging.ERROR, "proxy_worker_died", worker=index, pid=proc.pid,
+                        exit_code=code, why=_describe(code),
+                        action="stopping the other workers and exiting 1, so that the "
                         "container restarts the proxy; the worker's last log lines above say "
                         "why it stopped (a traceback, a bind error); killed by SIGKILL with "
                         "no such line usually means the kernel's OOM killer: give the "
                         "container more memory or run fewer --workers",
-                    }))  # fmt: skip
+                    )  # fmt: skip
                     stop_all()
                 elif code not in (0, -signal.SIGTERM):
                     # -SIGTERM: stopped before its handler was installed (it served nothing)
                     failed = True
-                    event_log.error(json.dumps({
-                        "event": "proxy_worker_stop_failed", "worker": index, "pid": proc.pid,
-                        "exit_code": code, "why": _describe(code),
-                    }))  # fmt: skip
+                    log_event(
+                        logging.ERROR, "proxy_worker_stop_failed", worker=index, pid=proc.pid,
+                        exit_code=code, why=_describe(code),
+                    )  # fmt: skip
             if pending and time.monotonic() > state["deadline"]:
                 failed = True
-                event_log.error(json.dumps({
-                    "event": "proxy_workers_killed", "workers": sorted(i for i, _ in
-                                                                   pending.values()),
-                    "why": f"still running {STOP_GRACE_S:g} s after SIGTERM",
-                }))  # fmt: skip
+                log_event(
+                    logging.ERROR, "proxy_workers_killed", workers=sorted(i for i, _ in
+                                                                       pending.values()),
+                    why=f"still running {STOP_GRACE_S:g} s after SIGTERM",
+                )  # fmt: skip
                 stop_all(signal.SIGKILL)
                 state["deadline"] = float("inf")
     finally:
@@ -339,7 +322,5 @@ def run_workers(config: ProxyConfig, workers: int, host: str, port: int, access_
         holder.close()
         shutil.rmtree(board, ignore_errors=True)
     status = 1 if failed else 0
-    event_log.warning(
-        json.dumps({"event": "proxy_stopped", "exit_codes": codes, "exit_status": status})
-    )
+    log_event(logging.WARNING, "proxy_stopped", exit_codes=codes, exit_status=status)
     return status

@@ -91,7 +91,8 @@ EVENTS = [b'data: {"i": %d, "text": "%s"}\n\n' % (i, b"w" * (i % 7)) for i in ra
 BURST = (
     b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n"
     + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS[:20])
-    + b"".join(b"%x;ext=1 \r\n%s\r\n" % (len(e), e) for e in EVENTS[20:])  # with extensions
+    # with extensions (RFC 9112 7.1.1: no whitespace after one; llhttp refuses it)
+    + b"".join(b"%x;ext=1\r\n%s\r\n" % (len(e), e) for e in EVENTS[20:])
     + b"0\r\n\r\n"
 )
 

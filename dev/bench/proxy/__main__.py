@@ -224,8 +224,10 @@ def _export(ref: str, into: Path) -> Path:
 def measure_json(reps: int) -> dict[str, Any]:
     """GB/s of the proxy's body check (``check_body``: simdjson from 16 KiB, else orjson) vs
     orjson alone and the stdlib parser."""
+    import orjson
+
     from bench.proxy.loadgen import BODIES
-    from serving.proxy.app import _loads, _loads_stdlib, check_body
+    from serving.proxy.app import check_body
 
     chunk = ("lorem ipsum dolor sit amet " * 40000).encode()
     bodies = {
@@ -242,7 +244,7 @@ def measure_json(reps: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, body in bodies.items():
         row: dict[str, Any] = {"bytes": len(body)}
-        for label, fn in (("proxy", check_body), ("orjson", _loads), ("stdlib", _loads_stdlib)):
+        for label, fn in (("proxy", check_body), ("orjson", orjson.loads), ("stdlib", json.loads)):
             n = max(3, 2_000_000 // len(body))
             speeds = []
             for _ in range(reps):

@@ -63,8 +63,7 @@ async def _one(
     resp = await client.request(b"POST", PATH, AUTH, body)
     await resp.head()
     if stream:
-        while await resp.read() is None:  # None: a keep-alive tick
-            pass
+        await resp.read()
         elapsed = time.perf_counter() - t0  # first body bytes: time to first event
         while await resp.read() != b"":
             pass
@@ -137,8 +136,6 @@ async def streams(job: dict[str, Any]) -> dict[str, Any]:
             first = True
             while True:
                 data = await resp.read()
-                if data is None:
-                    continue
                 if not data:
                     break
                 now = time.perf_counter()

@@ -46,13 +46,12 @@ async def _stream_once(client: UpstreamClient, body: bytes) -> tuple[float, floa
     resp = await client.request(b"POST", PATH, AUTH, body)
     await resp.head()
     head = time.perf_counter() - t0
-    while (data := await resp.read()) is None:  # None: a keep-alive tick
-        pass
+    data = await resp.read()
     first = time.perf_counter() - t0
     first_bytes = total = len(data)
     while data:
         data = await resp.read()
-        total += len(data or b"")
+        total += len(data)
     if resp.status != 200:
         raise RuntimeError(f"timeline request failed with HTTP {resp.status}")
     return head, first, time.perf_counter() - t0, first_bytes, total
