@@ -228,7 +228,7 @@ class EnvironmentProvider(ModalProvider):
             if not force:
                 remaining = {
                     "apps deployed": await _rpc.deployed_apps(client, item.name),
-                    "secrets": await _rpc.secret_names(client, item.name),
+                    "secrets": [s.label for s in await _rpc.secret_list(client, item.name)],
                     "volumes": [n for n, _ in await _rpc.volume_list(client, item.name)],
                 }
                 remaining = {k: v for k, v in remaining.items() if v}

@@ -109,14 +109,10 @@ class ProxyAuthTokenProvider(ModalProvider):
         )
 
     @staticmethod
-    async def _allow(client: Any, token_id: str, envs: list[str]) -> None:
+    async def _allow(client: Any, token_id: str, envs: list[str], allowed: bool = True) -> None:
+        """Allow the token in each of `envs` (`allowed=False`: revoke it there)."""
         for env in envs:
-            await _rpc.token_allow(client, token_id, env)
-
-    @staticmethod
-    async def _revoke(client: Any, token_id: str, envs: list[str]) -> None:
-        for env in envs:
-            await _rpc.token_revoke(client, token_id, env)
+            await _rpc.token_allow(client, token_id, env, allowed)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         name = str(props["name"])
@@ -176,7 +172,7 @@ class ProxyAuthTokenProvider(ModalProvider):
             if name != olds.get("name"):
                 await _rpc.token_rename(client, id_, name)
             await self._allow(client, id_, sorted(new_envs - old_envs))
-            await self._revoke(client, id_, sorted(old_envs - new_envs))
+            await self._allow(client, id_, sorted(old_envs - new_envs), allowed=False)
 
         old_secret = plain(olds.get("token_secret"))
         self.run("update", f"'{name}' ({id_})", go, secrets=[str(old_secret or "")])
