@@ -123,8 +123,7 @@ class EnvironmentProvider(ModalProvider):
                         lambda: _rpc.environment_find(client, "name", name),
                     )
                 except mexc.AlreadyExistsError:  # a stranger's: our record names nothing
-                    if owner:
-                        await _rpc.pending_end(client, owner, PENDING_ENV)
+                    await _rpc.pending_end(client, owner, PENDING_ENV)
                     raise
             if suffix is not None:
                 try:
@@ -139,8 +138,7 @@ class EnvironmentProvider(ModalProvider):
             item = await _rpc.environment_find(client, "name", name)
             if item is None:
                 raise mexc.NotFoundError(f"environment {name!r} vanished right after creation")
-            if owner:
-                await _rpc.pending_end(client, owner, PENDING_ENV)
+            await _rpc.pending_end(client, owner, PENDING_ENV)
             return item, adopted
 
         item, adopted = self.run(

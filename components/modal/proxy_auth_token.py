@@ -149,8 +149,7 @@ class ProxyAuthTokenProvider(ModalProvider):
                         and token.token_id != created["token_id"]
                     ):
                         await _rpc.token_delete(client, token.token_id)
-            if owner:
-                await _rpc.pending_end(client, owner, PENDING_ENV)
+            await _rpc.pending_end(client, owner, PENDING_ENV)
             return created["token_id"], created["token_secret"]
 
         token_id, token_secret = self.run(

@@ -441,8 +441,8 @@ class ServiceUserProvider(ModalProvider):
         async def go(client: Any) -> None:
             for n in doomed:
                 await _rpc.service_user_delete(client, str(n))  # already gone: done
-            if owner:  # a record an interrupted create or rotation left
-                await _rpc.pending_end(client, owner, PENDING_ENV)
+            # a record an interrupted create or rotation left
+            await _rpc.pending_end(client, owner, PENDING_ENV)
 
         self.run(
             "delete",

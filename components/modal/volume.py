@@ -91,8 +91,7 @@ class VolumeProvider(ModalProvider):
             if adopt:
                 existing = await _rpc.volume_lookup(client, name, env)
                 if existing is not None:
-                    if owner:
-                        await _rpc.pending_end(client, owner, env)
+                    await _rpc.pending_end(client, owner, env)
                     return existing, True  # claimed with its data
             try:
                 volume_id = await _rpc.create_once(
@@ -101,11 +100,9 @@ class VolumeProvider(ModalProvider):
                     lambda: _rpc.volume_lookup(client, name, env),
                 )
             except mexc.AlreadyExistsError:  # a stranger's, made since we looked: no record
-                if owner:
-                    await _rpc.pending_end(client, owner, env)
-                raise
-            if owner:
                 await _rpc.pending_end(client, owner, env)
+                raise
+            await _rpc.pending_end(client, owner, env)
             return volume_id, False
 
         volume_id, adopted = self.run(
@@ -192,8 +189,8 @@ class VolumeProvider(ModalProvider):
 
         async def go(client: Any) -> None:
             await _rpc.volume_delete(client, id_)  # already gone: deleting is done
-            if owner:  # a record an interrupted create left (gone env: nothing to drop)
-                await _rpc.pending_end(client, owner, env)
+            # a record an interrupted create left (gone env: nothing to drop)
+            await _rpc.pending_end(client, owner, env)
 
         self.run("delete", f"{id_} ({self._target(props)})", go)
 
