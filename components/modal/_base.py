@@ -150,9 +150,9 @@ def environment_problems(value: Any) -> list[str]:
     ]
 
 
-def flag_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
-    new = news.get(key)
-    return is_unknown(new) or bool(new or False) != bool(olds.get(key) or False)
+def rotation_problems(rotation: Any) -> list[str]:
+    """A schema check: a rotation is any string (e.g. a date); its change rotates."""
+    return [] if isinstance(rotation, str) else ["rotation must be a string (e.g. a date)"]
 
 
 #: How a key's value is compared: a function of the whole props mapping (it may read more than
@@ -455,34 +455,29 @@ class ModalProvider(ResourceProvider):
         server_url = (
             cfg.get(CONFIG_SERVER_URL) or os.environ.get("MODAL_SERVER_URL") or DEFAULT_SERVER_URL
         )
-        _require_pair(
-            self.kind,
-            (CONFIG_TOKEN_ID, cfg.get(CONFIG_TOKEN_ID, "")),
-            (CONFIG_TOKEN_SECRET, cfg.get(CONFIG_TOKEN_SECRET, "")),
-            "stack config: set the missing key with `pulumi config set [--secret] <key> <value>`",
-        )
-        if cfg.get(CONFIG_TOKEN_ID) and cfg.get(CONFIG_TOKEN_SECRET):
-            return Credentials(
-                cfg[CONFIG_TOKEN_ID],
-                cfg[CONFIG_TOKEN_SECRET],
-                server_url,
+        # (source, where its values are, the keys of the pair, how to fix half a pair)
+        sources = (
+            (
                 "stack config",
-            )
-        token_id = os.environ.get("MODAL_TOKEN_ID", "")
-        token_secret = os.environ.get("MODAL_TOKEN_SECRET", "")
-        _require_pair(
-            self.kind,
-            ("MODAL_TOKEN_ID", token_id),
-            ("MODAL_TOKEN_SECRET", token_secret),
-            "the environment: export the missing variable (or set both in stack config)",
-        )
-        if token_id and token_secret:
-            return Credentials(
-                token_id,
-                token_secret,
-                server_url,
+                cfg,
+                CONFIG_TOKEN_ID,
+                CONFIG_TOKEN_SECRET,
+                "stack config: set the"
+                " missing key with `pulumi config set [--secret] <key> <value>`",
+            ),
+            (
                 "environment",
-            )
+                os.environ,
+                "MODAL_TOKEN_ID",
+                "MODAL_TOKEN_SECRET",
+                "the environment: export the missing variable (or set both in stack config)",
+            ),
+        )
+        for source, values, id_key, secret_key, where in sources:
+            token_id, token_secret = values.get(id_key, ""), values.get(secret_key, "")
+            _require_pair(self.kind, (id_key, token_id), (secret_key, token_secret), where)
+            if token_id and token_secret:
+                return Credentials(token_id, token_secret, server_url, source)
         raise NoCredentialsError(
             f"{self.kind}: no Modal credentials. Set stack config `pulumi config set modal:tokenId"
             " <id>` and `pulumi config set --secret modal:tokenSecret <secret>`, or export"

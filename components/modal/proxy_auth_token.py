@@ -47,6 +47,7 @@ from ._base import (
     is_unknown,
     owner_of,
     plain,
+    rotation_problems,
     text_view,
 )
 from ._schema import Schema, SchemaResource, output, owner, replaces, updates
@@ -70,10 +71,6 @@ def _envs_problems(envs: Any) -> list[str]:
     return [problem for e in envs if not is_unknown(e) for problem in environment_problems(e)]
 
 
-def _rotation_problems(rotation: Any) -> list[str]:
-    return [] if isinstance(rotation, str) else ["rotation must be a string (e.g. a date)"]
-
-
 class ProxyAuthTokenArgs(Schema):
     """Inputs of a `ProxyAuthToken` (keywords), then what it outputs."""
 
@@ -84,7 +81,7 @@ class ProxyAuthTokenArgs(Schema):
     )
     #: Any string (e.g. a date): a change replaces the token, create-before-delete.
     rotation: pulumi.Input[str] = replaces(
-        default="", view=text_view("rotation"), check=_rotation_problems
+        default="", view=text_view("rotation"), check=rotation_problems
     )
     owner: str = owner()
     token_id: str = output()

@@ -53,7 +53,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
-from ._base import ModalProvider, is_unknown, owner_of, plain
+from ._base import ModalProvider, is_unknown, owner_of, plain, rotation_problems
 from ._schema import Schema, SchemaResource, output, owner, records, replaces
 
 TYPE_TOKEN = "pulumi-python:dynamic/modal:ServiceUser"  # noqa: S105 (a Pulumi type token)
@@ -93,10 +93,6 @@ def _name_problems(name: Any) -> list[str]:
     ]
 
 
-def _rotation_problems(rotation: Any) -> list[str]:
-    return [] if isinstance(rotation, str) else ["rotation must be a string (e.g. a date)"]
-
-
 def _whole(days: Any) -> bool:
     return isinstance(days, int | float) and not isinstance(days, bool) and float(days).is_integer()
 
@@ -115,7 +111,7 @@ class ServiceUserArgs(Schema):
     `expires_in_days` rotates (an update: `extra_changes`), a changed `name` replaces."""
 
     name: pulumi.Input[str] = replaces(check=_name_problems)
-    rotation: pulumi.Input[str] = records(default="", check=_rotation_problems)
+    rotation: pulumi.Input[str] = records(default="", check=rotation_problems)
     #: Days until the token stops working (Modal then deletes the service user); None = never.
     expires_in_days: pulumi.Input[int] | None = records(
         default=None, check=_days_problems, normalize=lambda d: int(d) if _whole(d) else d
