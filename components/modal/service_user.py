@@ -281,14 +281,10 @@ class ServiceUserProvider(ModalProvider):
         days = _expires(props)
         memo: dict[str, Any] = {"key": _rpc.idempotency_key(), "started": time.time()}
         owner = owner_of(props)
-
-        async def go(client: Any) -> Any:
-            return await self._mint(client, name, (days or 0) * 86400, memo, owner)
-
         info = self.run(
             "create",
             f"'{name}'",
-            go,
+            lambda client: self._mint(client, name, (days or 0) * 86400, memo, owner),
             secrets=lambda: [str(memo.get("secret") or "")],
             hints=self._hints(name),
             idempotent=False,
