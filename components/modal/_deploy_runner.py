@@ -361,13 +361,15 @@ def _read_back_retried(app: Any, app_id: str) -> dict[str, Any]:
     return {"web_url": "", "version": 0, "read_back_error": error}
 
 
-def runner_parser(description: str | None) -> argparse.ArgumentParser:
+def runner_parser(description: str | None, **optional: str) -> argparse.ArgumentParser:
     """The options of every runner (this one and the weights runner in model_weights.py):
-    the app file to deploy, the name to deploy it as and the environment."""
+    the app file to deploy, the name to deploy it as and the environment; then `optional`
+    ({option: its help}: a string option, "" when not given)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--app-file", required=True)
     parser.add_argument("--name", required=True)
-    parser.add_argument("--environment", default="")
+    for option, help_text in {"environment": "", **optional}.items():
+        parser.add_argument("--" + option.replace("_", "-"), default="", help=help_text or None)
     return parser
 
 
@@ -383,14 +385,11 @@ def import_app(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = runner_parser(__doc__)
-    parser.add_argument("--tag", default="", help="as `modal deploy --tag` (the release's digests)")
-    parser.add_argument(
-        "--app-tags",
-        default="{}",
-        help="JSON object of App tags to publish with (the release records the app holds)",
-    )
-    args = parser.parse_args(argv)
+    args = runner_parser(
+        __doc__,
+        tag="as `modal deploy --tag` (the release's digests)",
+        app_tags="JSON object of App tags to publish with (the release records the app holds)",
+    ).parse_args(argv)
     die_with_parent([os.environ.get("SERVING_SPEC", "")])
     try:
         from modal.runner import deploy_app
@@ -399,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         # AppPublish carries the app's tags (modal 1.6.4 runner.py `_publish_app`:
         # `tags=app_local_state.tags`): the release records go along, so a publish keeps
         # them however Modal treats tags it does not receive. The app file's own tags win.
-        records = json.loads(args.app_tags)
+        records = json.loads(args.app_tags or "{}")
         app._local_state.tags = {**records, **app._local_state.tags}
         result = deploy_app(app, name=args.name, environment_name=env, tag=args.tag)
         out = {"ok": True, "app_id": result.app_id, **_read_back_retried(app, result.app_id)}

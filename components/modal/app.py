@@ -297,16 +297,18 @@ class AppArgs(Schema):
     custom_timeouts: dict[str, float] = computed(
         initial=_custom_timeouts, check=_custom_timeouts_problems, noted=_timeouts_changed
     )
+    # What is live:
     app_id: str = output()
     web_url: str = output()
     version: int = output()
-    source_digest: str = output()
-    adopted: bool = output()
-    read_back_error: str = output()
     #: Live runtime autoscaler overrides a refresh found ({tag: {field: value}}).
     autoscaler_override: dict[str, dict[str, int]] = output()
     #: What a refresh found live that is not the state's release ("" after a release).
     drift: str = output()
+    # What was deployed, and how:
+    source_digest: str = output()
+    adopted: bool = output()
+    read_back_error: str = output()
     # What a release says about itself, with the value an older state lacks:
     previous_version: int = output(default=0)
     known_good_version: int = output(default=0)

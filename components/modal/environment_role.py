@@ -69,12 +69,9 @@ def _users_problems(users: Any) -> list[str]:
 
 
 def _role_problems(role: Any) -> list[str]:
-    if role in ROLES:
-        return []
-    return [
-        f"role {role!r} is not one of {', '.join(ROLES)} (no role at all: declare no"
-        " EnvironmentRole for that service user)"
-    ]
+    choices = ", ".join(ROLES)
+    no_role = "no role at all: declare no EnvironmentRole for that service user"
+    return [] if role in ROLES else [f"role {role!r} is not one of {choices} ({no_role})"]
 
 
 class EnvironmentRoleArgs(Schema):
