@@ -344,9 +344,7 @@ class AppProvider(ModalProvider):
         """A redeploy (`_inputs_changed`) or a noted input's record is due."""
         return self._inputs_changed(olds, news) or self.SCHEMA.noted_changed(olds, news)
 
-    @staticmethod
-    def _target(props: Mapping[str, Any]) -> str:
-        return describe_target(props)
+    _target = staticmethod(describe_target)
 
     def _release(
         self, props: Mapping[str, Any], action: str, digests: Mapping[str, str], url: str = ""
@@ -647,10 +645,8 @@ def _live_outputs(
             " `pulumi up` deploys the state's release again (through the health gate)."
         )
     if not same or int(recorded.get("version") or 0) != version:
-        out["gate_result"] = gate_result(
-            Verdict(outcome or "unrecorded", version, read_by_refresh=True)
-        )
-    if not same or int(recorded.get("version") or 0) != version:
+        verdict = Verdict(outcome or "unrecorded", version, read_by_refresh=True)
+        out["gate_result"] = gate_result(verdict)
         good = releases.known_good()
         out["rollback_command"] = rollback_command(name, env, good if good != version else 0)
     return out
