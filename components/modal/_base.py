@@ -108,29 +108,14 @@ def is_unknown(value: Any) -> bool:
     return False
 
 
-def valid_object_name(name: Any) -> bool:
-    """Modal's own rule for secret/volume/app names (modal._utils.name_utils)."""
-    from modal._utils.name_utils import is_valid_object_name
-
-    return isinstance(name, str) and bool(name) and is_valid_object_name(name)
-
-
-def valid_environment_name(name: Any) -> bool:
-    """Modal's rule for new environment names (no periods, no `en-` prefix, <= 64 chars)."""
-    from modal._utils.name_utils import is_valid_environment_name
-
-    return (
-        isinstance(name, str)
-        and bool(name)
-        and is_valid_environment_name(name, allow_periods=False)
-    )
-
-
 def object_name(kind: str) -> Callable[[Any], list[str]]:
-    """A schema check (`_schema`): `kind`'s object name follows Modal's rule."""
+    """A schema check (`_schema`): `kind`'s object name follows Modal's own rule for
+    secret/volume/app names (modal._utils.name_utils)."""
 
     def problems(value: Any) -> list[str]:
-        if valid_object_name(value):
+        from modal._utils.name_utils import is_valid_object_name
+
+        if isinstance(value, str) and value and is_valid_object_name(value):
             return []
         return [
             f"{kind} name {value!r} is invalid: use 1-64 characters from a-z A-Z 0-9 - _ ."
@@ -141,8 +126,11 @@ def object_name(kind: str) -> Callable[[Any], list[str]]:
 
 
 def environment_problems(value: Any) -> list[str]:
-    """A schema check (`_schema`): an environment name follows Modal's rule."""
-    if valid_environment_name(value):
+    """A schema check (`_schema`): an environment name follows Modal's rule for new ones (no
+    periods, no `en-` prefix, <= 64 chars)."""
+    from modal._utils.name_utils import is_valid_environment_name
+
+    if isinstance(value, str) and value and is_valid_environment_name(value, allow_periods=False):
         return []
     return [
         f"environment name {value!r} is invalid: start with a letter or digit, then"
