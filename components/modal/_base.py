@@ -344,7 +344,8 @@ def _answer(exc: BaseException) -> str:
 class ModalProvider(ResourceProvider):
     """Base of every Modal dynamic provider: credentials at call time, retries, error mapping.
 
-    Subclasses set `type_token` (their `kind`, e.g. "Secret", is its last part) and implement
+    A subclass named `<Name>Provider` has the type token `pulumi-python:dynamic/modal:<Name>`
+    (its resource's; `type_token` set on the class wins) and the `kind` <Name>; it implements
     the ResourceProvider methods, calling Modal only through `self.run(...)`.
     """
 
@@ -373,6 +374,11 @@ class ModalProvider(ResourceProvider):
         the PR preview job holds no Modal token by design (.github/workflows/preview.yml).
         Half a pair of credentials, or a wrong one, still fails as before."""
         super().__init_subclass__(**kwargs)
+        if cls.__name__.endswith("Provider") and "type_token" not in cls.__dict__:
+            # The type its resource registers: `module="modal", name=<this name less
+            # "Provider">` (e.g. VolumeProvider: `Volume(..., module="modal", name="Volume")`).
+            name = cls.__name__.removesuffix("Provider")
+            cls.type_token = f"pulumi-python:dynamic/modal:{name}"
         if "type_token" in cls.__dict__ and "kind" not in cls.__dict__:
             cls.kind = cls.type_token.rpartition(":")[2]
         if "SCHEMA" in cls.__dict__:

@@ -100,7 +100,6 @@ from ._schema import (
 from ._source import shipped_files, source_digest
 from .defaults import GATE_TASK, GATE_TASKS, GATE_TIMEOUT_MAX_S, GATE_TIMEOUT_S
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:App"  # noqa: S105 (a Pulumi type token)
 _ENV_KEY_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -327,7 +326,6 @@ def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
 
 
 class AppProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = AppArgs.SCHEMA
 
     @staticmethod

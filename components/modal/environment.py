@@ -46,8 +46,6 @@ from . import _rpc
 from ._base import ModalProvider, ModalProviderError, environment_problems, owner_of
 from ._schema import Schema, SchemaResource, flag, output, owner, replaces, updates
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:Environment"  # noqa: S105 (a Pulumi type token)
-
 
 def _suffix_problems(value: Any) -> list[str]:
     from modal._utils.name_utils import is_valid_subdomain_label
@@ -77,7 +75,6 @@ class EnvironmentArgs(Schema):
 
 
 class EnvironmentProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = EnvironmentArgs.SCHEMA
 
     @staticmethod

@@ -32,8 +32,6 @@ from ._base import ModalProvider, environment_problems, is_unknown
 from ._schema import Schema, SchemaResource, output, replaces, updates
 from .service_user import MODAL_NAME_RE, NAME_RE
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:EnvironmentRole"  # noqa: S105 (a Pulumi type token)
-
 #: Roles this resource grants (modal 1.6.4 CLI examples: viewer, contributor; "no-access"
 #: revokes and is what delete sets).
 ROLES = ("contributor", "viewer")
@@ -89,7 +87,6 @@ class EnvironmentRoleArgs(Schema):
 
 
 class EnvironmentRoleProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = EnvironmentRoleArgs.SCHEMA
 
     @staticmethod

@@ -78,7 +78,6 @@ from ._deploy_runner import (
 from ._deploy_runner import child_env as runner_env
 from ._schema import Schema, SchemaResource, output, replaces, updates
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:ModelWeights"  # noqa: S105 (a Pulumi type token)
 DEFAULT_APP_FILE = "serving/weights_app.py"
 FUNCTION_NAME = "provision"
 #: The deadline of one provisioning (deploy + call), in seconds: a large model over a slow
@@ -200,7 +199,6 @@ class _Run(RunnerRun):
 
 
 class ModelWeightsProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = ModelWeightsArgs.SCHEMA
 
     @staticmethod

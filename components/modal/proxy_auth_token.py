@@ -52,8 +52,6 @@ from ._base import (
 )
 from ._schema import Schema, SchemaResource, output, owner, replaces, updates
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:ProxyAuthToken"  # noqa: S105 (a Pulumi type token)
-
 
 def _envs(props: Mapping[str, Any]) -> list[str]:
     return sorted({str(e) for e in (props.get("environments") or [])})
@@ -90,7 +88,6 @@ class ProxyAuthTokenArgs(Schema):
 
 
 class ProxyAuthTokenProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = ProxyAuthTokenArgs.SCHEMA
 
     @classmethod

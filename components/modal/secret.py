@@ -56,7 +56,6 @@ from ._base import (
 )
 from ._schema import Schema, SchemaResource, flag, output, owner, records, replaces
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:Secret"  # noqa: S105 (a Pulumi type token)
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STALE_DIGEST = "stale"
 
@@ -120,7 +119,6 @@ def _declared_keys(keys: list[str]) -> list[str]:
 
 
 class SecretProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = SecretArgs.SCHEMA
 
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:

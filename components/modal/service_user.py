@@ -56,8 +56,6 @@ from . import _rpc
 from ._base import ModalProvider, is_unknown, owner_of, plain, rotation_problems
 from ._schema import Schema, SchemaResource, output, owner, records, replaces
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:ServiceUser"  # noqa: S105 (a Pulumi type token)
-
 #: Modal's rule for service-user names (`service_users.create`: "alphanumeric, '-', or '_'").
 #: At most 56 characters, leaving room for the rotation suffix `-<n>` within 64.
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,56}$")
@@ -138,7 +136,6 @@ def _in_use(props: Mapping[str, Any]) -> bool:
 
 
 class ServiceUserProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = ServiceUserArgs.SCHEMA  # rotation and retirement: extra_changes
 
     # ---- diff: from the state only (refresh keeps last_used_at current) ---------------------

@@ -52,8 +52,6 @@ from ._base import (
 from ._schema import Schema, SchemaResource, output, owner, replaces, updates
 from .app import AppArgs, AppProvider
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendAlert"  # noqa: S105 (a Pulumi type token)
-WATCH_TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendWatch"  # noqa: S105 (a Pulumi type token)
 DEFAULT_THRESHOLDS = (0.5, 0.8, 1.0)
 
 
@@ -128,7 +126,6 @@ class SpendAlertArgs(Schema):
 
 
 class SpendAlertProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = SpendAlertArgs.SCHEMA
 
     @staticmethod
@@ -276,8 +273,6 @@ class SpendWatchProvider(AppProvider):
     """The spend watcher app (watchers/spend_alerts.py): an `App` in every respect (deploy by
     path, diff on spec/source, stop on delete), under its own type so it is never counted or
     mistaken for a serving app."""
-
-    type_token = WATCH_TYPE_TOKEN
 
 
 class SpendWatch(SchemaResource[AppArgs], module="modal", name="SpendWatch"):

@@ -49,8 +49,6 @@ from ._base import (
 )
 from ._schema import Schema, SchemaResource, flag, output, owner, replaces, updates
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:Volume"  # noqa: S105 (a Pulumi type token)
-
 
 class VolumeArgs(Schema):
     """Inputs of a `Volume` (keywords), then what it outputs."""
@@ -64,7 +62,6 @@ class VolumeArgs(Schema):
 
 
 class VolumeProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = VolumeArgs.SCHEMA
 
     @staticmethod
