@@ -53,6 +53,7 @@ from pulumi.dynamic import (
 from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
+from ._decide import describe_target
 from ._rpc import OWNER_RE  # the marks themselves: _rpc (issue 32 item 10)
 
 if TYPE_CHECKING:
@@ -361,6 +362,10 @@ class ModalProvider(ResourceProvider):
     #: (`_schema.ResourceSchema`) that gives it, with `check`.
     DIFF: ClassVar[DiffSpec]
     SCHEMA: ClassVar[ResourceSchema]
+
+    #: How messages name the object: `'<name>' in environment '<environment>'` (a provider of
+    #: objects named otherwise has its own).
+    _target = staticmethod(describe_target)
 
     # Providers are pickled into the `__provider` blob: never carry runtime state.
     def __getstate__(self) -> dict[str, Any]:

@@ -79,7 +79,6 @@ from ._decide import (
     Releases,
     Verdict,
     deployment_tag,
-    describe_target,
     gate_result,
     parse_deployment_tag,
     policy,
@@ -341,8 +340,6 @@ class AppProvider(ModalProvider):
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
         """A redeploy (`_inputs_changed`) or a noted input's record is due."""
         return self._inputs_changed(olds, news) or self.SCHEMA.noted_changed(olds, news)
-
-    _target = staticmethod(describe_target)
 
     def _release(
         self, props: Mapping[str, Any], action: str, digests: Mapping[str, str], url: str = ""

@@ -127,10 +127,6 @@ class SecretProvider(ModalProvider):
         salt = str(plain(olds.get("values_salt")) or "")
         return is_unknown(values) or values_digest(values or {}, salt) != olds.get("values_digest")
 
-    def _target(self, props: Mapping[str, Any]) -> str:
-        env = environment_name(props)
-        return f"'{props.get('name')}' in environment '{env or '<default>'}'"
-
     def _outputs(
         self,
         props: Mapping[str, Any],

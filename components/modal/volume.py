@@ -31,7 +31,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
 from typing import Any
 
 import pulumi
@@ -63,10 +62,6 @@ class VolumeArgs(Schema):
 
 class VolumeProvider(ModalProvider):
     SCHEMA = VolumeArgs.SCHEMA
-
-    @staticmethod
-    def _target(props: Mapping[str, Any]) -> str:
-        return f"'{props.get('name')}' in environment '{environment_name(props) or '<default>'}'"
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         from modal import exception as mexc
