@@ -461,8 +461,8 @@ class ModalProvider(ResourceProvider):
                 cfg,
                 CONFIG_TOKEN_ID,
                 CONFIG_TOKEN_SECRET,
-                "stack config: set the"
-                " missing key with `pulumi config set [--secret] <key> <value>`",
+                "stack config: set the missing key with"
+                " `pulumi config set [--secret] <key> <value>`",
             ),
             (
                 "environment",
