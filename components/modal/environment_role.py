@@ -138,8 +138,6 @@ class EnvironmentRoleProvider(ModalProvider):
         return CreateResult(f"{env}/{props['service_user']}", self._outputs(props, names, role))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        from modal import exception as mexc
-
         env, role = str(news["environment"]), str(news["role"])
         names, old_names = _names(news), _names(olds)
         regrant = names if role != olds.get("role") else [n for n in names if n not in old_names]
@@ -148,11 +146,7 @@ class EnvironmentRoleProvider(ModalProvider):
         async def go(client: Any) -> None:
             for name in regrant:
                 await _rpc.environment_role_set(client, name, env, role)
-            for name in revoke:
-                try:
-                    await _rpc.environment_role_set(client, name, env, NO_ACCESS)
-                except mexc.NotFoundError:
-                    continue  # that service user was deleted (retired): its roles went with it
+            await _revoke(client, revoke, env)  # from the service users retired since
 
         self.run("update", f"{self._target(news)} ({id_})", go, hints=self._hints(news))
         return UpdateResult(self._outputs(news, names, role))
@@ -179,18 +173,25 @@ class EnvironmentRoleProvider(ModalProvider):
         return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        from modal import exception as mexc
-
         env, names = str(props.get("environment")), _names(props)
+        self.run(
+            "revoke",
+            f"{self._target(props)} ({id_})",
+            lambda client: _revoke(client, names, env),
+            hints=self._hints(props),
+        )
 
-        async def go(client: Any) -> None:
-            for name in names:
-                try:
-                    await _rpc.environment_role_set(client, name, env, NO_ACCESS)
-                except mexc.NotFoundError:
-                    continue  # the service user or the environment is gone: no role left
 
-        self.run("revoke", f"{self._target(props)} ({id_})", go, hints=self._hints(props))
+async def _revoke(client: Any, names: list[str], env: str) -> None:
+    """Set "no-access" for each service user in `env`; one that is gone (deleted, retired),
+    or a gone environment, holds no role any more: nothing to revoke."""
+    from modal import exception as mexc
+
+    for name in names:
+        try:
+            await _rpc.environment_role_set(client, name, env, NO_ACCESS)
+        except mexc.NotFoundError:
+            continue
 
 
 class EnvironmentRole(SchemaResource[EnvironmentRoleArgs], module="modal", name="EnvironmentRole"):
