@@ -56,15 +56,11 @@ for env in environments:
             ),
         )
         if ident.role != "none":
-            EnvironmentRole(
-                f"role-{ident.name}",
-                EnvironmentRoleArgs(
-                    service_user=ident.name,
-                    environment=e.name,
-                    role=ident.role,
-                    service_users=su.names,
-                ),
+            # The role follows the identity through rotations: every name it has (su.names).
+            grant = EnvironmentRoleArgs(
+                service_user=ident.name, environment=e.name, role=ident.role, service_users=su.names
             )
+            EnvironmentRole(f"role-{ident.name}", grant)
         users[ident.name] = (su, ident.role)
     plain[env.name] = {
         "environment_id": e.environment_id,

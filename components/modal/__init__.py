@@ -15,76 +15,37 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_MODULES = {
-    "App": "app",
-    "AppArgs": "app",
-    "AppProvider": "app",
-    "Environment": "environment",
-    "EnvironmentArgs": "environment",
-    "EnvironmentProvider": "environment",
-    "EnvironmentRole": "environment_role",
-    "EnvironmentRoleArgs": "environment_role",
-    "EnvironmentRoleProvider": "environment_role",
-    "ModelWeights": "model_weights",
-    "ModelWeightsArgs": "model_weights",
-    "ModelWeightsProvider": "model_weights",
-    "ProxyAuthToken": "proxy_auth_token",
-    "ProxyAuthTokenArgs": "proxy_auth_token",
-    "ProxyAuthTokenProvider": "proxy_auth_token",
-    "Secret": "secret",
-    "SecretArgs": "secret",
-    "SecretProvider": "secret",
-    "ServiceUser": "service_user",
-    "ServiceUserArgs": "service_user",
-    "ServiceUserProvider": "service_user",
-    "SpendAlert": "spend_alert",
-    "SpendAlertArgs": "spend_alert",
-    "SpendAlertProvider": "spend_alert",
-    "Volume": "volume",
-    "VolumeArgs": "volume",
-    "VolumeProvider": "volume",
+#: module -> the resource it holds; each module exports `<Resource>`, `<Resource>Args` and
+#: `<Resource>Provider`.
+_RESOURCES = {
+    "app": "App",
+    "environment": "Environment",
+    "environment_role": "EnvironmentRole",
+    "model_weights": "ModelWeights",
+    "proxy_auth_token": "ProxyAuthToken",
+    "secret": "Secret",
+    "service_user": "ServiceUser",
+    "spend_alert": "SpendAlert",
+    "volume": "Volume",
 }
-
-__all__ = [
-    "App",
-    "AppArgs",
-    "AppProvider",
-    "Environment",
-    "EnvironmentArgs",
-    "EnvironmentProvider",
-    "EnvironmentRole",
-    "EnvironmentRoleArgs",
-    "EnvironmentRoleProvider",
-    "ModelWeights",
-    "ModelWeightsArgs",
-    "ModelWeightsProvider",
-    "ProxyAuthToken",
-    "ProxyAuthTokenArgs",
-    "ProxyAuthTokenProvider",
-    "Secret",
-    "SecretArgs",
-    "SecretProvider",
-    "ServiceUser",
-    "ServiceUserArgs",
-    "ServiceUserProvider",
-    "SpendAlert",
-    "SpendAlertArgs",
-    "SpendAlertProvider",
-    "Volume",
-    "VolumeArgs",
-    "VolumeProvider",
-]
+_MODULES = {
+    resource + part: module
+    for module, resource in _RESOURCES.items()
+    for part in ("", "Args", "Provider")
+}
+__all__ = sorted(_MODULES)
 
 if TYPE_CHECKING:
-    from .app import App, AppArgs, AppProvider
-    from .environment import Environment, EnvironmentArgs, EnvironmentProvider
-    from .environment_role import EnvironmentRole, EnvironmentRoleArgs, EnvironmentRoleProvider
-    from .model_weights import ModelWeights, ModelWeightsArgs, ModelWeightsProvider
-    from .proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs, ProxyAuthTokenProvider
-    from .secret import Secret, SecretArgs, SecretProvider
-    from .service_user import ServiceUser, ServiceUserArgs, ServiceUserProvider
-    from .spend_alert import SpendAlert, SpendAlertArgs, SpendAlertProvider
-    from .volume import Volume, VolumeArgs, VolumeProvider
+    # Re-exported (`__all__` is derived from _RESOURCES above).
+    from .app import App, AppArgs, AppProvider  # noqa: F401
+    from .environment import Environment, EnvironmentArgs, EnvironmentProvider  # noqa: F401
+    from .environment_role import EnvironmentRole, EnvironmentRoleArgs, EnvironmentRoleProvider  # noqa: F401
+    from .model_weights import ModelWeights, ModelWeightsArgs, ModelWeightsProvider  # noqa: F401
+    from .proxy_auth_token import ProxyAuthToken, ProxyAuthTokenArgs, ProxyAuthTokenProvider  # noqa: F401
+    from .secret import Secret, SecretArgs, SecretProvider  # noqa: F401
+    from .service_user import ServiceUser, ServiceUserArgs, ServiceUserProvider  # noqa: F401
+    from .spend_alert import SpendAlert, SpendAlertArgs, SpendAlertProvider  # noqa: F401
+    from .volume import Volume, VolumeArgs, VolumeProvider  # noqa: F401
 else:
 
     def __getattr__(name: str) -> Any:

@@ -53,6 +53,7 @@ from pulumi.dynamic import (
 from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
+from ._decide import describe_target
 from ._rpc import OWNER_RE  # the marks themselves: _rpc (issue 32 item 10)
 
 if TYPE_CHECKING:
@@ -108,29 +109,14 @@ def is_unknown(value: Any) -> bool:
     return False
 
 
-def valid_object_name(name: Any) -> bool:
-    """Modal's own rule for secret/volume/app names (modal._utils.name_utils)."""
-    from modal._utils.name_utils import is_valid_object_name
-
-    return isinstance(name, str) and bool(name) and is_valid_object_name(name)
-
-
-def valid_environment_name(name: Any) -> bool:
-    """Modal's rule for new environment names (no periods, no `en-` prefix, <= 64 chars)."""
-    from modal._utils.name_utils import is_valid_environment_name
-
-    return (
-        isinstance(name, str)
-        and bool(name)
-        and is_valid_environment_name(name, allow_periods=False)
-    )
-
-
 def object_name(kind: str) -> Callable[[Any], list[str]]:
-    """A schema check (`_schema`): `kind`'s object name follows Modal's rule."""
+    """A schema check (`_schema`): `kind`'s object name follows Modal's own rule for
+    secret/volume/app names (modal._utils.name_utils)."""
 
     def problems(value: Any) -> list[str]:
-        if valid_object_name(value):
+        from modal._utils.name_utils import is_valid_object_name
+
+        if isinstance(value, str) and value and is_valid_object_name(value):
             return []
         return [
             f"{kind} name {value!r} is invalid: use 1-64 characters from a-z A-Z 0-9 - _ ."
@@ -141,8 +127,11 @@ def object_name(kind: str) -> Callable[[Any], list[str]]:
 
 
 def environment_problems(value: Any) -> list[str]:
-    """A schema check (`_schema`): an environment name follows Modal's rule."""
-    if valid_environment_name(value):
+    """A schema check (`_schema`): an environment name follows Modal's rule for new ones (no
+    periods, no `en-` prefix, <= 64 chars)."""
+    from modal._utils.name_utils import is_valid_environment_name
+
+    if isinstance(value, str) and value and is_valid_environment_name(value, allow_periods=False):
         return []
     return [
         f"environment name {value!r} is invalid: start with a letter or digit, then"
@@ -150,9 +139,9 @@ def environment_problems(value: Any) -> list[str]:
     ]
 
 
-def flag_changed(olds: Mapping[str, Any], news: Mapping[str, Any], key: str) -> bool:
-    new = news.get(key)
-    return is_unknown(new) or bool(new or False) != bool(olds.get(key) or False)
+def rotation_problems(rotation: Any) -> list[str]:
+    """A schema check: a rotation is any string (e.g. a date); its change rotates."""
+    return [] if isinstance(rotation, str) else ["rotation must be a string (e.g. a date)"]
 
 
 #: How a key's value is compared: a function of the whole props mapping (it may read more than
@@ -356,7 +345,8 @@ def _answer(exc: BaseException) -> str:
 class ModalProvider(ResourceProvider):
     """Base of every Modal dynamic provider: credentials at call time, retries, error mapping.
 
-    Subclasses set `type_token` (their `kind`, e.g. "Secret", is its last part) and implement
+    A subclass named `<Name>Provider` has the type token `pulumi-python:dynamic/modal:<Name>`
+    (its resource's; `type_token` set on the class wins) and the `kind` <Name>; it implements
     the ResourceProvider methods, calling Modal only through `self.run(...)`.
     """
 
@@ -373,6 +363,10 @@ class ModalProvider(ResourceProvider):
     DIFF: ClassVar[DiffSpec]
     SCHEMA: ClassVar[ResourceSchema]
 
+    #: How messages name the object: `'<name>' in environment '<environment>'` (a provider of
+    #: objects named otherwise has its own).
+    _target = staticmethod(describe_target)
+
     # Providers are pickled into the `__provider` blob: never carry runtime state.
     def __getstate__(self) -> dict[str, Any]:
         return {}
@@ -385,6 +379,11 @@ class ModalProvider(ResourceProvider):
         the PR preview job holds no Modal token by design (.github/workflows/preview.yml).
         Half a pair of credentials, or a wrong one, still fails as before."""
         super().__init_subclass__(**kwargs)
+        if cls.__name__.endswith("Provider") and "type_token" not in cls.__dict__:
+            # The type its resource registers: `module="modal", name=<this name less
+            # "Provider">` (e.g. VolumeProvider: `Volume(..., module="modal", name="Volume")`).
+            name = cls.__name__.removesuffix("Provider")
+            cls.type_token = f"pulumi-python:dynamic/modal:{name}"
         if "type_token" in cls.__dict__ and "kind" not in cls.__dict__:
             cls.kind = cls.type_token.rpartition(":")[2]
         if "SCHEMA" in cls.__dict__:
@@ -455,34 +454,29 @@ class ModalProvider(ResourceProvider):
         server_url = (
             cfg.get(CONFIG_SERVER_URL) or os.environ.get("MODAL_SERVER_URL") or DEFAULT_SERVER_URL
         )
-        _require_pair(
-            self.kind,
-            (CONFIG_TOKEN_ID, cfg.get(CONFIG_TOKEN_ID, "")),
-            (CONFIG_TOKEN_SECRET, cfg.get(CONFIG_TOKEN_SECRET, "")),
-            "stack config: set the missing key with `pulumi config set [--secret] <key> <value>`",
-        )
-        if cfg.get(CONFIG_TOKEN_ID) and cfg.get(CONFIG_TOKEN_SECRET):
-            return Credentials(
-                cfg[CONFIG_TOKEN_ID],
-                cfg[CONFIG_TOKEN_SECRET],
-                server_url,
+        # (source, where its values are, the keys of the pair, how to fix half a pair)
+        sources = (
+            (
                 "stack config",
-            )
-        token_id = os.environ.get("MODAL_TOKEN_ID", "")
-        token_secret = os.environ.get("MODAL_TOKEN_SECRET", "")
-        _require_pair(
-            self.kind,
-            ("MODAL_TOKEN_ID", token_id),
-            ("MODAL_TOKEN_SECRET", token_secret),
-            "the environment: export the missing variable (or set both in stack config)",
-        )
-        if token_id and token_secret:
-            return Credentials(
-                token_id,
-                token_secret,
-                server_url,
+                cfg,
+                CONFIG_TOKEN_ID,
+                CONFIG_TOKEN_SECRET,
+                "stack config: set the missing key with"
+                " `pulumi config set [--secret] <key> <value>`",
+            ),
+            (
                 "environment",
-            )
+                os.environ,
+                "MODAL_TOKEN_ID",
+                "MODAL_TOKEN_SECRET",
+                "the environment: export the missing variable (or set both in stack config)",
+            ),
+        )
+        for source, values, id_key, secret_key, where in sources:
+            token_id, token_secret = values.get(id_key, ""), values.get(secret_key, "")
+            _require_pair(self.kind, (id_key, token_id), (secret_key, token_secret), where)
+            if token_id and token_secret:
+                return Credentials(token_id, token_secret, server_url, source)
         raise NoCredentialsError(
             f"{self.kind}: no Modal credentials. Set stack config `pulumi config set modal:tokenId"
             " <id>` and `pulumi config set --secret modal:tokenSecret <secret>`, or export"

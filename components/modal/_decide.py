@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from ._rpc import Deployment
@@ -524,16 +524,7 @@ class ReleaseResult:
     read_back_error: str = ""
 
     def outputs(self) -> dict[str, Any]:
-        return {
-            "app_id": self.app_id,
-            "version": self.version,
-            "previous_version": self.previous_version,
-            "known_good_version": self.known_good_version,
-            "deployment_tag": self.deployment_tag,
-            "commit": self.commit,
-            "gate_result": gate_result(self.verdict),
-            "gate_seconds": round(self.gate_seconds, 3),
-            "rollback_command": self.rollback_command,
-            "web_url": self.web_url,
-            "read_back_error": self.read_back_error,
-        }
+        """Each field under its own name, but the verdict as its `gate_result` sentence."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "verdict"}
+        out["gate_seconds"] = round(self.gate_seconds, 3)
+        return {**out, "gate_result": gate_result(self.verdict)}

@@ -361,31 +361,44 @@ def _read_back_retried(app: Any, app_id: str) -> dict[str, Any]:
     return {"web_url": "", "version": 0, "read_back_error": error}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def runner_parser(description: str | None, **optional: str) -> argparse.ArgumentParser:
+    """The options of every runner (this one and the weights runner in model_weights.py):
+    the app file to deploy, the name to deploy it as and the environment; then `optional`
+    ({option: its help}: a string option, "" when not given)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--app-file", required=True)
     parser.add_argument("--name", required=True)
-    parser.add_argument("--environment", default="")
-    parser.add_argument("--tag", default="", help="as `modal deploy --tag` (the release's digests)")
-    parser.add_argument(
-        "--app-tags",
-        default="{}",
-        help="JSON object of App tags to publish with (the release records the app holds)",
-    )
-    args = parser.parse_args(argv)
+    for option, help_text in {"environment": "", **optional}.items():
+        parser.add_argument("--" + option.replace("_", "-"), default="", help=help_text or None)
+    return parser
+
+
+def import_app(args: argparse.Namespace) -> tuple[Any, str]:
+    """The app of `--app-file`, imported as `modal deploy` imports it, and the environment
+    to deploy it in (`--environment`, else modal's configured one)."""
+    from modal.cli.import_refs import import_app_from_ref, parse_import_ref
+    from modal.config import config
+
+    ref = parse_import_ref(args.app_file, command="modal deploy")
+    app = import_app_from_ref(ref, base_cmd="modal deploy")
+    return app, args.environment or config.get("environment") or ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = runner_parser(
+        __doc__,
+        tag="as `modal deploy --tag` (the release's digests)",
+        app_tags="JSON object of App tags to publish with (the release records the app holds)",
+    ).parse_args(argv)
     die_with_parent([os.environ.get("SERVING_SPEC", "")])
     try:
-        from modal.cli.import_refs import import_app_from_ref, parse_import_ref
-        from modal.config import config
         from modal.runner import deploy_app
 
-        env = args.environment or config.get("environment") or ""
-        ref = parse_import_ref(args.app_file, command="modal deploy")
-        app = import_app_from_ref(ref, base_cmd="modal deploy")
+        app, env = import_app(args)
         # AppPublish carries the app's tags (modal 1.6.4 runner.py `_publish_app`:
         # `tags=app_local_state.tags`): the release records go along, so a publish keeps
         # them however Modal treats tags it does not receive. The app file's own tags win.
-        records = json.loads(args.app_tags)
+        records = json.loads(args.app_tags or "{}")
         app._local_state.tags = {**records, **app._local_state.tags}
         result = deploy_app(app, name=args.name, environment_name=env, tag=args.tag)
         out = {"ok": True, "app_id": result.app_id, **_read_back_retried(app, result.app_id)}

@@ -103,11 +103,7 @@ class Effects:
         """The app deployed under the name now ("" when none, or no such environment: the
         deploy reports that)."""
         name, env = self.deploy.name, self.deploy.env
-
-        async def go(client: Any) -> str:
-            return await _rpc.app_id_by_name(client, name, env) or ""
-
-        return str(self._run(action, go))
+        return str(self._run(action, lambda client: _rpc.app_id_by_name(client, name, env)) or "")
 
     def runs_release(self, app_id: str) -> bool:
         """Whether `app_id`'s live version runs exactly this release (its deployment tag):
@@ -264,12 +260,12 @@ class Effects:
     def roll_back(self, app_id: str, target: int) -> str:
         """AppRollback to `target`; "" when done, else the error (after an ambiguous failure
         the history says whether it happened)."""
-
-        async def go(client: Any) -> None:
-            await _rpc.app_rollback(client, app_id, target)
-
         try:
-            self._run(f"roll back to v{target}", go, idempotent=False)
+            self._run(
+                f"roll back to v{target}",
+                lambda client: _rpc.app_rollback(client, app_id, target),
+                idempotent=False,
+            )
         except ModalProviderError as e:
             try:
                 live = self.read(app_id).live()
@@ -280,12 +276,8 @@ class Effects:
 
     def stop(self, app_id: str) -> str:
         """AppStop; "" when done, else the error."""
-
-        async def go(client: Any) -> None:
-            await _rpc.app_stop(client, app_id)
-
         try:
-            self._run("stop the app that failed its gate", go)
+            self._run("stop the app that failed its gate", lambda c: _rpc.app_stop(c, app_id))
         except ModalProviderError as e:
             return str(e)
         return ""
@@ -296,12 +288,10 @@ class Effects:
         lost). No app was deployed under this name before the create, so one there now is
         this create's: stop it. Returns what to add to the error."""
         name, env = self.deploy.name, self.deploy.env
-
-        async def go(client: Any) -> str:
-            return await _rpc.app_stop_by_name(client, name, env)
-
         try:
-            stopped = self._run("clean up after a failed create", go)
+            stopped = self._run(
+                "clean up after a failed create", lambda c: _rpc.app_stop_by_name(c, name, env)
+            )
         except ModalProviderError:
             return (
                 "The deploy may have reached Modal and the clean-up could not check: look for"

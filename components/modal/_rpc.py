@@ -41,6 +41,31 @@ def _once(key: str) -> dict[str, Any]:
     return {"retry": None, "metadata": [(IDEMPOTENCY_HEADER, key)]}
 
 
+async def _call(
+    client: Any,
+    method: str,
+    request: str = "",
+    *,
+    key: str = "",
+    missing_ok: bool = False,
+    **fields: Any,
+) -> Any:
+    """`client._stub.<method>(<request>Request(**fields))` (`request`: the message's name when
+    it is not the method's). With `key`: sent once as asked (`_once`). With `missing_ok`: a
+    NotFoundError answers None (the object is gone: fine for a delete or a read)."""
+    from modal import exception as mexc
+    from modal_proto import api_pb2
+
+    message = getattr(api_pb2, f"{request or method}Request")(**fields)
+    stub = getattr(client._stub, method)
+    try:
+        return await (stub(message, **_once(key)) if key else stub(message))
+    except mexc.NotFoundError:
+        if not missing_ok:
+            raise
+        return None
+
+
 async def create_once(
     memo: dict[str, Any],
     create: Callable[[], Awaitable[T]],
@@ -86,68 +111,42 @@ async def environment_find(client: Any, field: str, value: str) -> Any:
 
 
 async def environment_create(client: Any, name: str, key: str) -> None:
-    from modal_proto import api_pb2
-
-    await client._stub.EnvironmentCreate(api_pb2.EnvironmentCreateRequest(name=name), **_once(key))
+    await _call(client, "EnvironmentCreate", key=key, name=name)
 
 
 async def environment_set_suffix(client: Any, current_name: str, suffix: str) -> None:
     from google.protobuf.wrappers_pb2 import StringValue
-    from modal_proto import api_pb2
 
-    await client._stub.EnvironmentUpdate(
-        api_pb2.EnvironmentUpdateRequest(
-            current_name=current_name, web_suffix=StringValue(value=suffix)
-        )
-    )
+    suffix_value = StringValue(value=suffix)
+    await _call(client, "EnvironmentUpdate", current_name=current_name, web_suffix=suffix_value)
 
 
 async def environment_delete(client: Any, name: str) -> None:
-    from modal_proto import api_pb2
-
-    await client._stub.EnvironmentDelete(api_pb2.EnvironmentDeleteRequest(name=name))
+    await _call(client, "EnvironmentDelete", name=name)
 
 
 async def environment_id(client: Any, name: str) -> str:
-    """Id of an existing environment by name (NotFoundError if missing)."""
-    from modal_proto import api_pb2
-
-    resp = await client._stub.EnvironmentGetOrCreate(
-        api_pb2.EnvironmentGetOrCreateRequest(
-            deployment_name=name,
-            object_creation_type=api_pb2.OBJECT_CREATION_TYPE_UNSPECIFIED,
-        )
-    )
-    return str(resp.environment_id)
+    """Id of an existing environment by name (NotFoundError if missing): a GetOrCreate with
+    no creation type, as `_Environment.from_name(...).hydrate()` sends it."""
+    return str((await _call(client, "EnvironmentGetOrCreate", deployment_name=name)).environment_id)
 
 
 async def environment_get_budget(client: Any, env_id: str) -> Any:
     """`EnvironmentGetBudgetResponse` of the environment with that id."""
-    from modal_proto import api_pb2
-
-    return await client._stub.EnvironmentGetBudget(
-        api_pb2.EnvironmentGetBudgetRequest(environment_id=env_id)
-    )
+    return await _call(client, "EnvironmentGetBudget", environment_id=env_id)
 
 
 async def environment_set_budget(client: Any, env_id: str, budget: float | None) -> None:
     """Set the environment's cycle budget in dollars; None clears it."""
-    from modal_proto import api_pb2
-
-    if budget is None:
-        req = api_pb2.EnvironmentSetBudgetRequest(environment_id=env_id, clear_budget=True)
-    else:
-        req = api_pb2.EnvironmentSetBudgetRequest(
-            environment_id=env_id, cycle_budget_dollars=budget
-        )
-    await client._stub.EnvironmentSetBudget(req)
+    change = {"clear_budget": True} if budget is None else {"cycle_budget_dollars": budget}
+    await _call(client, "EnvironmentSetBudget", environment_id=env_id, **change)
 
 
 async def deployed_apps(client: Any, environment: str) -> list[str]:
     """Names of the apps deployed in an environment."""
     from modal_proto import api_pb2
 
-    apps = await client._stub.AppList(api_pb2.AppListRequest(environment_name=environment))
+    apps = await _call(client, "AppList", environment_name=environment)
     return [
         a.description or a.name or a.app_id
         for a in apps.apps
@@ -170,10 +169,13 @@ async def _get_or_create(
     SDK's `from_name` sends it: with `key`, a create that fails if it exists (the `create`
     fields sent with it), sent once (`_once`); without, a lookup: the id, or None (also: no
     such environment). Returns `<kind>_id`."""
-    from modal import exception as mexc
     from modal_proto import api_pb2
 
-    request = getattr(api_pb2, f"{kind}GetOrCreateRequest")(
+    resp = await _call(
+        client,
+        f"{kind}GetOrCreate",
+        key=key or "",
+        missing_ok=key is None,
         deployment_name=name,
         environment_name=environment,
         object_creation_type=(
@@ -183,14 +185,7 @@ async def _get_or_create(
         ),
         **create,
     )
-    method = getattr(client._stub, f"{kind}GetOrCreate")
-    try:
-        resp = await (method(request) if key is None else method(request, **_once(key)))
-    except mexc.NotFoundError:
-        if key is not None:
-            raise
-        return None
-    return str(getattr(resp, f"{kind.lower()}_id"))
+    return None if resp is None else str(getattr(resp, f"{kind.lower()}_id"))
 
 
 async def secret_create(
@@ -206,14 +201,8 @@ async def secret_lookup(client: Any, name: str, environment: str) -> str | None:
 
 async def secret_info(client: Any, secret_id: str) -> Any:
     """`SecretGetInfoResponse.metadata` (name, environment, key names), or None if gone."""
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    try:
-        resp = await client._stub.SecretGetInfo(api_pb2.SecretGetInfoRequest(secret_id=secret_id))
-    except mexc.NotFoundError:
-        return None
-    return resp.metadata
+    resp = await _call(client, "SecretGetInfo", missing_ok=True, secret_id=secret_id)
+    return None if resp is None else resp.metadata
 
 
 async def secret_set_values(client: Any, secret_id: str, values: dict[str, str]) -> None:
@@ -222,31 +211,21 @@ async def secret_set_values(client: Any, secret_id: str, values: dict[str, str])
     from modal_proto import api_pb2
 
     update = api_pb2.SecretUpdateRequest.Update
-    info = await client._stub.SecretGetInfo(api_pb2.SecretGetInfoRequest(secret_id=secret_id))
+    info = await _call(client, "SecretGetInfo", secret_id=secret_id)
     removed = sorted(set(info.metadata.keys) - set(values))
     updates = [update(key=k, value=v) for k, v in values.items()]
     updates += [update(key=k) for k in removed]
-    await client._stub.SecretUpdate(
-        api_pb2.SecretUpdateRequest(secret_id=secret_id, updates=updates)
-    )
+    await _call(client, "SecretUpdate", secret_id=secret_id, updates=updates)
 
 
 async def secret_delete(client: Any, secret_id: str) -> None:
     """Delete by id; already gone is fine."""
-    import contextlib
-
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    with contextlib.suppress(mexc.NotFoundError):
-        await client._stub.SecretDelete(api_pb2.SecretDeleteRequest(secret_id=secret_id))
+    await _call(client, "SecretDelete", missing_ok=True, secret_id=secret_id)
 
 
-async def secret_names(client: Any, environment: str) -> list[str]:
-    from modal_proto import api_pb2
-
-    resp = await client._stub.SecretList(api_pb2.SecretListRequest(environment_name=environment))
-    return sorted(item.label for item in resp.items)
+async def secret_list(client: Any, environment: str) -> list[Any]:
+    """The environment's `SecretListItem`s (label, secret_id, metadata)."""
+    return list((await _call(client, "SecretList", environment_name=environment)).items)
 
 
 # ---- volumes -------------------------------------------------------------------------------
@@ -266,36 +245,20 @@ async def volume_lookup(client: Any, name: str, environment: str) -> str | None:
 
 async def volume_get(client: Any, volume_id: str) -> Any:
     """`VolumeGetByIdResponse` (metadata.name), or None if gone."""
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    try:
-        return await client._stub.VolumeGetById(api_pb2.VolumeGetByIdRequest(volume_id=volume_id))
-    except mexc.NotFoundError:
-        return None
+    return await _call(client, "VolumeGetById", missing_ok=True, volume_id=volume_id)
 
 
 async def volume_rename(client: Any, volume_id: str, name: str) -> None:
-    from modal_proto import api_pb2
-
-    await client._stub.VolumeRename(api_pb2.VolumeRenameRequest(volume_id=volume_id, name=name))
+    await _call(client, "VolumeRename", volume_id=volume_id, name=name)
 
 
 async def volume_delete(client: Any, volume_id: str) -> None:
-    import contextlib
-
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    with contextlib.suppress(mexc.NotFoundError):
-        await client._stub.VolumeDelete(api_pb2.VolumeDeleteRequest(volume_id=volume_id))
+    await _call(client, "VolumeDelete", missing_ok=True, volume_id=volume_id)
 
 
 async def volume_list(client: Any, environment: str) -> list[tuple[str, str]]:
     """(name, volume id) of every volume in the environment (NotFoundError: no such env)."""
-    from modal_proto import api_pb2
-
-    resp = await client._stub.VolumeList(api_pb2.VolumeListRequest(environment_name=environment))
+    resp = await _call(client, "VolumeList", environment_name=environment)
     return sorted((item.label, item.volume_id) for item in resp.items)
 
 
@@ -304,11 +267,7 @@ async def volume_list(client: Any, environment: str) -> list[tuple[str, str]]:
 
 async def token_create(client: Any, name: str, key: str) -> tuple[str, str]:
     """(token id, token secret): the secret is returned only here, never again."""
-    from modal_proto import api_pb2
-
-    resp = await client._stub.WebhookTokenCreate(
-        api_pb2.WebhookTokenCreateRequest(name=name), **_once(key)
-    )
+    resp = await _call(client, "WebhookTokenCreate", key=key, name=name)
     return str(resp.token_id), str(resp.token_secret)
 
 
@@ -319,60 +278,29 @@ async def token_list(client: Any) -> list[Any]:
 
 
 async def token_delete(client: Any, token_id: str) -> None:
-    import contextlib
-
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    with contextlib.suppress(mexc.NotFoundError):
-        await client._stub.WebhookTokenDelete(api_pb2.TokenDeleteRequest(token_id=token_id))
+    await _call(client, "WebhookTokenDelete", "TokenDelete", missing_ok=True, token_id=token_id)
 
 
 async def token_rename(client: Any, token_id: str, name: str) -> None:
-    from modal_proto import api_pb2
-
-    await client._stub.WebhookTokenUpdate(
-        api_pb2.WebhookTokenUpdateRequest(token_id=token_id, name=name)
-    )
+    await _call(client, "WebhookTokenUpdate", token_id=token_id, name=name)
 
 
-async def token_allow(client: Any, token_id: str, environment: str) -> None:
-    from modal_proto import api_pb2
-
-    await client._stub.WebhookTokenEnvironmentAdd(
-        api_pb2.WebhookTokenEnvironmentAddRequest(
-            token_id=token_id, environment_id=await environment_id(client, environment)
-        )
-    )
-
-
-async def token_revoke(client: Any, token_id: str, environment: str) -> None:
-    from modal_proto import api_pb2
-
-    await client._stub.WebhookTokenEnvironmentRemove(
-        api_pb2.WebhookTokenEnvironmentRemoveRequest(
-            token_id=token_id, environment_id=await environment_id(client, environment)
-        )
-    )
+async def token_allow(client: Any, token_id: str, environment: str, allowed: bool) -> None:
+    """Add the environment to the token's allowlist (`allowed=False`: remove it)."""
+    method = "WebhookTokenEnvironmentAdd" if allowed else "WebhookTokenEnvironmentRemove"
+    env_id = await environment_id(client, environment)
+    await _call(client, method, token_id=token_id, environment_id=env_id)
 
 
 async def token_environment_ids(client: Any, token_id: str) -> list[str]:
     """Environment ids in the token's allowlist (UNIMPLEMENTED on older servers)."""
-    from modal_proto import api_pb2
-
-    resp = await client._stub.WebhookTokenEnvironmentList(
-        api_pb2.WebhookTokenEnvironmentListRequest(token_id=token_id)
-    )
+    resp = await _call(client, "WebhookTokenEnvironmentList", token_id=token_id)
     return list(resp.environment_ids)
 
 
 async def tokens_of_environment(client: Any, environment: str) -> list[str]:
     """Ids of the tokens allowed in an environment (the fallback of the read above)."""
-    from modal_proto import api_pb2
-
-    listed = await client._stub.WebhookTokenListForEnvironment(
-        api_pb2.WebhookTokenListForEnvironmentRequest(environment_name=environment)
-    )
+    listed = await _call(client, "WebhookTokenListForEnvironment", environment_name=environment)
     return [t.token_id for t in listed.tokens]
 
 
@@ -382,16 +310,10 @@ async def tokens_of_environment(client: Any, environment: str) -> list[str]:
 async def app_id_by_name(client: Any, name: str, environment: str) -> str | None:
     """Id of the app deployed under that name ("" when none; None when the environment
     itself does not exist: `AppGetByDeploymentName` answers NotFound)."""
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    try:
-        resp = await client._stub.AppGetByDeploymentName(
-            api_pb2.AppGetByDeploymentNameRequest(name=name, environment_name=environment)
-        )
-    except mexc.NotFoundError:
-        return None
-    return str(resp.app_id)
+    resp = await _call(
+        client, "AppGetByDeploymentName", missing_ok=True, name=name, environment_name=environment
+    )
+    return None if resp is None else str(resp.app_id)
 
 
 async def app_stop_by_name(client: Any, name: str, environment: str) -> str:
@@ -405,32 +327,26 @@ async def app_stop_by_name(client: Any, name: str, environment: str) -> str:
 
 async def app_version(client: Any, app_id: str) -> int:
     """Highest version in the app's deployment history (0 when it has none)."""
-    from modal_proto import api_pb2
-
-    hist = await client._stub.AppDeploymentHistory(
-        api_pb2.AppDeploymentHistoryRequest(app_id=app_id)
-    )
-    versions = [h.version for h in hist.app_deployment_histories]
-    return max(versions) if versions else 0
+    rows = await app_deployments(client, app_id)
+    return rows[-1].version if rows else 0
 
 
 async def app_web_url(client: Any, app_id: str, name: str, environment: str) -> str:
     """The app's URL as Modal reports it: the first `@app.server` flash URL by function tag,
     else the first web endpoint URL (what `Server/Function.from_name(...)` see)."""
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    layout = await client._stub.AppGetLayout(api_pb2.AppGetLayoutRequest(app_id=app_id))
+    layout = await _call(client, "AppGetLayout", app_id=app_id)
     flash: list[str] = []
     web: list[str] = []
     for tag in sorted(layout.app_layout.function_ids):
-        try:
-            fn = await client._stub.FunctionGet(
-                api_pb2.FunctionGetRequest(
-                    app_name=name, object_tag=tag, environment_name=environment
-                )
-            )
-        except mexc.NotFoundError:
+        fn = await _call(
+            client,
+            "FunctionGet",
+            missing_ok=True,
+            app_name=name,
+            object_tag=tag,
+            environment_name=environment,
+        )
+        if fn is None:
             continue
         flash.extend(fn.handle_metadata._experimental_flash_urls)
         if fn.handle_metadata.web_url:
@@ -440,40 +356,39 @@ async def app_web_url(client: Any, app_id: str, name: str, environment: str) -> 
 
 async def app_stop(client: Any, app_id: str) -> None:
     """Stop an app by id; already gone is fine."""
-    import contextlib
+    await _call(client, "AppStop", missing_ok=True, app_id=app_id)
 
-    from modal import exception as mexc
-    from modal_proto import api_pb2
 
-    with contextlib.suppress(mexc.NotFoundError):
-        await client._stub.AppStop(api_pb2.AppStopRequest(app_id=app_id))
+async def _fetch_logs(
+    client: Any, app_id: str, since: float, until: float, limit: int, function_id: str = ""
+) -> list[Any]:
+    """The `TaskLogsBatch`es of one `AppFetchLogs` over [since, until] (epoch seconds): the
+    request `modal app logs` sends (modal 1.6.4 `_logs._fetch_logs_interval`), of one
+    function when `function_id` is given."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    lo, hi = Timestamp(), Timestamp()
+    lo.FromNanoseconds(int(since * 1e9))
+    hi.FromNanoseconds(int(until * 1e9))
+    resp = await _call(
+        client,
+        "AppFetchLogs",
+        app_id=app_id,
+        since=lo,
+        until=hi,
+        limit=limit,
+        function_id=function_id,
+    )
+    return list(resp.batches)
 
 
 async def app_log_lines(
     client: Any, app_id: str, function_id: str, since: float, until: float
 ) -> list[tuple[float, str]]:
-    """(timestamp, line) of one function's log in [since, until], oldest first: the
-    `AppFetchLogsRequest` `modal app logs` sends (modal 1.6.4 `_logs._fetch_logs_interval`)."""
-    from google.protobuf.timestamp_pb2 import Timestamp
-    from modal_proto import api_pb2
-
-    def stamp(t: float) -> Timestamp:
-        ts = Timestamp()
-        ts.FromNanoseconds(int(t * 1e9))
-        return ts
-
-    resp = await client._stub.AppFetchLogs(
-        api_pb2.AppFetchLogsRequest(
-            app_id=app_id,
-            since=stamp(since),
-            until=stamp(until),
-            limit=1000,
-            function_id=function_id,
-        )
-    )
+    """(timestamp, line) of one function's log in [since, until], oldest first."""
     out = [
         (float(item.timestamp), line.rstrip())
-        for batch in resp.batches
+        for batch in await _fetch_logs(client, app_id, since, until, 1000, function_id)
         for item in batch.items
         for line in item.data.splitlines()
         if line.strip()
@@ -487,14 +402,10 @@ async def autoscaler_settings(client: Any, app_name: str, tag: str, environment:
     `update_autoscaler` set since the last deploy; empty when none). For drift reports: an
     override that differs from the static settings is a runtime change a deploy would undo.
     The request `Function/Server.autoscaler.settings()` sends (modal 1.6.4)."""
-    from modal_proto import api_pb2
-
-    fn = await client._stub.FunctionGet(
-        api_pb2.FunctionGetRequest(app_name=app_name, object_tag=tag, environment_name=environment)
+    fn = await _call(
+        client, "FunctionGet", app_name=app_name, object_tag=tag, environment_name=environment
     )
-    resp = await client._stub.FunctionGetSchedulingParams(
-        api_pb2.FunctionGetSchedulingParamsRequest(function_id=fn.function_id)
-    )
+    resp = await _call(client, "FunctionGetSchedulingParams", function_id=fn.function_id)
     return resp.autoscaler_configuration
 
 
@@ -505,17 +416,13 @@ async def autoscaler_overrides(client: Any, app_id: str) -> dict[str, dict[str, 
     when the app has no function at all. A function gone between the layout and the read is
     skipped. Same request as `autoscaler_settings`, by the layout's function ids
     (`Function.autoscaler.settings()` sends the function's object id, modal 1.6.4)."""
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    layout = await client._stub.AppGetLayout(api_pb2.AppGetLayoutRequest(app_id=app_id))
+    layout = await _call(client, "AppGetLayout", app_id=app_id)
     out: dict[str, dict[str, Any]] = {}
     for tag, function_id in sorted(layout.app_layout.function_ids.items()):
-        try:
-            resp = await client._stub.FunctionGetSchedulingParams(
-                api_pb2.FunctionGetSchedulingParamsRequest(function_id=function_id)
-            )
-        except mexc.NotFoundError:
+        resp = await _call(
+            client, "FunctionGetSchedulingParams", missing_ok=True, function_id=function_id
+        )
+        if resp is None:
             continue
         conf = resp.autoscaler_configuration
         override = {f.name: v for f, v in conf.override_settings.ListFields()}
@@ -553,11 +460,7 @@ class Deployment:
 
 async def app_deployments(client: Any, app_id: str) -> list[Deployment]:
     """Every deployment of the app, oldest first."""
-    from modal_proto import api_pb2
-
-    hist = await client._stub.AppDeploymentHistory(
-        api_pb2.AppDeploymentHistoryRequest(app_id=app_id)
-    )
+    hist = await _call(client, "AppDeploymentHistory", app_id=app_id)
     rows = [
         Deployment(
             version=int(h.version),
@@ -573,18 +476,13 @@ async def app_deployments(client: Any, app_id: str) -> list[Deployment]:
 
 async def app_tags(client: Any, app_id: str) -> dict[str, str]:
     """The app's tags (`AppGetTags`, modal 1.6.4 `App.get_tags`)."""
-    from modal_proto import api_pb2
-
-    resp = await client._stub.AppGetTags(api_pb2.AppGetTagsRequest(app_id=app_id))
-    return dict(resp.tags)
+    return dict((await _call(client, "AppGetTags", app_id=app_id)).tags)
 
 
 async def app_set_tags(client: Any, app_id: str, tags: dict[str, str]) -> None:
     """Replace the app's whole tag set (`AppSetTags`, modal 1.6.4 `App.set_tags`: "Any tags
     set on the App before calling this method will be removed if they are not included")."""
-    from modal_proto import api_pb2
-
-    await client._stub.AppSetTags(api_pb2.AppSetTagsRequest(app_id=app_id, tags=tags))
+    await _call(client, "AppSetTags", app_id=app_id, tags=tags)
 
 
 async def app_log_tasks(client: Any, app_id: str, since: float) -> dict[str, float]:
@@ -592,17 +490,8 @@ async def app_log_tasks(client: Any, app_id: str, since: float) -> dict[str, flo
     (one `AppFetchLogs`; each `TaskLogsBatch` names its `task_id`)."""
     import time
 
-    from google.protobuf.timestamp_pb2 import Timestamp
-    from modal_proto import api_pb2
-
-    lo, hi = Timestamp(), Timestamp()
-    lo.FromNanoseconds(int(since * 1e9))
-    hi.FromNanoseconds(int((time.time() + 60) * 1e9))
-    resp = await client._stub.AppFetchLogs(
-        api_pb2.AppFetchLogsRequest(app_id=app_id, since=lo, until=hi, limit=1000)
-    )
     first: dict[str, float] = {}
-    for batch in resp.batches:
+    for batch in await _fetch_logs(client, app_id, since, time.time() + 60, 1000):
         if not batch.task_id:
             continue
         for item in batch.items:
@@ -616,11 +505,7 @@ async def app_rollback(client: Any, app_id: str, version: int) -> float:
     """Roll the app back to `version` as `modal app rollback APP vN` does (modal 1.6.4
     cli/app.py: `AppRollbackRequest(app_id=..., version=N)`; -1 = the previous one). Modal
     publishes the old layout as a new version; returns its `deployed_at`."""
-    from modal_proto import api_pb2
-
-    resp = await client._stub.AppRollback(
-        api_pb2.AppRollbackRequest(app_id=app_id, version=version)
-    )
+    resp = await _call(client, "AppRollback", app_id=app_id, version=version)
     return float(resp.deployed_at)
 
 
@@ -628,11 +513,7 @@ async def app_containers(client: Any, app_id: str, environment: str) -> list[tup
     """(task id, enqueued_at) of the app's live containers (`TaskList`, the request modal
     1.6.4 runner.py `_stop_and_wait_for_containers` sends to find a deploy's old containers:
     those enqueued before the new version's `deployed_at`)."""
-    from modal_proto import api_pb2
-
-    resp = await client._stub.TaskList(
-        api_pb2.TaskListRequest(environment_name=environment, app_id=app_id)
-    )
+    resp = await _call(client, "TaskList", environment_name=environment, app_id=app_id)
     return [(str(t.task_id), float(t.enqueued_at)) for t in resp.tasks]
 
 
@@ -642,17 +523,8 @@ async def app_log_tail(client: Any, app_id: str, since: float, n: int) -> list[s
     it for `modal app logs APP --since ...`."""
     import time
 
-    from google.protobuf.timestamp_pb2 import Timestamp
-    from modal_proto import api_pb2
-
-    lo, hi = Timestamp(), Timestamp()
-    lo.FromNanoseconds(int(since * 1e9))
-    hi.FromNanoseconds(int((time.time() + 60) * 1e9))
-    resp = await client._stub.AppFetchLogs(
-        api_pb2.AppFetchLogsRequest(app_id=app_id, since=lo, until=hi, limit=n)
-    )
     lines: list[str] = []
-    for batch in resp.batches:
+    for batch in await _fetch_logs(client, app_id, since, time.time() + 60, n):
         for item in batch.items:
             lines.extend(part for part in item.data.splitlines() if part.strip())
     return lines[-n:]
@@ -662,15 +534,13 @@ async def function_call_cancel(client: Any, call_id: str) -> None:
     """Cancel a spawned call and end the containers running it: the request
     `FunctionCall.cancel(terminate_containers=True)` sends (modal 1.6.4 `modal/_functions.py`,
     `_FunctionCall.cancel`). A call already gone is fine."""
-    import contextlib
-
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    with contextlib.suppress(mexc.NotFoundError):
-        await client._stub.FunctionCallCancel(
-            api_pb2.FunctionCallCancelRequest(function_call_id=call_id, terminate_containers=True)
-        )
+    await _call(
+        client,
+        "FunctionCallCancel",
+        missing_ok=True,
+        function_call_id=call_id,
+        terminate_containers=True,
+    )
 
 
 # ---- service users and environment roles (modal 1.6.4 `modal/_workspace.py`
@@ -684,12 +554,8 @@ async def service_user_create(
     `service_users.create` sends it, plus `scoped` (a field of `ServiceUserCreateRequest` the
     1.6.4 SDK leaves unset; a scoped service user gets access only through environment roles,
     which is what the access stack grants), once, under the caller's idempotency key."""
-    from modal_proto import api_pb2
-
-    req = api_pb2.ServiceUserCreateRequest(name=name, scoped=scoped)
-    if expires_in_s:
-        req.expires_in_seconds = expires_in_s
-    resp = await client._stub.ServiceUserCreate(req, **_once(key))
+    expiry: dict[str, Any] = {"expires_in_seconds": expires_in_s} if expires_in_s else {}
+    resp = await _call(client, "ServiceUserCreate", key=key, name=name, scoped=scoped, **expiry)
     return str(resp.service_user_id), str(resp.token_id), str(resp.token_secret)
 
 
@@ -697,30 +563,13 @@ async def service_user_info(client: Any, name: str) -> Any:
     """The `ServiceUser` message of that name (`service_users.info`), or None when it is gone:
     `service_user_id`, `token_id`, `created_at`, `last_used_at` (0: never), `expires_at`,
     `environment_roles` ({environment_name, role_str} per environment it has a role in)."""
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    try:
-        resp = await client._stub.ServiceUserInfo(
-            api_pb2.ServiceUserInfoRequest(service_user_name=name)
-        )
-    except mexc.NotFoundError:
-        return None
-    return resp.service_user
+    resp = await _call(client, "ServiceUserInfo", missing_ok=True, service_user_name=name)
+    return None if resp is None else resp.service_user
 
 
-async def service_user_delete(client: Any, name: str) -> bool:
-    """Delete by name (`service_users.delete`); False when it was already gone."""
-    from modal import exception as mexc
-    from modal_proto import api_pb2
-
-    try:
-        await client._stub.ServiceUserDelete(
-            api_pb2.ServiceUserDeleteRequest(service_user_name=name)
-        )
-    except mexc.NotFoundError:
-        return False
-    return True
+async def service_user_delete(client: Any, name: str) -> None:
+    """Delete by name (`service_users.delete`); already gone is fine."""
+    await _call(client, "ServiceUserDelete", missing_ok=True, service_user_name=name)
 
 
 async def environment_role_set(client: Any, service_user: str, environment: str, role: str) -> None:
@@ -728,14 +577,13 @@ async def environment_role_set(client: Any, service_user: str, environment: str,
     environment's id first (`_Environment.from_name(...).hydrate()` = EnvironmentGetOrCreate
     without creation), then `EnvironmentRoleSet{service_user_name, environment_id, role_str}`;
     role "no-access" revokes."""
-    from modal_proto import api_pb2
-
-    await client._stub.EnvironmentRoleSet(
-        api_pb2.EnvironmentRoleSetRequest(
-            service_user_name=service_user,
-            environment_id=await environment_id(client, environment),
-            role_str=role,
-        )
+    env_id = await environment_id(client, environment)
+    await _call(
+        client,
+        "EnvironmentRoleSet",
+        service_user_name=service_user,
+        environment_id=env_id,
+        role_str=role,
     )
 
 
@@ -856,45 +704,43 @@ async def pending_begin(
     from modal_proto import api_pb2
 
     try:
-        await client._stub.SecretGetOrCreate(
-            api_pb2.SecretGetOrCreateRequest(
-                deployment_name=pending_secret_name(owner),
-                environment_name=environment,
-                object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_OVERWRITE_IF_EXISTS,
-                env_dict=_pending_keys(owner, kind, name, time.time(), notes),
-            )
+        await _call(
+            client,
+            "SecretGetOrCreate",
+            deployment_name=pending_secret_name(owner),
+            environment_name=environment,
+            object_creation_type=api_pb2.OBJECT_CREATION_TYPE_CREATE_OVERWRITE_IF_EXISTS,
+            env_dict=_pending_keys(owner, kind, name, time.time(), notes),
         )
     except mexc.PermissionDeniedError:
         return False
     return True
 
 
-async def pending_get(client: Any, owner: str, environment: str) -> Pending | None:
-    """The pending record of `owner` in `environment`, or None (also: no such environment, or
-    no right to read secrets there: then this identity cannot have written one either)."""
+async def _pending_id(client: Any, owner: str, environment: str) -> str | None:
+    """The id of `owner`'s pending secret in `environment`, or None: no owner (a resource
+    without a mark writes no record), none there, no such environment, or no right to read
+    secrets there (then this identity cannot have written one either)."""
     from modal import exception as mexc
 
+    if not owner:
+        return None
     try:
-        secret_id = await secret_lookup(client, pending_secret_name(owner), environment)
+        return await secret_lookup(client, pending_secret_name(owner), environment)
     except (mexc.NotFoundError, mexc.PermissionDeniedError):
         return None
-    if secret_id is None:
-        return None
-    md = await secret_info(client, secret_id)
-    if md is None:
-        return None
-    return parse_pending(owner, secret_id, list(md.keys))
+
+
+async def pending_get(client: Any, owner: str, environment: str) -> Pending | None:
+    """The pending record of `owner` in `environment`, or None (see `_pending_id`)."""
+    secret_id = await _pending_id(client, owner, environment)
+    md = await secret_info(client, secret_id) if secret_id is not None else None
+    return None if md is None else parse_pending(owner, str(secret_id), list(md.keys))
 
 
 async def pending_end(client: Any, owner: str, environment: str) -> None:
-    """Drop `owner`'s pending record (gone already, no such environment, or no right to read
-    secrets there, so none was written by this identity: fine)."""
-    from modal import exception as mexc
-
-    try:
-        secret_id = await secret_lookup(client, pending_secret_name(owner), environment)
-    except (mexc.NotFoundError, mexc.PermissionDeniedError):
-        return
+    """Drop `owner`'s pending record (none there, see `_pending_id`: fine)."""
+    secret_id = await _pending_id(client, owner, environment)
     if secret_id is not None:
         await secret_delete(client, secret_id)
 
@@ -923,12 +769,9 @@ async def stack_leftovers(
     """What this stack left in an environment that no state records: ([(secret name, id)]
     of every secret marked by this stack: lost creates and pending records), [the pending
     records among them]."""
-    from modal_proto import api_pb2
-
-    resp = await client._stub.SecretList(api_pb2.SecretListRequest(environment_name=environment))
     secrets: list[tuple[str, str]] = []
     pendings: list[Pending] = []
-    for item in resp.items:
+    for item in await secret_list(client, environment):
         keys = list(item.metadata.keys)
         if not keys:  # a server that lists without metadata: ask for it
             md = await secret_info(client, item.secret_id)

@@ -175,12 +175,17 @@ def shipped_modules(
     """The manifest's module names the app ships with this spec (SHIPPED_MODULES, then the
     SHIPPED_IF_SPEC entries whose condition holds, in file order)."""
     app = _read_app_file((Path(root).resolve() / app_file).resolve())
+    return [module for module, _line in _manifest_modules(app, spec_json)]
+
+
+def _manifest_modules(app: _AppFile, spec_json: str | None) -> list[tuple[str, int]]:
+    """(module, line of its manifest entry) of every module the manifest ships with this
+    spec (see `shipped_modules`)."""
     spec = _spec_fields(spec_json)
-    names = [m for m, _ in app.modules]
-    for cond, more, _ in app.if_spec:
-        if condition_holds(cond, spec):
-            names += more
-    return names
+    conditional = [
+        (m, line) for cond, more, line in app.if_spec if condition_holds(cond, spec) for m in more
+    ]
+    return [*app.modules, *conditional]
 
 
 def shipped_files(
@@ -197,14 +202,9 @@ def shipped_files(
     root_p = Path(root).resolve()
     app_p = (root_p / app_file).resolve()
     app = _read_app_file(app_p)
-    spec = _spec_fields(spec_json)
     files: set[Path] = {app_p}
     search = [root_p, app_p.parent]
-    wanted = [(m, line) for m, line in app.modules]
-    wanted += [
-        (m, line) for cond, more, line in app.if_spec if condition_holds(cond, spec) for m in more
-    ]
-    for module, line in wanted:
+    for module, line in _manifest_modules(app, spec_json):
         found = list(_module_files(module, search, py_only=True))
         if not found:
             raise _error(

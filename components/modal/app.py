@@ -79,7 +79,6 @@ from ._decide import (
     Releases,
     Verdict,
     deployment_tag,
-    describe_target,
     gate_result,
     parse_deployment_tag,
     policy,
@@ -100,7 +99,6 @@ from ._schema import (
 from ._source import shipped_files, source_digest
 from .defaults import GATE_TASK, GATE_TASKS, GATE_TIMEOUT_MAX_S, GATE_TIMEOUT_S
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:App"  # noqa: S105 (a Pulumi type token)
 _ENV_KEY_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -297,16 +295,18 @@ class AppArgs(Schema):
     custom_timeouts: dict[str, float] = computed(
         initial=_custom_timeouts, check=_custom_timeouts_problems, noted=_timeouts_changed
     )
+    # What is live:
     app_id: str = output()
     web_url: str = output()
     version: int = output()
-    source_digest: str = output()
-    adopted: bool = output()
-    read_back_error: str = output()
     #: Live runtime autoscaler overrides a refresh found ({tag: {field: value}}).
     autoscaler_override: dict[str, dict[str, int]] = output()
     #: What a refresh found live that is not the state's release ("" after a release).
     drift: str = output()
+    # What was deployed, and how:
+    source_digest: str = output()
+    adopted: bool = output()
+    read_back_error: str = output()
     # What a release says about itself, with the value an older state lacks:
     previous_version: int = output(default=0)
     known_good_version: int = output(default=0)
@@ -325,7 +325,6 @@ def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
 
 
 class AppProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = AppArgs.SCHEMA
 
     @staticmethod
@@ -341,10 +340,6 @@ class AppProvider(ModalProvider):
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
         """A redeploy (`_inputs_changed`) or a noted input's record is due."""
         return self._inputs_changed(olds, news) or self.SCHEMA.noted_changed(olds, news)
-
-    @staticmethod
-    def _target(props: Mapping[str, Any]) -> str:
-        return describe_target(props)
 
     def _release(
         self, props: Mapping[str, Any], action: str, digests: Mapping[str, str], url: str = ""
@@ -645,10 +640,8 @@ def _live_outputs(
             " `pulumi up` deploys the state's release again (through the health gate)."
         )
     if not same or int(recorded.get("version") or 0) != version:
-        out["gate_result"] = gate_result(
-            Verdict(outcome or "unrecorded", version, read_by_refresh=True)
-        )
-    if not same or int(recorded.get("version") or 0) != version:
+        verdict = Verdict(outcome or "unrecorded", version, read_by_refresh=True)
+        out["gate_result"] = gate_result(verdict)
         good = releases.known_good()
         out["rollback_command"] = rollback_command(name, env, good if good != version else 0)
     return out

@@ -46,8 +46,6 @@ from . import _rpc
 from ._base import ModalProvider, ModalProviderError, environment_problems, owner_of
 from ._schema import Schema, SchemaResource, flag, output, owner, replaces, updates
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:Environment"  # noqa: S105 (a Pulumi type token)
-
 
 def _suffix_problems(value: Any) -> list[str]:
     from modal._utils.name_utils import is_valid_subdomain_label
@@ -77,7 +75,6 @@ class EnvironmentArgs(Schema):
 
 
 class EnvironmentProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = EnvironmentArgs.SCHEMA
 
     @staticmethod
@@ -123,8 +120,7 @@ class EnvironmentProvider(ModalProvider):
                         lambda: _rpc.environment_find(client, "name", name),
                     )
                 except mexc.AlreadyExistsError:  # a stranger's: our record names nothing
-                    if owner:
-                        await _rpc.pending_end(client, owner, PENDING_ENV)
+                    await _rpc.pending_end(client, owner, PENDING_ENV)
                     raise
             if suffix is not None:
                 try:
@@ -139,8 +135,7 @@ class EnvironmentProvider(ModalProvider):
             item = await _rpc.environment_find(client, "name", name)
             if item is None:
                 raise mexc.NotFoundError(f"environment {name!r} vanished right after creation")
-            if owner:
-                await _rpc.pending_end(client, owner, PENDING_ENV)
+            await _rpc.pending_end(client, owner, PENDING_ENV)
             return item, adopted
 
         item, adopted = self.run(
@@ -228,7 +223,7 @@ class EnvironmentProvider(ModalProvider):
             if not force:
                 remaining = {
                     "apps deployed": await _rpc.deployed_apps(client, item.name),
-                    "secrets": await _rpc.secret_names(client, item.name),
+                    "secrets": [s.label for s in await _rpc.secret_list(client, item.name)],
                     "volumes": [n for n, _ in await _rpc.volume_list(client, item.name)],
                 }
                 remaining = {k: v for k, v in remaining.items() if v}

@@ -32,8 +32,6 @@ from ._base import ModalProvider, environment_problems, is_unknown
 from ._schema import Schema, SchemaResource, output, replaces, updates
 from .service_user import MODAL_NAME_RE, NAME_RE
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:EnvironmentRole"  # noqa: S105 (a Pulumi type token)
-
 #: Roles this resource grants (modal 1.6.4 CLI examples: viewer, contributor; "no-access"
 #: revokes and is what delete sets).
 ROLES = ("contributor", "viewer")
@@ -69,12 +67,9 @@ def _users_problems(users: Any) -> list[str]:
 
 
 def _role_problems(role: Any) -> list[str]:
-    if role in ROLES:
-        return []
-    return [
-        f"role {role!r} is not one of {', '.join(ROLES)} (no role at all: declare no"
-        " EnvironmentRole for that service user)"
-    ]
+    choices = ", ".join(ROLES)
+    no_role = "no role at all: declare no EnvironmentRole for that service user"
+    return [] if role in ROLES else [f"role {role!r} is not one of {choices} ({no_role})"]
 
 
 class EnvironmentRoleArgs(Schema):
@@ -92,7 +87,6 @@ class EnvironmentRoleArgs(Schema):
 
 
 class EnvironmentRoleProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = EnvironmentRoleArgs.SCHEMA
 
     @staticmethod
@@ -144,8 +138,6 @@ class EnvironmentRoleProvider(ModalProvider):
         return CreateResult(f"{env}/{props['service_user']}", self._outputs(props, names, role))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        from modal import exception as mexc
-
         env, role = str(news["environment"]), str(news["role"])
         names, old_names = _names(news), _names(olds)
         regrant = names if role != olds.get("role") else [n for n in names if n not in old_names]
@@ -154,11 +146,7 @@ class EnvironmentRoleProvider(ModalProvider):
         async def go(client: Any) -> None:
             for name in regrant:
                 await _rpc.environment_role_set(client, name, env, role)
-            for name in revoke:
-                try:
-                    await _rpc.environment_role_set(client, name, env, NO_ACCESS)
-                except mexc.NotFoundError:
-                    continue  # that service user was deleted (retired): its roles went with it
+            await _revoke(client, revoke, env)  # from the service users retired since
 
         self.run("update", f"{self._target(news)} ({id_})", go, hints=self._hints(news))
         return UpdateResult(self._outputs(news, names, role))
@@ -185,18 +173,25 @@ class EnvironmentRoleProvider(ModalProvider):
         return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        from modal import exception as mexc
-
         env, names = str(props.get("environment")), _names(props)
+        self.run(
+            "revoke",
+            f"{self._target(props)} ({id_})",
+            lambda client: _revoke(client, names, env),
+            hints=self._hints(props),
+        )
 
-        async def go(client: Any) -> None:
-            for name in names:
-                try:
-                    await _rpc.environment_role_set(client, name, env, NO_ACCESS)
-                except mexc.NotFoundError:
-                    continue  # the service user or the environment is gone: no role left
 
-        self.run("revoke", f"{self._target(props)} ({id_})", go, hints=self._hints(props))
+async def _revoke(client: Any, names: list[str], env: str) -> None:
+    """Set "no-access" for each service user in `env`; one that is gone (deleted, retired),
+    or a gone environment, holds no role any more: nothing to revoke."""
+    from modal import exception as mexc
+
+    for name in names:
+        try:
+            await _rpc.environment_role_set(client, name, env, NO_ACCESS)
+        except mexc.NotFoundError:
+            continue
 
 
 class EnvironmentRole(SchemaResource[EnvironmentRoleArgs], module="modal", name="EnvironmentRole"):

@@ -40,7 +40,6 @@
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import json
@@ -68,11 +67,17 @@ from ._base import (
     object_name,
     redact,
 )
-from ._deploy_runner import RunnerRun, die_with_parent, handover_file, run_runner
+from ._deploy_runner import (
+    RunnerRun,
+    die_with_parent,
+    handover_file,
+    import_app,
+    run_runner,
+    runner_parser,
+)
 from ._deploy_runner import child_env as runner_env
 from ._schema import Schema, SchemaResource, output, replaces, updates
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:ModelWeights"  # noqa: S105 (a Pulumi type token)
 DEFAULT_APP_FILE = "serving/weights_app.py"
 FUNCTION_NAME = "provision"
 #: The deadline of one provisioning (deploy + call), in seconds: a large model over a slow
@@ -194,7 +199,6 @@ class _Run(RunnerRun):
 
 
 class ModelWeightsProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = ModelWeightsArgs.SCHEMA
 
     @staticmethod
@@ -463,10 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     or `{"ok": false, "error", "transient", "log_tail": [...]}`. On the way it says where it
     is, for the provider's undo: `{"phase": "deploy"}` just before deploying,
     `{"deployed": app_id}` once deployed, `{"call_id": ...}` once `provision` is spawned."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--app-file", required=True)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--environment", default="")
+    parser = runner_parser(main.__doc__)
     parser.add_argument("--source", required=True, help="a JSON file holding the source map")
     args = parser.parse_args(argv)
     die_with_parent([args.source])  # it holds the Modal token: never outlive the provider
@@ -474,8 +475,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import modal
         from modal._utils.async_utils import synchronizer
-        from modal.cli.import_refs import import_app_from_ref, parse_import_ref
-        from modal.config import config
         from modal.runner import deploy_app
 
         from ._deploy_runner import _error, _transient
@@ -487,7 +486,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         with contextlib.suppress(OSError):
             Path(args.source).unlink()  # read once; nothing of it stays behind on any exit
-    env = args.environment or config.get("environment") or ""
     log_lines = synchronizer.create_blocking(_log_lines)
     seen: set[tuple[float, str]] = set()
 
@@ -504,8 +502,7 @@ def main(argv: list[str] | None = None) -> int:
 
     phase = "deploy"
     try:
-        ref = parse_import_ref(args.app_file, command="modal deploy")
-        app = import_app_from_ref(ref, base_cmd="modal deploy")
+        app, env = import_app(args)
         _emit({"phase": "deploy"})  # from here on the app may be deployed (the answer lost)
         deployed = deploy_app(app, name=args.name, environment_name=env)
         _emit({"deployed": deployed.app_id})

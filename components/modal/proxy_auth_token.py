@@ -47,11 +47,10 @@ from ._base import (
     is_unknown,
     owner_of,
     plain,
+    rotation_problems,
     text_view,
 )
 from ._schema import Schema, SchemaResource, output, owner, replaces, updates
-
-TYPE_TOKEN = "pulumi-python:dynamic/modal:ProxyAuthToken"  # noqa: S105 (a Pulumi type token)
 
 
 def _envs(props: Mapping[str, Any]) -> list[str]:
@@ -70,10 +69,6 @@ def _envs_problems(envs: Any) -> list[str]:
     return [problem for e in envs if not is_unknown(e) for problem in environment_problems(e)]
 
 
-def _rotation_problems(rotation: Any) -> list[str]:
-    return [] if isinstance(rotation, str) else ["rotation must be a string (e.g. a date)"]
-
-
 class ProxyAuthTokenArgs(Schema):
     """Inputs of a `ProxyAuthToken` (keywords), then what it outputs."""
 
@@ -84,7 +79,7 @@ class ProxyAuthTokenArgs(Schema):
     )
     #: Any string (e.g. a date): a change replaces the token, create-before-delete.
     rotation: pulumi.Input[str] = replaces(
-        default="", view=text_view("rotation"), check=_rotation_problems
+        default="", view=text_view("rotation"), check=rotation_problems
     )
     owner: str = owner()
     token_id: str = output()
@@ -93,7 +88,6 @@ class ProxyAuthTokenArgs(Schema):
 
 
 class ProxyAuthTokenProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = ProxyAuthTokenArgs.SCHEMA
 
     @classmethod
@@ -109,14 +103,10 @@ class ProxyAuthTokenProvider(ModalProvider):
         )
 
     @staticmethod
-    async def _allow(client: Any, token_id: str, envs: list[str]) -> None:
+    async def _allow(client: Any, token_id: str, envs: list[str], allowed: bool = True) -> None:
+        """Allow the token in each of `envs` (`allowed=False`: revoke it there)."""
         for env in envs:
-            await _rpc.token_allow(client, token_id, env)
-
-    @staticmethod
-    async def _revoke(client: Any, token_id: str, envs: list[str]) -> None:
-        for env in envs:
-            await _rpc.token_revoke(client, token_id, env)
+            await _rpc.token_allow(client, token_id, env, allowed)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         name = str(props["name"])
@@ -153,8 +143,7 @@ class ProxyAuthTokenProvider(ModalProvider):
                         and token.token_id != created["token_id"]
                     ):
                         await _rpc.token_delete(client, token.token_id)
-            if owner:
-                await _rpc.pending_end(client, owner, PENDING_ENV)
+            await _rpc.pending_end(client, owner, PENDING_ENV)
             return created["token_id"], created["token_secret"]
 
         token_id, token_secret = self.run(
@@ -176,7 +165,7 @@ class ProxyAuthTokenProvider(ModalProvider):
             if name != olds.get("name"):
                 await _rpc.token_rename(client, id_, name)
             await self._allow(client, id_, sorted(new_envs - old_envs))
-            await self._revoke(client, id_, sorted(old_envs - new_envs))
+            await self._allow(client, id_, sorted(old_envs - new_envs), allowed=False)
 
         old_secret = plain(olds.get("token_secret"))
         self.run("update", f"'{name}' ({id_})", go, secrets=[str(old_secret or "")])

@@ -56,7 +56,6 @@ from ._base import (
 )
 from ._schema import Schema, SchemaResource, flag, output, owner, records, replaces
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:Secret"  # noqa: S105 (a Pulumi type token)
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STALE_DIGEST = "stale"
 
@@ -108,6 +107,11 @@ class SecretArgs(Schema):
     adopted: bool = output()
 
 
+def _values(props: Mapping[str, Any]) -> dict[str, str]:
+    """The declared values, as the strings Modal holds."""
+    return {str(k): str(v) for k, v in (props.get("values") or {}).items()}
+
+
 def _with_mark(values: Mapping[str, str], owner: str) -> dict[str, str]:
     """What Modal holds: the declared values plus this resource's mark key (if it has one)."""
     return {**values, _rpc.owner_key(owner): "1"} if owner else dict(values)
@@ -120,7 +124,6 @@ def _declared_keys(keys: list[str]) -> list[str]:
 
 
 class SecretProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = SecretArgs.SCHEMA
 
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
@@ -129,25 +132,24 @@ class SecretProvider(ModalProvider):
         salt = str(plain(olds.get("values_salt")) or "")
         return is_unknown(values) or values_digest(values or {}, salt) != olds.get("values_digest")
 
-    def _target(self, props: Mapping[str, Any]) -> str:
-        env = environment_name(props)
-        return f"'{props.get('name')}' in environment '{env or '<default>'}'"
-
     def _outputs(
         self,
         props: Mapping[str, Any],
         secret_id: str,
-        keys: list[str],
-        digest: str,
         salt: str,
         adopted: bool,
+        live_keys: list[str] | None = None,
     ) -> dict[str, Any]:
+        """The outputs of the declared values; `live_keys` (a refresh): the key names Modal
+        holds, which make the digest stale when they are not the declared ones."""
+        values = _values(props)
+        keys = sorted(values) if live_keys is None else sorted(live_keys)
         return self.SCHEMA.outputs(
             props,
             values=dict(props.get("values") or {}),
             secret_id=secret_id,
-            key_names=sorted(keys),
-            values_digest=digest,
+            key_names=keys,
+            values_digest=values_digest(values, salt) if keys == sorted(values) else STALE_DIGEST,
             values_salt=salt,
             adopted=adopted,
         )
@@ -155,7 +157,7 @@ class SecretProvider(ModalProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         from modal import exception as mexc
 
-        values = {k: str(v) for k, v in (props.get("values") or {}).items()}
+        values = _values(props)
         name = str(props["name"])
         env = environment_name(props)
         adopt = bool(props.get("adopt") or False)
@@ -207,18 +209,12 @@ class SecretProvider(ModalProvider):
             keyed=True,
             resumable=bool(owner),
         )
-        salt = new_salt()
-        return CreateResult(
-            secret_id,
-            self._outputs(
-                props, secret_id, list(values), values_digest(values, salt), salt, adopted
-            ),
-        )
+        return CreateResult(secret_id, self._outputs(props, secret_id, new_salt(), adopted))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         from modal import exception as mexc
 
-        values = {k: str(v) for k, v in (news.get("values") or {}).items()}
+        values = _values(news)
         salt = str(plain(olds.get("values_salt")) or "") or new_salt()
         rewrite = values_digest(values, salt) != olds.get("values_digest")  # not just `adopt`
 
@@ -243,15 +239,13 @@ class SecretProvider(ModalProvider):
             },
         )
         adopted = bool(olds.get("adopted") or False)
-        return UpdateResult(
-            self._outputs(news, id_, list(values), values_digest(values, salt), salt, adopted)
-        )
+        return UpdateResult(self._outputs(news, id_, salt, adopted))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         async def go(client: Any) -> Any:
             return await _rpc.secret_info(client, id_)
 
-        declared = {k: str(v) for k, v in (props.get("values") or {}).items()}
+        declared = _values(props)
         md = self.run("read", f"{id_} ({self._target(props)})", go, secrets=declared.values())
         if md is None:
             return ReadResult("", {})
@@ -266,9 +260,8 @@ class SecretProvider(ModalProvider):
             "values": declared,
         }
         salt = str(plain(props.get("values_salt")) or "") or new_salt()
-        digest = values_digest(declared, salt) if live_keys == sorted(declared) else STALE_DIGEST
         adopted = bool(props.get("adopted") or False)
-        outs = self._outputs(live, id_, live_keys, digest, salt, adopted)
+        outs = self._outputs(live, id_, salt, adopted, live_keys)
         return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     @staticmethod

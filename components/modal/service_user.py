@@ -53,10 +53,8 @@ import pulumi
 from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
-from ._base import ModalProvider, is_unknown, owner_of, plain
+from ._base import ModalProvider, is_unknown, owner_of, plain, rotation_problems
 from ._schema import Schema, SchemaResource, output, owner, records, replaces
-
-TYPE_TOKEN = "pulumi-python:dynamic/modal:ServiceUser"  # noqa: S105 (a Pulumi type token)
 
 #: Modal's rule for service-user names (`service_users.create`: "alphanumeric, '-', or '_'").
 #: At most 56 characters, leaving room for the rotation suffix `-<n>` within 64.
@@ -93,10 +91,6 @@ def _name_problems(name: Any) -> list[str]:
     ]
 
 
-def _rotation_problems(rotation: Any) -> list[str]:
-    return [] if isinstance(rotation, str) else ["rotation must be a string (e.g. a date)"]
-
-
 def _whole(days: Any) -> bool:
     return isinstance(days, int | float) and not isinstance(days, bool) and float(days).is_integer()
 
@@ -115,7 +109,7 @@ class ServiceUserArgs(Schema):
     `expires_in_days` rotates (an update: `extra_changes`), a changed `name` replaces."""
 
     name: pulumi.Input[str] = replaces(check=_name_problems)
-    rotation: pulumi.Input[str] = records(default="", check=_rotation_problems)
+    rotation: pulumi.Input[str] = records(default="", check=rotation_problems)
     #: Days until the token stops working (Modal then deletes the service user); None = never.
     expires_in_days: pulumi.Input[int] | None = records(
         default=None, check=_days_problems, normalize=lambda d: int(d) if _whole(d) else d
@@ -142,7 +136,6 @@ def _in_use(props: Mapping[str, Any]) -> bool:
 
 
 class ServiceUserProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = ServiceUserArgs.SCHEMA  # rotation and retirement: extra_changes
 
     # ---- diff: from the state only (refresh keeps last_used_at current) ---------------------
@@ -285,14 +278,10 @@ class ServiceUserProvider(ModalProvider):
         days = _expires(props)
         memo: dict[str, Any] = {"key": _rpc.idempotency_key(), "started": time.time()}
         owner = owner_of(props)
-
-        async def go(client: Any) -> Any:
-            return await self._mint(client, name, (days or 0) * 86400, memo, owner)
-
         info = self.run(
             "create",
             f"'{name}'",
-            go,
+            lambda client: self._mint(client, name, (days or 0) * 86400, memo, owner),
             secrets=lambda: [str(memo.get("secret") or "")],
             hints=self._hints(name),
             idempotent=False,
@@ -441,8 +430,8 @@ class ServiceUserProvider(ModalProvider):
         async def go(client: Any) -> None:
             for n in doomed:
                 await _rpc.service_user_delete(client, str(n))  # already gone: done
-            if owner:  # a record an interrupted create or rotation left
-                await _rpc.pending_end(client, owner, PENDING_ENV)
+            # a record an interrupted create or rotation left
+            await _rpc.pending_end(client, owner, PENDING_ENV)
 
         self.run(
             "delete",

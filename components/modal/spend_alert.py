@@ -52,8 +52,6 @@ from ._base import (
 from ._schema import Schema, SchemaResource, output, owner, replaces, updates
 from .app import AppArgs, AppProvider
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendAlert"  # noqa: S105 (a Pulumi type token)
-WATCH_TYPE_TOKEN = "pulumi-python:dynamic/modal:SpendWatch"  # noqa: S105 (a Pulumi type token)
 DEFAULT_THRESHOLDS = (0.5, 0.8, 1.0)
 
 
@@ -128,7 +126,6 @@ class SpendAlertArgs(Schema):
 
 
 class SpendAlertProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = SpendAlertArgs.SCHEMA
 
     @staticmethod
@@ -151,7 +148,7 @@ class SpendAlertProvider(ModalProvider):
         async def go(client: Any) -> tuple[str, Any]:
             eid = env_id or await _rpc.environment_id(client, env)
             if previous is not None and not previous:
-                record = await _rpc.pending_get(client, owner, env) if owner else None
+                record = await _rpc.pending_get(client, owner, env)
                 if record is not None and record.kind == PENDING_KIND:
                     # An earlier create of this resource set the budget and its answer was
                     # lost: what was there before is what that create recorded.
@@ -168,8 +165,7 @@ class SpendAlertProvider(ModalProvider):
                         await _rpc.pending_begin(client, owner, env, PENDING_KIND, env, note)
             await _rpc.environment_set_budget(client, eid, budget)
             status = await _rpc.environment_get_budget(client, eid)
-            if owner:
-                await _rpc.pending_end(client, owner, env)
+            await _rpc.pending_end(client, owner, env)
             return eid, status
 
         return self.run(action, self._target(props), go)
@@ -243,8 +239,7 @@ class SpendAlertProvider(ModalProvider):
         async def go(client: Any) -> None:
             with contextlib.suppress(mexc.NotFoundError):  # env gone: its budget went with it
                 await _rpc.environment_set_budget(client, id_, restore)
-            if owner:  # a record an interrupted create left
-                await _rpc.pending_end(client, owner, env)
+            await _rpc.pending_end(client, owner, env)  # a record an interrupted create left
 
         self.run(action, f"{self._target(props)} ({id_})", go)
 
@@ -278,8 +273,6 @@ class SpendWatchProvider(AppProvider):
     """The spend watcher app (watchers/spend_alerts.py): an `App` in every respect (deploy by
     path, diff on spec/source, stop on delete), under its own type so it is never counted or
     mistaken for a serving app."""
-
-    type_token = WATCH_TYPE_TOKEN
 
 
 class SpendWatch(SchemaResource[AppArgs], module="modal", name="SpendWatch"):

@@ -31,7 +31,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
 from typing import Any
 
 import pulumi
@@ -49,8 +48,6 @@ from ._base import (
 )
 from ._schema import Schema, SchemaResource, flag, output, owner, replaces, updates
 
-TYPE_TOKEN = "pulumi-python:dynamic/modal:Volume"  # noqa: S105 (a Pulumi type token)
-
 
 class VolumeArgs(Schema):
     """Inputs of a `Volume` (keywords), then what it outputs."""
@@ -64,12 +61,7 @@ class VolumeArgs(Schema):
 
 
 class VolumeProvider(ModalProvider):
-    type_token = TYPE_TOKEN
     SCHEMA = VolumeArgs.SCHEMA
-
-    @staticmethod
-    def _target(props: Mapping[str, Any]) -> str:
-        return f"'{props.get('name')}' in environment '{environment_name(props) or '<default>'}'"
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         from modal import exception as mexc
@@ -91,8 +83,7 @@ class VolumeProvider(ModalProvider):
             if adopt:
                 existing = await _rpc.volume_lookup(client, name, env)
                 if existing is not None:
-                    if owner:
-                        await _rpc.pending_end(client, owner, env)
+                    await _rpc.pending_end(client, owner, env)
                     return existing, True  # claimed with its data
             try:
                 volume_id = await _rpc.create_once(
@@ -101,11 +92,9 @@ class VolumeProvider(ModalProvider):
                     lambda: _rpc.volume_lookup(client, name, env),
                 )
             except mexc.AlreadyExistsError:  # a stranger's, made since we looked: no record
-                if owner:
-                    await _rpc.pending_end(client, owner, env)
-                raise
-            if owner:
                 await _rpc.pending_end(client, owner, env)
+                raise
+            await _rpc.pending_end(client, owner, env)
             return volume_id, False
 
         volume_id, adopted = self.run(
@@ -192,8 +181,8 @@ class VolumeProvider(ModalProvider):
 
         async def go(client: Any) -> None:
             await _rpc.volume_delete(client, id_)  # already gone: deleting is done
-            if owner:  # a record an interrupted create left (gone env: nothing to drop)
-                await _rpc.pending_end(client, owner, env)
+            # a record an interrupted create left (gone env: nothing to drop)
+            await _rpc.pending_end(client, owner, env)
 
         self.run("delete", f"{id_} ({self._target(props)})", go)
 
