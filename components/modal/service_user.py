@@ -297,12 +297,10 @@ class ServiceUserProvider(ModalProvider):
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         from modal import exception as mexc
 
-        name = str(news["name"])
-        generation = int(olds.get("generation") or 0)
-        current = str(olds.get("current_name") or name)
-        previous = str(olds.get("previous_name") or "")
+        name, recorded = str(news["name"]), ServiceUserArgs.from_props(olds)
+        generation, current = recorded.generation, recorded.current_name or name
+        previous, old_secret = recorded.previous_name, recorded.token_secret
         rotate = self._rotates(olds, news)
-        old_secret = plain(olds.get("token_secret"))
         days = _expires(news)
         new_name = generation_name(name, generation + 1)
         # Lives across the attempts of this call: what was decided is not decided again (an
@@ -311,15 +309,13 @@ class ServiceUserProvider(ModalProvider):
 
         async def decide(client: Any) -> None:
             live = await _rpc.service_user_info(client, current)
-            if live is None or str(live.token_id) != str(olds.get("token_id")):
+            if live is None or str(live.token_id) != recorded.token_id:
                 raise mexc.NotFoundError(
-                    f"service user {current!r} (token {olds.get('token_id')}) is gone or holds"
+                    f"service user {current!r} (token {recorded.token_id}) is gone or holds"
                     " another token"
                 )
             live_prev = await _rpc.service_user_info(client, previous) if previous else None
-            if live_prev is not None and str(live_prev.token_id) != str(
-                olds.get("previous_token_id")
-            ):
+            if live_prev is not None and str(live_prev.token_id) != recorded.previous_token_id:
                 live_prev = None  # recreated by hand under that name: not ours to delete
             used = float(live.last_used_at) > float(live.created_at)
             memo["live"], memo["delete"], memo["notes"] = live, [], []
@@ -331,7 +327,7 @@ class ServiceUserProvider(ModalProvider):
                     memo["notes"].append(
                         f"retired previous service user {previous} (new token in use since"
                         f" {_when(float(live.last_used_at))}): its token"
-                        f" {olds.get('previous_token_id')} no longer works"
+                        f" {recorded.previous_token_id} no longer works"
                     )
                 elif live_prev is not None:
                     memo["notes"].append(
@@ -390,18 +386,18 @@ class ServiceUserProvider(ModalProvider):
 
     # ---- read ----------------------------------------------------------------------------
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        name = str(props.get("name") or id_)
-        current = str(props.get("current_name") or name)
-        previous = str(props.get("previous_name") or "")
+        recorded = ServiceUserArgs.from_props(props)
+        name = str(recorded.name or id_)
+        current, previous = recorded.current_name or name, recorded.previous_name
 
         async def go(client: Any) -> tuple[Any, Any]:
             live = await _rpc.service_user_info(client, current)
             live_prev = await _rpc.service_user_info(client, previous) if previous else None
             return live, live_prev
 
-        secret = plain(props.get("token_secret"))
+        secret = recorded.token_secret
         live, live_prev = self.run("read", f"'{name}' ({current})", go, secrets=[str(secret or "")])
-        if live is None or str(live.token_id) != str(props.get("token_id")):
+        if live is None or str(live.token_id) != recorded.token_id:
             if live_prev is not None:
                 pulumi.log.warn(
                     f"ServiceUser '{name}': {current} is gone, but the previous service user"
@@ -409,11 +405,11 @@ class ServiceUserProvider(ModalProvider):
                     f" uses it (`modal workspace service-users delete {previous}`)"
                 )
             return ReadResult("", {})
-        if live_prev is not None and str(live_prev.token_id) != str(props.get("previous_token_id")):
+        if live_prev is not None and str(live_prev.token_id) != recorded.previous_token_id:
             live_prev = None  # recreated by hand under that name: not ours
         outs = self._outputs(
             props,
-            generation=int(props.get("generation") or 0),
+            generation=recorded.generation,
             current=live,
             token_secret=secret,
             previous=live_prev,
