@@ -46,7 +46,6 @@ from ._base import (
     environment_problems,
     is_unknown,
     owner_of,
-    plain,
     rotation_problems,
     text_view,
 )
@@ -167,7 +166,7 @@ class ProxyAuthTokenProvider(ModalProvider):
             await self._allow(client, id_, sorted(new_envs - old_envs))
             await self._allow(client, id_, sorted(old_envs - new_envs), allowed=False)
 
-        old_secret = plain(olds.get("token_secret"))
+        old_secret = ProxyAuthTokenArgs.from_props(olds).token_secret
         self.run("update", f"'{name}' ({id_})", go, secrets=[str(old_secret or "")])
         return UpdateResult(self._outputs(news, id_, old_secret, sorted(new_envs)))
 
@@ -198,7 +197,7 @@ class ProxyAuthTokenProvider(ModalProvider):
                     allowed.append(env.name)
             return token, sorted(allowed)
 
-        secret = plain(props.get("token_secret"))
+        secret = ProxyAuthTokenArgs.from_props(props).token_secret
         token, allowed = self.run(
             "read", f"{id_} ('{props.get('name')}')", go, secrets=[str(secret or "")]
         )
