@@ -55,7 +55,6 @@ from typing import (
     ClassVar,
     Generic,
     Literal,
-    Self,
     TypedDict,
     TypeVar,
     Unpack,
@@ -431,10 +430,6 @@ class ResourceSchema:
         return inputs
 
 
-@dataclass_transform(
-    kw_only_default=True,
-    field_specifiers=(replaces, updates, records, flag, computed, owner, output),
-)
 def _declared_type(annotation: Any) -> Callable[..., Any] | None:
     """What a field's annotation reads its values as (`_RECORDED_TYPES`): `int`, `list[str]`,
     `pulumi.Input[float]`, ...; None for an optional (`X | None`) or any other type."""
@@ -444,6 +439,10 @@ def _declared_type(annotation: Any) -> Callable[..., Any] | None:
     return _RECORDED_TYPES.get(inner.rstrip("]"))
 
 
+@dataclass_transform(
+    kw_only_default=True,
+    field_specifiers=(replaces, updates, records, flag, computed, owner, output),
+)
 class Schema:
     """Base of a resource's field declaration (its `...Args`): see the module docstring.
     `RULES`: checks of several inputs together (e.g. a digest that must match its spec)."""
@@ -466,7 +465,7 @@ class Schema:
         cls.SCHEMA = ResourceSchema(cls, specs, cls.RULES)
 
     @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> Self:
+    def from_props(cls: type[S], props: Mapping[str, Any]) -> S:
         """`props` (a provider's inputs or a state's outputs) as this class's attributes, each
         field read as `FieldSpec.recorded` (its default when null, secrets unwrapped, an
         output as its declared type), so a provider never spells a field name as a string."""
@@ -477,6 +476,7 @@ class Schema:
 
 
 A = TypeVar("A", bound=Schema)
+S = TypeVar("S", bound=Schema)
 
 
 class SchemaProvider(ResourceProvider):
