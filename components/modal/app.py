@@ -221,11 +221,6 @@ def _gate_can_call(news: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
-    """The extra env as the deploy and the outputs hold it: NAME -> string."""
-    return {str(k): str(v) for k, v in (props.get("extra_env") or {}).items()}
-
-
 def _custom_timeouts(
     _type_token: str, _resource_name: str, opts: pulumi.ResourceOptions | None
 ) -> dict[str, float]:
@@ -264,7 +259,7 @@ class AppArgs(Schema):
     app_file: pulumi.Input[str] = records(check=_app_file_problems, redeploys=True)
     spec_json: pulumi.Input[str] = records(check=_spec_problems, redeploys=True)
     extra_env: pulumi.Input[Mapping[str, pulumi.Input[str]]] = records(
-        default_factory=dict, check=_extra_env_problems, redeploys=True, echo=_extra_env
+        default_factory=dict, check=_extra_env_problems, redeploys=True
     )
     #: sha256 of `spec_json` (`ServingSpec.digest()`); computed from `spec_json` when None.
     spec_digest: pulumi.Input[str] | None = records(
@@ -325,6 +320,10 @@ class AppArgs(Schema):
 # ---- the provider ----------------------------------------------------------------------------
 
 
+def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (props.get("extra_env") or {}).items()}
+
+
 class AppProvider(ModalProvider):
     SCHEMA = AppArgs.SCHEMA
 
@@ -348,21 +347,14 @@ class AppProvider(ModalProvider):
         """The release of `props` (its knobs) and its effects, handed what they need as data:
         what to deploy, the Modal credentials, the gate's target, the values no message may
         show (`url`: the URL the app had, where the gate knocks if the read-back fails)."""
-        creds, args, extra = self.credentials(), AppArgs.from_props(props), _extra_env(props)
+        creds = self.credentials()
+        extra = _extra_env(props)
         pol = policy(props, action, digests)
-        gate = GateTarget(
-            url="",
-            token_id=str(args.gate_token_id or ""),
-            token_secret=str(args.gate_token_secret or ""),
-            api_key=str(args.gate_api_key or ""),
-            model=str(args.gate_model or ""),
-            task=pol.task,
-        )
         deploy = Deploy(
-            app_file=str(args.app_file),
+            app_file=str(props["app_file"]),
             name=pol.name,
             env=pol.env,
-            spec_json=str(args.spec_json),
+            spec_json=str(props["spec_json"]),
             extra_env=extra,
             token_id=creds.token_id,
             token_secret=creds.token_secret,
@@ -372,8 +364,16 @@ class AppProvider(ModalProvider):
             secrets=(
                 creds.token_secret,
                 *extra.values(),
-                *(s for s in (gate.token_secret, gate.api_key) if s),
+                *(str(props[k]) for k in ("gate_token_secret", "gate_api_key") if props.get(k)),
             ),
+        )
+        gate = GateTarget(
+            url="",
+            token_id=str(props.get("gate_token_id") or ""),
+            token_secret=str(props.get("gate_token_secret") or ""),
+            api_key=str(props.get("gate_api_key") or ""),
+            model=str(props.get("gate_model") or ""),
+            task=pol.task,
         )
         return pol, Effects(self.run, deploy, gate, pol)
 
@@ -381,11 +381,11 @@ class AppProvider(ModalProvider):
     def _digests(props: Mapping[str, Any]) -> dict[str, str]:
         """spec and source digests of what is about to be deployed (taken before the deploy,
         so an edit made while it runs is seen by the next Diff)."""
-        args = AppArgs.from_props(props)
-        spec_json, app_file = str(args.spec_json), str(args.app_file)
         return {
-            "spec_digest": str(args.spec_digest or spec_digest(spec_json)),
-            "source_digest": source_digest(app_file, spec_json=spec_json),
+            "spec_digest": str(props.get("spec_digest") or spec_digest(str(props["spec_json"]))),
+            "source_digest": source_digest(
+                str(props["app_file"]), spec_json=str(props["spec_json"])
+            ),
         }
 
     def _outputs(
@@ -395,16 +395,29 @@ class AppProvider(ModalProvider):
         digests: Mapping[str, str],
         adopted: bool,
     ) -> dict[str, Any]:
-        """Inputs, what is live (`result`: a release's outputs, or the recorded ones, read as
-        declared: a deploy resets runtime overrides, an update without one keeps them) and
-        the release record."""
-        timeouts = AppArgs.from_props(props).custom_timeouts or {}
+        """Inputs, what is live (`result`: a release's outputs or recorded ones) and the
+        release record."""
         return self.SCHEMA.outputs(
-            props, result, **digests, adopted=adopted, custom_timeouts=timeouts
+            props,
+            extra_env=_extra_env(props),
+            app_id=result.get("app_id"),
+            web_url=result.get("web_url") or "",
+            version=int(result.get("version") or 0),
+            spec_digest=digests["spec_digest"],
+            source_digest=digests["source_digest"],
+            adopted=adopted,
+            read_back_error=str(result.get("read_back_error") or ""),
+            # A deploy resets runtime overrides; an update without deploy keeps the recorded.
+            autoscaler_override=dict(result.get("autoscaler_override") or {}),
+            health_gate_timeout_s=float(props.get("health_gate_timeout_s") or GATE_TIMEOUT_S),
+            gate_task=str(props.get("gate_task") or GATE_TASK),
+            custom_timeouts=dict(props.get("custom_timeouts") or {}),
+            **{k: result.get(k, default) for k, default in RELEASE_OUTPUTS.items()},
+            drift=str(result.get("drift") or ""),
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        adopt = AppArgs.from_props(props).adopt
+        adopt = bool(props.get("adopt") or False)
         digests = self._digests(props)
         pol, fx = self._release(props, "create", digests)
         found = fx.lookup("look up before deploy")
@@ -432,12 +445,12 @@ class AppProvider(ModalProvider):
         return CreateResult(str(out["app_id"]), self._outputs(props, out, digests, adopted))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        recorded = AppArgs.from_props(olds)
-        adopted, digests = recorded.adopted, self._digests(news)
-        if recorded.app_id and _record_only(olds, news, digests):
+        adopted = bool(olds.get("adopted") or False)
+        digests = self._digests(news)
+        if olds.get("app_id") and _record_only(olds, news, digests):
             # Only `adopt`, the gate policy or timeouts changed: nothing to deploy.
             return UpdateResult(self._outputs(news, olds, digests, adopted))
-        pol, fx = self._release(news, "update", digests, recorded.web_url)
+        pol, fx = self._release(news, "update", digests, str(olds.get("web_url") or ""))
         # What serves under the name now, read from Modal (not the state): an app stopped by
         # hand leaves none (the release is then a create: a failure stops what it made).
         live = fx.lookup("look up before deploy")
@@ -589,6 +602,10 @@ def _live_id(id_: str, props: Mapping[str, Any]) -> str:
     """The app id Modal serves this resource under: output `app_id`, else the resource id."""
     live = props.get("app_id")
     return str(live) if isinstance(live, str) and live else id_
+
+
+#: What a release says about itself (outputs), with the value an older state lacks.
+RELEASE_OUTPUTS: dict[str, Any] = AppArgs.SCHEMA.output_defaults()
 
 
 def _live_outputs(
