@@ -39,7 +39,10 @@ From that: `Schema` subclasses are keyword-only dataclasses (PEP 681 `dataclass_
 type checkers see the constructor; output and owner fields are not arguments); `SCHEMA` on the
 class is a `ResourceSchema` with `props(...)` (what the resource registers), `check(...)`,
 `diff` (a `DiffSpec`), `outputs(...)` and `read_inputs(...)`; `SchemaResource` is the resource
-class base (provider, props and secret outputs from the schema); `ModalProvider` takes its
+class base (provider, props and secret outputs from the schema); `Args.from_props(props)` is
+the typed view a provider reads its props through (each field an attribute, read as
+declared), and `outputs(props, recorded, ...)` carries the state's outputs over on an update
+or a refresh, so no provider copies them by hand; `ModalProvider` takes its
 `check` and `DIFF` from the provider's `SCHEMA` (see `_base.ModalProvider.__init_subclass__`).
 """
 
@@ -282,7 +285,7 @@ def output(
     group: str = "",
 ) -> Any:
     """A value only the provider computes (None in the props the resource registers);
-    `default`: what a state written before it existed stands for (`output_defaults`);
+    `default`: what a state written before it existed stands for (`FieldSpec.recorded`);
     `group`: outputs that come together (`ResourceSchema.group`)."""
     spec = FieldSpec("output", secret=secret, group=group)
     if default is not dataclasses.MISSING:
@@ -347,13 +350,6 @@ class ResourceSchema:
             else:
                 out[f.name] = None
         return out
-
-    def output_defaults(self) -> dict[str, Any]:
-        """{output: what a state written before it existed stands for}, for outputs that
-        declare one."""
-        return {
-            f.name: f.default_value() for f in self.fields if f.role == "output" and f.has_default
-        }
 
     # ---- the provider side -------------------------------------------------------------
     def check(self, news: Mapping[str, Any]) -> CheckResult:

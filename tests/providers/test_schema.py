@@ -317,7 +317,6 @@ def test_rules_fill_inputs_only_and_computed_fields() -> None:
     assert g.secret_outputs == []  # the secret input is no output
     with pytest.raises(TypeError, match=r"unknown \['user'\]"):
         g.outputs({}, release=1, tag="t", other="o", user="u")
-    assert g.output_defaults() == {"release": 0, "tag": ""}
     props = g.props(Gated(spec="s"), "t", "r", pulumi.ResourceOptions())
     assert props["timeouts"] == {"create": 1.0} and props["key"] is None  # None stays None
     assert g.props(Gated(spec="s"), "t", "r")["timeouts"] == {}
