@@ -53,7 +53,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
-from ._base import ModalProvider, is_unknown, owner_of, plain, rotation_problems
+from ._base import ModalProvider, is_unknown, owner_of, rotation_problems
 from ._schema import Schema, SchemaResource, output, owner, records, replaces
 
 #: Modal's rule for service-user names (`service_users.create`: "alphanumeric, '-', or '_'").
@@ -129,10 +129,9 @@ class ServiceUserArgs(Schema):
     previous_service_user_id: str = output()
 
 
-def _in_use(props: Mapping[str, Any]) -> bool:
+def _in_use(recorded: ServiceUserArgs) -> bool:
     """Whether the current token was used after its service user was created (from state)."""
-    used = props.get("last_used_at") or 0.0
-    return bool(used) and float(used) > float(props.get("created_at") or 0.0)
+    return bool(recorded.last_used_at) and recorded.last_used_at > recorded.created_at
 
 
 class ServiceUserProvider(ModalProvider):
@@ -154,23 +153,22 @@ class ServiceUserProvider(ModalProvider):
         when a previous one exists)."""
         if self._rotates(olds, news):
             return True
-        name = news.get("name")
-        previous = olds.get("previous_name") or ""
+        name, recorded = news.get("name"), ServiceUserArgs.from_props(olds)
+        previous = recorded.previous_name
         if not previous:
             return False
-        current = olds.get("current_name") or name
-        if _in_use(olds):
+        if _in_use(recorded):
             pulumi.log.info(
                 f"ServiceUser '{name}': retire previous service user {previous}"
-                f" (new token in use since {_when(float(olds.get('last_used_at') or 0))}):"
-                f" this update deletes it, and its token {olds.get('previous_token_id')} stops"
+                f" (new token in use since {_when(recorded.last_used_at)}):"
+                f" this update deletes it, and its token {recorded.previous_token_id} stops"
                 " working"
             )
             return True
         pulumi.log.info(
             f"ServiceUser '{name}': previous service user {previous} kept: the new token"
-            f" {olds.get('token_id')} ({current}) has not been used since it was created"
-            f" ({_when(float(olds.get('created_at') or 0))}), as of the last refresh. Put the"
+            f" {recorded.token_id} ({recorded.current_name or name}) has not been used since it"
+            f" was created ({_when(recorded.created_at)}), as of the last refresh. Put the"
             " new token where the old one is used; once something used it, `pulumi up"
             " --refresh` retires the previous service user"
         )
@@ -274,10 +272,8 @@ class ServiceUserProvider(ModalProvider):
         return info
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        name = str(props["name"])
-        days = _expires(props)
+        name, days, owner = str(props["name"]), _expires(props), owner_of(props)
         memo: dict[str, Any] = {"key": _rpc.idempotency_key(), "started": time.time()}
-        owner = owner_of(props)
         info = self.run(
             "create",
             f"'{name}'",
@@ -418,10 +414,10 @@ class ServiceUserProvider(ModalProvider):
 
     # ---- delete --------------------------------------------------------------------------
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        name = str(props.get("name") or id_)
-        doomed = [n for n in (props.get("current_name") or name, props.get("previous_name")) if n]
-
-        owner = owner_of(props)
+        recorded = ServiceUserArgs.from_props(props)
+        name = str(recorded.name or id_)
+        doomed = [n for n in (recorded.current_name or name, recorded.previous_name) if n]
+        owner = recorded.owner or ""
 
         async def go(client: Any) -> None:
             for n in doomed:
@@ -433,7 +429,7 @@ class ServiceUserProvider(ModalProvider):
             "delete",
             f"'{name}' ({' and '.join(map(str, doomed))})",
             go,
-            secrets=[str(plain(props.get("token_secret")) or "")],
+            secrets=[str(recorded.token_secret or "")],
             hints=self._hints(name),
         )
 
