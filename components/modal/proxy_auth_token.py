@@ -95,7 +95,6 @@ class ProxyAuthTokenProvider(ModalProvider):
     ) -> dict[str, Any]:
         return cls.SCHEMA.outputs(
             props,
-            environments=list(props.get("environments") or envs),
             token_id=token_id,
             token_secret=token_secret or None,
             allowed_environments=envs,

@@ -51,7 +51,6 @@ from ._base import (
     is_unknown,
     object_name,
     owner_of,
-    plain,
     sha256_hex,
 )
 from ._schema import Schema, SchemaResource, flag, output, owner, records, replaces
@@ -128,9 +127,9 @@ class SecretProvider(ModalProvider):
 
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
         """The values changed: their digest (salted as recorded) differs from the state's."""
-        values = news.get("values")
-        salt = str(plain(olds.get("values_salt")) or "")
-        return is_unknown(values) or values_digest(values or {}, salt) != olds.get("values_digest")
+        values, recorded = news.get("values"), SecretArgs.from_props(olds)
+        salt = recorded.values_salt or ""
+        return is_unknown(values) or values_digest(values or {}, salt) != recorded.values_digest
 
     def _outputs(
         self,
@@ -149,7 +148,6 @@ class SecretProvider(ModalProvider):
         return self.SCHEMA.outputs(
             props,
             recorded,
-            values=dict(props.get("values") or {}),
             secret_id=secret_id,
             key_names=keys,
             values_digest=values_digest(values, salt) if keys == sorted(values) else STALE_DIGEST,
