@@ -172,21 +172,15 @@ class SpendAlertProvider(ModalProvider):
 
     @classmethod
     def _outputs(
-        cls,
-        props: Mapping[str, Any],
-        status: Any,
-        env_id: str,
-        recorded: Mapping[str, Any] | None = None,
-        **previous_budget_usd: float | None,
+        cls, props: Mapping[str, Any], status: Any, env_id: str, previous: float | None
     ) -> dict[str, Any]:
-        """The outputs of the budget `status` Modal answered; the budget the environment had
-        before given (a create) or carried over from the state's outputs (`recorded`)."""
+        """The outputs of the budget `status` Modal answered and the budget the environment
+        had before (`previous`)."""
         budget = float(status.cycle_budget_dollars)
         usage = float(status.current_cycle_usage)
         thresholds = _thresholds(props)
         return cls.SCHEMA.outputs(
             props,
-            recorded,
             monthly_budget_usd=budget,
             thresholds=thresholds,
             current_usage_usd=usage,
@@ -196,20 +190,19 @@ class SpendAlertProvider(ModalProvider):
                 t for t in thresholds if usage >= t * budget and (budget > 0 or usage > 0)
             ],
             environment_id=env_id,
-            **previous_budget_usd,
+            previous_budget_usd=previous,
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         previous: list[float | None] = []
         env_id, status = self._apply(props, None, "set", previous)
         before = previous[0] if previous else None
-        return CreateResult(
-            env_id, self._outputs(props, status, env_id, previous_budget_usd=before)
-        )
+        return CreateResult(env_id, self._outputs(props, status, env_id, before))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         _, status = self._apply(news, id_, "update")
-        return UpdateResult(self._outputs(news, status, id_, olds))
+        before = SpendAlertArgs.from_props(olds).previous_budget_usd
+        return UpdateResult(self._outputs(news, status, id_, before))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from modal import exception as mexc
@@ -229,7 +222,8 @@ class SpendAlertProvider(ModalProvider):
             return ReadResult("", {})
         # The id decides the environment: a declared name that differs shows as a replace.
         live_props = {**props, "environment": env}
-        outs = self._outputs(live_props, status, id_, props)
+        before = SpendAlertArgs.from_props(props).previous_budget_usd
+        outs = self._outputs(live_props, status, id_, before)
         return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
