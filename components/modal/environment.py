@@ -82,22 +82,14 @@ class EnvironmentProvider(ModalProvider):
         return f"'{props.get('name')}'"
 
     @classmethod
-    def _outputs(
-        cls,
-        props: Mapping[str, Any],
-        item: Any,
-        recorded: Mapping[str, Any] | None = None,
-        **adopted: bool,
-    ) -> dict[str, Any]:
-        """The outputs of `item` (the live `EnvironmentListItem`); `adopted` given (a create)
-        or carried over from the state's outputs (`recorded`)."""
+    def _outputs(cls, props: Mapping[str, Any], item: Any, adopted: bool) -> dict[str, Any]:
+        """The outputs of `item` (the live `EnvironmentListItem`)."""
         return cls.SCHEMA.outputs(
             props,
-            recorded,
             name=item.name,
             web_suffix=item.webhook_suffix,
             environment_id=item.environment_id,
-            **adopted,
+            adopted=adopted,
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -165,7 +157,7 @@ class EnvironmentProvider(ModalProvider):
             keyed=True,
             resumable=bool(owner),
         )
-        return CreateResult(item.environment_id, self._outputs(props, item, adopted=adopted))
+        return CreateResult(item.environment_id, self._outputs(props, item, adopted))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         from modal import exception as mexc
@@ -200,7 +192,7 @@ class EnvironmentProvider(ModalProvider):
                 ),
             },
         )
-        return UpdateResult(self._outputs(news, item, olds))
+        return UpdateResult(self._outputs(news, item, EnvironmentArgs.from_props(olds).adopted))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         async def go(client: Any) -> Any:
@@ -209,7 +201,7 @@ class EnvironmentProvider(ModalProvider):
         item = self.run("read", f"{id_} ({self._target(props)})", go)
         if item is None:
             return ReadResult("", {})
-        outs = self._outputs(props, item, props)
+        outs = self._outputs(props, item, EnvironmentArgs.from_props(props).adopted)
         return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
