@@ -32,7 +32,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
 from ._rpc import Deployment
 from .defaults import (
@@ -46,7 +46,6 @@ from .defaults import (
 
 RECORD_PREFIX = "llm-iac.gate.v"
 PASSED, FAILED, UNVERIFIED = "passed", "failed", "unverified"
-RecordOutcome = Literal["passed", "failed", "unverified"]
 _TAG_RE = re.compile(r"^spec\.([0-9a-f]{12})\.src\.([0-9a-f]{12})$")
 
 

@@ -39,7 +39,10 @@ From that: `Schema` subclasses are keyword-only dataclasses (PEP 681 `dataclass_
 type checkers see the constructor; output and owner fields are not arguments); `SCHEMA` on the
 class is a `ResourceSchema` with `props(...)` (what the resource registers), `check(...)`,
 `diff` (a `DiffSpec`), `outputs(...)` and `read_inputs(...)`; `SchemaResource` is the resource
-class base (provider, props and secret outputs from the schema); `ModalProvider` takes its
+class base (provider, props and secret outputs from the schema); `Args.from_props(props)` is
+the typed view a provider reads its props through (each field an attribute, read as
+declared), and `outputs(props, recorded, ...)` carries the state's outputs over on an update
+or a refresh, so no provider copies them by hand; `ModalProvider` takes its
 `check` and `DIFF` from the provider's `SCHEMA` (see `_base.ModalProvider.__init_subclass__`).
 """
 
@@ -73,6 +76,7 @@ from ._base import (
     owner_of,
     owner_problems,
     partial_diff,
+    plain,
     secret_output,
 )
 
@@ -84,6 +88,17 @@ Rule = Callable[[Mapping[str, Any]], Iterable[tuple[str, str]]]
 #: Whether a noted input changed: (old, new) -> bool, for known values.
 Changed = Callable[[Any, Any], bool]
 _KEY = "modal_llm_field"
+#: The declared types a recorded output is read as (`Schema.from_props`), by the name its
+#: annotation starts with; a null value reads as the type's empty value (an optional one,
+#: `X | None`, is read as recorded).
+_RECORDED_TYPES: dict[str, Callable[..., Any]] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "dict": dict,
+    "list": list,
+}
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,9 @@ class FieldSpec:
     noted: Changed | None = None
     #: Outputs that come together (e.g. what one call returns): `ResourceSchema.group`.
     group: str = ""
+    #: The declared type (`_declared_type`): how a known input is echoed and how a recorded
+    #: output is read (`recorded`).
+    read_as: Callable[..., Any] | None = None
 
     @property
     def is_input(self) -> bool:
@@ -132,7 +150,24 @@ class FieldSpec:
         value = props.get(self.name)
         if self.flag:
             return bool(value or False)
-        return self.default_value() if value is None and self.has_default else value
+        if value is None:
+            return self.default_value() if self.has_default else None
+        if self.read_as is None or self.secret or is_unknown(value):
+            return value
+        return self.read_as(value)
+
+    def recorded(self, props: Mapping[str, Any]) -> Any:
+        """This field as `props` (a state's outputs) hold it, unwrapped: an input as
+        `echoed`; an output as its declared type (`read_as`; null: the type's empty value, a
+        secret's stays None), its `default` when the state was written before it existed."""
+        if self.is_input:
+            return plain(self.echoed(props))
+        if self.name not in props and self.has_default:
+            return self.default_value()
+        value = plain(props.get(self.name))
+        if self.read_as is None or (value is None and self.secret):
+            return value
+        return self.read_as(value) if value is not None else self.read_as()
 
 
 def _field(
@@ -170,6 +205,7 @@ class _Updated(_Compared, total=False):
 
 class _Recorded(_Input, total=False):
     fill: Callable[[Mapping[str, Any]], Any] | None
+    echo: Callable[[Mapping[str, Any]], Any] | None
     in_outputs: bool
     redeploys: bool
     noted: Changed | None
@@ -249,7 +285,7 @@ def output(
     group: str = "",
 ) -> Any:
     """A value only the provider computes (None in the props the resource registers);
-    `default`: what a state written before it existed stands for (`output_defaults`);
+    `default`: what a state written before it existed stands for (`FieldSpec.recorded`);
     `group`: outputs that come together (`ResourceSchema.group`)."""
     spec = FieldSpec("output", secret=secret, group=group)
     if default is not dataclasses.MISSING:
@@ -315,13 +351,6 @@ class ResourceSchema:
                 out[f.name] = None
         return out
 
-    def output_defaults(self) -> dict[str, Any]:
-        """{output: what a state written before it existed stands for}, for outputs that
-        declare one."""
-        return {
-            f.name: f.default_value() for f in self.fields if f.role == "output" and f.has_default
-        }
-
     # ---- the provider side -------------------------------------------------------------
     def check(self, news: Mapping[str, Any]) -> CheckResult:
         """Each input's problems as CheckFailures on its own property; the inputs with null
@@ -353,10 +382,16 @@ class ResourceSchema:
             failures += [CheckFailure(prop, problem) for prop, problem in rule(news)]
         return CheckResult(checked, failures)
 
-    def outputs(self, props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
+    def outputs(
+        self, props: Mapping[str, Any], recorded: Mapping[str, Any] | None = None, **computed: Any
+    ) -> dict[str, Any]:
         """The outputs: each input as `echoed` from `props` unless given in `computed`,
-        every output field from `computed` (all of them required); secret ones wrapped (a
-        secret of None left out)."""
+        every output field from `computed`, or else carried over from `recorded` (the
+        state's outputs, read as `FieldSpec.recorded`; without it every output is required);
+        secret ones wrapped (a secret of None left out)."""
+        if recorded is not None:
+            kept = [f for f in self.fields if f.role == "output" and f.name not in computed]
+            computed.update({f.name: f.recorded(recorded) for f in kept})
         stray = sorted(set(computed) - {f.name for f in self.fields if f.in_outputs})
         missing = [f.name for f in self.fields if not f.is_input and f.name not in computed]
         if stray or missing:
@@ -391,6 +426,15 @@ class ResourceSchema:
         return inputs
 
 
+def _declared_type(annotation: Any) -> Callable[..., Any] | None:
+    """What a field's annotation reads its values as (`_RECORDED_TYPES`): `int`, `list[str]`,
+    `pulumi.Input[float]`, ...; None for an optional (`X | None`) or any other type."""
+    if not isinstance(annotation, str) or "None" in annotation:
+        return None
+    inner = annotation.removeprefix("pulumi.Input[").split("[", 1)[0].split(" ", 1)[0]
+    return _RECORDED_TYPES.get(inner.rstrip("]"))
+
+
 @dataclass_transform(
     kw_only_default=True,
     field_specifiers=(replaces, updates, records, flag, computed, owner, output),
@@ -413,11 +457,22 @@ class Schema:
                     f"{cls.__name__}.{f.name}: declare it with replaces(), updates(),"
                     " records(), flag(default=...), computed(), owner() or output()"
                 )
-            specs.append(dataclasses.replace(spec, name=f.name))
+            specs.append(dataclasses.replace(spec, name=f.name, read_as=_declared_type(f.type)))
         cls.SCHEMA = ResourceSchema(cls, specs, cls.RULES)
+
+    @classmethod
+    def from_props(cls: type[S], props: Mapping[str, Any]) -> S:
+        """`props` (a provider's inputs or a state's outputs) as this class's attributes, each
+        field read as `FieldSpec.recorded` (its default when null, secrets unwrapped, an
+        output as its declared type), so a provider never spells a field name as a string."""
+        view = object.__new__(cls)
+        for f in cls.SCHEMA.fields:
+            setattr(view, f.name, f.recorded(props))
+        return view
 
 
 A = TypeVar("A", bound=Schema)
+S = TypeVar("S", bound=Schema)
 
 
 class SchemaProvider(ResourceProvider):

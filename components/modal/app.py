@@ -221,6 +221,11 @@ def _gate_can_call(news: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
+    """The extra env as the deploy and the outputs hold it: NAME -> string."""
+    return {str(k): str(v) for k, v in (props.get("extra_env") or {}).items()}
+
+
 def _custom_timeouts(
     _type_token: str, _resource_name: str, opts: pulumi.ResourceOptions | None
 ) -> dict[str, float]:
@@ -259,7 +264,7 @@ class AppArgs(Schema):
     app_file: pulumi.Input[str] = records(check=_app_file_problems, redeploys=True)
     spec_json: pulumi.Input[str] = records(check=_spec_problems, redeploys=True)
     extra_env: pulumi.Input[Mapping[str, pulumi.Input[str]]] = records(
-        default_factory=dict, check=_extra_env_problems, redeploys=True
+        default_factory=dict, check=_extra_env_problems, redeploys=True, echo=_extra_env
     )
     #: sha256 of `spec_json` (`ServingSpec.digest()`); computed from `spec_json` when None.
     spec_digest: pulumi.Input[str] | None = records(
@@ -318,10 +323,6 @@ class AppArgs(Schema):
 
 
 # ---- the provider ----------------------------------------------------------------------------
-
-
-def _extra_env(props: Mapping[str, Any]) -> dict[str, str]:
-    return {str(k): str(v) for k, v in (props.get("extra_env") or {}).items()}
 
 
 class AppProvider(ModalProvider):
@@ -395,25 +396,12 @@ class AppProvider(ModalProvider):
         digests: Mapping[str, str],
         adopted: bool,
     ) -> dict[str, Any]:
-        """Inputs, what is live (`result`: a release's outputs or recorded ones) and the
-        release record."""
+        """Inputs, what is live (`result`: a release's outputs, or the recorded ones, each read
+        as declared: a deploy resets runtime overrides, an update without one keeps them) and
+        the release record."""
+        timeouts = dict(props.get("custom_timeouts") or {})
         return self.SCHEMA.outputs(
-            props,
-            extra_env=_extra_env(props),
-            app_id=result.get("app_id"),
-            web_url=result.get("web_url") or "",
-            version=int(result.get("version") or 0),
-            spec_digest=digests["spec_digest"],
-            source_digest=digests["source_digest"],
-            adopted=adopted,
-            read_back_error=str(result.get("read_back_error") or ""),
-            # A deploy resets runtime overrides; an update without deploy keeps the recorded.
-            autoscaler_override=dict(result.get("autoscaler_override") or {}),
-            health_gate_timeout_s=float(props.get("health_gate_timeout_s") or GATE_TIMEOUT_S),
-            gate_task=str(props.get("gate_task") or GATE_TASK),
-            custom_timeouts=dict(props.get("custom_timeouts") or {}),
-            **{k: result.get(k, default) for k, default in RELEASE_OUTPUTS.items()},
-            drift=str(result.get("drift") or ""),
+            props, result, **digests, adopted=adopted, custom_timeouts=timeouts
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -602,10 +590,6 @@ def _live_id(id_: str, props: Mapping[str, Any]) -> str:
     """The app id Modal serves this resource under: output `app_id`, else the resource id."""
     live = props.get("app_id")
     return str(live) if isinstance(live, str) and live else id_
-
-
-#: What a release says about itself (outputs), with the value an older state lacks.
-RELEASE_OUTPUTS: dict[str, Any] = AppArgs.SCHEMA.output_defaults()
 
 
 def _live_outputs(

@@ -43,7 +43,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
-from ._base import ModalProvider, ModalProviderError, environment_problems, owner_of
+from ._base import ModalProvider, ModalProviderError, environment_problems
 from ._schema import Schema, SchemaResource, flag, output, owner, replaces, updates
 
 
@@ -83,6 +83,7 @@ class EnvironmentProvider(ModalProvider):
 
     @classmethod
     def _outputs(cls, props: Mapping[str, Any], item: Any, adopted: bool) -> dict[str, Any]:
+        """The outputs of `item` (the live `EnvironmentListItem`)."""
         return cls.SCHEMA.outputs(
             props,
             name=item.name,
@@ -94,10 +95,9 @@ class EnvironmentProvider(ModalProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         from modal import exception as mexc
 
-        name = str(props["name"])
-        adopt = bool(props.get("adopt") or False)
-        suffix = props.get("web_suffix")
-        owner = owner_of(props)
+        args = EnvironmentArgs.from_props(props)
+        name, adopt, suffix = str(args.name), bool(args.adopt), args.web_suffix
+        owner = args.owner or ""
         memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
 
         async def go(client: Any) -> tuple[Any, bool]:
@@ -192,7 +192,7 @@ class EnvironmentProvider(ModalProvider):
                 ),
             },
         )
-        return UpdateResult(self._outputs(news, item, bool(olds.get("adopted") or False)))
+        return UpdateResult(self._outputs(news, item, EnvironmentArgs.from_props(olds).adopted))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         async def go(client: Any) -> Any:
@@ -201,18 +201,17 @@ class EnvironmentProvider(ModalProvider):
         item = self.run("read", f"{id_} ({self._target(props)})", go)
         if item is None:
             return ReadResult("", {})
-        adopted = bool(props.get("adopted") or False)
-        outs = self._outputs(props, item, adopted)
+        outs = self._outputs(props, item, EnvironmentArgs.from_props(props).adopted)
         return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         from modal import exception as mexc
 
-        name = str(props.get("name"))
-        force = bool(props.get("force_delete") or False)
-        if props.get("adopted"):
+        recorded = EnvironmentArgs.from_props(props)
+        name, force = str(recorded.name), recorded.force_delete
+        if recorded.adopted:
             return  # released, not deleted: Pulumi adopted it, it did not create it
-        stack = _rpc.stack_of(owner_of(props))
+        stack = _rpc.stack_of(recorded.owner)
 
         async def go(client: Any) -> dict[str, list[str]]:
             item = await _rpc.environment_find(client, "environment_id", id_)

@@ -375,15 +375,9 @@ class ModelWeightsProvider(ModalProvider):
         return take
 
     def _outputs(self, props: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
-        return self.SCHEMA.outputs(
-            props,
-            source=_source(props),
-            secrets=_secrets(props),
-            app_file=props.get("app_file") or DEFAULT_APP_FILE,
-            app_id=result.get("app_id") or "",
-            source_digest=self._source_digest(props),
-            **{key: result.get(key) for key in _RESULT_KEYS},
-        )
+        """The inputs, the weights app and what `provision` returned (`result`, each output
+        read as declared)."""
+        return self.SCHEMA.outputs(props, result, source_digest=self._source_digest(props))
 
     @staticmethod
     def _id(props: Mapping[str, Any]) -> str:

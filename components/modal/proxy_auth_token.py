@@ -46,7 +46,6 @@ from ._base import (
     environment_problems,
     is_unknown,
     owner_of,
-    plain,
     rotation_problems,
     text_view,
 )
@@ -96,7 +95,6 @@ class ProxyAuthTokenProvider(ModalProvider):
     ) -> dict[str, Any]:
         return cls.SCHEMA.outputs(
             props,
-            environments=list(props.get("environments") or envs),
             token_id=token_id,
             token_secret=token_secret or None,
             allowed_environments=envs,
@@ -167,7 +165,7 @@ class ProxyAuthTokenProvider(ModalProvider):
             await self._allow(client, id_, sorted(new_envs - old_envs))
             await self._allow(client, id_, sorted(old_envs - new_envs), allowed=False)
 
-        old_secret = plain(olds.get("token_secret"))
+        old_secret = ProxyAuthTokenArgs.from_props(olds).token_secret
         self.run("update", f"'{name}' ({id_})", go, secrets=[str(old_secret or "")])
         return UpdateResult(self._outputs(news, id_, old_secret, sorted(new_envs)))
 
@@ -198,7 +196,7 @@ class ProxyAuthTokenProvider(ModalProvider):
                     allowed.append(env.name)
             return token, sorted(allowed)
 
-        secret = plain(props.get("token_secret"))
+        secret = ProxyAuthTokenArgs.from_props(props).token_secret
         token, allowed = self.run(
             "read", f"{id_} ('{props.get('name')}')", go, secrets=[str(secret or "")]
         )

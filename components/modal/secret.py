@@ -51,7 +51,6 @@ from ._base import (
     is_unknown,
     object_name,
     owner_of,
-    plain,
     sha256_hex,
 )
 from ._schema import Schema, SchemaResource, flag, output, owner, records, replaces
@@ -128,40 +127,40 @@ class SecretProvider(ModalProvider):
 
     def extra_changes(self, olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
         """The values changed: their digest (salted as recorded) differs from the state's."""
-        values = news.get("values")
-        salt = str(plain(olds.get("values_salt")) or "")
-        return is_unknown(values) or values_digest(values or {}, salt) != olds.get("values_digest")
+        values, recorded = news.get("values"), SecretArgs.from_props(olds)
+        salt = recorded.values_salt or ""
+        return is_unknown(values) or values_digest(values or {}, salt) != recorded.values_digest
 
     def _outputs(
         self,
         props: Mapping[str, Any],
         secret_id: str,
         salt: str,
-        adopted: bool,
+        recorded: Mapping[str, Any] | None = None,
         live_keys: list[str] | None = None,
+        **adopted: bool,
     ) -> dict[str, Any]:
-        """The outputs of the declared values; `live_keys` (a refresh): the key names Modal
+        """The outputs of the declared values; `adopted` given (a create) or carried over
+        from the state's outputs (`recorded`); `live_keys` (a refresh): the key names Modal
         holds, which make the digest stale when they are not the declared ones."""
         values = _values(props)
         keys = sorted(values) if live_keys is None else sorted(live_keys)
         return self.SCHEMA.outputs(
             props,
-            values=dict(props.get("values") or {}),
+            recorded,
             secret_id=secret_id,
             key_names=keys,
             values_digest=values_digest(values, salt) if keys == sorted(values) else STALE_DIGEST,
             values_salt=salt,
-            adopted=adopted,
+            **adopted,
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         from modal import exception as mexc
 
-        values = _values(props)
-        name = str(props["name"])
-        env = environment_name(props)
-        adopt = bool(props.get("adopt") or False)
-        owner = owner_of(props)
+        args, values = SecretArgs.from_props(props), _values(props)
+        name, env, adopt = str(args.name), environment_name(props), bool(args.adopt)
+        owner = args.owner or ""
         marked = _with_mark(values, owner)
         memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
 
@@ -209,16 +208,16 @@ class SecretProvider(ModalProvider):
             keyed=True,
             resumable=bool(owner),
         )
-        return CreateResult(secret_id, self._outputs(props, secret_id, new_salt(), adopted))
+        return CreateResult(secret_id, self._outputs(props, secret_id, new_salt(), adopted=adopted))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         from modal import exception as mexc
 
-        values = _values(news)
-        salt = str(plain(olds.get("values_salt")) or "") or new_salt()
-        rewrite = values_digest(values, salt) != olds.get("values_digest")  # not just `adopt`
+        values, recorded = _values(news), SecretArgs.from_props(olds)
+        salt = recorded.values_salt or new_salt()
+        rewrite = values_digest(values, salt) != recorded.values_digest  # not just `adopt`
 
-        owner = owner_of(news) if not olds.get("adopted") else ""
+        owner = owner_of(news) if not recorded.adopted else ""
         marked = _with_mark(values, owner)
 
         async def go(client: Any) -> None:
@@ -238,8 +237,7 @@ class SecretProvider(ModalProvider):
                 )
             },
         )
-        adopted = bool(olds.get("adopted") or False)
-        return UpdateResult(self._outputs(news, id_, salt, adopted))
+        return UpdateResult(self._outputs(news, id_, salt, olds))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         async def go(client: Any) -> Any:
@@ -259,9 +257,8 @@ class SecretProvider(ModalProvider):
             "environment": env,
             "values": declared,
         }
-        salt = str(plain(props.get("values_salt")) or "") or new_salt()
-        adopted = bool(props.get("adopted") or False)
-        outs = self._outputs(live, id_, salt, adopted, live_keys)
+        salt = SecretArgs.from_props(props).values_salt or new_salt()
+        outs = self._outputs(live, id_, salt, props, live_keys)
         return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     @staticmethod

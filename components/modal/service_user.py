@@ -53,7 +53,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, ReadResult, UpdateResult
 
 from . import _rpc
-from ._base import ModalProvider, is_unknown, owner_of, plain, rotation_problems
+from ._base import ModalProvider, is_unknown, owner_of, rotation_problems
 from ._schema import Schema, SchemaResource, output, owner, records, replaces
 
 #: Modal's rule for service-user names (`service_users.create`: "alphanumeric, '-', or '_'").
@@ -129,10 +129,9 @@ class ServiceUserArgs(Schema):
     previous_service_user_id: str = output()
 
 
-def _in_use(props: Mapping[str, Any]) -> bool:
+def _in_use(recorded: ServiceUserArgs) -> bool:
     """Whether the current token was used after its service user was created (from state)."""
-    used = props.get("last_used_at") or 0.0
-    return bool(used) and float(used) > float(props.get("created_at") or 0.0)
+    return bool(recorded.last_used_at) and recorded.last_used_at > recorded.created_at
 
 
 class ServiceUserProvider(ModalProvider):
@@ -154,23 +153,22 @@ class ServiceUserProvider(ModalProvider):
         when a previous one exists)."""
         if self._rotates(olds, news):
             return True
-        name = news.get("name")
-        previous = olds.get("previous_name") or ""
+        name, recorded = news.get("name"), ServiceUserArgs.from_props(olds)
+        previous = recorded.previous_name
         if not previous:
             return False
-        current = olds.get("current_name") or name
-        if _in_use(olds):
+        if _in_use(recorded):
             pulumi.log.info(
                 f"ServiceUser '{name}': retire previous service user {previous}"
-                f" (new token in use since {_when(float(olds.get('last_used_at') or 0))}):"
-                f" this update deletes it, and its token {olds.get('previous_token_id')} stops"
+                f" (new token in use since {_when(recorded.last_used_at)}):"
+                f" this update deletes it, and its token {recorded.previous_token_id} stops"
                 " working"
             )
             return True
         pulumi.log.info(
             f"ServiceUser '{name}': previous service user {previous} kept: the new token"
-            f" {olds.get('token_id')} ({current}) has not been used since it was created"
-            f" ({_when(float(olds.get('created_at') or 0))}), as of the last refresh. Put the"
+            f" {recorded.token_id} ({recorded.current_name or name}) has not been used since it"
+            f" was created ({_when(recorded.created_at)}), as of the last refresh. Put the"
             " new token where the old one is used; once something used it, `pulumi up"
             " --refresh` retires the previous service user"
         )
@@ -274,10 +272,8 @@ class ServiceUserProvider(ModalProvider):
         return info
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        name = str(props["name"])
-        days = _expires(props)
+        name, days, owner = str(props["name"]), _expires(props), owner_of(props)
         memo: dict[str, Any] = {"key": _rpc.idempotency_key(), "started": time.time()}
-        owner = owner_of(props)
         info = self.run(
             "create",
             f"'{name}'",
@@ -297,12 +293,10 @@ class ServiceUserProvider(ModalProvider):
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         from modal import exception as mexc
 
-        name = str(news["name"])
-        generation = int(olds.get("generation") or 0)
-        current = str(olds.get("current_name") or name)
-        previous = str(olds.get("previous_name") or "")
+        name, recorded = str(news["name"]), ServiceUserArgs.from_props(olds)
+        generation, current = recorded.generation, recorded.current_name or name
+        previous, old_secret = recorded.previous_name, recorded.token_secret
         rotate = self._rotates(olds, news)
-        old_secret = plain(olds.get("token_secret"))
         days = _expires(news)
         new_name = generation_name(name, generation + 1)
         # Lives across the attempts of this call: what was decided is not decided again (an
@@ -311,15 +305,13 @@ class ServiceUserProvider(ModalProvider):
 
         async def decide(client: Any) -> None:
             live = await _rpc.service_user_info(client, current)
-            if live is None or str(live.token_id) != str(olds.get("token_id")):
+            if live is None or str(live.token_id) != recorded.token_id:
                 raise mexc.NotFoundError(
-                    f"service user {current!r} (token {olds.get('token_id')}) is gone or holds"
+                    f"service user {current!r} (token {recorded.token_id}) is gone or holds"
                     " another token"
                 )
             live_prev = await _rpc.service_user_info(client, previous) if previous else None
-            if live_prev is not None and str(live_prev.token_id) != str(
-                olds.get("previous_token_id")
-            ):
+            if live_prev is not None and str(live_prev.token_id) != recorded.previous_token_id:
                 live_prev = None  # recreated by hand under that name: not ours to delete
             used = float(live.last_used_at) > float(live.created_at)
             memo["live"], memo["delete"], memo["notes"] = live, [], []
@@ -331,7 +323,7 @@ class ServiceUserProvider(ModalProvider):
                     memo["notes"].append(
                         f"retired previous service user {previous} (new token in use since"
                         f" {_when(float(live.last_used_at))}): its token"
-                        f" {olds.get('previous_token_id')} no longer works"
+                        f" {recorded.previous_token_id} no longer works"
                     )
                 elif live_prev is not None:
                     memo["notes"].append(
@@ -390,18 +382,18 @@ class ServiceUserProvider(ModalProvider):
 
     # ---- read ----------------------------------------------------------------------------
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        name = str(props.get("name") or id_)
-        current = str(props.get("current_name") or name)
-        previous = str(props.get("previous_name") or "")
+        recorded = ServiceUserArgs.from_props(props)
+        name = str(recorded.name or id_)
+        current, previous = recorded.current_name or name, recorded.previous_name
 
         async def go(client: Any) -> tuple[Any, Any]:
             live = await _rpc.service_user_info(client, current)
             live_prev = await _rpc.service_user_info(client, previous) if previous else None
             return live, live_prev
 
-        secret = plain(props.get("token_secret"))
+        secret = recorded.token_secret
         live, live_prev = self.run("read", f"'{name}' ({current})", go, secrets=[str(secret or "")])
-        if live is None or str(live.token_id) != str(props.get("token_id")):
+        if live is None or str(live.token_id) != recorded.token_id:
             if live_prev is not None:
                 pulumi.log.warn(
                     f"ServiceUser '{name}': {current} is gone, but the previous service user"
@@ -409,11 +401,11 @@ class ServiceUserProvider(ModalProvider):
                     f" uses it (`modal workspace service-users delete {previous}`)"
                 )
             return ReadResult("", {})
-        if live_prev is not None and str(live_prev.token_id) != str(props.get("previous_token_id")):
+        if live_prev is not None and str(live_prev.token_id) != recorded.previous_token_id:
             live_prev = None  # recreated by hand under that name: not ours
         outs = self._outputs(
             props,
-            generation=int(props.get("generation") or 0),
+            generation=recorded.generation,
             current=live,
             token_secret=secret,
             previous=live_prev,
@@ -422,10 +414,10 @@ class ServiceUserProvider(ModalProvider):
 
     # ---- delete --------------------------------------------------------------------------
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        name = str(props.get("name") or id_)
-        doomed = [n for n in (props.get("current_name") or name, props.get("previous_name")) if n]
-
-        owner = owner_of(props)
+        recorded = ServiceUserArgs.from_props(props)
+        name = str(recorded.name or id_)
+        doomed = [n for n in (recorded.current_name or name, recorded.previous_name) if n]
+        owner = recorded.owner or ""
 
         async def go(client: Any) -> None:
             for n in doomed:
@@ -437,7 +429,7 @@ class ServiceUserProvider(ModalProvider):
             "delete",
             f"'{name}' ({' and '.join(map(str, doomed))})",
             go,
-            secrets=[str(plain(props.get("token_secret")) or "")],
+            secrets=[str(recorded.token_secret or "")],
             hints=self._hints(name),
         )
 

@@ -174,6 +174,8 @@ class SpendAlertProvider(ModalProvider):
     def _outputs(
         cls, props: Mapping[str, Any], status: Any, env_id: str, previous: float | None
     ) -> dict[str, Any]:
+        """The outputs of the budget `status` Modal answered and the budget the environment
+        had before (`previous`)."""
         budget = float(status.cycle_budget_dollars)
         usage = float(status.current_cycle_usage)
         thresholds = _thresholds(props)
@@ -194,13 +196,13 @@ class SpendAlertProvider(ModalProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         previous: list[float | None] = []
         env_id, status = self._apply(props, None, "set", previous)
-        return CreateResult(
-            env_id, self._outputs(props, status, env_id, previous[0] if previous else None)
-        )
+        before = previous[0] if previous else None
+        return CreateResult(env_id, self._outputs(props, status, env_id, before))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         _, status = self._apply(news, id_, "update")
-        return UpdateResult(self._outputs(news, status, id_, olds.get("previous_budget_usd")))
+        before = SpendAlertArgs.from_props(olds).previous_budget_usd
+        return UpdateResult(self._outputs(news, status, id_, before))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from modal import exception as mexc
@@ -220,7 +222,8 @@ class SpendAlertProvider(ModalProvider):
             return ReadResult("", {})
         # The id decides the environment: a declared name that differs shows as a replace.
         live_props = {**props, "environment": env}
-        outs = self._outputs(live_props, status, id_, props.get("previous_budget_usd"))
+        before = SpendAlertArgs.from_props(props).previous_budget_usd
+        outs = self._outputs(live_props, status, id_, before)
         return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:

@@ -66,9 +66,9 @@ class VolumeProvider(ModalProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         from modal import exception as mexc
 
-        name, env = str(props["name"]), environment_name(props)
-        adopt = bool(props.get("adopt") or False)
-        owner = owner_of(props)
+        args = VolumeArgs.from_props(props)
+        name, env, adopt = str(args.name), environment_name(props), bool(args.adopt)
+        owner = args.owner or ""
         memo: dict[str, Any] = {"key": _rpc.idempotency_key()}  # one key for every attempt
 
         async def go(client: Any) -> tuple[str, bool]:
@@ -126,8 +126,7 @@ class VolumeProvider(ModalProvider):
                 await _rpc.volume_rename(client, id_, new_name)
 
         self.run(f"rename to '{new_name}' of", f"{id_} ({self._target(olds)})", go)
-        adopted = bool(olds.get("adopted") or False)
-        return UpdateResult(self.SCHEMA.outputs(news, volume_id=id_, adopted=adopted))
+        return UpdateResult(self.SCHEMA.outputs(news, olds, volume_id=id_))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         env = environment_name(props)
@@ -168,8 +167,7 @@ class VolumeProvider(ModalProvider):
             "name": resp.metadata.name or props.get("name"),
             "environment": moved_to if moved_to is not None else props.get("environment"),
         }
-        adopted = bool(props.get("adopted") or False)
-        outs = self.SCHEMA.outputs(live, volume_id=id_, adopted=adopted)
+        outs = self.SCHEMA.outputs(live, props, volume_id=id_)
         return ReadResult(id_, outs, self.SCHEMA.read_inputs(outs, props))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:

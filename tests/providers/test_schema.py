@@ -204,6 +204,37 @@ def test_outputs_name_every_output_and_nothing_else() -> None:
         S.outputs(OLD, thing_id="t-1", token="x", thing=1)
 
 
+def test_from_props_reads_each_field_as_declared() -> None:
+    """Inputs as the outputs echo them (defaults for null, flags as bool, secrets unwrapped);
+    outputs as their declared type (null: the type's empty value; a secret's stays None)."""
+    state = {**OLD, "size": None, "adopt": None, "password": rpc.wrap_rpc_secret("p")}
+    view = Sample.from_props({**state, "owner": MARK, "thing_id": None, "token": None})
+    assert (view.name, view.size, view.adopt, view.password, view.owner) == (
+        "a",
+        2,
+        False,
+        "p",
+        MARK,
+    )
+    assert (view.thing_id, view.token) == ("", None)
+    view = Sample.from_props({**state, "thing_id": 7, "token": rpc.wrap_rpc_secret("tok")})
+    assert (view.thing_id, view.token, view.owner) == ("7", "tok", None)
+
+
+def test_outputs_carry_the_recorded_ones_over() -> None:
+    recorded = {**OLD, "thing_id": "t-1", "token": rpc.wrap_rpc_secret("tok")}
+    outs = S.outputs({**OLD, "name": "b"}, recorded)
+    assert (outs["name"], outs["thing_id"], rpc.unwrap_rpc_secret(outs["token"])) == (
+        "b",
+        "t-1",
+        "tok",
+    )
+    assert S.outputs(OLD, recorded, thing_id="t-2")["thing_id"] == "t-2"  # given wins
+    assert "token" not in S.outputs(OLD, {}, thing_id="t-3")  # a secret never recorded
+    g = Gated.SCHEMA  # a state written before an output existed: its declared default
+    assert g.outputs({"spec": "s"}, {"other": "o"})["release"] == 0
+
+
 def test_read_inputs() -> None:
     outs = S.outputs({**OLD, "suffix": "live"}, thing_id="t-1", token="x")
     # suffix (unset_keeps) and password (secret) were not set in the state: left out; a null
@@ -286,7 +317,6 @@ def test_rules_fill_inputs_only_and_computed_fields() -> None:
     assert g.secret_outputs == []  # the secret input is no output
     with pytest.raises(TypeError, match=r"unknown \['user'\]"):
         g.outputs({}, release=1, tag="t", other="o", user="u")
-    assert g.output_defaults() == {"release": 0, "tag": ""}
     props = g.props(Gated(spec="s"), "t", "r", pulumi.ResourceOptions())
     assert props["timeouts"] == {"create": 1.0} and props["key"] is None  # None stays None
     assert g.props(Gated(spec="s"), "t", "r")["timeouts"] == {}
