@@ -1,7 +1,20 @@
 """A small pooled HTTP/1.1 client for the proxy's single upstream (the engine on localhost).
 
-Why our own client: httpx/aiohttp cost tens to hundreds of microseconds per request, more than
-the proxy's whole overhead budget. This one is an ``asyncio.Protocol`` whose responses httptools
+Why our own client and not aiohttp's: issue 33 built the proxy on aiohttp 3.14.5's ClientSession
+as a complete replacement (branch s39-proxy, 2026-11-28: this file 602 -> 152 code lines) and
+measured it against this client, same run, 2 cores (``python -m bench.proxy --reps 3 --no-nginx
+--only json,latency,streams`` and ``python -m bench.proxy.instructions``, docs/proxy.md):
+
+    CPU instructions per request    chat 68 B +78 %, chat 64 KiB +45 %, stream of 16 events +105 %
+    added p50, one at a time        68 B +0.279 vs +0.170 ms; stream TTFB +0.373 vs +0.241 ms
+    1024 streams                    TTFT p99 414 vs 176 ms; 0.78x vs 0.85x of direct; 43 vs 28 us
+                                    of CPU per event
+
+and two answers users would get wrong: a chunk that breaks the framing after the head waits
+for the request timeout (504 after up to 600 s) instead of a 502 at once (aiohttp's parser
+rejects it without waking the body reader), and a reset during a body without a length passes
+as a clean end (a cut answer relayed as complete). The time ran out before the H200 run, so the
+decision rests on these. This one is an ``asyncio.Protocol`` whose responses httptools
 parses (llhttp: status line, headers, Content-Length / chunked / read-until-close bodies; the
 parser uvicorn serves the proxy's clients with), a LIFO keep-alive pool, and a response object
 that hands body pieces to one consumer as soon as they arrive (no buffering beyond what the
