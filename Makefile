@@ -41,20 +41,18 @@ $(LITELLM_STAMP): | $(STAMP)
 # its own temp dirs, so the workers never share an emulator or a port. Three on 2 cores: much
 # of the suite waits (cold starts, health polls, LiteLLM start-up), and a third worker fills
 # those waits (same quiet 2-core machine: 4 min 47 s with three, 5 min 38 s with two).
-# promtool checks the generated alert rules (tests/monitoring), and the Pushgateway takes the
-# proxy's pushed metrics (tests/monitoring/test_push.py, `make up`'s local Prometheus): Debian's
-# prometheus (2.42.0) and prometheus-pushgateway (1.5.1) packages, installed once where apt can
-# (root, as on CI); elsewhere those tests are skipped and say how to install them.
-MONITORING_PACKAGES := prometheus prometheus-pushgateway
+# promtool checks the generated alert rules (tests/monitoring): Debian's prometheus package
+# (2.42.0), installed once where apt can (root, as on CI); elsewhere those tests are skipped
+# and say how to install it.
 promtool:
-	@{ command -v promtool && command -v prometheus-pushgateway; } >/dev/null || { \
-	  echo "setup: installing promtool and the Pushgateway (Debian's $(MONITORING_PACKAGES), ~15 s; apt is quiet meanwhile)..."; \
+	@command -v promtool >/dev/null || { \
+	  echo "setup: installing promtool (Debian's prometheus package, ~15 s; apt is quiet meanwhile)..."; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo -n ); \
-	  { $$SUDO apt-get install -y -qq --no-install-recommends $(MONITORING_PACKAGES) >/dev/null 2>&1 || \
+	  { $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
 	    { $$SUDO apt-get update -qq >/dev/null 2>&1 && \
-	      $$SUDO apt-get install -y -qq --no-install-recommends $(MONITORING_PACKAGES) >/dev/null 2>&1; }; } && \
-	  echo "setup: promtool $$(promtool --version 2>&1 | head -1 | cut -d' ' -f3) and the Pushgateway ready." || \
-	  echo "setup: WARNING: could not install $(MONITORING_PACKAGES) (needs root and Debian's apt): tests/monitoring's promtool and push tests will be skipped"; }
+	      $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1; }; } && \
+	  echo "setup: promtool $$(promtool --version 2>&1 | head -1 | cut -d' ' -f3) ready." || \
+	  echo "setup: WARNING: could not install promtool (needs root and Debian's apt): tests/monitoring's promtool tests will be skipped"; }
 
 test: setup $(LITELLM_STAMP) promtool lint
 	$(PY) -m pytest -q -n 3 --dist loadfile

@@ -402,10 +402,6 @@ class StackSettings(BaseModel):
     #: of WEIGHTS_STORE_ENV_KEYS), kept in the Modal secret WEIGHTS_STORE_SECRET_NAME.
     has_weights_store: Present = _secret("weightsStoreCredentials")
     has_proxy_token: Present = _secret("proxyToken")
-    #: The Pushgateway every container pushes its proxy's metrics to (docs/monitoring.md), as
-    #: `http(s)://[user:password@]host[:port][/path]`; kept in each service's API key secret,
-    #: which only the proxy reads. Secret: the URL may carry credentials.
-    has_metrics_push_url: Present = _secret("metricsPushUrl")
 
     @field_validator("gpu_prices")
     @classmethod
@@ -596,7 +592,6 @@ OVERFLOW_SECRET_KEY = _alias("has_in_house_keys")
 WEIGHTS_STORE_KEY = _alias("has_weights_store")
 MANAGED_KEY = _alias("managed_by_access_stack")
 PROXY_TOKEN_KEY = _alias("has_proxy_token")
-METRICS_PUSH_KEY = _alias("has_metrics_push_url")
 #: The CPU / memory rate keys: key -> (default, unit), from the fields above.
 RATE_KEYS: dict[str, tuple[float, str]] = {
     key: (float(f.default), str(f.description).partition(";")[0])
@@ -657,8 +652,6 @@ class StackSecrets:
     weights_store_credentials: pulumi.Output[str] | None = None
     #: "<token id>:<token secret>" of the gateway's proxy token (managed mode only), or None.
     proxy_token: pulumi.Output[str] | None = None
-    #: The Pushgateway URL the containers push their metrics to, or None (no push).
-    metrics_push_url: pulumi.Output[str] | None = None
 
 
 def _fix(ns: str, stack: str, budget_hint: float | None) -> Callable[[Problem], str]:
@@ -1088,7 +1081,6 @@ def load_stack_config(
         alert_watch_token=secret("alertWatchToken"),
         weights_store_credentials=secret(WEIGHTS_STORE_KEY),
         proxy_token=secret(PROXY_TOKEN_KEY),
-        metrics_push_url=secret(METRICS_PUSH_KEY),
     )
 
 

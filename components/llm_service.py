@@ -43,7 +43,6 @@ import json
 import sys
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import pulumi
 
@@ -67,7 +66,7 @@ from components.modal.secret import Secret, SecretArgs
 from components.modal.spend_alert import SpendAlert, SpendAlertArgs, SpendWatch
 from components.modal.volume import Volume, VolumeArgs
 from components.model_name import ask_hub
-from serving.spec import KEY_VERSION_ENV, METRICS_PUSH_URL_ENV, SERVER_NAME
+from serving.spec import KEY_VERSION_ENV, SERVER_NAME
 
 ENVIRONMENT_TYPE = "modal-llm:serving:ServingEnvironment"
 SERVICE_TYPE = "modal-llm:serving:LLMService"
@@ -113,8 +112,6 @@ class ServingEnvironment(pulumi.ComponentResource):
     environment_name: pulumi.Output[str]
     hf_token_secret: Secret | None
     weights_store_secret: Secret | None
-    #: Where the containers push their metrics (checked), or None.
-    metrics_push_url: pulumi.Output[str] | None
     proxy_token: ProxyAuthToken | AccessStackProxyToken
     spend_alert: SpendAlert | None
 
@@ -165,11 +162,6 @@ class ServingEnvironment(pulumi.ComponentResource):
                 WEIGHTS_STORE_SECRET_NAME,
                 secrets.weights_store_credentials.apply(_weights_store_env),
             )
-        # Where every service's containers push their metrics (serving/proxy/push.py): in
-        # each service's API key secret, which only the proxy reads.
-        self.metrics_push_url = None
-        if secrets.metrics_push_url is not None:
-            self.metrics_push_url = secrets.metrics_push_url.apply(_checked_push_url)
 
         self.spend_alert = None
         if managed:  # the access stack holds the token and the budget (a billing setting)
@@ -266,17 +258,6 @@ def _checked_webhook(url: str) -> str:
         raise ValueError(  # never the value: the URL often embeds a token
             "modal-llm:alertWebhookUrl must be an http(s) URL; set it again with"
             " `pulumi config set --secret alertWebhookUrl https://...`"
-        )
-    return url
-
-
-def _checked_push_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(  # never the value: the URL may carry credentials
-            "modal-llm:metricsPushUrl must be an http(s) URL with a host (the Pushgateway's, "
-            "e.g. https://user:password@push.example.com); set it again with "
-            "`pulumi config set --secret metricsPushUrl https://...`"
         )
     return url
 
@@ -407,15 +388,11 @@ class LLMService(pulumi.ComponentResource):
         digests = pulumi.Output.all(*[k.digest for k in self.api_keys.values()]).apply(
             lambda ds: json.dumps(dict(zip(self.api_keys, ds, strict=True)), sort_keys=True)
         )
-        push = shared.metrics_push_url
         self.api_keys_secret = Secret(
             f"{name}-api-keys",
             SecretArgs(
                 name=spec.secrets.api_keys,
-                values={
-                    API_KEYS_ENV_VAR: digests,
-                    **({} if push is None else {METRICS_PUSH_URL_ENV: push}),
-                },
+                values={API_KEYS_ENV_VAR: digests},
                 environment=env,
                 adopt=settings.adopt,
             ),

@@ -65,7 +65,6 @@ if [ -n "$WATCHER" ]; then
     WATCHER=""
 fi
 stop_emulator
-scripts/monitoring.sh stop | grep -v '^monitoring: not running$' || true
 # Container processes a killed emulator left behind (only where containers run without their
 # own pid namespace: dev/emulator/runtime, `python -m emulator sweep`); one line says what it did.
 "$PY" -m emulator sweep

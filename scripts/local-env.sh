@@ -326,12 +326,6 @@ not EMULATOR_PORT=$EMULATOR_PORT_ASKED: unset EMULATOR_PORT, or \`make down\` fi
         set_emulator_url
         echo "Modal emulator already running on 127.0.0.1:$EMULATOR_PORT (pid $pid, this \
 checkout's: $EMULATOR_DIR): reusing it."
-        if [ -n "${EMULATOR_EGRESS_PORT:-}" ] &&
-            ! tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "--container-egress $EMULATOR_EGRESS_PORT "; then
-            echo "warning: it was started without --container-egress $EMULATOR_EGRESS_PORT: its \
-containers cannot reach the local Pushgateway (no metrics in the local Prometheus); \
-\`make down && make up\` starts it with it." >&2
-        fi
         return 0
     fi
     for attempt in 1 2 3; do
@@ -362,10 +356,8 @@ set_emulator_url() {
 # One start on $EMULATOR_PORT, waiting for the ready line: 0 when ready, 1 when it exited.
 launch_emulator() {
     echo "Starting the Modal emulator on 127.0.0.1:$EMULATOR_PORT (log: $EMULATOR_LOG)..."
-    local egress=()
-    [ -z "${EMULATOR_EGRESS_PORT:-}" ] || egress=(--container-egress "$EMULATOR_EGRESS_PORT")
     nohup "$PY" -m emulator serve --port "$EMULATOR_PORT" --state "$EMULATOR_STATE" \
-        "${egress[@]}" >"$EMULATOR_LOG" 2>&1 &
+        >"$EMULATOR_LOG" 2>&1 &
     echo $! >"$EMULATOR_PID_FILE"
     local _
     for _ in $(seq 1 100); do

@@ -16,10 +16,6 @@ root project's `local` stack here gets `--config managedByAccessStack=true` and 
 stack's proxy token for `local` (`--secret-from-env`, never on a command line), and says so in
 one line on stderr. MANAGED=0 turns this off, MANAGED=1 insists (an error without the access
 stack). `make up`, `make plan`, `make refresh` and `make down` all come through here.
-
-The local monitoring (scripts/monitoring.sh, docs/monitoring.md): while this checkout's
-Pushgateway runs, every such run of the `local` stack gets its URL as the secret
-`metricsPushUrl` (`--secret-from-env`), so the containers push their metrics there.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ ACCESS_DIR = PROJECT_ROOT / "access"
 MANAGED_COMMANDS = ("preview", "up", "refresh", "destroy")
 # The name of the variable (set in this process only) that --secret-from-env reads.
 TOKEN_VAR = "MODAL_LLM_LOCAL_PROXY_TOKEN"  # noqa: S105
-PUSH_URL_VAR = "MODAL_LLM_LOCAL_METRICS_PUSH_URL"
 
 
 class ManagedModeError(Exception):
@@ -95,45 +90,12 @@ def access_proxy_token(state: Path) -> str:
     return str(token)
 
 
-def _local_stack_run(argv: list[str]) -> bool:
-    """A preview/up/refresh/destroy of the root project's `local` stack."""
-    return (
-        bool(argv)
-        and argv[0] in MANAGED_COMMANDS
-        and _option(argv, "--stack") == "local"
-        and _option(argv, "--cwd", "-C") is None
-    )
-
-
-def pushgateway_url() -> str | None:
-    """The URL of this checkout's local Pushgateway (scripts/monitoring.sh: its pid file
-    holds "PID PORT"), while that process runs; else None."""
-    emulator_dir = os.environ.get("EMULATOR_DIR") or ".modal-emulator"
-    default = PROJECT_ROOT / emulator_dir / "monitoring"  # as scripts/monitoring.sh
-    directory = Path(os.environ.get("MONITORING_DIR") or default).resolve()
-    try:
-        pid, port = (directory / "pushgateway.pid").read_text().split()
-        cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes().replace(b"\0", b" ")
-    except (OSError, ValueError):
-        return None
-    return f"http://127.0.0.1:{int(port)}" if str(directory).encode() in cmdline else None
-
-
-def push_args(argv: list[str]) -> list[str]:
-    """The secret metricsPushUrl of the local stack's runs while the local Pushgateway runs."""
-    url = pushgateway_url() if _local_stack_run(argv) else None
-    if url is None or any("metricsPushUrl" in a for a in argv):
-        return []
-    os.environ[PUSH_URL_VAR] = url
-    every_run = os.environ.get("PULUMI_STANDIN_EVERY_RUN", "")
-    os.environ["PULUMI_STANDIN_EVERY_RUN"] = ",".join(filter(None, [every_run, "metricsPushUrl"]))
-    return ["--secret-from-env", f"metricsPushUrl={PUSH_URL_VAR}"]
-
-
 def managed_args(argv: list[str]) -> list[str]:
     """The extra arguments that put the root project's `local` stack in managed mode for this
     run, or [] (another command, stack or project, MANAGED=0, no access stack)."""
-    if not _local_stack_run(argv):
+    if not argv or argv[0] not in MANAGED_COMMANDS:
+        return []
+    if _option(argv, "--stack") != "local" or _option(argv, "--cwd", "-C") is not None:
         return []
     if any("managedByAccessStack" in a for a in argv):  # the caller said it itself
         return []
@@ -166,7 +128,7 @@ def managed_args(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     try:
-        extra = managed_args(sys.argv[1:]) + push_args(sys.argv[1:])
+        extra = managed_args(sys.argv[1:])
     except ManagedModeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

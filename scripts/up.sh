@@ -13,9 +13,6 @@
 #      stack's proxy token and an API key, then prints the endpoint, a curl that works, and
 #      that curl's real answer (scripts/local_stack.py); the curl it runs reads the secret
 #      headers from a private file, never from its command line
-#   4b. before 2: the local Pushgateway and Prometheus (scripts/monitoring.sh; the stand-in gives
-#      the stack the Pushgateway's URL, the emulator --container-egress to its port), and after
-#      3 the stack's alert rules loaded into that Prometheus, printed before 4's check
 #   5. rewrites the LiteLLM gateway file ($GATEWAY_FILE, .gateway/litellm-local.yaml) when it
 #      exists, so it never keeps a rotated (revoked) key, and restarts the gateway `make
 #      gateway` started if it runs (scripts/gateway.sh), so that it serves the new keys
@@ -35,18 +32,6 @@ require_local_stack "$STACK"
 [ -x "$PY" ] || die "$PY is missing: run \`make setup\` first"
 read_stack_url
 choose_engine
-# The local Prometheus and the Pushgateway the containers push to (before the emulator: its
-# containers reach the Pushgateway's port through --container-egress; scripts/offline_stack.py
-# gives the stack its URL as the secret metricsPushUrl).
-scripts/monitoring.sh start "$STACK" ||
-    echo "warning: the local monitoring did not start (the reason is above): the stack deploys" \
-        "without a metrics push." >&2
-EMULATOR_EGRESS_PORT="$(scripts/monitoring.sh push-url | sed 's/.*://' || true)"
-if [ "$LOCAL_ENGINE" = cli ] && [ -n "$EMULATOR_EGRESS_PORT" ]; then
-    echo "note: the Pulumi CLI keeps config in the stack file: for the containers to push their" \
-        "metrics, pulumi config set --secret modal-llm:metricsPushUrl" \
-        "\"\$(scripts/monitoring.sh push-url)\" --stack $STACK (docs/monitoring.md)."
-fi
 start_emulator
 watch_emulator &
 WATCHER=$!
@@ -67,14 +52,6 @@ else
     standin up
 fi
 echo
-# The stack's alert rules into the local Prometheus, and where to query it (before the check,
-# whose curl and its answer end the output).
-LOCAL_ENGINE="$LOCAL_ENGINE" STANDIN_STATE="$STANDIN_STATE" scripts/monitoring.sh rules "$STACK"
-if prom="$(scripts/monitoring.sh status)"; then
-    echo "Metrics: $prom; e.g. curl -sG http://127.0.0.1:${prom##*:}/api/v1/query --data-urlencode" \
-        "'query=sum by (service, version, container) (proxy_requests_total)'"
-    echo
-fi
 "$PY" scripts/local_stack.py check --engine "$LOCAL_ENGINE" --stack "$STACK" \
     --state "$STANDIN_STATE"
 kill "$WATCHER" 2>/dev/null || true

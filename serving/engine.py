@@ -53,15 +53,7 @@ from typing import Any, TextIO
 from serving import render
 from serving.bake import seed_modelinfos
 from serving.prefetch import WeightsPrefetch, start_prefetch
-from serving.spec import (
-    ENGINE_PORT,
-    HF_CACHE_PATH,
-    KEY_VERSION_ENV,
-    METRICS_PUSH_URL_ENV,
-    PROXY_PORT,
-    SPEC_DIGEST_ENV,
-    ServingSpec,
-)
+from serving.spec import ENGINE_PORT, HF_CACHE_PATH, KEY_VERSION_ENV, PROXY_PORT, ServingSpec
 
 log = logging.getLogger("serving.engine")
 
@@ -75,8 +67,6 @@ ENGINE_HIDDEN_ENV = frozenset({"SERVING_API_KEYS"})  # the engine never needs th
 PROXY_ENV_KEYS = frozenset(
     {"SERVING_API_KEYS", "PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME", "TMPDIR", "TZ"}
     | {"LANG", "LC_ALL", "LC_CTYPE"}
-    # the metrics push and its grouping key (serving/proxy/push.py)
-    | {METRICS_PUSH_URL_ENV, "SERVING_APP_NAME", SPEC_DIGEST_ENV, "MODAL_TASK_ID"}
 )
 PROXY_READY_TIMEOUT_S = 120.0  # the proxy polls the engine every 0.5 s; this is generous
 # The startup budget ends min(this, 10 % of timeouts.startup_s) before Modal's startup_timeout.

@@ -106,9 +106,6 @@ SERVER_NAME = "Serving"  # the @app.server class: modal.Server.from_name(app_nam
 # resource) and the spec's digest.
 KEY_VERSION_ENV = "SERVING_API_KEYS_SHA256"
 SPEC_DIGEST_ENV = "SERVING_SPEC_SHA256"
-# Where the proxy pushes its metrics (serving/proxy/push.py PUSH_URL_ENV, spelled there too:
-# the proxy imports nothing of the spec), from the Modal secret `secrets.api_keys`.
-METRICS_PUSH_URL_ENV = "SERVING_METRICS_PUSH_URL"
 # Modal answers a web request whose response has not started after this long with a 303
 # redirect (modal.com/docs/guide/webhook-timeouts): non-stream requests must finish sooner.
 MODAL_WEB_RESPONSE_LIMIT_S = 150
@@ -328,8 +325,7 @@ class Secrets(_Model):
 
     # Holds HF_TOKEN for gated models; None for public models.
     hf_token: SecretName | None = None
-    # Holds SERVING_API_KEYS = JSON {name: "sha256:<hex>"}, what the proxy checks keys against,
-    # and, when the stack sets metricsPushUrl, SERVING_METRICS_PUSH_URL (serving/proxy/push.py).
+    # Holds SERVING_API_KEYS = JSON {name: "sha256:<hex>"}, what the proxy checks keys against.
     api_keys: SecretName = "serving-api-keys"
 
 

@@ -108,16 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a stopping container may run @modal.exit before SIGKILL (default 10)",
     )
     s.add_argument(
-        "--container-egress",
-        type=int,
-        action="append",
-        default=[],
-        metavar="PORT",
-        help="a port of this machine's loopback that containers reach on their own "
-        "127.0.0.1:PORT (with a network namespace per container, which reaches nothing else; "
-        "on Modal a container reaches the internet); repeat for more ports",
-    )
-    s.add_argument(
         "--no-container-namespaces",
         action="store_true",
         help="run containers as plain processes even where mount and pid namespaces are "
@@ -204,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
         webhook_timeout=args.webhook_timeout_s,
         container_network=args.container_network,
         stop_grace=args.stop_grace_s,
-        container_egress=tuple(args.container_egress),
         container_namespaces=not args.no_container_namespaces,
         edge_limits=EdgeLimits(
             max_head_bytes=args.edge_max_head_bytes,

@@ -41,7 +41,6 @@ class Options:
     stop_grace: float = 10.0
     container_namespaces: bool = True  # False: plain processes, as without root
     edge_limits: EdgeLimits = field(default_factory=EdgeLimits)
-    container_egress: tuple[int, ...] = ()  # the machine's loopback ports containers reach
 
 
 def data_dir_for(state_path: Path | None) -> Path | None:
@@ -112,7 +111,6 @@ async def serve(options: Options) -> None:
                     webhook_timeout=options.webhook_timeout,
                     netns={"auto": None, "netns": True, "host": False}[options.container_network],
                     stop_grace=options.stop_grace,
-                    egress_ports=options.container_egress,
                     host=options.host,
                     namespaces=None if options.container_namespaces else False,
                     hidden=tuple(

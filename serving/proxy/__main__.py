@@ -16,7 +16,6 @@ import sys
 from serving.proxy.app import ProxyApp, ProxyConfig
 from serving.proxy.keys import ENV_VAR, KeyConfigError, KeyRing
 from serving.proxy.logs import configure_logging, log_event
-from serving.proxy.push import push_target
 from serving.proxy.runner import bind, run_uvicorn, tune_gc
 from serving.proxy.workers import run_workers, worker_config
 
@@ -98,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyConfigError as exc:
         print(f"serving.proxy: refusing to start: {exc}", file=sys.stderr)
         return 2
-    configure_logging(not args.no_access_log, shared_stream=args.workers > 1)
     try:
         config = ProxyConfig(
             upstream=args.upstream,
@@ -109,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--workers {args.workers} is invalid: it must be at least 1")
         # Built here in either case: it refuses a bad upstream URL before any process
         # starts. With --workers this one is only that check; each worker builds its own.
-        # The metrics push (serving/proxy/push.py): with --workers, worker 0 pushes.
-        app = ProxyApp(config, keys, push=push_target(os.environ) if args.workers == 1 else None)
+        app = ProxyApp(config, keys)
         if args.workers > 1:
             worker_config(config, args.workers)  # the buffer budget's split must hold a body
     except ValueError as exc:
         print(f"serving.proxy: refusing to start: {exc}", file=sys.stderr)
         return 2
+    configure_logging(not args.no_access_log, shared_stream=args.workers > 1)
     log_event(
         logging.WARNING, "proxy_starting", port=args.port, upstream=args.upstream,
         key_names=keys.names, max_in_flight=config.max_in_flight,

@@ -51,7 +51,6 @@ from serving.proxy.exchange import Exchange, Route
 from serving.proxy.keys import KeyRing, parse_bearer
 from serving.proxy.logs import BatchingStreamHandler, event_log, log_event
 from serving.proxy.metrics import Metrics
-from serving.proxy.push import MetricsPusher, PushTarget
 from serving.proxy.relay import ClientWriter, Relay, error_body, scan_usage
 from serving.proxy.upstream import (
     ConnectFailed,
@@ -477,24 +476,13 @@ class ProxyApp:
 
     ``share``: this process is one of ``--workers N`` (serving/proxy/workers.py): admission
     also takes a slot of the in-flight count all workers share, and /metrics sums all
-    workers' metrics. None (one process): neither.
-
-    ``push``: where to push /metrics (serving/proxy/push.py; from the container's env), or
-    None. With ``--workers N`` only worker 0 pushes, the merged view: one group per
-    container."""
+    workers' metrics. None (one process): neither."""
 
     def __init__(
-        self,
-        config: ProxyConfig,
-        keys: KeyRing,
-        share: WorkerShare | None = None,
-        push: PushTarget | None = None,
+        self, config: ProxyConfig, keys: KeyRing, share: WorkerShare | None = None
     ) -> None:
         self.config = config
         self.share = share
-        self.pusher: MetricsPusher | None = None
-        if push is not None and (share is None or share.index == 0):
-            self.pusher = MetricsPusher(push, self.render_metrics)
         unknown = sorted(set(config.key_max_in_flight) - set(keys.names))
         if unknown:
             raise ValueError(
@@ -551,13 +539,9 @@ class ProxyApp:
         self._poller = asyncio.get_running_loop().create_task(self._poll_health())
         if self.share is not None:
             self.share.start(self.metrics)
-        if self.pusher is not None:
-            self.pusher.start()
 
     async def shutdown(self) -> None:
         self._stopping = True
-        if self.pusher is not None:
-            await self.pusher.stop()  # deletes this container's group: its series end now
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -573,12 +557,6 @@ class ProxyApp:
         for logger in (access_log, event_log):
             for handler in logger.handlers:
                 handler.flush()
-
-    def render_metrics(self) -> bytes:
-        """/metrics: this process's metrics, or with ``--workers`` all workers' summed."""
-        share, metrics = self.share, self.metrics
-        metrics.waiting = self.admission.waiting
-        return metrics.render() if share is None else share.render(metrics, self.admission)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -799,8 +777,11 @@ class ProxyApp:
                 self.answer_error(writer, ex, "engine_not_ready", self._not_ready_message())
         elif self._authenticate(writer, ex, auth, auth_count):
             if route.kind == _METRICS:
+                share, metrics = self.share, self.metrics
+                metrics.waiting = self.admission.waiting
                 self.answer(
-                    writer, ex, 200, self.render_metrics(),
+                    writer, ex, 200,
+                    metrics.render() if share is None else share.render(metrics, self.admission),
                     (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
                 )  # fmt: skip
             elif not self.ready:

@@ -54,7 +54,6 @@ from serving.proxy.app import ProxyApp, ProxyConfig
 from serving.proxy.keys import ENV_VAR, KeyRing
 from serving.proxy.logs import configure_logging, event_log, log_event
 from serving.proxy.metrics import Metrics
-from serving.proxy.push import push_target
 from serving.proxy.runner import bind, run_uvicorn, tune_gc
 
 PUBLISH_S = 0.5  # a worker's metrics reach the others' /metrics at most this late
@@ -186,7 +185,7 @@ def worker_main(plan: WorkerPlan) -> None:
     configure_logging(plan.access_log, shared_stream=True)
     keys = KeyRing.from_json(os.environ.get(ENV_VAR))  # checked by the main process already
     share = WorkerShare(plan.index, plan.count, plan.in_flight, plan.board)
-    app = ProxyApp(plan.config, keys, share, push_target(os.environ) if plan.index == 0 else None)
+    app = ProxyApp(plan.config, keys, share)
     sock = bind(plan.host, plan.port, reuse_port=True)
     log_event(logging.WARNING, "proxy_worker_started", worker=plan.index, pid=os.getpid())
     tune_gc()

@@ -23,7 +23,7 @@ from components.llm_service import (
     SPEND_WATCH_SECRET_NAME,
     SPEND_WEBHOOK_ENV,
 )
-from serving.spec import METRICS_PUSH_URL_ENV, ServingSpec
+from serving.spec import ServingSpec
 from tests.program.runner import (
     PROJECT_ROOT,
     TEST_SECRETS,
@@ -728,38 +728,3 @@ def test_spend_watch_token_reaches_only_the_watchers_secret() -> None:
         with pytest.raises((pulumi.RunError, ValueError)) as info:
             run_program("dev", *_with_secrets("dev", **{key: Plain(bad)}))
         assert f"{key} {expected}" in str(info.value) and bad not in str(info.value)
-
-
-def test_metrics_push_url_reaches_every_proxy_as_a_secret() -> None:
-    """Issue 35 item 3: `metricsPushUrl` (secret: it may carry credentials) lands in every
-    service's API key secret, the one only the proxy reads (SERVING_METRICS_PUSH_URL beside
-    SERVING_API_KEYS); unset, nothing of it (today's behaviour). A bad URL fails without
-    echoing it."""
-    from pulumi_standin.values import Secret as Plain
-
-    url = "https://pusher:pw-0123secret@push.example.com"
-    services = [
-        {"name": name, "engine": "vllm", "model": "Qwen/Qwen2.5-0.5B-Instruct",
-         "gpu": "T4", "context_length": 2048}
-        for name in ("chat", "embed")
-    ]  # fmt: skip
-    budget = {"services": services, "monthlyBudgetUsd": 2000}
-    run = run_program("dev", *_with_secrets("dev", **budget, metricsPushUrl=Plain(url)))
-    key_secrets = [s for s in run.of_type("modal:Secret") if s.inputs["name"].endswith("-api-keys")]
-    assert sorted(s.inputs["name"] for s in key_secrets) == ["chat-api-keys", "embed-api-keys"]
-    for secret in key_secrets:
-        assert rpc.is_rpc_secret(secret.inputs["values"]), "the URL must reach Modal as secret"
-        values = _plain(secret.inputs["values"])
-        assert values[METRICS_PUSH_URL_ENV] == url and "SERVING_API_KEYS" in values
-    others = [r for r in run.resources if r not in key_secrets]
-    assert "pw-0123secret" not in json.dumps([r.inputs for r in others], default=str)
-
-    plain = run_program("dev", *_with_secrets("dev", **budget))
-    for secret in plain.of_type("modal:Secret"):
-        assert METRICS_PUSH_URL_ENV not in json.dumps(secret.inputs, default=str)
-
-    bad = "ftp://pusher:pw-0123secret@push.example.com"
-    with pytest.raises((pulumi.RunError, ValueError)) as info:
-        run_program("dev", *_with_secrets("dev", metricsPushUrl=Plain(bad)))
-    assert "metricsPushUrl must be an http(s) URL" in str(info.value)
-    assert "pw-0123secret" not in str(info.value)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from emulator.runtime.materialize import PathMount, outside_root_mounts
-from emulator.runtime.netns import egress, system_tool
+from emulator.runtime.netns import system_tool
 from emulator.runtime.scratch import kill_recorded, start_time
 
 log = logging.getLogger("emulator.runtime")
@@ -75,9 +75,6 @@ class LaunchSpec:
     #: The emulator's own files, covered in the container's root (see `command`): its state
     #: file, its data directory (every environment's volumes), the other containers' sockets.
     hidden: list[Path] = field(default_factory=list)
-    #: Ports of the machine's loopback the container reaches on its own 127.0.0.1 (with
-    #: `netns`; netns.egress): `--container-egress`.
-    egress_ports: tuple[int, ...] = ()
 
 
 @dataclass
@@ -380,11 +377,6 @@ async def launch(
         pumps = asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
         netns = asyncio.ensure_future(_own_netns_of(proc.pid)) if spec.netns else None
         init = asyncio.ensure_future(_find_init(container, proc.pid)) if spec.mountns else None
-        relays = (
-            asyncio.ensure_future(_egress(container, netns, spec.egress_ports))
-            if netns is not None and spec.egress_ports
-            else None
-        )
         # Processes it started keep its output pipes open (and asyncio's wait() waits for
         # them): a pidfd says when the container process itself has exited.
         await _exited(proc.pid)
@@ -414,11 +406,6 @@ async def launch(
                 )
         if init is not None:
             init.cancel()
-        if relays is not None:  # the container's egress relays end with it
-            started = relays.done() and not relays.cancelled() and relays.exception() is None
-            relays.cancel()
-            for server in relays.result() if started else []:
-                server.close()
         container.exit_code = await proc.wait()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(pumps, 2.0)
@@ -484,25 +471,6 @@ async def _find_init(container: Container, pid: int) -> None:
         if container.exited.is_set():
             return
         await asyncio.sleep(0.01)
-
-
-async def _egress(
-    container: Container, netns: asyncio.Future[str | None], ports: tuple[int, ...]
-) -> list[asyncio.Server]:
-    """The container's egress relays (netns.egress), once its namespace exists."""
-    if await asyncio.shield(netns) is None or container.pid is None:
-        return []
-    try:
-        return await egress(container.pid, ports)
-    except OSError as exc:
-        log.warning(
-            "container %s: no egress to the machine's 127.0.0.1 ports %s (%s): it cannot "
-            "reach them",
-            container.task_id,
-            ",".join(map(str, ports)),
-            exc,
-        )
-        return []
 
 
 def _netns_of(pid: int | str) -> str | None:

@@ -75,8 +75,6 @@ class RuntimeOptions:
     #: The emulator's own files a container must not see (the state file and its -wal/-shm);
     #: the data dir and the containers' socket dir are added by the runtime.
     hidden: tuple[Path, ...] = ()
-    #: The machine's loopback ports containers reach on their own 127.0.0.1 (netns.egress).
-    egress_ports: tuple[int, ...] = ()
 
 
 def function_of(definition: Definition) -> api_pb2.Function:
@@ -749,7 +747,6 @@ class Runtime:
                 hidden=[*self.options.hidden, self.options.data_dir, self._sock_dir],
                 python=self.options.python,
                 args_bytes=self._container_args(pool, c.task_id).SerializeToString(),
-                egress_ports=self.options.egress_ports,
             )
             if c.stop_requested:
                 raise RuntimeError("stopped before it started")

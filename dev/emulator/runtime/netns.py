@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
-import functools
 import os
 import shutil
 import socket
@@ -146,71 +145,3 @@ async def connect(
         sock.close()
         raise
     return await asyncio.open_connection(sock=sock, limit=limit)
-
-
-# ---- egress: a container reaches a service of the machine -------------------------------------
-# A Modal container reaches the internet unless its function says `block_network=True`
-# (modal 1.6.4 modal/app.py `App.function(block_network: bool = False)`, "Whether to block
-# network access"), e.g. the Pushgateway its proxy pushes metrics to. A container in its
-# own network namespace here reaches nothing but its own loopback, so the emulator listens
-# on 127.0.0.1:PORT *inside* the container's namespace for each port it was given
-# (`--container-egress PORT`) and relays each connection to 127.0.0.1:PORT of the machine:
-# the same URL works in a container and on the machine.
-
-
-def _listener_in(pid: int, port: int) -> socket.socket:
-    sock = _socket_in(pid)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
-        sock.listen(64)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    try:
-        while data := await src.read(1 << 16):
-            dst.write(data)
-            await dst.drain()
-        if dst.can_write_eof():
-            dst.write_eof()  # half-close: the other side sees the end of the request
-    except (ConnectionError, OSError):
-        dst.close()
-
-
-async def _relay(port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
-        writer.close()  # nothing listens on the machine: the container sees a reset/close
-        return
-    try:
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-    finally:
-        up_writer.close()
-        writer.close()
-
-
-async def egress(pid: int, ports: tuple[int, ...], wait_s: float = 5.0) -> list[asyncio.Server]:
-    """Listen on 127.0.0.1:PORT in the network namespace of `pid` for each of `ports`,
-    relaying to the machine's 127.0.0.1:PORT. The namespace's `lo` comes up a few ms after
-    it exists (the container's setup runs `ip link set lo up`): a bind is retried until then,
-    for at most `wait_s`. The caller closes the servers when the container ends."""
-    loop = asyncio.get_running_loop()
-    servers: list[asyncio.Server] = []
-    for port in ports:
-        deadline = loop.time() + wait_s
-        while True:
-            try:
-                sock = await loop.run_in_executor(_executor, _listener_in, pid, port)
-                break
-            except OSError:
-                if loop.time() > deadline:
-                    raise
-                await asyncio.sleep(0.02)
-        relay = functools.partial(_relay, port)
-        servers.append(await asyncio.start_server(relay, sock=sock))
-    return servers
