@@ -17,7 +17,6 @@ import email.parser
 import importlib.metadata as md
 import importlib.util
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -26,6 +25,10 @@ from pathlib import Path
 import pytest
 
 from tests.harness.emulator import PROJECT_ROOT
+
+sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+# What a clone builds from (tracked and new files, no build/ leftovers): the review demo's copy.
+from review.checkout import copy_checkout
 
 PRODUCT_PACKAGES = ("components", "serving", "watchers")
 PRODUCT_SOURCES = (*PRODUCT_PACKAGES, "access", "__main__.py")
@@ -96,27 +99,10 @@ def imported_distributions(root: Path = PROJECT_ROOT) -> dict[str, list[str]]:
     return out
 
 
-def copy_checkout(dest: Path) -> Path:
-    """This checkout's files (tracked and new, not ignored): what a clone would build from,
-    without build/ leftovers of an earlier build in the checkout itself."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for raw in filter(None, listed):
-        src = PROJECT_ROOT / raw.decode()
-        if src.is_file():
-            (dest / raw.decode()).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / raw.decode())
-    return dest
-
-
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     tmp = tmp_path_factory.mktemp("wheel")
-    tree = copy_checkout(tmp / "checkout")
+    tree = copy_checkout(PROJECT_ROOT, tmp / "checkout")
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", ".", "-w", str(tmp / "out")],
         cwd=tree,
